@@ -1,0 +1,29 @@
+"""One DeviceMesh-based process-group layout per model: DP (or HSDP), TP, PP, SP and EP.
+
+- :class:`MeshSpec` — a frozen, validated layout description (pure data);
+- :class:`MeshLayout` — rank ↔ coordinate and group math over a spec, no torch.distributed;
+- :class:`DeepSpeedDeviceMesh` — the process groups, on top of ``torch.distributed.DeviceMesh``;
+- :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
+"""
+from .config import spec_from_config
+from .default import default_mesh, set_default_mesh, use_mesh
+from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
+from .layout import MeshLayout
+from .registry import GroupRegistry, registry_for_world
+from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
+
+__all__ = [
+    "DEFAULT_ORDER",
+    "MESH_DIMS",
+    "DeepSpeedDeviceMesh",
+    "ExpertGroups",
+    "GroupRegistry",
+    "MeshLayout",
+    "MeshSpec",
+    "MeshSpecError",
+    "default_mesh",
+    "registry_for_world",
+    "set_default_mesh",
+    "spec_from_config",
+    "use_mesh",
+]

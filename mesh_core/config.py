@@ -1,0 +1,92 @@
+"""Build a :class:`MeshSpec` from a DeepSpeed config dict.
+
+The new ``"mesh"`` section states the layout in one place::
+
+    {"mesh": {"pp": 2, "tp": 2, "sp": 1, "ep": 4, "dp": "auto", "order": ["pp", "dp", "sp", "tp"]}}
+
+Without it, the layout is inferred from the keys users already set: ``sequence_parallel_size``,
+``data_parallel_size``, ``tensor_parallel.autotp_size``, plus what code declares (the pipeline's
+``num_stages`` and the MoE ``ep_size``). When both are present they must agree; a disagreement
+raises :class:`MeshSpecError` naming both sources.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional, Union
+
+from .spec import MESH_DIMS, MeshSpec, MeshSpecError
+
+MESH_SECTION_KEYS = set(MESH_DIMS) | {"ep", "order", "ranks", "data_before_expert"}
+
+
+def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> dict[str, Any]:
+    """A config dict from a dict, a JSON file path, or None."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        return dict(config)
+    with open(config, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def legacy_sizes(
+    config: Mapping[str, Any], *, num_stages: Optional[int] = None, ep_size: Optional[int] = None
+) -> dict[str, tuple[int, str]]:
+    """Dim sizes implied by legacy keys and code, each with the source that set it."""
+    found: dict[str, tuple[int, str]] = {}
+    if config.get("sequence_parallel_size") not in (None, 1):
+        found["sp"] = (int(config["sequence_parallel_size"]), "config key 'sequence_parallel_size'")
+    if config.get("data_parallel_size") is not None:
+        found["dp"] = (int(config["data_parallel_size"]), "config key 'data_parallel_size'")
+    autotp = (config.get("tensor_parallel") or {}).get("autotp_size")
+    if autotp not in (None, 0, 1):
+        found["tp"] = (int(autotp), "config key 'tensor_parallel.autotp_size'")
+    if num_stages not in (None, 1):
+        found["pp"] = (int(num_stages), "PipelineModule num_stages")  # type: ignore[arg-type]
+    if ep_size not in (None, 1):
+        found["ep"] = (int(ep_size), "MoE ep_size")  # type: ignore[arg-type]
+    return found
+
+
+def spec_from_config(
+    config: Union[str, os.PathLike, Mapping[str, Any], None],
+    world_size: int,
+    *,
+    num_stages: Optional[int] = None,
+    ep_size: Optional[int] = None,
+    ranks: Optional[list[int]] = None,
+) -> MeshSpec:
+    """The mesh spec a DeepSpeed config (plus model-declared sizes) describes."""
+    cfg = load_config(config)
+    section = cfg.get("mesh")
+    inferred = legacy_sizes(cfg, num_stages=num_stages, ep_size=ep_size)
+    if section is None:
+        sizes: dict[str, Any] = {k: v for k, (v, _) in inferred.items()}
+        ep = sizes.pop("ep", 1)
+        return MeshSpec.build(world_size, ranks=ranks, ep=ep, **sizes)
+    if not isinstance(section, Mapping):
+        raise MeshSpecError(f"config 'mesh' section must be a dict, got {type(section).__name__}: {section!r}")
+    unknown = sorted(set(section) - MESH_SECTION_KEYS)
+    if unknown:
+        raise MeshSpecError(f"unknown key(s) {unknown} in config 'mesh'; valid keys are {sorted(MESH_SECTION_KEYS)}")
+    sizes = {k: v for k, v in section.items() if k in MESH_DIMS}
+    for dim, (value, source) in inferred.items():
+        declared = section.get(dim)
+        if declared is None or (isinstance(declared, str) and declared.lower() == "auto"):
+            if dim != "ep":
+                sizes.setdefault(dim, value)
+            continue
+        if int(declared) != value:
+            raise MeshSpecError(f"config 'mesh.{dim}'={declared} disagrees with {source}={value}; set them equal or drop one")
+    ep = section.get("ep")
+    if ep is None or (isinstance(ep, str) and ep.lower() == "auto"):
+        ep = inferred.get("ep", (1, ""))[0]
+    return MeshSpec.build(
+        world_size,
+        order=section.get("order"),
+        ranks=section.get("ranks", ranks),
+        ep=int(ep),
+        data_before_expert=bool(section.get("data_before_expert", False)),
+        **sizes,
+    )

@@ -1,0 +1,280 @@
+"""``DeepSpeedDeviceMesh``: one model's process groups, on top of torch's ``DeviceMesh``.
+
+torch's ``DeviceMesh`` creates and owns the groups of every declared dim of size > 1. This class
+adds what DeviceMesh lacks: flattened groups over several dims (e.g. ``("dp", "sp")`` for ZeRO),
+expert-parallel (``ep``) and expert-data-parallel (``edp``) groups, pipeline p2p groups between
+adjacent stages, and sharing: a rank set that already has a communicator in this world (from this
+mesh, another mesh or DeviceMesh) is reused, never created twice.
+
+Group creation is collective. Every rank of the world, members of the mesh or not, must build
+every mesh with the same spec and in the same order, and must request lazily created groups
+(:meth:`get_group` of a not-yet-built combination, :meth:`expert_groups` of a new size) in the
+same order. The constructor creates groups in this fixed order:
+
+1. the DeviceMesh dims of size > 1, outermost first;
+2. ``dp`` of an HSDP mesh (``dp_replicate`` × ``dp_shard``), then each ``flatten`` entry in order;
+3. when ``ep > 1``: the EP groups, then the EDP groups;
+4. when ``p2p_groups=True`` and ``pp > 1``: the p2p pairs, in rank order.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
+
+from .layout import Dims, MeshLayout
+from .registry import GroupRegistry, registry_for_world
+from .spec import MeshSpec, MeshSpecError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """EP and EDP groups for one expert-parallel size (this rank's groups and all rank lists)."""
+
+    ep_size: int
+    ep_group: Optional[ProcessGroup]
+    edp_group: Optional[ProcessGroup]
+    ep_ranks: list[int]
+    edp_ranks: list[int]
+    all_ep_ranks: list[list[int]]
+    all_edp_ranks: list[list[int]]
+
+
+class DeepSpeedDeviceMesh:
+    """Process groups for one model's layout; see the module docstring for the creation order."""
+
+    def __init__(
+        self,
+        spec: MeshSpec,
+        *,
+        device_type: str = "cpu",
+        backend: Optional[str] = None,
+        flatten: Sequence[Sequence[str]] = (),
+        p2p_groups: bool = False,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise MeshSpecError(
+                "torch.distributed is not initialised; call torch.distributed.init_process_group "
+                "(or deepspeed.init_distributed) before building a DeepSpeedDeviceMesh"
+            )
+        if spec.world_size != dist.get_world_size():
+            raise MeshSpecError(
+                f"the spec was built for world_size={spec.world_size}, but torch.distributed has "
+                f"world_size={dist.get_world_size()}"
+            )
+        self.spec = spec
+        self.layout = MeshLayout(spec)
+        self.device_type = device_type
+        self.backend = backend
+        self.rank = dist.get_rank()
+        self.is_member = self.layout.contains(self.rank)
+        flatten_keys = [self.layout.normalize(d) for d in flatten]  # validate before creating anything
+        self._registry: GroupRegistry = registry_for_world()
+        self._keys: list = []
+        self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
+        self._expert: dict[int, ExpertGroups] = {}
+        self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
+        self._destroyed = False
+
+        self.mesh_dim_names = tuple(n for n, s in zip(spec.names, spec.sizes) if s > 1) or spec.names[:1]
+        self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
+        if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
+            self.get_group("dp")
+        for dims in flatten_keys:
+            self.get_group(dims)
+        if spec.ep > 1:
+            self._expert[spec.ep] = self._build_expert_groups(self.layout)
+        if p2p_groups and spec.dim_size("pp") > 1:
+            self._build_p2p_groups()
+        logger.debug("built %s on rank %d", spec.describe(), self.rank)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        device_type: str = "cpu",
+        backend: Optional[str] = None,
+        flatten: Sequence[Sequence[str]] = (),
+        p2p_groups: bool = False,
+        ranks: Optional[Iterable[int]] = None,
+        order: Optional[Sequence[str]] = None,
+        ep: int = 1,
+        data_before_expert: bool = False,
+        **sizes: Any,
+    ) -> "DeepSpeedDeviceMesh":
+        """Build a spec over the current world (or ``ranks``) and the mesh for it."""
+        if not dist.is_available() or not dist.is_initialized():
+            raise MeshSpecError("torch.distributed is not initialised; initialise it before building a mesh")
+        spec = MeshSpec.build(
+            dist.get_world_size(), ranks=ranks, order=order, ep=ep, data_before_expert=data_before_expert, **sizes
+        )
+        return cls(spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups)
+
+    # --- queries ------------------------------------------------------------------------------
+    def get_group(self, dims: Dims) -> ProcessGroup:
+        """This rank's group along ``dims`` (a dim, ``ep``/``edp``, or a tuple to flatten).
+
+        Collective the first time a combination outside the DeviceMesh dims is asked for.
+        """
+        self._check_alive()
+        key = self.layout.normalize(dims)
+        if key in (("ep",), ("edp",)):
+            groups = self.expert_groups()
+            group = groups.ep_group if key == ("ep",) else groups.edp_group
+        elif key in self._groups:
+            group = self._groups[key]
+        elif len(key) == 1 and key[0] in self.mesh_dim_names and self.device_mesh is not None and self.is_member:
+            group = self.device_mesh.get_group(key[0])
+        else:
+            rank_lists = self.layout.groups(key) if key else [[r] for r in sorted(self.spec.ranks)]
+            group = self._create(rank_lists)
+            self._groups[key] = group
+        if group is None:
+            raise MeshSpecError(f"rank {self.rank} is not a member of {self.spec.describe()}")
+        return group
+
+    def get_group_ranks(self, dims: Dims, rank: Optional[int] = None) -> list[int]:
+        """Global ranks of ``rank``'s (default: this rank's) group along ``dims``."""
+        return self.layout.group_ranks(dims, self.rank if rank is None else rank)
+
+    def get_all_group_ranks(self, dims: Dims) -> list[list[int]]:
+        return self.layout.groups(dims)
+
+    def get_rank(self, dims: Dims) -> int:
+        """This rank's index inside its group along ``dims``."""
+        return self.layout.coordinate_of(self.rank, dims)
+
+    def size(self, dims: Dims) -> int:
+        """Number of ranks in a group along ``dims``."""
+        key = self.layout.normalize(dims)
+        if key in (("ep",), ("edp",)):
+            return self.spec.dim_size(key[0])
+        out = 1
+        for name in key:
+            out *= self.spec.dim_size(name)
+        return out
+
+    def get_coordinate(self) -> dict[str, int]:
+        return self.layout.coordinate(self.rank)
+
+    def stage_to_global(self, stage_id: int, **coords: int) -> int:
+        """Global rank of this rank's coordinate with ``pp`` set to ``stage_id`` (and ``coords``)."""
+        coord = self.layout.coordinate(self.rank)
+        coord.update(coords, pp=stage_id)
+        return self.layout.rank_at(**coord)
+
+    def p2p_pair(self, rank: Optional[int] = None) -> list[int]:
+        """``[rank, next-stage rank]``, wrapping from the last stage to the first."""
+        return self.layout.p2p_pair(self.rank if rank is None else rank)
+
+    def p2p_group(self, peer: int) -> Optional[ProcessGroup]:
+        """The communicator for this rank and an adjacent-stage ``peer`` (``p2p_groups=True``)."""
+        if self._p2p is None:
+            raise MeshSpecError("this mesh was built without p2p groups; pass p2p_groups=True")
+        return self._p2p.get(tuple(sorted((self.rank, peer))))  # type: ignore[arg-type]
+
+    def expert_groups(self, ep_size: Optional[int] = None) -> ExpertGroups:
+        """EP/EDP groups of ``ep_size`` (default: the spec's ep); collective the first time."""
+        self._check_alive()
+        ep = self.spec.ep if ep_size is None else ep_size
+        if ep not in self._expert:
+            try:
+                spec = MeshSpec.build(
+                    self.spec.world_size,
+                    ranks=self.spec.ranks,
+                    order=self.spec.names,
+                    ep=ep,
+                    data_before_expert=self.spec.data_before_expert,
+                    **self.spec.shape,
+                )
+            except MeshSpecError as err:
+                raise MeshSpecError(f"ep_size={ep} is not valid for {self.spec.describe()}: {err}") from None
+            self._expert[ep] = self._build_expert_groups(MeshLayout(spec))
+        return self._expert[ep]
+
+    @property
+    def registry(self) -> GroupRegistry:
+        return self._registry
+
+    def destroy(self) -> int:
+        """Release every group this mesh holds; groups no other mesh shares are destroyed."""
+        if self._destroyed:
+            return 0
+        self._destroyed = True
+        destroyed = self._registry.release(self._keys)
+        self._keys.clear()
+        self._groups.clear()
+        self._expert.clear()
+        self.device_mesh = None
+        return destroyed
+
+    def __getitem__(self, dims: Dims) -> DeviceMesh:
+        """The torch DeviceMesh slice over DeviceMesh dims (for DTensor / FSDP2)."""
+        if self.device_mesh is None:
+            raise MeshSpecError(f"rank {self.rank} has no DeviceMesh for {self.spec.describe()}")
+        return self.device_mesh[dims]
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedDeviceMesh({self.spec.describe()})"
+
+    # --- construction -------------------------------------------------------------------------
+    def _build_device_mesh(self) -> Optional[DeviceMesh]:
+        names = self.mesh_dim_names
+        partitions = [self.layout.groups(n) for n in names]
+        known = [any(self._registry.has(g, self.backend) for g in part) for part in partitions]
+        mesh_tensor = torch.tensor(self.spec.ranks, dtype=torch.int).reshape(
+            [self.spec.dim_size(n) for n in names]
+        )
+        if not any(known) and self.backend is None:
+            # DeviceMesh creates the per-dim groups itself; record them so later meshes share them
+            mesh = DeviceMesh(self.device_type, mesh_tensor, mesh_dim_names=names)
+            for name, part in zip(names, partitions):
+                group = mesh.get_group(name) if self.is_member else None
+                self._keys += self._registry.adopt(part, group, self.backend)
+                self._registry.created += len(part) if len(part[0]) < self._registry.world_size else 0
+            return mesh
+        groups = [self._create(part) for part in partitions]
+        if not self.is_member:
+            return None
+        return DeviceMesh.from_group(groups, self.device_type, mesh=mesh_tensor, mesh_dim_names=names)
+
+    def _create(self, rank_lists: Sequence[Sequence[int]]) -> Optional[ProcessGroup]:
+        group, keys = self._registry.partition(rank_lists, self.backend)
+        self._keys += keys
+        return group
+
+    def _build_expert_groups(self, layout: MeshLayout) -> ExpertGroups:
+        all_ep, all_edp = layout.groups("ep"), layout.groups("edp")
+        ep_group = self._create(all_ep)
+        edp_group = self._create(all_edp)
+        mine = self.is_member
+        return ExpertGroups(
+            ep_size=layout.spec.ep,
+            ep_group=ep_group,
+            edp_group=edp_group,
+            ep_ranks=layout.group_ranks("ep", self.rank) if mine else [],
+            edp_ranks=layout.group_ranks("edp", self.rank) if mine else [],
+            all_ep_ranks=all_ep,
+            all_edp_ranks=all_edp,
+        )
+
+    def _build_p2p_groups(self) -> None:
+        self._p2p = {}
+        for pair in self.layout.p2p_pairs():
+            key = tuple(sorted(pair))
+            if key in self._p2p or key[0] == key[1]:
+                continue
+            group, keys = self._registry.partition([list(key)], self.backend)
+            self._keys += keys
+            self._p2p[key] = group  # type: ignore[index]
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise MeshSpecError(f"{self!r} was destroyed")

@@ -1,0 +1,70 @@
+"""Test helpers: one process acting as rank r of a world of N (torch's fake backend), and a
+recorder of every group-creation call."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int, *, deepspeed_comm: bool = False) -> Iterator[None]:
+    """Initialise the fake process group as ``rank`` of ``world_size``; tear it down after."""
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        if deepspeed_comm:
+            init_deepspeed_comm()
+        yield
+    finally:
+        if deepspeed_comm:
+            import deepspeed.comm as dscomm
+
+            dscomm.destroy_process_group()  # also resets deepspeed.utils.groups globals
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        else:
+            dist.destroy_process_group()
+
+
+def init_deepspeed_comm() -> None:
+    """deepspeed.comm on top of the already initialised fake group (skipping the shm op build)."""
+    import deepspeed  # noqa: F401  (import first: deepspeed.comm.torch is only in sys.modules then)
+    import deepspeed.comm as dscomm
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    dscomm.init_distributed(dist_backend="fake", dist_init_required=False)
+
+
+def group_count() -> int:
+    """Process groups created so far in this world (c10d's own counter)."""
+    return distributed_c10d._world.group_count
+
+
+@contextlib.contextmanager
+def record_new_groups() -> Iterator[list[list[int]]]:
+    """Record the ``ranks`` of every ``new_group`` call made inside the block (all ranks' view)."""
+    calls: list[list[int]] = []
+    original = distributed_c10d.new_group
+
+    def recording(ranks=None, *args, **kwargs):
+        calls.append(sorted(ranks) if ranks is not None else list(range(dist.get_world_size())))
+        return original(ranks, *args, **kwargs)
+
+    import torch.distributed.device_mesh as dm
+
+    targets = [(distributed_c10d, "new_group"), (dist, "new_group"), (dm, "new_group")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in targets if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, recording)
+    try:
+        yield calls
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
