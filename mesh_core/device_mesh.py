@@ -117,6 +117,26 @@ class DeepSpeedDeviceMesh:
         )
         return cls(spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups)
 
+    @classmethod
+    def from_config(
+        cls,
+        config: Any,
+        *,
+        num_stages: Optional[int] = None,
+        ep_size: Optional[int] = None,
+        device_type: str = "cpu",
+        backend: Optional[str] = None,
+        flatten: Sequence[Sequence[str]] = (),
+        p2p_groups: bool = False,
+    ) -> "DeepSpeedDeviceMesh":
+        """Build the mesh a DeepSpeed config describes (``"mesh"`` section or legacy keys)."""
+        from .config import spec_from_config
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise MeshSpecError("torch.distributed is not initialised; initialise it before building a mesh")
+        spec = spec_from_config(config, dist.get_world_size(), num_stages=num_stages, ep_size=ep_size)
+        return cls(spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups)
+
     # --- queries ------------------------------------------------------------------------------
     def get_group(self, dims: Dims) -> ProcessGroup:
         """This rank's group along ``dims`` (a dim, ``ep``/``edp``, or a tuple to flatten).
