@@ -249,7 +249,7 @@ class DeepSpeedDeviceMesh:
         names = self.mesh_dim_names
         partitions = [self.layout.groups(n) for n in names]
         known = [any(self._registry.has(g, self.backend) for g in part) for part in partitions]
-        mesh_tensor = torch.tensor(self.spec.ranks, dtype=torch.int).reshape(
+        mesh_tensor = torch.tensor(list(self.spec.ranks), dtype=torch.int).reshape(
             [self.spec.dim_size(n) for n in names]
         )
         if not any(known) and self.backend is None:

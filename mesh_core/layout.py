@@ -36,8 +36,7 @@ class MeshLayout:
         for i in range(len(spec.sizes) - 2, -1, -1):
             strides[i] = strides[i + 1] * spec.sizes[i + 1]
         self._strides = tuple(strides)
-        first = spec.ranks[0]
-        self._contiguous = spec.ranks == tuple(range(first, first + spec.size))
+        self._contiguous = isinstance(spec.ranks, range)
         self._position = None if self._contiguous else {r: i for i, r in enumerate(spec.ranks)}
 
     # --- single-rank queries ------------------------------------------------------------------
@@ -157,7 +156,9 @@ class MeshLayout:
     # --- internals ----------------------------------------------------------------------------
     @cached_property
     def _rank_array(self) -> np.ndarray:
-        return np.asarray(self.spec.ranks, dtype=np.int64).reshape(self.spec.sizes)
+        ranks = self.spec.ranks
+        flat = np.arange(ranks.start, ranks.stop) if isinstance(ranks, range) else np.asarray(ranks, dtype=np.int64)
+        return flat.reshape(self.spec.sizes)
 
     def _fibres(self, members: tuple[str, ...]) -> np.ndarray:
         inner = [self._index[n] for n in members]

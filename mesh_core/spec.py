@@ -32,7 +32,7 @@ class MeshSpec:
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]  # a range when contiguous (O(1) memory), else a tuple
     world_size: int
     ep: int = 1
     data_before_expert: bool = False
@@ -138,9 +138,13 @@ def _positive_int(what: str, value: object) -> int:
     return value
 
 
-def _validate_ranks(ranks: Iterable[int] | None, world_size: int) -> tuple[int, ...]:
+def _validate_ranks(ranks: Iterable[int] | None, world_size: int) -> Sequence[int]:
     if ranks is None:
-        return tuple(range(world_size))
+        return range(world_size)
+    if isinstance(ranks, range) and ranks.step == 1 and len(ranks):
+        if ranks.start < 0 or ranks.stop > world_size:
+            raise MeshSpecError(f"ranks {ranks} are out of range; valid ranks are 0..{world_size - 1}")
+        return ranks
     rank_tuple = tuple(ranks)
     if not rank_tuple:
         raise MeshSpecError("ranks=() is empty; a sub-world mesh needs at least one rank")
@@ -151,6 +155,8 @@ def _validate_ranks(ranks: Iterable[int] | None, world_size: int) -> tuple[int, 
         seen: set[int] = set()
         dupes = sorted({r for r in rank_tuple if r in seen or seen.add(r)})
         raise MeshSpecError(f"ranks contain duplicates {dupes[:8]}; each rank may appear once")
+    if rank_tuple == tuple(range(rank_tuple[0], rank_tuple[0] + len(rank_tuple))):
+        return range(rank_tuple[0], rank_tuple[0] + len(rank_tuple))
     return rank_tuple
 
 
@@ -178,7 +184,7 @@ def _resolve_sizes(
     sizes: Mapping[str, SizeArg],
     n_ranks: int,
     world_size: int,
-    ranks: tuple[int, ...],
+    ranks: Sequence[int],
 ) -> dict[str, int]:
     resolved: dict[str, int] = {}
     inferred: list[str] = []
@@ -212,7 +218,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _ranks_repr(ranks: tuple[int, ...]) -> str:
-    if ranks == tuple(range(ranks[0], ranks[0] + len(ranks))):
+def _ranks_repr(ranks: Sequence[int]) -> str:
+    if isinstance(ranks, range):
         return f"{ranks[0]}..{ranks[-1]}"
     return str(list(ranks[:8]))[:-1] + (", ...]" if len(ranks) > 8 else "]")
