@@ -196,20 +196,17 @@ def _resolve_sizes(
         resolved[name] = _positive_int(name, value)
     if len(inferred) > 1:
         raise MeshSpecError(f"only one dim may be inferred ('auto'), got {inferred}")
-    known = math.prod(resolved.values())
     where = f"world_size={world_size}" if n_ranks == world_size else f"the {n_ranks} ranks {_ranks_repr(ranks)}"
+    for name in names:
+        if name in resolved and n_ranks % resolved[name]:
+            raise MeshSpecError(f"{name}={resolved[name]} does not divide {where}")
+    known = math.prod(resolved.values())
     desc = " x ".join(f"{n}={resolved[n]}" for n in names if n in resolved) or "1"
     if inferred:
         if n_ranks % known:
-            bad = next((f"{n}={resolved[n]}" for n in names if n in resolved and n_ranks % resolved[n]), desc)
-            raise MeshSpecError(
-                f"{bad} does not divide {where}" if bad != desc else f"{desc} (={known}) does not divide {where}"
-            )
+            raise MeshSpecError(f"{desc} = {known} does not divide {where}; {inferred[0]} cannot be inferred")
         resolved[inferred[0]] = n_ranks // known
     elif known != n_ranks:
-        bad = next((f"{n}={resolved[n]}" for n in names if n in resolved and n_ranks % resolved[n]), None)
-        if bad:
-            raise MeshSpecError(f"{bad} does not divide {where}")
         raise MeshSpecError(f"{desc} = {known} ranks, but the mesh covers {where}; the sizes must multiply to {n_ranks}")
     return resolved
 
