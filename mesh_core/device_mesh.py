@@ -86,9 +86,9 @@ class DeepSpeedDeviceMesh:
         self.mesh_dim_names = tuple(n for n, s in zip(spec.names, spec.sizes) if s > 1) or spec.names[:1]
         self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
         if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
-            self.get_group("dp")
+            self._ensure_group(self.layout.normalize("dp"))
         for dims in flatten_keys:
-            self.get_group(dims)
+            self._ensure_group(dims)
         if spec.ep > 1:
             self._expert[spec.ep] = self._build_expert_groups(self.layout)
         if p2p_groups and spec.dim_size("pp") > 1:
@@ -148,17 +148,21 @@ class DeepSpeedDeviceMesh:
         if key in (("ep",), ("edp",)):
             groups = self.expert_groups()
             group = groups.ep_group if key == ("ep",) else groups.edp_group
-        elif key in self._groups:
-            group = self._groups[key]
-        elif len(key) == 1 and key[0] in self.mesh_dim_names and self.device_mesh is not None and self.is_member:
-            group = self.device_mesh.get_group(key[0])
         else:
-            rank_lists = self.layout.groups(key) if key else [[r] for r in sorted(self.spec.ranks)]
-            group = self._create(rank_lists)
-            self._groups[key] = group
+            group = self._ensure_group(key)
         if group is None:
             raise MeshSpecError(f"rank {self.rank} is not a member of {self.spec.describe()}")
         return group
+
+    def ensure_group(self, dims: Dims) -> Optional[ProcessGroup]:
+        """Create the groups along ``dims`` if needed (collective: every rank of the world calls
+        it, members or not); returns this rank's group, or None outside the mesh."""
+        self._check_alive()
+        key = self.layout.normalize(dims)
+        if key in (("ep",), ("edp",)):
+            groups = self.expert_groups()
+            return groups.ep_group if key == ("ep",) else groups.edp_group
+        return self._ensure_group(key)
 
     def get_group_ranks(self, dims: Dims, rank: Optional[int] = None) -> list[int]:
         """Global ranks of ``rank``'s (default: this rank's) group along ``dims``."""
@@ -259,11 +263,21 @@ class DeepSpeedDeviceMesh:
                 group = mesh.get_group(name) if self.is_member else None
                 self._keys += self._registry.adopt(part, group, self.backend)
                 self._registry.created += len(part) if len(part[0]) < self._registry.world_size else 0
-            return mesh
+            return mesh if self.is_member else None
         groups = [self._create(part) for part in partitions]
         if not self.is_member:
             return None
         return DeviceMesh.from_group(groups, self.device_type, mesh=mesh_tensor, mesh_dim_names=names)
+
+    def _ensure_group(self, key: tuple[str, ...]) -> Optional[ProcessGroup]:
+        """This rank's group along normalised dims ``key``, creating the partition if needed."""
+        if key in self._groups:
+            return self._groups[key]
+        if len(key) == 1 and key[0] in self.mesh_dim_names and self.device_mesh is not None:
+            return self.device_mesh.get_group(key[0]) if self.is_member else None
+        rank_lists = self.layout.groups(key) if key else [[r] for r in sorted(self.spec.ranks)]
+        group = self._groups[key] = self._create(rank_lists)
+        return group
 
     def _create(self, rank_lists: Sequence[Sequence[int]]) -> Optional[ProcessGroup]:
         group, keys = self._registry.partition(rank_lists, self.backend)

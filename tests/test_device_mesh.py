@@ -1,0 +1,166 @@
+"""DeepSpeedDeviceMesh on the fake process-group backend: groups equal the layout math, creation
+is collective-safe (same calls in the same order on every rank) and rank sets are shared."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakepg import fake_world, group_count, record_new_groups
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from test_layout import dim_sets, specs
+
+
+def ranks_of(group) -> list[int]:
+    return dist.get_process_group_ranks(group)
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs(max_ranks=2048, sub_world=True), st.randoms(use_true_random=False))
+def test_groups_equal_layout_math(spec, rnd):
+    layout = MeshLayout(spec)
+    for rank in rnd.sample(range(spec.world_size), min(3, spec.world_size)):
+        with fake_world(rank, spec.world_size):
+            mesh = DeepSpeedDeviceMesh(spec, flatten=[spec.names[:2]] if len(spec.names) > 1 else ())
+            if not layout.contains(rank):
+                assert not mesh.is_member and mesh.device_mesh is None
+                with pytest.raises(MeshSpecError, match="not a member"):
+                    mesh.get_group(spec.names[0])
+                continue
+            for dims in dim_sets(spec) + [("ep",), ("edp",)]:
+                expected = layout.group_ranks(dims, rank)
+                assert ranks_of(mesh.get_group(dims)) == sorted(expected)
+                assert mesh.get_group_ranks(dims) == expected
+                assert mesh.size(dims) == len(expected)
+                assert mesh.get_rank(dims) == expected.index(rank)
+            if mesh.device_mesh is not None:
+                assert mesh.device_mesh.mesh.flatten().tolist() == list(spec.ranks)
+
+
+@pytest.mark.parametrize("world", [8, 64, 1024])
+def test_every_rank_issues_the_same_creation_calls(world):
+    spec = MeshSpec.build(world, pp=2, tp=2, sp=2, ep=2)
+    sequences = []
+    for rank in sorted({0, 1, world // 2, world - 1}):
+        with fake_world(rank, world), record_new_groups() as calls:
+            DeepSpeedDeviceMesh(spec, flatten=[("dp", "sp"), ("pp", "tp")], p2p_groups=True)
+            DeepSpeedDeviceMesh.build(ranks=range(world // 2, world), tp=2).ensure_group(("dp", "tp"))
+        sequences.append(calls)
+    assert all(seq == sequences[0] for seq in sequences)
+    assert len(sequences[0]) > 0
+
+
+def test_identical_rank_sets_are_created_once():
+    with fake_world(3, 16):
+        before = group_count()
+        a = DeepSpeedDeviceMesh.build(pp=2, tp=2)
+        after_a = group_count()
+        # dims pp, dp, tp: 8 + 4 + 8 groups, none world-spanning
+        assert after_a - before == 16 // 2 + 16 // 4 + 16 // 2
+        b = DeepSpeedDeviceMesh.build(pp=2, tp=2)
+        assert group_count() == after_a  # the same layout again: nothing new
+        assert a.get_group("tp") is b.get_group("tp")
+        # a different layout over the same world shares what coincides: tp=2 groups, and its
+        # dp=(pp x dp of a) groups equal a's flattened (pp, dp) groups
+        a.get_group(("pp", "dp"))
+        n = group_count()
+        c = DeepSpeedDeviceMesh.build(tp=2)
+        assert group_count() == n
+        assert c.get_group("dp") is a.get_group(("pp", "dp"))
+        # a sub-world mesh (the first pipeline stage of a) is made only of a's groups
+        d = DeepSpeedDeviceMesh.build(ranks=range(0, 8), tp=2)
+        assert group_count() == n
+        assert d.get_group("tp") is a.get_group("tp") and d.get_group("dp") is a.get_group("dp")
+        # ... while tp=4 over ranks 8..15 needs its tp groups [8..11], [12..15] and dp groups
+        DeepSpeedDeviceMesh.build(ranks=range(8, 16), tp=4)
+        assert group_count() == n + 2 + 4
+
+
+def test_world_spanning_group_reuses_the_default_group():
+    with fake_world(1, 8):
+        before = group_count()
+        mesh = DeepSpeedDeviceMesh.build(pp=2, flatten=[("pp", "dp")])
+        assert mesh.get_group(("pp", "dp")) is dist.group.WORLD
+        assert group_count() - before == 4 + 2  # pp groups of 2, dp groups of 4
+
+
+def test_size_one_dims_are_not_devicemesh_dims():
+    with fake_world(5, 8):
+        mesh = DeepSpeedDeviceMesh.build(pp=1, tp=2, sp=1)
+        assert mesh.mesh_dim_names == ("dp", "tp")
+        assert mesh.size("sp") == 1 and mesh.get_rank("pp") == 0
+        assert ranks_of(mesh.get_group("sp")) == [5]
+
+
+def test_hsdp_mesh_exposes_flattened_dp():
+    with fake_world(6, 16):
+        mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=4, tp=2)
+        assert mesh.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp")
+        assert ranks_of(mesh.get_group("dp")) == [0, 2, 4, 6, 8, 10, 12, 14]
+        assert ranks_of(mesh["dp_shard"].get_group()) == [0, 2, 4, 6]
+
+
+def test_pipeline_p2p_groups_and_stage_to_global():
+    with fake_world(2, 8):
+        mesh = DeepSpeedDeviceMesh.build(pp=4, tp=2, p2p_groups=True)
+        assert mesh.p2p_pair() == [2, 4]
+        assert ranks_of(mesh.p2p_group(4)) == [2, 4]
+        assert ranks_of(mesh.p2p_group(0)) == [0, 2]
+        assert mesh.stage_to_global(3) == 6 and mesh.stage_to_global(0, tp=1) == 1
+        # with pp=2 the p2p pair equals the pp group: one communicator
+        two = DeepSpeedDeviceMesh.build(pp=2, tp=2, p2p_groups=True)
+        assert two.p2p_group(two.p2p_pair()[1]) is two.get_group("pp")
+
+
+def test_expert_groups_of_other_sizes_are_created_on_demand():
+    with fake_world(5, 16):
+        mesh = DeepSpeedDeviceMesh.build(pp=2, ep=2)
+        assert ranks_of(mesh.get_group("ep")) == [4, 5]
+        four = mesh.expert_groups(4)
+        assert four.ep_ranks == [4, 5, 6, 7] and four.edp_ranks == [1, 5]
+        assert ranks_of(four.ep_group) == [4, 5, 6, 7]
+        assert mesh.expert_groups(4) is four
+        with pytest.raises(MeshSpecError, match="ep_size=3 is not valid"):
+            mesh.expert_groups(3)
+
+
+def test_destroy_releases_only_unshared_groups():
+    with fake_world(0, 8):
+        registry = registry_for_world()
+        a = DeepSpeedDeviceMesh.build(tp=2)
+        b = DeepSpeedDeviceMesh.build(tp=4)
+        sets = registry.rank_sets
+        assert b.destroy() == 2  # its tp [0..3] and dp [0,4] groups (rank 0's); nothing a shares
+        assert registry.rank_sets < sets
+        assert ranks_of(a.get_group("tp")) == [0, 1]
+        with pytest.raises(MeshSpecError, match="destroyed"):
+            b.get_group("tp")
+        assert b.destroy() == 0
+
+
+def test_several_meshes_coexist_without_shared_state():
+    """An actor (tp=2) and a reference model (dp only) on one world, and two half-world models."""
+    with fake_world(6, 8):
+        actor = DeepSpeedDeviceMesh.build(tp=2)
+        reference = DeepSpeedDeviceMesh.build()
+        left = DeepSpeedDeviceMesh.build(ranks=range(0, 4), tp=2)
+        right = DeepSpeedDeviceMesh.build(ranks=range(4, 8), pp=2)
+        assert ranks_of(actor.get_group("dp")) == [0, 2, 4, 6]
+        assert reference.get_group("dp") is dist.group.WORLD
+        assert not left.is_member and right.is_member
+        assert ranks_of(right.get_group("pp")) == [4, 6]
+        assert ranks_of(right.get_group("dp")) == [6, 7]
+
+
+def test_large_world_sampled_ranks_match_layout():
+    world = 8192
+    spec = MeshSpec.build(world, pp=8, tp=8, ep=8)
+    layout = MeshLayout(spec)
+    for rank in random.Random(0).sample(range(world), 2):
+        with fake_world(rank, world):
+            mesh = DeepSpeedDeviceMesh(spec)
+            for dims in ("pp", "dp", "tp", "ep", "edp"):
+                assert ranks_of(mesh.get_group(dims)) == sorted(layout.group_ranks(dims, rank))
