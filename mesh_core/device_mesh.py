@@ -8,8 +8,9 @@ mesh, another mesh or DeviceMesh) is reused, never created twice.
 
 Group creation is collective. Every rank of the world, members of the mesh or not, must build
 every mesh with the same spec and in the same order, and must request lazily created groups
-(:meth:`get_group` of a not-yet-built combination, :meth:`expert_groups` of a new size) in the
-same order. The constructor creates groups in this fixed order:
+(:meth:`ensure_group` / :meth:`get_group` of a not-yet-built combination, :meth:`expert_groups`
+of a new size) in the same order; ranks outside a sub-world mesh use :meth:`ensure_group`, which
+returns None for them instead of raising. The constructor creates groups in this fixed order:
 
 1. the DeviceMesh dims of size > 1, outermost first;
 2. ``dp`` of an HSDP mesh (``dp_replicate`` × ``dp_shard``), then each ``flatten`` entry in order;
