@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
+from .consistency import check_same_mesh
 from .layout import Dims, MeshLayout
 from .registry import GroupRegistry, registry_for_world
 from .spec import MeshSpec, MeshSpecError
@@ -59,6 +60,7 @@ class DeepSpeedDeviceMesh:
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
+        verify: bool = True,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise MeshSpecError(
@@ -77,6 +79,8 @@ class DeepSpeedDeviceMesh:
         self.rank = dist.get_rank()
         self.is_member = self.layout.contains(self.rank)
         flatten_keys = [self.layout.normalize(d) for d in flatten]  # validate before creating anything
+        if verify:  # ranks that disagree would hang in new_group; fail clearly instead
+            check_same_mesh(spec, flatten=flatten_keys, p2p_groups=p2p_groups, backend=backend)
         self._registry: GroupRegistry = registry_for_world()
         self._keys: list = []
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}

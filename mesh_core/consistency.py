@@ -1,0 +1,109 @@
+"""Check that every rank of the world builds the same mesh, before any group is created.
+
+Group creation is collective: a rank that builds a different mesh issues a different sequence of
+``new_group`` calls and the job hangs with no message. :func:`check_same_mesh` all-gathers a
+32-byte digest of the mesh description over the default group (one small collective); only when
+digests differ does it gather the full descriptions to name the fields and ranks that disagree.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .spec import MeshSpec, MeshSpecError
+
+logger = logging.getLogger(__name__)
+
+DIGEST_WORDS = 4  # 4 x int64 = the first 32 bytes of a sha256
+SKIPPED_BACKENDS = ("fake",)  # its collectives are no-ops: nothing to compare
+
+
+def mesh_fields(spec: MeshSpec, **options: Any) -> dict[str, str]:
+    """The mesh description every rank must agree on, one printable value per field."""
+    fields = {
+        "world_size": str(spec.world_size),
+        "dims": ", ".join(f"{n}={s}" for n, s in zip(spec.names, spec.sizes)),
+        "ranks": _ranks_text(spec.ranks),
+        "ep": str(spec.ep),
+        "data_before_expert": str(spec.data_before_expert),
+    }
+    fields.update({name: _option_text(value) for name, value in sorted(options.items())})
+    return fields
+
+
+def digest(fields: Mapping[str, str]) -> list[int]:
+    """A fixed-size digest of the fields (as signed int64 words, for a tensor collective)."""
+    raw = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
+    return [int.from_bytes(raw[8 * i : 8 * i + 8], "little", signed=True) for i in range(DIGEST_WORDS)]
+
+
+def check_same_mesh(spec: MeshSpec, **options: Any) -> None:
+    """Raise :class:`MeshSpecError` on every rank if the ranks disagree on the mesh.
+
+    Collective over the default group; ``options`` are the constructor arguments that change which
+    groups are created (flatten, p2p_groups, backend). Skipped for a one-rank world and the fake
+    backend.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() in SKIPPED_BACKENDS:
+        return
+    fields = mesh_fields(spec, **options)
+    device = _collective_device()
+    mine = torch.tensor(digest(fields), dtype=torch.int64, device=device)
+    gathered = torch.empty(dist.get_world_size() * DIGEST_WORDS, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(gathered, mine)
+    rows = gathered.view(-1, DIGEST_WORDS)
+    if bool((rows == mine).all()):
+        return
+    # every rank saw the same mismatch, so every rank takes part in this second gather
+    everyone: list[Optional[dict[str, str]]] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, fields)
+    raise MeshSpecError(describe_disagreement(everyone))  # type: ignore[arg-type]
+
+
+def describe_disagreement(per_rank: Sequence[Mapping[str, str]]) -> str:
+    """A message naming each differing field and which ranks hold which value."""
+    parts = []
+    for name in per_rank[0]:
+        holders: dict[str, list[int]] = {}
+        for rank, fields in enumerate(per_rank):
+            holders.setdefault(fields.get(name, "<missing>"), []).append(rank)
+        if len(holders) > 1:
+            values = "; ".join(f"{value!r} on {_ranks_text(ranks, 'rank')}" for value, ranks in holders.items())
+            parts.append(f"{name}: {values}")
+    return (
+        "ranks disagree on the mesh, so creating its groups would hang; every rank must build the same "
+        "mesh in the same order. Differing fields: " + " | ".join(parts)
+    )
+
+
+def _collective_device() -> torch.device:
+    # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
+    return dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_option_text(v) for v in value) + "]"
+    return str(value)
+
+
+def _ranks_text(ranks: Sequence[int], noun: str = "") -> str:
+    prefix = f"{noun}s " if noun and len(ranks) > 1 else (f"{noun} " if noun else "")
+    if isinstance(ranks, range) and ranks.step == 1:
+        return prefix + (f"{ranks.start}..{ranks.stop - 1}" if len(ranks) > 1 else str(ranks.start))
+    ranks = list(ranks)
+    runs = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}..{prev}")
+        if r is not None:
+            start = prev = r
+    return prefix + ",".join(runs)

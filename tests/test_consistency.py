@@ -1,0 +1,96 @@
+"""Cross-rank mesh consistency: a clear error on every rank instead of a hang."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fakepg import fake_world
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from mesh_core.consistency import check_same_mesh, describe_disagreement, digest, mesh_fields
+
+WORLD = 4
+TIMEOUT_S = 120
+
+
+def test_digest_is_stable_and_sensitive_to_every_field():
+    base = mesh_fields(MeshSpec.build(8, pp=2, tp=2), flatten=[("dp",)], p2p_groups=False)
+    assert digest(base) == digest(dict(reversed(list(base.items()))))
+    variants = [
+        mesh_fields(MeshSpec.build(8, pp=2, tp=4), flatten=[("dp",)], p2p_groups=False),
+        mesh_fields(MeshSpec.build(8, pp=2, tp=2, order=("pp", "tp", "dp")), flatten=[("dp",)], p2p_groups=False),
+        mesh_fields(MeshSpec.build(8, pp=2, tp=2, ep=2), flatten=[("dp",)], p2p_groups=False),
+        mesh_fields(MeshSpec.build(8, ranks=range(4), tp=2), flatten=[("dp",)], p2p_groups=False),
+        mesh_fields(MeshSpec.build(8, pp=2, tp=2), flatten=[], p2p_groups=False),
+        mesh_fields(MeshSpec.build(8, pp=2, tp=2), flatten=[("dp",)], p2p_groups=True),
+    ]
+    digests = {tuple(digest(base))} | {tuple(digest(v)) for v in variants}
+    assert len(digests) == len(variants) + 1
+
+
+def test_disagreement_names_fields_and_ranks():
+    agree = mesh_fields(MeshSpec.build(8, pp=2, tp=2), p2p_groups=False)
+    differ = mesh_fields(MeshSpec.build(8, pp=2, tp=4), p2p_groups=True)
+    message = describe_disagreement([agree] * 5 + [differ] + [agree] * 2)
+    assert "dims: 'pp=2, dp=2, tp=2' on ranks 0..4,6..7; 'pp=2, dp=1, tp=4' on rank 5" in message
+    assert "p2p_groups: 'False' on ranks 0..4,6..7; 'True' on rank 5" in message
+    assert "ep:" not in message and "world_size:" not in message
+
+
+def test_skipped_on_the_fake_backend(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("no collective may run on the fake backend")
+
+    monkeypatch.setattr(dist, "all_gather_into_tensor", fail)
+    with fake_world(1, 16):
+        check_same_mesh(MeshSpec.build(16, tp=2))
+        DeepSpeedDeviceMesh(MeshSpec.build(16, pp=2, tp=2))
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    outcome = {}
+    same = DeepSpeedDeviceMesh(MeshSpec.build(WORLD, pp=2, tp=2))  # agreeing ranks: no error
+    outcome["same"] = dist.get_process_group_ranks(same.get_group("tp"))
+    cases = {
+        "rank 3 differs in dims": (MeshSpec.build(WORLD, tp=4 if rank == 3 else 2), {}),
+        "rank 0 differs in p2p": (MeshSpec.build(WORLD, pp=2), {"p2p_groups": rank == 0}),
+    }
+    for name, (spec, kwargs) in cases.items():
+        try:
+            DeepSpeedDeviceMesh(spec, **kwargs)
+            outcome[name] = "no error"
+        except MeshSpecError as err:
+            outcome[name] = str(err)
+    outcome["unverified"] = DeepSpeedDeviceMesh(MeshSpec.build(WORLD, dp=4), verify=False).size("dp")
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(outcome, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_disagreeing_ranks_all_raise_instead_of_hanging(tmp_path):
+    ctx = mp.start_processes(
+        _worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"ranks still running after {TIMEOUT_S} s: the mismatch hung instead of raising")
+    for rank in range(WORLD):
+        outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert outcome["same"] == ([0, 1] if rank < 2 else [2, 3])
+        dims_error = outcome["rank 3 differs in dims"]
+        assert "ranks disagree on the mesh" in dims_error
+        assert "dims: 'dp=2, tp=2' on ranks 0..2; 'dp=1, tp=4' on rank 3" in dims_error
+        p2p_error = outcome["rank 0 differs in p2p"]
+        assert "p2p_groups: 'True' on rank 0; 'False' on ranks 1..3" in p2p_error
+        assert "dims:" not in p2p_error
+        assert outcome["unverified"] == 4
