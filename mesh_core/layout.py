@@ -188,18 +188,28 @@ class MeshLayout:
         return pos % ep if kind == "ep" else pos // ep
 
     def _expert_group_ranks(self, kind: str, rank: int) -> list[int]:
-        if not self.spec.expert_data_dims:
+        """EP/EDP members computed from positions in the data group: O(group size x dims)."""
+        dims = self.spec.expert_data_dims
+        if not dims:
             return [rank]
-        data = self.group_ranks(self.spec.expert_data_dims, rank)
-        pos = self.coordinate_of(rank, self.spec.expert_data_dims)
-        ep, n = self.spec.ep, len(data)
-        edp = n // ep
-        if self.spec.data_before_expert:
-            if kind == "ep":
-                return [data[pos % edp + k * edp] for k in range(ep)]
-            start = (pos // edp) * edp
-            return data[start : start + edp]
-        if kind == "ep":
-            start = (pos // ep) * ep
-            return data[start : start + ep]
-        return [data[pos % ep + k * ep] for k in range(edp)]
+        pos = self.coordinate_of(rank, dims)
+        ep = self.spec.ep
+        edp = self.spec.data_size // ep
+        # one kind is a consecutive chunk of the data group, the other takes a stride through it
+        chunk, stride = (edp, ep) if self.spec.data_before_expert else (ep, edp)
+        strided = (kind == "ep") == self.spec.data_before_expert
+        if strided:
+            positions = [pos % chunk + k * chunk for k in range(stride)]
+        else:
+            positions = range((pos // chunk) * chunk, (pos // chunk + 1) * chunk)
+        idx = self.local_index(rank)
+        axes = [self._index[n] for n in dims]
+        base = idx - sum(((idx // self._strides[i]) % self.spec.sizes[i]) * self._strides[i] for i in axes)
+        out = []
+        for q in positions:
+            offset = 0
+            for i in reversed(axes):
+                q, c = divmod(q, self.spec.sizes[i])
+                offset += c * self._strides[i]
+            out.append(self.spec.ranks[base + offset])
+        return out
