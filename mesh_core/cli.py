@@ -186,12 +186,12 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
 
 def _format_groups(report: dict[str, Any], show_all: bool) -> list[str]:
     lines = ["groups per dim"]
-    header = f"  {'dims':<8} {'size':>6} {'groups':>7}"
+    header = f"  {'dims':<12} {'size':>6} {'groups':>7}"
     if report["gpus_per_node"]:
         header += f" {'cross-node':>10}"
     lines.append(header)
     for entry in report["dims"]:
-        row = f"  {entry['dims']:<8} {entry['size']:>6} {entry['num_groups']:>7}"
+        row = f"  {entry['dims']:<12} {entry['size']:>6} {entry['num_groups']:>7}"
         if report["gpus_per_node"]:
             row += f" {entry['cross_node_groups']:>10}"
         lines.append(row)
@@ -202,7 +202,7 @@ def _format_groups(report: dict[str, Any], show_all: bool) -> list[str]:
             first = entry.get("first_groups") or groups[:3]
             last = entry.get("last_group") or groups[-1]
             text = " ".join(_short(g) for g in first) + f" ... {_short(last)}  ({entry['num_groups']} groups)"
-        lines += textwrap.wrap(text, WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 11, break_on_hyphens=False)
+        lines += textwrap.wrap(text, WIDTH, initial_indent=" " * 15, subsequent_indent=" " * 15, break_on_hyphens=False)
     return lines
 
 
@@ -226,7 +226,7 @@ def _format_rank_view(view: dict[str, Any]) -> list[str]:
     lines = [f"rank {view['rank']}{node}: {coord}"]
     for dims, item in view["groups"].items():
         cross = " (crosses nodes)" if item.get("crosses_nodes") else ""
-        lines.append(f"  {dims:<8} index {item['index']:>4} in {_short(item['ranks'])}{cross}")
+        lines.append(f"  {dims:<12} index {item['index']:>4} in {_short(item['ranks'])}{cross}")
     if "next_stage" in view:
         lines.append(f"  pipeline: next stage rank {view['next_stage']}, previous stage rank {view['prev_stage']}")
     return lines
@@ -287,8 +287,13 @@ def _size(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; give a positive integer or 'auto'") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line (no usage dump) and exit code 2, like every bad input
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="mesh", description="See a parallel layout before you run it.")
+    top = _Parser(prog="mesh", description="See a parallel layout before you run it.")
     commands = top.add_subparsers(dest="command")
     show = commands.add_parser(
         "show",
@@ -376,9 +381,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["show", *argv]  # "show" is the one command; allow leaving it out
-    args = parser().parse_args(argv)
     try:
-        return run_show(args)
+        return run_show(parser().parse_args(argv))
     except (MeshSpecError, UsageError) as err:
         print(f"mesh: error: {err}", file=sys.stderr)
         return 2
