@@ -1,0 +1,54 @@
+"""Legacy DeepSpeed 0.19.8 process-group APIs re-implemented on the mesh.
+
+- :mod:`compat.topology` — ``ProcessTopology``, ``PipeDataParallelTopology``,
+  ``PipeModelDataParallelTopology``, ``PipelineParallelGrid``;
+- :mod:`compat.groups` — every function of ``deepspeed.utils.groups``, around one default mesh
+  (:func:`compat.groups.bind_mesh`);
+- :mod:`compat.mpu` — :class:`~compat.mpu.MeshMPU` (a Megatron-style mpu served from a mesh) and
+  :func:`~compat.mpu.mesh_from_mpu` (a mesh from a user's mpu);
+- :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning`.
+
+:func:`install` / :func:`uninstall` route the real ``deepspeed`` modules onto these (they import
+``compat.install``, and with it DeepSpeed, only when called).
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from . import deprecation, groups, mpu, topology
+from .deprecation import LegacyAPIDeprecationWarning, warn_legacy
+from .mpu import MeshMPU, mesh_from_mpu
+
+__all__ = [
+    "LegacyAPIDeprecationWarning",
+    "MeshMPU",
+    "deprecation",
+    "groups",
+    "install",
+    "mesh_from_mpu",
+    "mpu",
+    "topology",
+    "uninstall",
+    "warn_legacy",
+]
+
+
+def install(*args: Any, **kwargs: Any) -> Any:
+    """Route DeepSpeed's legacy modules onto compat (see ``compat.install``)."""
+    return _installer().install(*args, **kwargs)
+
+
+def uninstall(*args: Any, **kwargs: Any) -> Any:
+    """Undo :func:`install`."""
+    return _installer().uninstall(*args, **kwargs)
+
+
+_WRAPPERS = {"install": install, "uninstall": uninstall}
+
+
+def _installer() -> ModuleType:
+    module = importlib.import_module(f"{__name__}.install")
+    globals().update(_WRAPPERS)  # importing the submodule rebinds the package attribute "install" to it
+    return module

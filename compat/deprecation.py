@@ -1,0 +1,115 @@
+"""Deprecation warnings for the legacy process-group APIs the compat layer re-implements.
+
+Every legacy entry point warns with a :class:`LegacyAPIDeprecationWarning` whose message starts with
+``TODOV1:``, names the mesh replacement and the MIGRATION.md row (the legacy qualified name). It
+warns once per call site, and standard ``warnings`` filters silence it or turn it into an error.
+
+The check is cheap enough for hot getters: a call site already warned about costs one frame lookup
+and one dict probe; ``warnings`` itself is only consulted the first time a site is seen (and again
+after any change to the warning filters, so ``simplefilter("error")`` later still raises).
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from types import FrameType
+from typing import Optional
+
+__all__ = ["LegacyAPIDeprecationWarning", "LegacyEntry", "legacy_entry", "warn_legacy"]
+
+
+class LegacyAPIDeprecationWarning(DeprecationWarning):
+    """A legacy DeepSpeed process-group API was called; the message names its mesh replacement."""
+
+
+def message(legacy_name: str, replacement: str, row: str) -> str:
+    return f"TODOV1: {legacy_name} is deprecated; use {replacement} (MIGRATION.md row '{row}')"
+
+
+class LegacyEntry:
+    """One legacy API: its warning text and the call sites that already warned."""
+
+    __slots__ = ("legacy_name", "replacement", "row", "text", "sites", "_seen")
+
+    def __init__(self, legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
+        self.legacy_name = legacy_name
+        self.replacement = replacement
+        self.row = row or legacy_name
+        self.text = message(legacy_name, replacement, self.row)
+        # f_lasti -> code object of the last site seen at that offset (the fast-path probe)
+        self.sites: dict[int, object] = {}
+        self._seen: set[tuple[int, int]] = set()
+
+    def warn(self, depth: int = 1) -> None:
+        """Warn for the caller ``depth`` frames above the caller of this method, once per site."""
+        frame = sys._getframe(depth + 1)
+        if self.sites.get(frame.f_lasti) is not frame.f_code:
+            self.hit(frame)
+
+    def hit(self, frame: FrameType) -> None:
+        """Slow path: a site not seen since the last filter change."""
+        key = (id(frame.f_code), frame.f_lasti)
+        if key not in self._seen:
+            module_globals = frame.f_globals
+            registry = module_globals.setdefault("__warningregistry__", {})
+            warnings.warn_explicit(
+                self.text,
+                LegacyAPIDeprecationWarning,
+                frame.f_code.co_filename,
+                frame.f_lineno,
+                module_globals.get("__name__", "<unknown>"),
+                registry,
+                module_globals,
+            )
+            self._seen.add(key)  # only after warn returned: an "error" filter keeps raising
+        self.sites[frame.f_lasti] = frame.f_code
+
+    def reset(self) -> None:
+        self.sites.clear()
+        self._seen.clear()
+
+
+_ENTRIES: dict[str, LegacyEntry] = {}
+
+
+def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None) -> LegacyEntry:
+    """The (shared) entry for a legacy API, for shims that inline the fast-path check."""
+    entry = _ENTRIES.get(legacy_name)
+    if entry is None:
+        entry = _ENTRIES[legacy_name] = LegacyEntry(legacy_name, replacement, row)
+    return entry
+
+
+def warn_legacy(legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
+    """Warn that ``legacy_name`` was called, once per call site of the function calling this."""
+    entry = _ENTRIES.get(legacy_name) or legacy_entry(legacy_name, replacement, row)
+    frame = sys._getframe(2)
+    if entry.sites.get(frame.f_lasti) is not frame.f_code:
+        entry.hit(frame)
+
+
+def _forget_sites() -> None:
+    for entry in _ENTRIES.values():
+        entry.reset()
+
+
+def _hook_filter_changes() -> None:
+    # warnings calls _filters_mutated() on every filter change (simplefilter, catch_warnings, ...);
+    # a changed filter set may want a site warned (or raised) again.
+    original = warnings._filters_mutated  # type: ignore[attr-defined]
+    if getattr(original, "_compat_hook", False):
+        return
+
+    def filters_mutated() -> None:
+        original()
+        _forget_sites()
+
+    filters_mutated._compat_hook = True  # type: ignore[attr-defined]
+    warnings._filters_mutated = filters_mutated  # type: ignore[attr-defined]
+
+
+_hook_filter_changes()
+if not sys.warnoptions:
+    # DeprecationWarning is hidden outside __main__ by default; show ours once per site. Filters
+    # added later (by users, pytest) go in front of this one and win; -W options are respected.
+    warnings.filterwarnings("default", category=LegacyAPIDeprecationWarning)

@@ -1,0 +1,1088 @@
+"""``deepspeed.utils.groups`` (0.19.8) on the mesh: every function, same names and signatures.
+
+Group memberships, return values and the legacy quirks (``range`` objects for legacy expert ranks,
+``ep_size_N`` names, ``_get_max_expert_size()`` returning None, the E+D expert layout over a whole
+pipeline stage that ignores TP when ``mp_size`` is None, ...) are DeepSpeed's. What differs:
+
+- every communicator comes from a :class:`~mesh_core.DeepSpeedDeviceMesh` or its world's
+  :class:`~mesh_core.GroupRegistry`, so a rank set gets one communicator however many legacy
+  builders ask for it (the world clone is WORLD itself; ``_get_local_all_to_all_group`` no longer
+  creates new communicators per call);
+- the state is one :class:`GroupsState` object around one default mesh (:func:`bind_mesh`), plus
+  the three attributes the engine writes: ``mpu``, ``mesh_device`` and
+  ``expert_tensor_parallel_world_size``;
+- group creation may issue fewer (shared) calls than legacy, but every rank issues the same ones in
+  the same order;
+- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh and warns on a size conflict instead of
+  silently ignoring it; the src-rank helpers return the group's first rank rather than a formula
+  that assumed consecutive groups (``get_tensor_model_parallel_src_rank`` keeps the formula when a
+  world-size override is set).
+
+Resolution of the underscore DP / SP / SDP getters: ``mesh_device`` (as in DeepSpeed), then the
+mesh bound with :func:`bind_mesh`, then ``mpu``, then the world. With a bound mesh the
+sequence-data-parallel group is ``("dp", "sp")`` (DeepSpeed's ``mesh_device`` path used DP only).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+
+from .deprecation import legacy_entry
+from .mpu import bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size
+
+logger = logging.getLogger(__name__)
+
+_GROUPS = "deepspeed.utils.groups"
+_DEVICE_MESH_SPLIT_UNSUPPORTED = "No backend for the parent process group or its backend does not support splitting"
+
+# --- the legacy module attributes the engine reads and writes ----------------------------------
+mpu: Any = None
+mesh_device: Any = None
+expert_tensor_parallel_world_size: int = 1
+
+
+class DeprecatedException(Exception):
+    """Raised by the deprecated ``initialize`` (DeepSpeed's ``DeprecatedException``)."""
+
+
+@dataclass
+class ExpertGroupsEntry:
+    """One ``ep_size_N`` name: this rank's EP/EDP groups and ranks."""
+
+    ep_group: Any = None
+    ep_ranks: Any = None
+    edp_group: Any = None
+    edp_ranks: Any = None
+
+
+@dataclass
+class GroupsState:
+    """Everything ``deepspeed.utils.groups`` kept in module globals, around one default mesh."""
+
+    mesh: Optional[DeepSpeedDeviceMesh] = None  # the default mesh (bind_mesh or _init_tp_mesh_device)
+    mesh_is_bound: bool = False  # bound by bind_mesh: underscore getters serve from it too
+    tp_group: Any = None
+    dp_group: Any = None
+    tp_size: int = 0
+    tp_rank: int = 0
+    tp_src: int = 0
+    dp_size: int = 0
+    dp_rank: int = 0
+    tp_world_size_override: Optional[int] = None
+    tp_rank_override: Optional[int] = None
+    # name -> group / ranks, the live dicts DeepSpeed hands out (engine keeps references)
+    expert_parallel_group: dict = field(default_factory=dict)
+    expert_parallel_group_ranks: dict = field(default_factory=dict)
+    expert_data_parallel_group: dict = field(default_factory=dict)
+    expert_data_parallel_group_ranks: dict = field(default_factory=dict)
+    world_group: Any = None
+    zero_param_group: Any = None
+    zero_param_ranks: Optional[list[int]] = None
+    all_to_all: dict = field(default_factory=dict)
+    bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
+    owned_meshes: list = field(default_factory=list)  # meshes compat built (released with the world)
+
+
+_state = GroupsState()
+
+_LEGACY_GLOBALS = {
+    "_TENSOR_MODEL_PARALLEL_GROUP": lambda s: s.tp_group,
+    "_MODEL_PARALLEL_GROUP": lambda s: s.tp_group,
+    "_DATA_PARALLEL_GROUP": lambda s: s.dp_group,
+    "_EXPERT_PARALLEL_GROUP": lambda s: s.expert_parallel_group,
+    "_EXPERT_PARALLEL_GROUP_RANKS": lambda s: s.expert_parallel_group_ranks,
+    "_EXPERT_DATA_PARALLEL_GROUP": lambda s: s.expert_data_parallel_group,
+    "_EXPERT_DATA_PARALLEL_GROUP_RANKS": lambda s: s.expert_data_parallel_group_ranks,
+    "_WORLD_GROUP": lambda s: s.world_group,
+    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": lambda s: s.zero_param_group,
+    "_ALL_TO_ALL_GROUP": lambda s: s.all_to_all,
+    "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE": lambda s: s.tp_world_size_override,
+    "_MPU_TENSOR_MODEL_PARALLEL_RANK": lambda s: s.tp_rank_override,
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Read-only views of DeepSpeed's private module globals (e.g. ``_EXPERT_PARALLEL_GROUP``)."""
+    getter = _LEGACY_GLOBALS.get(name)
+    if getter is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getter(_state)
+
+
+def _w(name: str, replacement: str):
+    return legacy_entry(f"{_GROUPS}.{name}", replacement)
+
+
+# --- the default mesh ------------------------------------------------------------------------
+BOUND_DIMS = ("tp", "dp", "sp", ("dp", "sp"))
+
+
+def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
+    """Make ``mesh`` the module's default mesh (None: unbind).
+
+    The lettered TP/DP getters, the underscore DP/SP/SDP getters and the expert getters then serve
+    from it (its own ``ep`` is registered as ``ep_size_<ep>``). Collective: it resolves the mesh's
+    tp, dp, sp and (dp, sp) groups up front, creating those not built yet.
+    """
+    if mesh is not None and not isinstance(mesh, DeepSpeedDeviceMesh):
+        raise TypeError(f"bind_mesh needs a DeepSpeedDeviceMesh or None, got {type(mesh).__name__}: {mesh!r}")
+    state = _state
+    if mesh is None:
+        if state.mesh_is_bound:
+            state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
+            _set_tp_groups(None, None)
+        return
+    state.bound_groups = {
+        dims: (mesh.get_group(dims), mesh.size(dims), mesh.get_rank(dims), mesh.get_group_ranks(dims))
+        for dims in BOUND_DIMS
+    }
+    state.mesh, state.mesh_is_bound = mesh, True
+    _set_tp_groups(mesh, ("tp", "dp"))
+    if mesh.spec.ep > 1:
+        groups = mesh.expert_groups()
+        _store_expert(f"ep_size_{mesh.spec.ep}", groups.ep_group, groups.ep_ranks, groups.edp_group, groups.edp_ranks)
+
+
+def bound_mesh() -> Optional[DeepSpeedDeviceMesh]:
+    """The mesh bound with :func:`bind_mesh` (None if none is)."""
+    return _state.mesh if _state.mesh_is_bound else None
+
+
+def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Optional[tuple[Any, Any]]) -> None:
+    state = _state
+    if mesh is None or dims is None:
+        state.tp_group = state.dp_group = None
+        return
+    tp_dims, dp_dims = dims
+    state.tp_group, state.dp_group = mesh.get_group(tp_dims), mesh.get_group(dp_dims)
+    state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_rank(tp_dims)
+    state.tp_src = mesh.get_group_ranks(tp_dims)[0]
+    state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_rank(dp_dims)
+
+
+def _partition(rank_lists: Sequence[Sequence[int]]) -> Any:
+    # Layouts that are not the groups of any mesh dim (expert splits over a pipeline stage,
+    # world blocks, node-local blocks): a DeepSpeedDeviceMesh for them would also create its own
+    # dims' groups, which legacy never creates. The world's registry still shares each rank set.
+    group, _ = registry_for_world().partition([list(r) for r in rank_lists])
+    return group
+
+
+def _assert_initialized() -> None:
+    assert dist.is_initialized(), "dist is not initialized"
+
+
+def _divisible(numerator: int, denominator: int) -> None:
+    assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)
+
+
+_W_ENSURE = _w("_ensure_divisibility", "mesh_core.MeshSpec.build (validates divisibility)")
+
+
+def _ensure_divisibility(numerator: int, denominator: int) -> None:
+    """Ensure that numerator is divisible by the denominator."""
+    # TODOV1: legacy shim
+    _W_ENSURE.warn()
+    _divisible(numerator, denominator)
+
+
+_W_INITIALIZE = _w("initialize", "deepspeed.moe.layer.MoE(..., ep_size=N) with mesh.expert_groups(N)")
+
+
+def initialize(ep_size: int = 1, mpu: Any = None) -> None:
+    """Deprecated in DeepSpeed itself; always raises."""
+    # TODOV1: legacy shim
+    _W_INITIALIZE.warn()
+    raise DeprecatedException(
+        "Please do not use the groups.initialize() API as it is deprecated. Instead, pass the desired ep_size "
+        "to deepspeed.moe.layer.MoE(..,ep_size,..)"
+    )
+
+
+# --- teardown --------------------------------------------------------------------------------
+_W_RELEASE = _w("_release_process_group_references", "mesh.destroy()")
+
+
+def _release_process_group_references(group: Any = None) -> None:
+    """Forget references after a backend destroy: everything for the world (None), else ``group``."""
+    # TODOV1: legacy shim
+    _W_RELEASE.warn()
+    global _state, mpu, mesh_device, expert_tensor_parallel_world_size
+    if group is None:
+        sequence_parallel = sys.modules.get("deepspeed.runtime.sequence_parallel.parallel_state_sp")
+        if sequence_parallel is not None:
+            sequence_parallel._release_sequence_parallel_groups()
+        old = _state
+        for mapping in (
+            old.expert_parallel_group,
+            old.expert_parallel_group_ranks,
+            old.expert_data_parallel_group,
+            old.expert_data_parallel_group_ranks,
+            old.all_to_all,
+        ):
+            mapping.clear()  # the engine may hold these dicts
+        _state = GroupsState()
+        mpu = None
+        mesh_device = None
+        expert_tensor_parallel_world_size = 1
+        return
+    state = _state
+    for group_map, rank_map in (
+        (state.expert_parallel_group, state.expert_parallel_group_ranks),
+        (state.expert_data_parallel_group, state.expert_data_parallel_group_ranks),
+    ):
+        for name, cached in list(group_map.items()):
+            if cached is group:
+                del group_map[name]
+                rank_map.pop(name, None)
+    for name, cached in list(state.all_to_all.items()):
+        if cached is group:
+            del state.all_to_all[name]
+    if state.world_group is group:
+        state.world_group = None
+    if state.zero_param_group is group:
+        state.zero_param_group = state.zero_param_ranks = None
+    if state.tp_group is group:
+        state.tp_group = None
+        state.tp_world_size_override = state.tp_rank_override = None
+    if state.dp_group is group:
+        state.dp_group = None
+    _forget_destroyed(group)
+
+
+def _forget_destroyed(group: Any) -> None:
+    # The backend already destroyed ``group``; drop it from the registry so no later request for
+    # its rank set is served a dead communicator. (GroupRegistry has no public "forget" yet.)
+    if not dist.is_initialized():
+        return
+    registry = registry_for_world()
+    for key, cached in list(registry._groups.items()):
+        if cached is group:
+            del registry._groups[key]
+            registry._refs.pop(key, None)
+
+
+# --- tensor / data parallel (AutoTP, "lettered" API) -------------------------------------------
+_W_TP_NEW_GROUP = _w("_init_tp_groups_with_new_group", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
+_W_TP_MESH = _w("_init_tp_mesh_device", "mesh_core.DeepSpeedDeviceMesh.build(tp=N) (engine.mesh_device)")
+
+
+def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[DeepSpeedDeviceMesh, tuple[Any, Any]]:
+    """A mesh whose TP groups are consecutive tp-blocks and DP groups every tp-th rank."""
+    world = dist.get_world_size()
+    mesh = bound_mesh()
+    if mesh is not None and mesh.spec.ranks == tuple(range(world)):
+        spec = mesh.spec
+        inner = [n for n, s in zip(spec.names, spec.sizes) if s > 1]
+        if spec.dim_size("tp") == tensor_model_parallel_size and (not inner or inner[-1] == "tp" or tensor_model_parallel_size == 1):
+            rest = tuple(n for n in spec.names if n != "tp")
+            if rest and math.prod(spec.dim_size(n) for n in rest) == data_parallel_size:
+                return mesh, ("tp", rest)
+    spec = MeshSpec.build(world, dp=data_parallel_size, tp=tensor_model_parallel_size)
+    mesh = DeepSpeedDeviceMesh(spec)
+    _state.owned_meshes.append(mesh)
+    return mesh, ("tp", "dp")
+
+
+def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_parallel_size: Optional[int] = None):
+    """Build (or re-build) the TP/DP groups of a (data_parallel, tensor_parallel) layout."""
+    # TODOV1: legacy shim
+    _W_TP_NEW_GROUP.warn()
+    world_size = dist.get_world_size()
+    _divisible(world_size, tensor_model_parallel_size)
+    if data_parallel_size is None:
+        data_parallel_size = world_size // tensor_model_parallel_size
+    else:
+        assert data_parallel_size * tensor_model_parallel_size == world_size, (
+            f"data_parallel_size ({data_parallel_size}) * tensor_model_parallel_size "
+            f"({tensor_model_parallel_size}) must equal world_size ({world_size})"
+        )
+    return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
+
+
+def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
+    if _state.mesh is None:
+        _state.mesh = mesh
+    _set_tp_groups(mesh, dims)
+    return _state.dp_group, _state.tp_group
+
+
+def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size: Optional[int] = None):
+    """TP/DP groups of a (data_parallel, tensor_parallel) mesh; None if TP groups already exist."""
+    # TODOV1: legacy shim
+    _W_TP_MESH.warn()
+    if _state.tp_group is not None:
+        if _state.tp_size != tensor_model_parallel_size:
+            logger.warning(
+                "_init_tp_mesh_device(tensor_model_parallel_size=%s) ignored: TP groups of size %s already exist",
+                tensor_model_parallel_size,
+                _state.tp_size,
+            )
+        return None
+    if data_parallel_size is None:
+        data_parallel_size = dist.get_world_size() // tensor_model_parallel_size
+    return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
+
+
+_W_GET_TP_GROUP = _w("get_tensor_model_parallel_group", "mesh.get_group('tp')")
+_W_GET_MP_GROUP = _w("get_model_parallel_group", "mesh.get_group('tp')")
+_W_GET_DP_GROUP = _w("get_data_parallel_group", "mesh.get_group('dp')")
+_W_SET_TP_WS = _w("set_tensor_model_parallel_world_size", "mesh.size('tp') (sizes are fixed by the mesh)")
+_W_GET_TP_WS = _w("get_tensor_model_parallel_world_size", "mesh.size('tp')")
+_W_GET_MP_WS = _w("get_model_parallel_world_size", "mesh.size('tp')")
+_W_SET_TP_RANK = _w("set_tensor_model_parallel_rank", "mesh.get_rank('tp') (ranks are fixed by the mesh)")
+_W_GET_TP_RANK = _w("get_tensor_model_parallel_rank", "mesh.get_rank('tp')")
+_W_GET_MP_RANK = _w("get_model_parallel_rank", "mesh.get_rank('tp')")
+_W_GET_TP_SRC = _w("get_tensor_model_parallel_src_rank", "mesh.get_group_ranks('tp')[0]")
+_W_GET_DP_WS = _w("get_data_parallel_world_size", "mesh.size('dp')")
+_W_GET_DP_RANK = _w("get_data_parallel_rank", "mesh.get_rank('dp')")
+
+
+def get_tensor_model_parallel_group():
+    """The tensor model parallel group the caller rank belongs to."""
+    # TODOV1: legacy shim
+    _W_GET_TP_GROUP.warn()
+    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
+    return _state.tp_group
+
+
+def get_model_parallel_group():
+    """The model parallel group (the TP group) the caller rank belongs to."""
+    # TODOV1: legacy shim
+    _W_GET_MP_GROUP.warn()
+    assert _state.tp_group is not None, "model parallel group is not initialized"
+    return _state.tp_group
+
+
+def get_data_parallel_group():
+    """The data parallel group of the TP layout (no fallback, unlike ``_get_data_parallel_group``)."""
+    # TODOV1: legacy shim
+    _W_GET_DP_GROUP.warn()
+    assert _state.dp_group is not None, "data parallel group is not initialized"
+    return _state.dp_group
+
+
+def set_tensor_model_parallel_world_size(world_size: int) -> None:
+    # TODOV1: legacy shim
+    _W_SET_TP_WS.warn()
+    _state.tp_world_size_override = world_size
+
+
+def _tp_world_size() -> int:
+    if _state.tp_world_size_override is not None:
+        return _state.tp_world_size_override
+    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
+    return _state.tp_size
+
+
+def _tp_rank() -> int:
+    if _state.tp_rank_override is not None:
+        return _state.tp_rank_override
+    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
+    return _state.tp_rank
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_GET_TP_WS.warn()
+    return _tp_world_size()
+
+
+def get_model_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_GET_MP_WS.warn()
+    return _tp_world_size()
+
+
+def set_tensor_model_parallel_rank(rank: int) -> None:
+    # TODOV1: legacy shim
+    _W_SET_TP_RANK.warn()
+    _state.tp_rank_override = rank
+
+
+def get_tensor_model_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_GET_TP_RANK.warn()
+    return _tp_rank()
+
+
+def get_model_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_GET_MP_RANK.warn()
+    return _tp_rank()
+
+
+def get_tensor_model_parallel_src_rank() -> int:
+    """Global rank of TP rank 0 (DeepSpeed's consecutive-block formula when a size override is set)."""
+    # TODOV1: legacy shim
+    _W_GET_TP_SRC.warn()
+    if _state.tp_world_size_override is not None:
+        local = _state.tp_world_size_override
+        return (dist.get_rank() // local) * local
+    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
+    return _state.tp_src
+
+
+def get_data_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_GET_DP_WS.warn()
+    assert _state.dp_group is not None, "data parallel group is not initialized"
+    return _state.dp_size
+
+
+def get_data_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_GET_DP_RANK.warn()
+    assert _state.dp_group is not None, "data parallel group is not initialized"
+    return _state.dp_rank
+
+
+_W_CREATE_MP = _w("_create_model_parallel", "mesh_core.DeepSpeedDeviceMesh.build(tp=N): mesh.get_group('dp'), mesh.get_group('tp')")
+
+
+def _create_model_parallel(model_parallel_size_: int):
+    """(data parallel group, model parallel group) of a (dp, tp) layout; sets no module state."""
+    # TODOV1: legacy shim
+    _W_CREATE_MP.warn()
+    assert dist.is_initialized()
+    world_size = dist.get_world_size()
+    model_parallel_size = min(model_parallel_size_, world_size)
+    _divisible(world_size, model_parallel_size)
+    mesh = DeepSpeedDeviceMesh(MeshSpec.build(world_size, dp=world_size // model_parallel_size, tp=model_parallel_size))
+    _state.owned_meshes.append(mesh)
+    return mesh.get_group("dp"), mesh.get_group("tp")
+
+
+# --- expert parallel -------------------------------------------------------------------------
+_W_CREATE_EP = _w("_create_expert_and_data_parallel", "mesh.expert_groups(N) (MeshSpec ep=N)")
+_W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel", "mesh.expert_groups(N) on a mesh with tp")
+_W_EP_RANKS = _w("_get_expert_parallel_ranks", "mesh_core.MeshLayout(MeshSpec.build(W, pp=, dp=, tp=, ep=N)).groups('ep'/'edp')")
+
+
+def _store_expert(name: str, ep_group: Any, ep_ranks: Any, edp_group: Any, edp_ranks: Any) -> None:
+    state = _state
+    if ep_group is not None:
+        state.expert_parallel_group[name] = ep_group
+        state.expert_parallel_group_ranks[name] = ep_ranks
+    if edp_group is not None:
+        state.expert_data_parallel_group[name] = edp_group
+        state.expert_data_parallel_group_ranks[name] = edp_ranks
+
+
+def _as_range(ranks: list[int]) -> range:
+    """A legacy ``range`` with the same elements as an evenly spaced rank list."""
+    step = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+    return range(ranks[0], ranks[-1] + 1, step)
+
+
+def _stage_layout(world_size: int, pp: int, ep: int, ranks: Optional[list[int]] = None, dbe: bool = False) -> MeshLayout:
+    """Expert split of each pipeline stage (consecutive world blocks), the stage ranks in ``ranks`` order."""
+    return MeshLayout(MeshSpec.build(world_size, pp=pp, dp=world_size // pp, ep=ep, ranks=ranks, data_before_expert=dbe))
+
+
+def _resolve_pp(pp_size: Optional[int]) -> int:
+    return pp_size if pp_size is not None else (1 if mpu is None else bwc_pipeline_parallel_world_size(mpu))
+
+
+def _create_expert_and_data_parallel(
+    expert_parallel_size_: int,
+    mp_size: Optional[int] = None,
+    pp_size: Optional[int] = None,
+    mp_mode: str = "tp",
+    use_data_before_expert_parallel_: bool = False,
+    folding_spec: Any = None,
+) -> None:
+    """Expert (EP) and expert-data (EDP) groups named ``ep_size_<ep>``, DeepSpeed's layouts."""
+    # TODOV1: legacy shim
+    _W_CREATE_EP.warn()
+    assert dist.is_initialized()
+    ep = expert_parallel_size_
+    effective_mp = 1 if mp_size is None else mp_size
+    world_size = dist.get_world_size()
+    pp = _resolve_pp(pp_size)
+    if pp < 1 or world_size % pp:
+        raise MeshSpecError(f"pipeline size pp={pp} does not divide world_size={world_size}; valid pp values divide it")
+    stage = world_size // pp
+    _divisible(stage, ep)
+    name = f"ep_size_{ep}"
+    rank = dist.get_rank()
+    state = _state
+
+    if effective_mp <= 1:
+        layout = _stage_layout(world_size, pp, ep, dbe=use_data_before_expert_parallel_)
+        have_edp = name in state.expert_data_parallel_group
+        have_ep = name in state.expert_parallel_group
+        edp_group = None if have_edp else _partition(layout.groups("edp"))
+        ep_group = None if have_ep else _partition(layout.groups("ep"))
+        _store_expert(
+            name,
+            ep_group,
+            None if have_ep else _as_range(layout.group_ranks("ep", rank)),
+            edp_group,
+            None if have_edp else _as_range(layout.group_ranks("edp", rank)),
+        )
+        return
+
+    if use_data_before_expert_parallel_:
+        raise NotImplementedError("use_data_before_expert_parallel_ is not supported with mp_size > 1")
+    if name in state.expert_parallel_group:
+        if folding_spec is not None:
+            from deepspeed.module_inject.auto_ep_folding import assert_group_matches_spec  # the spec is DeepSpeed's
+
+            assert_group_matches_spec(
+                {"ep": [state.expert_parallel_group_ranks[name]], "edp": [state.expert_data_parallel_group_ranks[name]]},
+                folding_spec,
+            )
+        return
+    if folding_spec is not None:
+        from deepspeed.module_inject.auto_ep_folding import expected_folding_group_tables  # the spec is DeepSpeed's
+
+        tables = expected_folding_group_tables(folding_spec)
+        ep_lists, edp_lists = _folding_lists(tables, world_size, stage)
+    else:
+        if mp_mode == "tp" and stage % effective_mp:
+            raise MeshSpecError(
+                f"mp_size={effective_mp} does not divide the pipeline stage size {stage}; valid mp sizes divide it"
+            )
+        # TP-strided: each stage reordered lane-major, i.e. a mesh over a permuted rank list
+        order = _lane_major(world_size, stage, effective_mp) if mp_mode == "tp" else None
+        layout = _stage_layout(world_size, pp, ep, ranks=order)
+        ep_lists, edp_lists = layout.groups("ep"), layout.groups("edp")
+    ep_group = _partition(ep_lists)
+    edp_group = _partition(edp_lists)
+    _store_expert(name, ep_group, _member_list(ep_lists, rank), edp_group, _member_list(edp_lists, rank))
+
+
+def _lane_major(world_size: int, stage: int, mp: int) -> list[int]:
+    per_stage = [g * mp + lane for lane in range(mp) for g in range(stage // mp)]
+    return [start + r for start in range(0, world_size, stage) for r in per_stage]
+
+
+def _folding_lists(tables: Any, world_size: int, stage: int) -> tuple[list[list[int]], list[list[int]]]:
+    ep_lists: list[list[int]] = []
+    edp_lists: list[list[int]] = []
+    for start in range(0, world_size, stage):
+        members = set(range(start, start + stage))
+        ep_lists += [list(g) for g in tables.ep_groups if set(g) <= members]
+        edp_lists += [list(g) for g in tables.edp_groups if set(g) <= members]
+    return ep_lists, edp_lists
+
+
+def _member_list(rank_lists: list[list[int]], rank: int) -> Optional[list[int]]:
+    return next((list(r) for r in rank_lists if rank in r), None)
+
+
+def _expert_tp_layout(world_size: int, tp: int, ep: int, pp: int, dbe: bool) -> MeshLayout:
+    """DeepSpeed's expert-TP split: EP/EDP carved inside each TP lane's DP group of each stage.
+
+    A mesh (pp, tp, dp) over the ranks permuted so that each (stage, lane) DP group is a row.
+    """
+    _divisible(world_size, tp * pp)
+    dp_world = world_size // (tp * pp)
+    _divisible(dp_world, ep)
+    stage = world_size // pp
+    order: list[int] = []
+    for start in range(0, world_size, stage):
+        for lane in range(tp):
+            if dbe:
+                dp_stride = world_size // ep // tp // pp
+                for ds in range(dp_stride):
+                    order += range(start + lane + ds * tp, start + stage, dp_stride * tp)
+            else:
+                order += range(start + lane, start + stage, tp)
+    return MeshLayout(MeshSpec.build(world_size, order=("pp", "tp", "dp"), ranks=order, pp=pp, tp=tp, dp=dp_world, ep=ep))
+
+
+def _get_expert_parallel_ranks(
+    world_size: int,
+    tensor_parallel_size_: int,
+    expert_parallel_size_: int,
+    pipeline_parallel_size_: int = 1,
+    use_data_before_expert_parallel_: bool = False,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(EP rank lists, EDP rank lists) of the expert-TP layout (pure; creates nothing)."""
+    # TODOV1: legacy shim
+    _W_EP_RANKS.warn()
+    layout = _expert_tp_layout(
+        world_size, tensor_parallel_size_, expert_parallel_size_, pipeline_parallel_size_, use_data_before_expert_parallel_
+    )
+    return layout.groups("ep"), layout.groups("edp")
+
+
+def _create_expert_data_and_model_parallel(
+    expert_parallel_size_: int, mpu: Any, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """Expert groups for expert tensor parallelism (EP/EDP inside each TP lane), from ``mpu``."""
+    # TODOV1: legacy shim
+    _W_CREATE_EP_TP.warn()
+    assert dist.is_initialized(), "dist is not initialized"
+    global expert_tensor_parallel_world_size
+    tp = bwc_tensor_model_parallel_world_size(mpu)
+    expert_tensor_parallel_world_size = tp
+    world_size = dist.get_world_size()
+    rank = dist.get_rank()
+    dp_world_size = _dp_world_size()
+    pp = 1 if mpu is None else bwc_pipeline_parallel_world_size(mpu)
+    _divisible(world_size, tp)
+    _divisible(dp_world_size, expert_parallel_size_)
+    name = f"ep_size_{expert_parallel_size_}"
+    state = _state
+    if name in state.expert_data_parallel_group or name in state.expert_parallel_group:
+        return
+    layout = _expert_tp_layout(world_size, tp, expert_parallel_size_, pp, use_data_before_expert_parallel_)
+    ep_lists, edp_lists = layout.groups("ep"), layout.groups("edp")
+    ep_group = _partition(ep_lists)
+    edp_group = _partition(edp_lists)
+    _store_expert(name, ep_group, _member_list(ep_lists, rank), edp_group, _member_list(edp_lists, rank))
+
+
+_W_MAX_SIZE = _w("_get_max_expert_size", "max(ep sizes of mesh.expert_groups(N) you built)")
+_W_MAX_NAME = _w("_get_max_expert_size_name", "the largest N of mesh.expert_groups(N)")
+_W_MAX_GROUP = _w("_get_max_expert_parallel_group", "mesh.expert_groups(max_N).ep_group")
+_W_EP_GROUP = _w("_get_expert_parallel_group", "mesh.expert_groups(N).ep_group")
+_W_EP_GROUP_RANKS = _w("_get_expert_parallel_group_ranks", "mesh.expert_groups(N).ep_ranks")
+_W_EP_DICT = _w("_get_expert_parallel_group_dict", "{N: mesh.expert_groups(N).ep_group}")
+_W_EDP_GROUP = _w("_get_expert_data_parallel_group", "mesh.expert_groups(N).edp_group")
+_W_EDP_GROUP_RANKS = _w("_get_expert_data_parallel_group_ranks", "mesh.expert_groups(N).edp_ranks")
+_W_EDP_DICT = _w("_get_expert_data_parallel_group_dict", "{N: mesh.expert_groups(N).edp_group}")
+_W_EP_BCAST = _w("_get_expert_broadcast_src_rank", "mesh.expert_groups(N).edp_ranks[0]")
+_W_EP_WS = _w("_get_expert_parallel_world_size", "mesh.expert_groups(N) ep_size (len(ep_ranks))")
+_W_EDP_WS = _w("_get_expert_data_parallel_world_size", "len(mesh.expert_groups(N).edp_ranks)")
+_W_EP_RANK = _w("_get_expert_parallel_rank", "mesh.expert_groups(N).ep_ranks.index(rank)")
+_W_EP_SRC = _w("_get_expert_parallel_src_rank", "mesh.expert_groups(N).ep_ranks[0]")
+_W_EDP_RANK = _w("_get_expert_data_parallel_rank", "mesh.expert_groups(N).edp_ranks.index(rank)")
+_W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size", "mesh.size('tp') (expert TP)")
+
+
+def _get_max_expert_size() -> Optional[int]:
+    """The largest ep size among the created expert groups (None if there are none)."""
+    # TODOV1: legacy shim
+    _W_MAX_SIZE.warn()
+    return _max_expert_size()
+
+
+def _max_expert_size() -> Optional[int]:
+    sizes = [int(key.split("_")[2]) for key in _state.expert_parallel_group]
+    return max(sizes) if sizes else None
+
+
+def _get_max_expert_size_name() -> str:
+    # TODOV1: legacy shim
+    _W_MAX_NAME.warn()
+    return f"ep_size_{_max_expert_size()}"
+
+
+def _get_max_expert_parallel_group():
+    # TODOV1: legacy shim
+    _W_MAX_GROUP.warn()
+    return _expert_group(f"ep_size_{_max_expert_size()}")
+
+
+def _expert_group(group_name: str):
+    try:
+        return _state.expert_parallel_group[group_name]
+    except KeyError:
+        raise AssertionError("expert parallel group is not initialized") from None
+
+
+def _expert_data_group(group_name: str):
+    try:
+        return _state.expert_data_parallel_group[group_name]
+    except KeyError:
+        raise AssertionError("expert data parallel group is not initialized") from None
+
+
+_getframe = sys._getframe
+
+
+def _get_expert_parallel_group(group_name: str):
+    """The expert parallel group ``group_name`` (``ep_size_N``) the caller rank belongs to."""
+    # TODOV1: legacy shim (hot getter: the warning check is inlined)
+    frame = _getframe(1)
+    if _W_EP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+        _W_EP_GROUP.hit(frame)
+    try:
+        return _state.expert_parallel_group[group_name]
+    except KeyError:
+        raise AssertionError("expert parallel group is not initialized") from None
+
+
+def _get_expert_parallel_group_ranks(group_name: str):
+    # TODOV1: legacy shim
+    _W_EP_GROUP_RANKS.warn()
+    assert group_name in _state.expert_parallel_group_ranks, "expert parallel group is not initialized"
+    return _state.expert_parallel_group_ranks[group_name]
+
+
+def _get_expert_parallel_group_dict() -> dict:
+    # TODOV1: legacy shim
+    _W_EP_DICT.warn()
+    return _state.expert_parallel_group
+
+
+def _get_expert_data_parallel_group(group_name: str):
+    # TODOV1: legacy shim (hot getter: the warning check is inlined)
+    frame = _getframe(1)
+    if _W_EDP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+        _W_EDP_GROUP.hit(frame)
+    try:
+        return _state.expert_data_parallel_group[group_name]
+    except KeyError:
+        raise AssertionError("expert data parallel group is not initialized") from None
+
+
+def _get_expert_data_parallel_group_ranks(group_name: str):
+    # TODOV1: legacy shim
+    _W_EDP_GROUP_RANKS.warn()
+    assert group_name in _state.expert_data_parallel_group_ranks, "expert data parallel group is not initialized"
+    return _state.expert_data_parallel_group_ranks[group_name]
+
+
+def _get_expert_data_parallel_group_dict() -> dict:
+    # TODOV1: legacy shim
+    _W_EDP_DICT.warn()
+    return _state.expert_data_parallel_group
+
+
+def _get_expert_broadcast_src_rank(group_name: str) -> int:
+    # TODOV1: legacy shim
+    _W_EP_BCAST.warn()
+    _assert_initialized()
+    return dist.get_global_rank(_expert_data_group(group_name), 0)
+
+
+def _get_expert_parallel_world_size(group_name: str) -> int:
+    # TODOV1: legacy shim
+    _W_EP_WS.warn()
+    _assert_initialized()
+    return dist.get_world_size(group=_expert_group(group_name))
+
+
+def _get_expert_data_parallel_world_size(group_name: str) -> int:
+    # TODOV1: legacy shim
+    _W_EDP_WS.warn()
+    _assert_initialized()
+    return dist.get_world_size(group=_expert_data_group(group_name))
+
+
+def _get_expert_parallel_rank(group_name: str) -> int:
+    # TODOV1: legacy shim
+    _W_EP_RANK.warn()
+    _assert_initialized()
+    return dist.get_rank(group=_expert_group(group_name))
+
+
+def _get_expert_parallel_src_rank(group_name: str) -> int:
+    """Global rank of EP rank 0 (DeepSpeed's formula assumed consecutive EP groups)."""
+    # TODOV1: legacy shim
+    _W_EP_SRC.warn()
+    _assert_initialized()
+    return dist.get_global_rank(_expert_group(group_name), 0)
+
+
+def _get_expert_data_parallel_rank(group_name: str) -> int:
+    # TODOV1: legacy shim
+    _W_EDP_RANK.warn()
+    _assert_initialized()
+    return dist.get_rank(group=_expert_data_group(group_name))
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_EXPERT_MP_WS.warn()
+    return expert_tensor_parallel_world_size
+
+
+# --- world clone and all-to-all ------------------------------------------------------------------
+_W_CLONE_WORLD = _w("_clone_world_group", "torch.distributed.group.WORLD")
+_W_ALL_TO_ALL = _w("_get_local_all_to_all_group", "a mesh over node-local blocks: MeshSpec.build(W, dp=nodes, tp=devices_per_node)")
+
+
+def _world_group():
+    state = _state
+    if state.world_group is None:
+        _assert_initialized()
+        # the registry serves the whole world as WORLD itself: no second communicator
+        state.world_group = _partition([range(dist.get_world_size())])
+    return state.world_group
+
+
+def _clone_world_group():
+    """A group of every rank (WORLD: get_global_rank works on it in current torch)."""
+    # TODOV1: legacy shim
+    _W_CLONE_WORLD.warn()
+    _assert_initialized()
+    return _world_group()
+
+
+def _devices_per_node() -> int:
+    accelerator = sys.modules.get("deepspeed.accelerator")
+    if accelerator is not None:  # only if DeepSpeed is already loaded; compat never imports it
+        return accelerator.get_accelerator().device_count()
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return int(os.environ.get("LOCAL_SIZE", 0)) or 1
+
+
+def _get_local_all_to_all_group() -> dict:
+    """``local_i`` (node-local) and ``global_j`` (same local index) groups for ZeRO++ qgZ."""
+    # TODOV1: legacy shim
+    _W_ALL_TO_ALL.warn()
+    assert dist.is_initialized(), "dist is not initialized"
+    state = _state
+    world = dist.get_world_size()
+    per_node = _devices_per_node()
+    num_local = world // per_node
+    if num_local == 0:
+        state.all_to_all["local_0"] = _partition([range(world)])
+    elif num_local == 1:
+        assert world == per_node, "num_gpus not equal to device per node, cannot initialize All-To-All"
+        state.all_to_all["local_0"] = _partition([range(per_node)])
+    else:
+        assert world > per_node, "num_nodes<2 cannot initialize All-To-All"
+        layout = MeshLayout(MeshSpec.build(world, dp=num_local, tp=per_node, ranks=range(num_local * per_node)))
+        # one partition call per legacy name, so each name gets the group of exactly its rank set
+        for i, ranks in enumerate(layout.groups("tp")):
+            state.all_to_all[f"local_{i}"] = _partition([ranks])
+        for j, ranks in enumerate(layout.groups("dp")):
+            state.all_to_all[f"global_{j}"] = _partition([ranks])
+    return state.all_to_all
+
+
+# --- data / model / sequence parallel resolution (engine-facing) ----------------------------------
+def _is_sp_mpu(candidate: Any) -> bool:
+    return hasattr(candidate, "initialize_sequence_parallel")
+
+
+def _mesh_device_group(dim: str):
+    """A group of the legacy ``mesh_device`` (torch DeviceMesh dims or a DeepSpeedDeviceMesh)."""
+    if isinstance(mesh_device, DeepSpeedDeviceMesh):
+        return mesh_device.get_group({"data_parallel": "dp", "sequence_parallel": "sp"}[dim])
+    return mesh_device.get_group(mesh_dim=dim)
+
+
+_W_DP_GROUP = _w("_get_data_parallel_group", "mesh.get_group('dp')")
+_W_DP_GROUP_RANKS = _w("_get_data_parallel_group_ranks", "mesh.get_group_ranks('dp')")
+_W_BCAST = _w("_get_broadcast_src_rank", "mesh.get_group_ranks(('dp', 'sp'))[0]")
+_W_DP_WS = _w("_get_data_parallel_world_size", "mesh.size('dp')")
+_W_MP_WS = _w("_get_model_parallel_world_size", "mesh.size(('pp', 'tp'))")
+_W_DP_RANK = _w("_get_data_parallel_rank", "mesh.get_rank('dp')")
+_W_SP_WS = _w("_get_sequence_parallel_world_size", "mesh.size('sp')")
+_W_SP_RANK = _w("_get_sequence_parallel_rank", "mesh.get_rank('sp')")
+_W_SP_GROUP = _w("_get_sequence_parallel_group", "mesh.get_group('sp')")
+_W_SDP_WS = _w("_get_sequence_data_parallel_world_size", "mesh.size(('dp', 'sp'))")
+_W_SDP_RANK = _w("_get_sequence_data_parallel_rank", "mesh.get_rank(('dp', 'sp'))")
+_W_SDP_GROUP = _w("_get_sequence_data_parallel_group", "mesh.get_group(('dp', 'sp'))")
+
+
+def _dp_group():
+    if mesh_device is not None:
+        return _mesh_device_group("data_parallel")
+    bound = _state.bound_groups
+    if bound:
+        return bound["dp"][0]
+    if mpu is not None:
+        return None if _is_sp_mpu(mpu) else mpu.get_data_parallel_group()
+    return _state.world_group if _state.world_group is not None else _world_group()
+
+
+def _get_data_parallel_group():
+    """The data parallel group the caller rank belongs to (mesh_device, bound mesh, mpu or world)."""
+    # TODOV1: legacy shim (hot getter: the warning check is inlined)
+    frame = _getframe(1)
+    if _W_DP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+        _W_DP_GROUP.hit(frame)
+    if mesh_device is None and not _state.bound_groups and mpu is None and _state.world_group is not None:
+        return _state.world_group
+    return _dp_group()
+
+
+def _get_data_parallel_group_ranks():
+    # TODOV1: legacy shim
+    _W_DP_GROUP_RANKS.warn()
+    _assert_initialized()
+    if _state.bound_groups:
+        return _state.bound_groups["dp"][3]
+    if mpu is not None:
+        return mpu.get_data_parallel_group_ranks()
+    return range(dist.get_world_size())
+
+
+def _dp_world_size():
+    _assert_initialized()
+    if mesh_device is not None:
+        return dist.get_world_size(_mesh_device_group("data_parallel"))
+    if _state.bound_groups:
+        return _state.bound_groups["dp"][1]
+    if mpu is not None:
+        return None if _is_sp_mpu(mpu) else mpu.get_data_parallel_world_size()
+    return dist.get_world_size(group=_dp_group())
+
+
+def _get_data_parallel_world_size():
+    # TODOV1: legacy shim
+    _W_DP_WS.warn()
+    return _dp_world_size()
+
+
+def _get_model_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_MP_WS.warn()
+    if mpu is None or _is_sp_mpu(mpu):
+        return 1
+    return mpu.get_model_parallel_world_size()
+
+
+def _dp_rank() -> int:
+    _assert_initialized()
+    return dist.get_rank(group=_dp_group())
+
+
+def _get_data_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_DP_RANK.warn()
+    return _dp_rank()
+
+
+def _get_broadcast_src_rank() -> int:
+    # TODOV1: legacy shim
+    _W_BCAST.warn()
+    _assert_initialized()
+    return dist.get_global_rank(_sdp_group(), 0)
+
+
+def _get_sequence_parallel_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_SP_WS.warn()
+    _assert_initialized()
+    if mesh_device is not None:
+        return dist.get_world_size(_mesh_device_group("sequence_parallel"))
+    if _state.bound_groups:
+        return _state.bound_groups["sp"][1]
+    if mpu is not None and hasattr(mpu, "get_sequence_parallel_world_size"):
+        return mpu.get_sequence_parallel_world_size()
+    return 1
+
+
+def _get_sequence_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_SP_RANK.warn()
+    if mpu is not None and hasattr(mpu, "get_sequence_parallel_rank"):
+        return mpu.get_sequence_parallel_rank()
+    if mesh_device is not None:
+        return dist.get_rank(_mesh_device_group("sequence_parallel"))
+    if _state.bound_groups:
+        return _state.bound_groups["sp"][2]
+    return 0
+
+
+def _get_sequence_parallel_group():
+    # TODOV1: legacy shim
+    _W_SP_GROUP.warn()
+    if mpu is None or not hasattr(mpu, "get_sequence_parallel_group"):
+        if mesh_device is not None:
+            return _mesh_device_group("sequence_parallel")
+        if _state.bound_groups:
+            return _state.bound_groups["sp"][0]
+        raise KeyError("No sequence parallel group found")
+    return mpu.get_sequence_parallel_group()
+
+
+def _get_sequence_data_parallel_world_size():
+    # TODOV1: legacy shim
+    _W_SDP_WS.warn()
+    if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_world_size"):
+        return mpu.get_sequence_data_parallel_world_size()
+    if mesh_device is None and _state.bound_groups:
+        return _state.bound_groups[("dp", "sp")][1]
+    return _dp_world_size()
+
+
+def _get_sequence_data_parallel_rank() -> int:
+    # TODOV1: legacy shim
+    _W_SDP_RANK.warn()
+    if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_rank"):
+        return mpu.get_sequence_data_parallel_rank()
+    if mesh_device is None and _state.bound_groups:
+        return _state.bound_groups[("dp", "sp")][2]
+    return _dp_rank()
+
+
+def _sdp_group():
+    if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_group"):
+        return mpu.get_sequence_data_parallel_group()
+    if mesh_device is None and _state.bound_groups:
+        return _state.bound_groups[("dp", "sp")][0]
+    return _dp_group()
+
+
+def _get_sequence_data_parallel_group():
+    # TODOV1: legacy shim
+    _W_SDP_GROUP.warn()
+    return _sdp_group()
+
+
+# --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
+_W_ZP_CREATE = _w("_create_zero_param_parallel_group", "a mesh with dp_shard=N: mesh.get_group('dp_shard')")
+_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "mesh.get_group('dp_shard')")
+_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", "mesh.size('dp_shard') > 1")
+_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "mesh.get_rank('dp_shard')")
+_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", "mesh.size('dp_shard')")
+_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "mesh.get_group_ranks('dp_shard')")
+
+
+def _create_zero_param_parallel_group(group_size: int) -> None:
+    """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout)."""
+    # TODOV1: legacy shim
+    _W_ZP_CREATE.warn()
+    assert dist.is_initialized()
+    assert _state.zero_param_group is None, "ZeRO parameter intra parallel group is already initialized"
+    world_size = dist.get_world_size()
+    size = min(group_size, world_size)
+    _divisible(world_size, size)
+    layout = MeshLayout(MeshSpec.build(world_size, dp=world_size // size, tp=size))
+    _state.zero_param_group = _partition(layout.groups("tp"))
+    _state.zero_param_ranks = layout.group_ranks("tp", dist.get_rank())
+
+
+def _get_zero_param_intra_parallel_group():
+    # TODOV1: legacy shim
+    _W_ZP_GROUP.warn()
+    return _state.zero_param_group
+
+
+def _zero_param_parallel_is_initialized():
+    """DeepSpeed's check, returned as is: False when nothing is set, else None (never True)."""
+    # TODOV1: legacy shim
+    _W_ZP_INIT.warn()
+    if _state.zero_param_group is None and _state.dp_group is None:
+        return False
+    return None
+
+
+def _get_zero_param_intra_parallel_rank_in_mygroup() -> int:
+    # TODOV1: legacy shim
+    _W_ZP_RANK.warn()
+    return dist.get_rank(group=_state.zero_param_group)
+
+
+def _get_zero_param_intra_parallel_group_world_size() -> int:
+    # TODOV1: legacy shim
+    _W_ZP_WS.warn()
+    return dist.get_world_size(group=_state.zero_param_group)
+
+
+def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
+    # TODOV1: legacy shim
+    _W_ZP_RANKS.warn()
+    return dist.get_process_group_ranks(_state.zero_param_group)
+

@@ -1,0 +1,291 @@
+"""The Megatron-style ``mpu`` protocol, both ways.
+
+- :class:`MeshMPU` serves every method DeepSpeed 0.19.8 calls or probes on an ``mpu`` (engine,
+  ZeRO, pipe engine, checkpointing, MoE, the ``bwc`` helpers) from a mesh.
+- :func:`mesh_from_mpu` reads a user's existing ``mpu`` groups and builds the equivalent mesh,
+  adopting the mpu's communicators instead of creating new ones.
+
+The ``bwc_*`` functions are DeepSpeed's probe order for mpu objects (``deepspeed.utils.bwc``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MeshMPU",
+    "bwc_pipeline_parallel_group",
+    "bwc_pipeline_parallel_world_size",
+    "bwc_tensor_model_parallel_group",
+    "bwc_tensor_model_parallel_rank",
+    "bwc_tensor_model_parallel_world_size",
+    "mesh_from_mpu",
+]
+
+
+# --- DeepSpeed's probe order (deepspeed/utils/bwc.py) -----------------------------------------
+def bwc_tensor_model_parallel_rank(mpu: Any = None) -> int:
+    if mpu is None:
+        return 0
+    if hasattr(mpu, "get_tensor_model_parallel_rank"):
+        return mpu.get_tensor_model_parallel_rank()
+    if hasattr(mpu, "get_slice_parallel_rank"):
+        return mpu.get_slice_parallel_rank()
+    return mpu.get_model_parallel_rank()
+
+
+def bwc_tensor_model_parallel_world_size(mpu: Any = None) -> int:
+    if mpu is None:
+        return 1
+    if hasattr(mpu, "get_tensor_model_parallel_world_size"):
+        return mpu.get_tensor_model_parallel_world_size()
+    if hasattr(mpu, "get_slice_parallel_world_size"):
+        return mpu.get_slice_parallel_world_size()
+    return mpu.get_model_parallel_world_size()
+
+
+def bwc_tensor_model_parallel_group(mpu: Any = None) -> Any:
+    if mpu is None:
+        return None
+    if hasattr(mpu, "get_tensor_model_parallel_group"):
+        return mpu.get_tensor_model_parallel_group()
+    if hasattr(mpu, "get_slice_parallel_group"):
+        return mpu.get_slice_parallel_group()
+    return mpu.get_model_parallel_group()
+
+
+def bwc_pipeline_parallel_world_size(mpu: Any = None) -> int:
+    if mpu is not None:
+        if hasattr(mpu, "get_pipeline_model_parallel_world_size"):
+            return mpu.get_pipeline_model_parallel_world_size()
+        if hasattr(mpu, "get_pipe_parallel_world_size"):
+            return mpu.get_pipe_parallel_world_size()
+    return 1
+
+
+def bwc_pipeline_parallel_group(mpu: Any = None) -> Any:
+    if mpu is None:
+        return None
+    if hasattr(mpu, "get_pipeline_model_parallel_group"):
+        return mpu.get_pipeline_model_parallel_group()
+    if hasattr(mpu, "get_pipe_parallel_group"):
+        return mpu.get_pipe_parallel_group()
+    raise AttributeError(f"mpu {type(mpu).__name__} has no pipeline parallel group getter")
+
+
+# --- mesh -> mpu ---------------------------------------------------------------------------
+MODEL_PARALLEL_DIMS = ("pp", "tp")
+SEQUENCE_DATA_DIMS = ("dp", "sp")
+
+
+class MeshMPU:
+    """A Megatron-style ``mpu`` served from a :class:`~mesh_core.DeepSpeedDeviceMesh`.
+
+    Meanings (mesh dims):
+
+    - data parallel: ``"dp"`` (batch size and data sampler; SP peers share samples);
+    - tensor / slice parallel: ``"tp"``; pipeline: ``"pp"``; sequence: ``"sp"``;
+    - sequence-data parallel (ZeRO partitioning, gradient reduction): ``("dp", "sp")``;
+    - **model parallel: ``("pp", "tp")``**, every rank holding a distinct part of the model. DeepSpeed
+      all-reduces overflow flags and gradient / weight norms over this group, so it must span the
+      pipeline stages as well as TP (as the pipeline grid's ``get_model_parallel_*`` do); without
+      pipelining it is exactly TP (as for AutoTP's ``groups`` mpu). Code that wants the TP rank
+      (ZeRO 1/2, checkpoint TP shards, MoE) goes through the ``bwc`` helpers, which find
+      ``get_tensor_model_parallel_*`` first.
+
+    Unlike 0.19.8's grid it also has ``get_tensor_model_parallel_group`` and
+    ``get_pipeline_model_parallel_group``; unlike the Ulysses ``parallel_state_sp`` module it has no
+    ``initialize_sequence_parallel`` (DeepSpeed would then drop the DP group).
+
+    Construction is collective (it resolves every group, including size-1 ones, up front).
+    """
+
+    def __init__(self, mesh: DeepSpeedDeviceMesh) -> None:
+        if not isinstance(mesh, DeepSpeedDeviceMesh):
+            raise TypeError(f"MeshMPU needs a DeepSpeedDeviceMesh, got {type(mesh).__name__}: {mesh!r}")
+        self.mesh = mesh
+        self._groups = {
+            dims: mesh.get_group(dims) for dims in ("dp", "tp", "pp", "sp", SEQUENCE_DATA_DIMS, MODEL_PARALLEL_DIMS)
+        }
+        self._sizes = {dims: mesh.size(dims) for dims in self._groups}
+        self._ranks = {dims: mesh.get_rank(dims) for dims in self._groups}
+
+    def __repr__(self) -> str:
+        return f"MeshMPU({self.mesh!r})"
+
+    def get_global_rank(self) -> int:
+        return self.mesh.rank
+
+    # data parallel
+    def get_data_parallel_group(self) -> Any:
+        return self._groups["dp"]
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._sizes["dp"]
+
+    def get_data_parallel_rank(self) -> int:
+        return self._ranks["dp"]
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return self.mesh.get_group_ranks("dp")
+
+    # model parallel = pipe x tensor (see the class docstring)
+    def get_model_parallel_group(self) -> Any:
+        return self._groups[MODEL_PARALLEL_DIMS]
+
+    def get_model_parallel_world_size(self) -> int:
+        return self._sizes[MODEL_PARALLEL_DIMS]
+
+    def get_model_parallel_rank(self) -> int:
+        return self._ranks[MODEL_PARALLEL_DIMS]
+
+    # tensor (slice) parallel
+    def get_tensor_model_parallel_group(self) -> Any:
+        return self._groups["tp"]
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self._sizes["tp"]
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self._ranks["tp"]
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        """Global rank of TP rank 0 of this rank's TP group."""
+        return self.mesh.get_group_ranks("tp")[0]
+
+    get_slice_parallel_group = get_tensor_model_parallel_group
+    get_slice_parallel_world_size = get_tensor_model_parallel_world_size
+    get_slice_parallel_rank = get_tensor_model_parallel_rank
+
+    # pipeline
+    def get_pipe_parallel_group(self) -> Any:
+        return self._groups["pp"]
+
+    def get_pipe_parallel_world_size(self) -> int:
+        return self._sizes["pp"]
+
+    def get_pipe_parallel_rank(self) -> int:
+        return self._ranks["pp"]
+
+    get_pipeline_model_parallel_group = get_pipe_parallel_group
+    get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
+    get_pipeline_model_parallel_rank = get_pipe_parallel_rank
+
+    def get_stage_id(self) -> int:
+        return self._ranks["pp"]
+
+    # sequence parallel (Ulysses) and sequence-data parallel (ZeRO)
+    def get_sequence_parallel_group(self) -> Any:
+        return self._groups["sp"]
+
+    def get_sequence_parallel_world_size(self) -> int:
+        return self._sizes["sp"]
+
+    def get_sequence_parallel_rank(self) -> int:
+        return self._ranks["sp"]
+
+    def get_sequence_data_parallel_group(self) -> Any:
+        return self._groups[SEQUENCE_DATA_DIMS]
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return self._sizes[SEQUENCE_DATA_DIMS]
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self._ranks[SEQUENCE_DATA_DIMS]
+
+
+# --- mpu -> mesh ---------------------------------------------------------------------------
+def _mpu_groups(mpu: Any) -> dict[str, Any]:
+    """The mpu's groups by mesh dim (this rank's view); dims the mpu lacks are left out."""
+    found: dict[str, Any] = {}
+    if not hasattr(mpu, "get_data_parallel_group"):
+        raise MeshSpecError(f"mpu {type(mpu).__name__} has no get_data_parallel_group(); it is not a Megatron-style mpu")
+    if hasattr(mpu, "initialize_sequence_parallel"):
+        raise MeshSpecError(
+            f"mpu {type(mpu).__name__} is DeepSpeed's Ulysses sequence-parallel module; build the mesh with "
+            "DeepSpeedDeviceMesh.build(sp=...) instead"
+        )
+    found["dp"] = mpu.get_data_parallel_group()
+    for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group"):
+        if hasattr(mpu, name):
+            found["tp"] = getattr(mpu, name)()
+            break
+    for name in ("get_pipeline_model_parallel_group", "get_pipe_parallel_group"):
+        if hasattr(mpu, name):
+            found["pp"] = getattr(mpu, name)()
+            break
+    if hasattr(mpu, "get_sequence_parallel_group"):
+        found["sp"] = mpu.get_sequence_parallel_group()
+    return {dim: g for dim, g in found.items() if g is not None}
+
+
+def _ranks_of(group: Any) -> list[int]:
+    return sorted(dist.get_process_group_ranks(group))
+
+
+def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool = True) -> DeepSpeedDeviceMesh:
+    """A mesh reproducing ``mpu``'s groups (dp, tp, pp and sp where the mpu has them).
+
+    Sizes come from the sizes of this rank's groups and the dim order from their rank strides (a
+    row-major mesh over ranks 0..W-1). The mesh adopts the mpu's communicators, so no new group is
+    created for them. Raises :class:`~mesh_core.MeshSpecError` if the groups are not the groups of
+    a row-major mesh. Collective: every rank must call it (with ``check_agreement`` the ranks also
+    all-reduce their inferred layout, so a rank-dependent mismatch fails everywhere, not in a hang).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise MeshSpecError("torch.distributed is not initialised; initialise it before mesh_from_mpu")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = _mpu_groups(mpu)
+    ranks = {dim: _ranks_of(g) for dim, g in groups.items()}
+    sizes = {dim: len(r) for dim, r in ranks.items()}
+    strides = {}
+    for dim, r in ranks.items():
+        if len(r) > 1:
+            step = r[1] - r[0]
+            if any(b - a != step for a, b in zip(r, r[1:])):
+                raise MeshSpecError(
+                    f"the mpu's {dim} group {r} is not evenly strided, so its groups are not a row-major mesh"
+                )
+            strides[dim] = step
+    order = sorted(strides, key=lambda d: -strides[d])
+    try:
+        spec = MeshSpec.build(world, order=order + [d for d in ("pp", "dp", "sp", "tp") if d not in order],
+                              **{d: sizes.get(d, 1) for d in ("pp", "dp", "sp", "tp")})
+    except MeshSpecError as err:
+        raise MeshSpecError(f"the mpu's group sizes {sizes} do not form a mesh over world_size={world}: {err}") from None
+    layout = MeshLayout(spec)
+    for dim, r in ranks.items():
+        expected = layout.group_ranks(dim, rank)
+        if sorted(expected) != r:
+            raise MeshSpecError(
+                f"the mpu's {dim} group {r} on rank {rank} differs from {expected}, the {dim} group of "
+                f"{spec.describe()}; the mpu's groups are not a row-major mesh"
+            )
+    if check_agreement and world > 1:
+        _check_agreement(spec, device_type)
+    registry = registry_for_world()
+    for dim, group in groups.items():
+        registry.adopt(layout.groups(dim), group)
+    logger.debug("mesh_from_mpu: %s from %s", spec.describe(), type(mpu).__name__)
+    return DeepSpeedDeviceMesh(spec, device_type=device_type)
+
+
+def _check_agreement(spec: MeshSpec, device_type: str) -> None:
+    code = [spec.dim_size(d) for d in ("pp", "dp", "sp", "tp")] + [spec.names.index(d) for d in ("pp", "dp", "sp", "tp")]
+    device = torch.device(device_type if device_type != "cuda" else f"cuda:{torch.cuda.current_device()}")
+    low = torch.tensor(code, dtype=torch.int64, device=device)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise MeshSpecError(
+            f"ranks inferred different meshes from the mpu (this rank: {spec.describe()}); its groups are not "
+            "a row-major mesh"
+        )

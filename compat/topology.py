@@ -1,0 +1,402 @@
+"""``deepspeed.runtime.pipe.topology`` (0.19.8) on the mesh.
+
+The topology classes keep DeepSpeed's names, attributes, return values and exceptions, but answer
+per-rank queries in O(number of axes) instead of scanning the whole ``mapping`` (which still exists,
+built on first access). :class:`PipelineParallelGrid` takes every process group from a
+:class:`~mesh_core.DeepSpeedDeviceMesh` ('pipe' → ``pp``, 'data' → ``dp``, 'model' → ``tp``), so rank
+sets it shares with other meshes (or that legacy created twice, e.g. the pipe groups and the
+``ds_model`` groups when mp == 1) get one communicator.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import namedtuple
+from functools import cached_property
+from itertools import product as cartesian_product
+from typing import Any, Optional
+
+import numpy as np
+import torch.distributed as dist
+
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+
+from .deprecation import legacy_entry
+
+logger = logging.getLogger(__name__)
+
+AXIS_TO_DIM = {"pipe": "pp", "data": "dp", "model": "tp"}
+DIM_TO_AXIS = {v: k for k, v in AXIS_TO_DIM.items()}
+
+_TOPOLOGY = "deepspeed.runtime.pipe.topology"
+_W_PROCESS_TOPOLOGY = legacy_entry(f"{_TOPOLOGY}.ProcessTopology", "mesh_core.MeshSpec.build(W, ...) and mesh_core.MeshLayout(spec)")
+_W_PIPE_DATA = legacy_entry(f"{_TOPOLOGY}.PipeDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)")
+_W_PIPE_MODEL_DATA = legacy_entry(
+    f"{_TOPOLOGY}.PipeModelDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp, tp=num_mp)"
+)
+_W_GRID = legacy_entry(
+    f"{_TOPOLOGY}.PipelineParallelGrid", "engine.mesh_device / mesh_core.DeepSpeedDeviceMesh.build(pp=..., tp=...)"
+)
+
+
+class ProcessTopology:
+    """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest)."""
+
+    def __init__(self, axes: list[str], dims: list[int]) -> None:
+        # TODOV1: legacy topology; use mesh_core.MeshSpec / MeshLayout
+        _W_PROCESS_TOPOLOGY.warn()
+        self._setup(axes, dims)
+
+    def _setup(self, axes: list[str], dims: list[int]) -> None:
+        self.axes = axes  # by reference, as in DeepSpeed
+        self.dims = dims
+        self.ProcessCoord = namedtuple("ProcessCoord", axes)  # type: ignore[misc]
+        self._axis_index = {a: i for i, a in enumerate(axes)}
+        strides = [1] * len(dims)
+        for i in range(len(dims) - 2, -1, -1):
+            strides[i] = strides[i + 1] * dims[i + 1]
+        self._strides = strides
+        self._size = math.prod(dims)
+
+    @cached_property
+    def mapping(self) -> dict[Any, int]:
+        """``ProcessCoord`` → rank for every rank, in rank order (O(N); built on first use)."""
+        return {self.ProcessCoord(*c): r for r, c in enumerate(cartesian_product(*[range(d) for d in self.dims]))}
+
+    def get_rank(self, **coord_kwargs: int) -> int:
+        if len(coord_kwargs) != len(self.axes):
+            raise ValueError("get_rank() does not support slices. Use filter_match())")
+        key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
+        if not all(_is_index(c) and 0 <= c < d for c, d in zip(key, self.dims)):
+            raise AssertionError(f"key {coord_kwargs} invalid")
+        return sum(int(c) * s for c, s in zip(key, self._strides))
+
+    def get_axis_names(self) -> list[str]:
+        return self.axes
+
+    def get_rank_repr(
+        self, rank: int, omit_axes: Any = ("data", "pipe"), inner_sep: str = "_", outer_sep: str = "-"
+    ) -> str:
+        omit = frozenset(omit_axes)
+        coord = self.get_coord(rank)
+        return outer_sep.join(f"{ax}{inner_sep}{getattr(coord, ax):02d}" for ax in self.axes if ax not in omit)
+
+    def get_dim(self, axis: str) -> int:
+        """Length of ``axis``; 0 for an axis the topology lacks (DeepSpeed's behaviour)."""
+        index = self._axis_index.get(axis)
+        return 0 if index is None else self.dims[index]
+
+    def get_coord(self, rank: int) -> Any:
+        if not (_is_index(rank) and 0 <= rank < self._size):
+            raise ValueError(f"rank {rank} not found in topology.")
+        return self.ProcessCoord(*((int(rank) // s) % d for s, d in zip(self._strides, self.dims)))
+
+    def get_axis_comm_lists(self, axis: str) -> list[list[int]]:
+        """Rank lists that differ only in ``axis`` (``[]`` for an unknown axis)."""
+        index = self._axis_index.get(axis)
+        if index is None:
+            return []
+        ranks = np.arange(self._size).reshape(self.dims)
+        return np.moveaxis(ranks, index, -1).reshape(-1, self.dims[index]).tolist()
+
+    def filter_match(self, **filter_kwargs: int) -> list[int]:
+        for key in filter_kwargs:
+            if key not in self._axis_index:
+                raise AttributeError(f"'ProcessCoord' object has no attribute '{key}'")
+        ranks = np.arange(self._size).reshape(self.dims)
+        index = tuple(
+            _matching(filter_kwargs[a], d) if a in filter_kwargs else slice(None) for a, d in zip(self.axes, self.dims)
+        )
+        return np.sort(ranks[index].reshape(-1)).tolist()
+
+    def get_axis_list(self, axis: str, idx: int) -> list[int]:
+        """All ranks whose coordinate on ``axis`` is ``idx`` (ValueError for an unknown axis)."""
+        axis_num = self.axes.index(axis)
+        ranks = np.arange(self._size).reshape(self.dims)
+        return ranks.take([idx], axis=axis_num).reshape(-1).tolist() if 0 <= idx < self.dims[axis_num] else []
+
+    def world_size(self) -> int:
+        return self._size
+
+    def __str__(self) -> str:
+        return str(self.mapping)
+
+
+def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
+    return tuple((n, s) for n, s in zip(spec.names, spec.sizes) if s > 1)
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, (int, np.integer))
+
+
+def _matching(value: Any, dim: int) -> Any:
+    return [value] if _is_index(value) and 0 <= value < dim else []
+
+
+def _prime_factors(N: int) -> list[int]:
+    """Prime factorisation of N in ascending order, with repeats."""
+    if N <= 0:
+        raise ValueError("Values must be strictly positive.")
+    primes = []
+    candidate = 2
+    while N != 1:
+        if N % candidate == 0:
+            primes.append(candidate)
+            N //= candidate
+        else:
+            candidate += 1
+    return primes
+
+
+class PipeDataParallelTopology(ProcessTopology):
+    """Axes ``['pipe', 'data']``: data parallelism innermost."""
+
+    def __init__(self, num_pp: int, num_dp: int) -> None:
+        # TODOV1: legacy topology; use mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)
+        _W_PIPE_DATA.warn()
+        self._setup(["pipe", "data"], [num_pp, num_dp])
+
+
+class PipeModelDataParallelTopology(ProcessTopology):
+    """Axes ``['pipe', 'data', 'model']`` (note: the arguments are ordered pp, mp, dp)."""
+
+    def __init__(self, num_pp: int, num_mp: int, num_dp: int) -> None:
+        # TODOV1: legacy topology; use mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp, tp=num_mp)
+        _W_PIPE_MODEL_DATA.warn()
+        self._setup(["pipe", "data", "model"], [num_pp, num_dp, num_mp])
+
+
+def _quiet_topology(cls: type, *args: int) -> ProcessTopology:
+    """A topology built internally (no deprecation warning for the user)."""
+    topo = cls.__new__(cls)
+    if cls is PipeModelDataParallelTopology:
+        pp, mp, dp = args
+        topo._setup(["pipe", "data", "model"], [pp, dp, mp])
+    else:
+        topo._setup(["pipe", "data"], list(args))
+    return topo
+
+
+def default_topology(world_size: int) -> ProcessTopology:
+    """DeepSpeed's default grid topology: W's prime factors dealt alternately to pp and dp."""
+    num_pp = num_dp = 1
+    for idx, prime in enumerate(_prime_factors(world_size)):
+        if idx % 2 == 0:
+            num_pp *= prime
+        else:
+            num_dp *= prime
+    return _quiet_topology(PipeDataParallelTopology, num_pp, num_dp)
+
+
+def topology_from_mesh(mesh: DeepSpeedDeviceMesh) -> ProcessTopology:
+    """The legacy topology describing a mesh's pp/dp/tp layout."""
+    spec = mesh.spec
+    extra = [n for n, s in zip(spec.names, spec.sizes) if s > 1 and n not in DIM_TO_AXIS]
+    if extra:
+        raise MeshSpecError(
+            f"{spec.describe()} has dim(s) {extra} that a pipeline grid cannot express; "
+            f"a grid mesh may only have {sorted(DIM_TO_AXIS)} (and dims of size 1)"
+        )
+    if spec.ranks != tuple(range(spec.world_size)):
+        raise MeshSpecError(
+            f"{spec.describe()} does not cover ranks 0..{spec.world_size - 1} in order; a pipeline grid "
+            "needs a whole-world mesh with identity rank order"
+        )
+    names = [n for n in spec.names if n in DIM_TO_AXIS]
+    if "tp" not in names:
+        names.append("tp")
+    axes = [DIM_TO_AXIS[n] for n in names]
+    dims = [spec.dim_size(n) for n in names]
+    if axes == ["pipe", "data", "model"] and dims[2] == 1:
+        axes, dims = axes[:2], dims[:2]
+    topo = ProcessTopology.__new__(ProcessTopology)
+    topo._setup(axes, dims)
+    return topo
+
+
+def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
+    """The mesh spec of a legacy topology ('pipe' → pp, 'data' → dp, 'model' → tp)."""
+    missing = [a for a in ("pipe", "data") if a not in topology.axes]
+    if missing:
+        raise MeshSpecError(
+            f"topology axes {topology.axes} lack {missing}; PipelineParallelGrid needs 'pipe' and 'data' axes"
+        )
+    unknown = [a for a, d in zip(topology.axes, topology.dims) if a not in AXIS_TO_DIM and d != 1]
+    if unknown:
+        raise MeshSpecError(
+            f"topology axis/axes {unknown} (dims {[topology.get_dim(a) for a in unknown]}) have no mesh dim; "
+            f"valid axes are {sorted(AXIS_TO_DIM)} (other axes must have size 1)"
+        )
+    names = [AXIS_TO_DIM[a] for a in topology.axes if a in AXIS_TO_DIM]
+    sizes = {AXIS_TO_DIM[a]: d for a, d in zip(topology.axes, topology.dims) if a in AXIS_TO_DIM}
+    if math.prod(topology.dims) != world_size:
+        raise MeshSpecError(
+            f"topology axes {topology.axes} with dims {topology.dims} cover {math.prod(topology.dims)} ranks, "
+            f"but world_size={world_size}; the dims must multiply to the world size (Invalid Grid)"
+        )
+    return MeshSpec.build(world_size, order=names, **sizes)
+
+
+class PipelineParallelGrid:
+    """DeepSpeed's pipeline grid: the same attributes, methods and group memberships, on a mesh.
+
+    ``PipelineParallelGrid(topology=None, process_group=None, *, mesh=None)``: with ``mesh`` the
+    groups come from that mesh (a topology, if also given, must describe it); otherwise a mesh is
+    built from the topology (default: DeepSpeed's prime-factor pp × dp split). Construction is
+    collective: every rank must build the same grid. ``process_group`` is ignored, as in DeepSpeed
+    (the grid always spans the world). ``grid.mesh`` is the mesh.
+
+    Beyond DeepSpeed 0.19.8 the grid also has ``get_tensor_model_parallel_group`` and
+    ``get_pipeline_model_parallel_group`` (0.19.8 lacks them, so ``checkpointing.configure(grid)``
+    crashed); every other probe-visible method is the same.
+    """
+
+    def __init__(
+        self,
+        topology: Optional[ProcessTopology] = None,
+        process_group: Any = None,
+        *,
+        mesh: Optional[DeepSpeedDeviceMesh] = None,
+    ) -> None:
+        # TODOV1: legacy pipeline grid; use engine.mesh_device / DeepSpeedDeviceMesh
+        _W_GRID.warn()
+        self.global_rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if mesh is not None:
+            mesh_topo = topology_from_mesh(mesh)
+            if topology is not None and _layout_key(mesh_spec_for(topology, self.world_size)) != _layout_key(mesh.spec):
+                raise MeshSpecError(
+                    f"topology axes {topology.axes} with dims {topology.dims} do not describe {mesh.spec.describe()}"
+                )
+            self._topo = topology if topology is not None else mesh_topo
+        elif topology is not None:
+            self._topo = topology
+        else:
+            self._topo = default_topology(self.world_size)
+        spec = mesh_spec_for(self._topo, self.world_size)  # validates before any group exists
+        if topology is not None:
+            logger.debug("Using topology: %s", topology)
+        if process_group is not None:
+            logger.debug("PipelineParallelGrid ignores process_group (as DeepSpeed does); using the world")
+
+        self.data_parallel_size = max(self._topo.get_dim("data"), 1)
+        self.pipe_parallel_size = max(self._topo.get_dim("pipe"), 1)
+        self.model_parallel_size = max(self._topo.get_dim("model"), 1)
+        self.slice_parallel_size = self.model_parallel_size
+        self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec)
+
+        self.stage_id = self.get_stage_id()
+        self.data_parallel_id = self.get_data_parallel_id()
+
+        # ds_model: every rank with this data index (pipe x model), for overflow checks and norms
+        self.ds_model_proc_group = self.mesh.get_group(("pp", "tp"))
+        self.ds_model_rank = self.mesh.get_rank(("pp", "tp"))
+        self.ds_model_world_size = self.mesh.size(("pp", "tp"))
+
+        self.dp_groups = self.mesh.get_all_group_ranks("dp")
+        self.dp_group = self.mesh.get_group_ranks("dp")
+        self.dp_proc_group = self.mesh.get_group("dp")
+
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == (self.pipe_parallel_size - 1)
+        self.p2p_groups = self._build_p2p_groups()
+
+        self.pipe_groups = self.mesh.get_all_group_ranks("pp")
+        self.pp_group = self.mesh.get_group_ranks("pp")
+        self.pp_proc_group = self.mesh.get_group("pp")
+
+        # with mp == 1 DeepSpeed builds W singleton slice groups and no model_groups / mp_group
+        self.slice_group = self.mesh.get_group_ranks("tp")
+        self.slice_proc_group = self.mesh.get_group("tp")
+        if self.model_parallel_size > 1:
+            self.mp_group: list[int] = []  # never filled in DeepSpeed either
+            self.model_groups = self.mesh.get_all_group_ranks("tp")
+
+    def get_stage_id(self) -> int:
+        return self.mesh.layout.coordinate(self.global_rank).get("pp", 0)
+
+    def get_data_parallel_id(self) -> int:
+        return self.mesh.layout.coordinate(self.global_rank).get("dp", 0)
+
+    def _build_p2p_groups(self) -> list[list[int]]:
+        """``[rank, next stage]`` for every rank (wrapping), index = rank; rank lists only."""
+        return self.mesh.layout.p2p_pairs()
+
+    def _is_grid_valid(self) -> bool:
+        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == dist.get_world_size()
+
+    def stage_to_global(self, stage_id: int, **kwargs: int) -> int:
+        """Rank of this rank's coordinate with ``pipe=stage_id`` (and other axes from ``kwargs``)."""
+        me = self._topo.get_coord(self.global_rank)
+        return self._topo.get_rank(**me._replace(pipe=stage_id, **kwargs)._asdict())
+
+    def topology(self) -> ProcessTopology:
+        return self._topo
+
+    # MPU functions for DeepSpeed integration
+    def get_global_rank(self) -> int:
+        return self.global_rank
+
+    def get_pipe_parallel_rank(self) -> int:
+        return self.get_stage_id()
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return self.get_pipe_parallel_rank()
+
+    def get_pipe_parallel_world_size(self) -> int:
+        return self.pipe_parallel_size
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.get_pipe_parallel_world_size()
+
+    def get_pipe_parallel_group(self) -> Any:
+        return self.pp_proc_group
+
+    def get_pipeline_model_parallel_group(self) -> Any:
+        """The pipe group (Megatron spelling; missing from DeepSpeed 0.19.8's grid)."""
+        return self.pp_proc_group
+
+    def get_data_parallel_rank(self) -> int:
+        return self.data_parallel_id
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.data_parallel_size
+
+    def get_data_parallel_group(self) -> Any:
+        return self.dp_proc_group
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return self.dp_group
+
+    # "model parallel" on the grid is pipe x model (DeepSpeed's overflow / norm group)
+    def get_model_parallel_rank(self) -> int:
+        return self.ds_model_rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.ds_model_world_size
+
+    def get_model_parallel_group(self) -> Any:
+        return self.ds_model_proc_group
+
+    # Megatron-style tensor slicing
+    def get_slice_parallel_rank(self) -> int:
+        if "model" in self._topo.get_axis_names():
+            return self._topo.get_coord(self.global_rank).model
+        return 0
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self.get_slice_parallel_rank()
+
+    def get_slice_parallel_world_size(self) -> int:
+        return self.slice_parallel_size
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.get_slice_parallel_world_size()
+
+    def get_slice_parallel_group(self) -> Any:
+        return self.slice_proc_group
+
+    def get_tensor_model_parallel_group(self) -> Any:
+        """The slice (tensor) group (missing from DeepSpeed 0.19.8's grid)."""
+        return self.slice_proc_group
