@@ -1,0 +1,203 @@
+"""``deepspeed.initialize`` on the mesh: one :class:`~compat.engine_mesh.EngineMesh` per engine.
+
+:func:`initialize_wrapper` (installed around ``deepspeed.initialize`` by :mod:`compat.install`)
+builds the engine's mesh from the config's ``"mesh"`` section plus what the model declares (a
+``PipelineModule``'s stages, the MoE layers' ``ep_size``). ``mpu=`` and ``mesh_param=`` still work:
+they warn ``TODOV1:`` and are translated into the same mesh; any two sources that disagree raise a
+:class:`~mesh_core.MeshSpecError` naming both, before a process group is created. The real
+``deepspeed.initialize`` then runs unchanged, with:
+
+- the config without the layout keys it consumed (``"mesh"``, ``data_parallel_size``,
+  ``sequence_parallel_size``) and ``mesh_param=None``, so deepspeed builds no torch mesh of its own;
+- ``mpu`` replaced by a mesh-backed ``MeshMPU`` when one was given;
+- :mod:`compat.groups` bound to the mesh, so every ``groups._get_*`` call is served from it (the
+  ZeRO / gradient group is then ``("dp", "sp")``, whichever way the layout was stated);
+- ``DeepSpeedConfig`` sized by the mesh's dp when no mpu is given.
+
+The engine comes back with ``engine.mesh_device`` set to the mesh, for every engine type. A
+keyword ``mesh=`` (a mesh built beforehand, e.g. to construct the model's layers on it) is also
+accepted; it must agree with the other sources.
+"""
+from __future__ import annotations
+
+import contextvars
+import copy
+import inspect
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core.config import load_config
+
+from .engine_mesh import EngineMesh, as_engine_mesh
+from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture
+from .engine_spec import engine_spec
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_DIMS = ("pp", "dp", "sp", "tp")
+CONSUMED_KEYS = ("mesh", "data_parallel_size", "sequence_parallel_size")
+_pending: contextvars.ContextVar[Optional[EngineMesh]] = contextvars.ContextVar("compat_pending_mesh", default=None)
+_COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def pending_mesh() -> Optional[EngineMesh]:
+    """The mesh of the engine being built by ``deepspeed.initialize`` right now, if any."""
+    return _pending.get()
+
+
+# --- deepspeed.initialize -----------------------------------------------------------------------
+def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """wrapt wrapper around ``deepspeed.initialize``; see the module docstring."""
+    import deepspeed.comm as ds_dist
+    from deepspeed.accelerator import get_accelerator
+
+    kwargs = dict(kwargs)
+    given_mesh = kwargs.pop("mesh", None)
+    call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+    model, mpu, mesh_param = call.get("model"), call.get("mpu"), call.get("mesh_param")
+    resolved = _resolve_config(call.get("args"), call.get("config"), call.get("config_params"))
+    if model is None or resolved is None:
+        return wrapped(*args, **kwargs)  # deepspeed reports the missing model / config itself
+    config, ds_args = resolved
+
+    if mpu is not None:
+        _warn_user("deepspeed.initialize(mpu=...)", "the config 'mesh' section (or mesh=)")
+    if mesh_param:
+        _warn_user("deepspeed.initialize(mesh_param=...)", "the config 'mesh' section, e.g. {\"mesh\": {\"dp\": 2, \"sp\": 2}}")
+
+    ds_dist.init_distributed(
+        dist_backend=get_accelerator().communication_backend_name(),
+        distributed_port=call.get("distributed_port", 29500),
+        dist_init_required=call.get("dist_init_required"),
+    )
+    world_size = ds_dist.get_world_size()
+    pipeline, grid, topology = _pipeline_of(model)
+    spec = engine_spec(
+        config,
+        world_size,
+        topology=topology,
+        ep_sizes=_moe_ep_sizes(model),
+        mpu=mpu,
+        mesh_param=mesh_param,
+    )
+    if not pipeline and spec.dim_size("pp") > 1:
+        raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")
+    if given_mesh is not None:
+        _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=")
+
+    mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh)
+    # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
+    call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
+    call.pop("config_params", None)
+    if "args" in call:
+        call["args"] = ds_args
+    if not pipeline:
+        call["mpu"] = engine_mpu
+    call["mesh_param"] = None  # translated into the mesh
+
+    previous = capture()
+    activate(GroupsState(mesh, None, None))
+    token = _pending.set(mesh)
+    try:
+        result = wrapped(**call)
+    except BaseException:
+        activate(previous)
+        raise
+    finally:
+        _pending.reset(token)
+    engine = result[0]
+    engine.mesh_device = mesh
+    setattr(engine, ENGINE_STATE_ATTR, capture())
+    logger.info("engine on %s", mesh.spec.describe())
+    return result
+
+
+def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tuple[dict, Any]]:
+    """The config as a dict (from ``config``, ``config_params`` or ``args.deepspeed_config``)."""
+    if config is None:
+        config = config_params
+    if config is None:
+        path = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+        if path is None:
+            return None
+        config, args = path, copy.copy(args)
+        for name in ("deepspeed_config", "deepscale_config"):
+            if hasattr(args, name):
+                setattr(args, name, None)
+    return load_config(config), args
+
+
+def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
+    from deepspeed.runtime.pipe.module import PipelineModule
+
+    if not isinstance(model, PipelineModule):
+        return False, None, None
+    return True, model.mpu(), model.topology()
+
+
+def _moe_ep_sizes(model: Any) -> list[int]:
+    from deepspeed.moe.layer import MoE
+
+    return sorted({int(m.ep_size) for m in model.modules() if isinstance(m, MoE)})
+
+
+def _engine_mesh(spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh]) -> tuple[EngineMesh, Any]:
+    """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
+    if given is not None:
+        return as_engine_mesh(given), (None if mpu is None else _mesh_mpu(as_engine_mesh(given)))
+    if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
+        _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid")
+        return as_engine_mesh(grid.mesh), None
+    if mpu is not None:
+        if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):
+            return as_engine_mesh(mpu.mesh), mpu
+        from .mpu import mesh_from_mpu
+
+        mesh = as_engine_mesh(mesh_from_mpu(mpu))
+        _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}")
+        return mesh, _mesh_mpu(mesh)
+    return EngineMesh(spec), None
+
+
+def _mesh_mpu(mesh: EngineMesh) -> Any:
+    from .mpu import MeshMPU
+
+    return MeshMPU(mesh)
+
+
+def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str) -> None:
+    """Raise unless both specs give every rank the same pp/dp/sp/tp groups."""
+    la, lb = MeshLayout(a), MeshLayout(b)
+    same = a.world_size == b.world_size and sorted(a.ranks) == sorted(b.ranks)
+    same = same and all(
+        sorted(map(tuple, la.groups(d))) == sorted(map(tuple, lb.groups(d))) for d in LAYOUT_DIMS
+    )
+    if not same:
+        raise MeshSpecError(f"{a_name} describes {a.describe()} but {b_name} is {b.describe()}; make them equal")
+
+
+def _warn_user(legacy_name: str, replacement: str) -> None:
+    from .deprecation import legacy_entry
+
+    depth, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and (
+        os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _COMPAT_DIR or "wrapt" in frame.f_code.co_filename
+    ):
+        frame, depth = frame.f_back, depth + 1
+    legacy_entry(legacy_name, replacement).warn(depth=depth)
+
+
+# --- in-place wrappers of deepspeed internals (installed by compat.install) ----------------------
+def config_init_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001
+    """``DeepSpeedConfig.__init__``: inside initialize with no mpu, size batches by the mesh's dp
+    (as deepspeed does for its own ``mesh_device``)."""
+    mesh = _pending.get()
+    if mesh is None:
+        return wrapped(*args, **kwargs)
+    call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+    if call.get("mpu") is None and call.get("mesh_device") is None:
+        call["mesh_device"] = mesh
+    return wrapped(**call)

@@ -1,0 +1,242 @@
+"""Run the real, unchanged ``deepspeed`` package on the mesh: :func:`install` / :func:`uninstall`.
+
+:func:`install` registers wrapt post-import hooks, so it works before or after ``import deepspeed``:
+
+- ``deepspeed.utils.groups``: every function is routed to :mod:`compat.groups`; the module state
+  the engine writes (``groups.mpu = ...``, ``groups.mesh_device = ...``) is forwarded there too, so
+  both modules read one source of truth (the module's class becomes one with properties);
+- ``deepspeed.runtime.pipe.topology``: the topology classes and the grid become the compat ones
+  (the grid builds its groups on a mesh, which becomes the engine's);
+- ``deepspeed.initialize``: wrapped by :func:`compat.initialize.initialize_wrapper` (the config's
+  ``"mesh"`` section; ``mpu=`` / ``mesh_param=`` translated into the same mesh; one mesh per engine,
+  as ``engine.mesh_device``); ``DeepSpeedConfig.__init__`` is wrapped in place to size batches by
+  that mesh, and the engines' ``forward`` / ``backward`` / ``step`` / ``train_batch`` /
+  ``eval_batch`` run with their own engine's groups state (:mod:`compat.engine_scope`).
+
+Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the groups functions,
+``pipe/module.py``'s grid and topology names) are re-pointed as well. :func:`uninstall` restores
+every patched name. Installing twice is harmless. Setting ``DS_MESH=1`` installs at interpreter
+start-up through the ``ds_mesh.pth`` file (see :func:`install_from_env`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import types
+import warnings
+from typing import Any, Callable
+
+import wrapt
+
+from .install_patches import PatchSet
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "DS_MESH"
+DEEPSPEED_SITES = r"deepspeed(\.|$)"
+_TRUE = {"1", "true", "yes", "on"}
+
+GROUPS_MODULE = "deepspeed.utils.groups"
+TOPOLOGY_MODULE = "deepspeed.runtime.pipe.topology"
+TOPOLOGY_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid")
+# Engine entry points that run with the engine's own groups state (see compat.engine_scope).
+ENGINE_STEP_METHODS = ("forward", "backward", "step")
+PIPE_ENGINE_STEP_METHODS = ("train_batch", "eval_batch")
+
+_lock = threading.RLock()
+_patches = PatchSet(packages=("deepspeed",))
+_active = False
+_hooks_registered = False
+
+
+# --- public API ---------------------------------------------------------------------------------
+def install() -> None:
+    """Route ``deepspeed`` (imported now or later) onto the mesh; a second call does nothing."""
+    global _active, _hooks_registered
+    with _lock:
+        if _active:
+            return
+        _active = True
+        _quiet_deepspeed_call_sites(True)
+        if not _hooks_registered:
+            _hooks_registered = True
+            for module_name, applier in _APPLIERS:
+                # fires at once for modules already imported, else right after their import
+                wrapt.register_post_import_hook(_hook(applier), module_name)
+        else:
+            for module_name, applier in _APPLIERS:
+                if module_name in sys.modules:
+                    _apply(applier, sys.modules[module_name])
+        logger.debug("compat installed (deepspeed imported: %s)", "deepspeed" in sys.modules)
+
+
+def uninstall() -> None:
+    """Restore every name :func:`install` patched; engines built meanwhile keep their meshes."""
+    global _active
+    with _lock:
+        if not _active:
+            return
+        _active = False
+        _patches.restore()
+        _quiet_deepspeed_call_sites(False)
+        logger.debug("compat uninstalled")
+
+
+def is_installed() -> bool:
+    return _active
+
+
+def patched_names() -> list[str]:
+    """``module.name`` of every patch currently applied (copies not included)."""
+    return [f"{_owner_name(p.owner)}.{p.name}" for p in _patches.patches]
+
+
+def install_from_env(environ: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
+    """:func:`install` when ``DS_MESH`` is set to 1/true/yes/on; returns whether it installed."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    if value.strip().lower() not in _TRUE:
+        if value.strip() not in ("", "0"):
+            logger.warning("%s=%r is not understood; use %s=1 to run deepspeed on the mesh", ENV_VAR, value, ENV_VAR)
+        return False
+    install()
+    return True
+
+
+def _quiet_deepspeed_call_sites(quiet: bool) -> None:
+    """Hide the TODOV1 warnings of routed calls made *inside* deepspeed (users cannot migrate those)."""
+    from .deprecation import LegacyAPIDeprecationWarning
+
+    present = [f for f in warnings.filters if f[0] == "ignore" and f[2] is LegacyAPIDeprecationWarning
+               and getattr(f[3], "pattern", None) == DEEPSPEED_SITES]
+    if quiet and not present:
+        warnings.filterwarnings("ignore", category=LegacyAPIDeprecationWarning, module=DEEPSPEED_SITES)
+    elif not quiet:
+        for f in present:
+            warnings.filters.remove(f)
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+# --- hook plumbing ------------------------------------------------------------------------------
+def _hook(applier: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
+    def on_import(module: types.ModuleType) -> None:
+        with _lock:
+            if _active:
+                _apply(applier, module)
+
+    return on_import
+
+
+def _apply(applier: Callable[[types.ModuleType], None], module: types.ModuleType) -> None:
+    key = f"{applier.__name__}:{module.__name__}"
+    if key in _patches.done:
+        return
+    _patches.done.add(key)
+    applier(module)
+    _patches.rebind_copies()
+
+
+def _wrap_in_place(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    _patches.replace(owner, name, wrapt.FunctionWrapper(owner.__dict__[name], wrapper))
+
+
+def _owner_name(owner: Any) -> str:
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
+# --- appliers, one per target module ------------------------------------------------------------
+def _route_groups(module: types.ModuleType) -> None:
+    from . import groups as compat_groups
+
+    missing = []
+    for name, value in list(vars(module).items()):
+        if not isinstance(value, types.FunctionType) or value.__module__ != module.__name__:
+            continue
+        target = getattr(compat_groups, name, None)
+        if not callable(target):
+            missing.append(name)
+            continue
+        # the compat function itself (no wrapper frame): its TODOV1 warning names deepspeed's call site
+        _patches.replace(module, name, target)
+    if missing:
+        logger.warning("compat.groups lacks %s; those deepspeed.utils.groups functions stay legacy", missing)
+    # module state (mpu, mesh_device, ..., and the private globals compat.groups exposes as views)
+    state = [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("__") and not callable(value) and not isinstance(value, types.ModuleType)
+        and hasattr(compat_groups, name)
+    ]
+    _patches.swap_module_class(module, _forwarding_module_class(compat_groups, state))
+
+
+def _forwarding_module_class(target: types.ModuleType, names: list[str]) -> type:
+    """A ModuleType subclass whose ``names`` read and write ``target``'s attributes."""
+
+    def forward(name: str) -> property:
+        return property(lambda self: getattr(target, name), lambda self, value: setattr(target, name, value))
+
+    namespace = {name: forward(name) for name in names}
+    namespace["__doc__"] = f"module state forwarded to {target.__name__}: {', '.join(names)}"
+    return type("MeshRoutedModule", (types.ModuleType,), namespace)
+
+
+def _route_topology(module: types.ModuleType) -> None:
+    from . import topology as compat_topology
+
+    for name in TOPOLOGY_NAMES:
+        if hasattr(compat_topology, name):
+            _patches.replace(module, name, getattr(compat_topology, name))
+        else:
+            logger.warning("compat.topology lacks %s; deepspeed's stays in place", name)
+
+
+def _route_config(module: types.ModuleType) -> None:
+    from .initialize import config_init_wrapper
+
+    _wrap_in_place(module.DeepSpeedConfig, "__init__", config_init_wrapper)
+
+
+def _route_engine(module: types.ModuleType) -> None:
+    from .engine_scope import engine_step_wrapper
+
+    for name in ENGINE_STEP_METHODS:
+        _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
+
+
+def _route_pipe_engine(module: types.ModuleType) -> None:
+    from .engine_scope import engine_step_wrapper
+
+    for name in PIPE_ENGINE_STEP_METHODS:
+        _wrap_in_place(module.PipelineEngine, name, engine_step_wrapper)
+
+
+def _route_initialize(module: types.ModuleType) -> None:
+    from .initialize import initialize_wrapper
+
+    _patches.replace(module, "initialize", wrapt.FunctionWrapper(module.initialize, initialize_wrapper))
+
+
+# Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
+# hooks fire in this order too.
+_APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
+    (GROUPS_MODULE, _route_groups),
+    ("deepspeed.runtime.config", _route_config),
+    (TOPOLOGY_MODULE, _route_topology),
+    ("deepspeed.runtime.engine", _route_engine),
+    ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
+    ("deepspeed", _route_initialize),
+]
+
+
+class _CallableModule(types.ModuleType):
+    """``import compat.install`` rebinds ``compat.install`` to this module; keep ``compat.install()`` working."""
+
+    def __call__(self) -> None:
+        install()
+
+
+sys.modules[__name__].__class__ = _CallableModule

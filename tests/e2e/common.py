@@ -1,0 +1,55 @@
+"""Shared set-up for the 4-process gloo runs under ``tests/e2e`` (run by torchrun).
+
+Each script trains the same model in several *modes* inside one world, one after the other:
+legacy deepspeed (shim uninstalled) and deepspeed with ``compat.install()``, with the layout given
+through ``mpu=`` / the model / the config ``"mesh"`` section. Every mode starts from the same seed
+and the same data, so shimmed and legacy runs must give bit-identical losses and parameters; each
+rank dumps what it saw to ``<out>/rank<r>.pt`` for the pytest side to compare.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+
+def init_world() -> int:
+    """deepspeed.comm over gloo (skipping the shm op JIT build); returns this rank."""
+    import deepspeed
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    return dist.get_rank()
+
+
+def set_mode(shim: bool) -> None:
+    import compat.install as installer
+
+    if shim:
+        installer.install()
+    else:
+        installer.uninstall()
+
+
+def ranks(group) -> list[int]:
+    return sorted(dist.get_process_group_ranks(group))
+
+
+def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def dump(out_dir: str, rank: int, results: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def group_count() -> int:
+    return dist.distributed_c10d._world.group_count
