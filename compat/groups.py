@@ -280,7 +280,7 @@ def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[
     """A mesh whose TP groups are consecutive tp-blocks and DP groups every tp-th rank."""
     world = dist.get_world_size()
     mesh = bound_mesh()
-    if mesh is not None and mesh.spec.ranks == tuple(range(world)):
+    if mesh is not None and list(mesh.spec.ranks) == list(range(world)):
         spec = mesh.spec
         inner = [n for n, s in zip(spec.names, spec.sizes) if s > 1]
         if spec.dim_size("tp") == tensor_model_parallel_size and (not inner or inner[-1] == "tp" or tensor_model_parallel_size == 1):

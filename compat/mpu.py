@@ -82,6 +82,7 @@ def bwc_pipeline_parallel_group(mpu: Any = None) -> Any:
 
 # --- mesh -> mpu ---------------------------------------------------------------------------
 MODEL_PARALLEL_DIMS = ("pp", "tp")
+MPU_DIMS = ("pp", "dp", "sp", "tp")
 SEQUENCE_DATA_DIMS = ("dp", "sp")
 
 
@@ -243,6 +244,27 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
         raise MeshSpecError("torch.distributed is not initialised; initialise it before mesh_from_mpu")
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = _mpu_groups(mpu)
+    spec: Optional[MeshSpec] = None
+    try:
+        spec = _infer_spec(groups, world, rank)
+        problem = None
+    except MeshSpecError as err:
+        problem = err
+    if check_agreement and world > 1:
+        # every rank takes part before anyone raises, so a rank-local mismatch cannot hang the others
+        _check_agreement(spec, device_type, problem)
+    if problem is not None:
+        raise problem
+    assert spec is not None
+    layout = MeshLayout(spec)
+    registry = registry_for_world()
+    for dim, group in groups.items():
+        registry.adopt(layout.groups(dim), group)
+    logger.debug("mesh_from_mpu: %s from %s", spec.describe(), type(mpu).__name__)
+    return DeepSpeedDeviceMesh(spec, device_type=device_type)
+
+
+def _infer_spec(groups: dict[str, Any], world: int, rank: int) -> MeshSpec:
     ranks = {dim: _ranks_of(g) for dim, g in groups.items()}
     sizes = {dim: len(r) for dim, r in ranks.items()}
     strides = {}
@@ -255,9 +277,9 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
                 )
             strides[dim] = step
     order = sorted(strides, key=lambda d: -strides[d])
+    order += [d for d in MPU_DIMS if d not in order]
     try:
-        spec = MeshSpec.build(world, order=order + [d for d in ("pp", "dp", "sp", "tp") if d not in order],
-                              **{d: sizes.get(d, 1) for d in ("pp", "dp", "sp", "tp")})
+        spec = MeshSpec.build(world, order=order, **{d: sizes.get(d, 1) for d in MPU_DIMS})
     except MeshSpecError as err:
         raise MeshSpecError(f"the mpu's group sizes {sizes} do not form a mesh over world_size={world}: {err}") from None
     layout = MeshLayout(spec)
@@ -268,24 +290,21 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
                 f"the mpu's {dim} group {r} on rank {rank} differs from {expected}, the {dim} group of "
                 f"{spec.describe()}; the mpu's groups are not a row-major mesh"
             )
-    if check_agreement and world > 1:
-        _check_agreement(spec, device_type)
-    registry = registry_for_world()
-    for dim, group in groups.items():
-        registry.adopt(layout.groups(dim), group)
-    logger.debug("mesh_from_mpu: %s from %s", spec.describe(), type(mpu).__name__)
-    return DeepSpeedDeviceMesh(spec, device_type=device_type)
+    return spec
 
 
-def _check_agreement(spec: MeshSpec, device_type: str) -> None:
-    code = [spec.dim_size(d) for d in ("pp", "dp", "sp", "tp")] + [spec.names.index(d) for d in ("pp", "dp", "sp", "tp")]
-    device = torch.device(device_type if device_type != "cuda" else f"cuda:{torch.cuda.current_device()}")
+def _check_agreement(spec: Optional[MeshSpec], device_type: str, problem: Optional[Exception]) -> None:
+    if spec is None or problem is not None:
+        code = [-1] * (2 * len(MPU_DIMS))
+    else:
+        code = [spec.dim_size(d) for d in MPU_DIMS] + [spec.names.index(d) for d in MPU_DIMS]
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if device_type == "cuda" else device_type)
     low = torch.tensor(code, dtype=torch.int64, device=device)
     high = low.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    if not torch.equal(low, high):
+    if problem is None and not torch.equal(low, high):
         raise MeshSpecError(
-            f"ranks inferred different meshes from the mpu (this rank: {spec.describe()}); its groups are not "
-            "a row-major mesh"
+            f"ranks inferred different meshes from the mpu (this rank: {spec.describe() if spec else None}); "
+            "its groups are not a row-major mesh"
         )

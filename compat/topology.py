@@ -198,7 +198,7 @@ def topology_from_mesh(mesh: DeepSpeedDeviceMesh) -> ProcessTopology:
             f"{spec.describe()} has dim(s) {extra} that a pipeline grid cannot express; "
             f"a grid mesh may only have {sorted(DIM_TO_AXIS)} (and dims of size 1)"
         )
-    if spec.ranks != tuple(range(spec.world_size)):
+    if list(spec.ranks) != list(range(spec.world_size)):
         raise MeshSpecError(
             f"{spec.describe()} does not cover ranks 0..{spec.world_size - 1} in order; a pipeline grid "
             "needs a whole-world mesh with identity rank order"
