@@ -833,6 +833,12 @@ def _devices_per_node() -> int:
     return int(os.environ.get("LOCAL_SIZE", 0)) or 1
 
 
+def _member_group(rank_lists: Sequence[Sequence[int]]) -> Any:
+    """The group, or (like ``new_group``) ``GroupMember.NON_GROUP_MEMBER`` for a non-member."""
+    group = _partition(rank_lists)
+    return dist.GroupMember.NON_GROUP_MEMBER if group is None else group
+
+
 def _get_local_all_to_all_group() -> dict:
     """``local_i`` (node-local) and ``global_j`` (same local index) groups for ZeRO++ qgZ."""
     # TODOV1: legacy shim
@@ -843,18 +849,18 @@ def _get_local_all_to_all_group() -> dict:
     per_node = _devices_per_node()
     num_local = world // per_node
     if num_local == 0:
-        state.all_to_all["local_0"] = _partition([range(world)])
+        state.all_to_all["local_0"] = _member_group([range(world)])
     elif num_local == 1:
         assert world == per_node, "num_gpus not equal to device per node, cannot initialize All-To-All"
-        state.all_to_all["local_0"] = _partition([range(per_node)])
+        state.all_to_all["local_0"] = _member_group([range(per_node)])
     else:
         assert world > per_node, "num_nodes<2 cannot initialize All-To-All"
         layout = MeshLayout(MeshSpec.build(world, dp=num_local, tp=per_node, ranks=range(num_local * per_node)))
         # one partition call per legacy name, so each name gets the group of exactly its rank set
         for i, ranks in enumerate(layout.groups("tp")):
-            state.all_to_all[f"local_{i}"] = _partition([ranks])
+            state.all_to_all[f"local_{i}"] = _member_group([ranks])
         for j, ranks in enumerate(layout.groups("dp")):
-            state.all_to_all[f"global_{j}"] = _partition([ranks])
+            state.all_to_all[f"global_{j}"] = _member_group([ranks])
     return state.all_to_all
 
 
