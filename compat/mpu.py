@@ -206,13 +206,14 @@ class MeshMPU:
 def _mpu_groups(mpu: Any) -> dict[str, Any]:
     """The mpu's groups by mesh dim (this rank's view); dims the mpu lacks are left out."""
     found: dict[str, Any] = {}
-    if not hasattr(mpu, "get_data_parallel_group"):
-        raise MeshSpecError(f"mpu {type(mpu).__name__} has no get_data_parallel_group(); it is not a Megatron-style mpu")
+    what = getattr(mpu, "__name__", None) or type(mpu).__name__
     if hasattr(mpu, "initialize_sequence_parallel"):
         raise MeshSpecError(
-            f"mpu {type(mpu).__name__} is DeepSpeed's Ulysses sequence-parallel module; build the mesh with "
+            f"mpu {what} is DeepSpeed's Ulysses sequence-parallel module; build the mesh with "
             "DeepSpeedDeviceMesh.build(sp=...) instead"
         )
+    if not hasattr(mpu, "get_data_parallel_group"):
+        raise MeshSpecError(f"mpu {what} has no get_data_parallel_group(); it is not a Megatron-style mpu")
     found["dp"] = mpu.get_data_parallel_group()
     for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group"):
         if hasattr(mpu, name):
