@@ -31,7 +31,7 @@ LAYOUTS = {
 LEGACY_BUDGET_S = {False: 20, True: 120}  # legacy p2p lists are O(W^2): stop them past this
 ENUMERATION_WORLD = 131072
 NEW_DIMS = {"pp": "pp", "dp": "dp", "tp": "tp", "pp x tp": ("pp", "tp"), "ep": "ep", "edp": "edp"}
-QUERIES = 20000
+QUERIES = 10000
 
 
 class Stopped(Exception):
@@ -148,10 +148,13 @@ def query_cost(worlds: tuple[int, int] = (1024, ENUMERATION_WORLD)) -> list[dict
             "stage_peer(r, 1)": lambda r: layout.stage_peer(r, 1),
         }
         for name, query in queries.items():
-            start = time.perf_counter()
-            for r in ranks:
-                query(r)
-            rows.append(dict(world=world, query=name, us=(time.perf_counter() - start) / QUERIES * 1e6))
+            best = float("inf")
+            for _ in range(3):  # best of 3: the machine is shared
+                start = time.perf_counter()
+                for r in ranks:
+                    query(r)
+                best = min(best, time.perf_counter() - start)
+            rows.append(dict(world=world, query=name, us=best / QUERIES * 1e6))
     return rows
 
 

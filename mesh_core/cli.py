@@ -212,9 +212,8 @@ def _format_coordinates(report: dict[str, Any], show_all: bool) -> list[str]:
         return []
     columns = list(rows[0])
     lines = ["rank -> coordinate", "  " + " ".join(f"{c:>6}" for c in columns)]
-    shown = rows if show_all or len(rows) <= RANK_TABLE_LIMIT else rows[:8] + [None] + rows[-8:]
-    if not report["coordinates_complete"]:
-        shown = rows[:8] + [None] + rows[-8:]
+    complete = report["coordinates_complete"] and (show_all or len(rows) <= RANK_TABLE_LIMIT)
+    shown = rows if complete else rows[:8] + [None] + rows[-8:]
     for row in shown:
         lines.append("  " + (" ".join(f"{row[c]:>6}" for c in columns) if row else f"{'...':>6}"))
     return lines
