@@ -1,0 +1,293 @@
+"""Shared machinery of the migration codemods: legacy-name resolution, the model's mesh, counts,
+and ``# TODOV1:`` comments for sites that cannot be rewritten safely."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional, Sequence, Union
+
+import libcst as cst
+from libcst.codemod import CodemodContext, SkipFile, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import (
+    ComprehensionScope,
+    FunctionScope,
+    GlobalScope,
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    Scope,
+    ScopeProvider,
+)
+
+from . import legacy_names as ln
+
+SITES_KEY = "codemods.sites"
+TODOS_KEY = "codemods.todos"
+TODO_TAG = "TODOV1"
+MESH_MODULE = "mesh_core"
+
+_Compound = Union[cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef]
+
+
+def counters(context: CodemodContext) -> tuple[Counter, Counter]:
+    """The (rewritten sites, TODOV1 sites) counters of a context, by kind."""
+    sites = context.scratch.setdefault(SITES_KEY, Counter())
+    todos = context.scratch.setdefault(TODOS_KEY, Counter())
+    return sites, todos
+
+
+def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[str]) -> cst.TrailingWhitespace:
+    """``ws`` with a ``# TODOV1:`` comment carrying ``messages`` (unchanged if one is there)."""
+    existing = ws.comment.value if ws.comment is not None else ""
+    if TODO_TAG in existing:
+        return ws
+    text = f"# {TODO_TAG}: " + "; ".join(dict.fromkeys(messages))
+    if existing:
+        return ws.with_changes(comment=cst.Comment(f"{existing}  {text}"))
+    return ws.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(text))
+
+
+class MigrationCommand(VisitorBasedCodemodCommand):
+    """Base of every migration codemod.
+
+    Subclasses call :meth:`legacy_names` to resolve a node, :meth:`record` for each rewritten site,
+    :meth:`flag` for a site left for a human, and :meth:`model_mesh` for the mesh expression to
+    call on. They may override :meth:`on_statement` (never ``leave_SimpleStatementLine``).
+    """
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        self._frames: list[list[str]] = []
+        self._engine_cache: dict[int, list[tuple[str, int]]] = {}
+        self.sites, self.todos = counters(context)
+
+    # --- files this codemod must not touch ----------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        if self.context.full_module_name in ln.DEFINING_MODULES:
+            raise SkipFile(f"{self.context.full_module_name} defines legacy APIs")
+        return True
+
+    # --- names --------------------------------------------------------------------------------
+    def legacy_names(self, node: cst.CSTNode) -> set[str]:
+        """Canonical qualified names ``node`` may refer to (relative imports resolved)."""
+        try:
+            names = self.get_metadata(QualifiedNameProvider, node, set())
+        except KeyError:
+            return set()
+        return ln.canonical_names((q.name for q in names), self.context.full_package_name)
+
+    def legacy_name(self, node: cst.CSTNode, candidates) -> Optional[str]:
+        """The one canonical name of ``node`` among ``candidates`` (a container or predicate)."""
+        found = [n for n in self.legacy_names(node) if (candidates(n) if callable(candidates) else n in candidates)]
+        return found[0] if len(found) == 1 else None
+
+    # --- counting and TODOs -------------------------------------------------------------------
+    def record(self, kind: str) -> None:
+        self.sites[kind] += 1
+
+    def flag(self, kind: str, message: str) -> None:
+        """Leave the current site unchanged with a ``# TODOV1: message`` on its statement."""
+        self.todos[kind] += 1
+        if self._frames:
+            self._frames[-1].append(message)
+
+    def on_statement(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.SimpleStatementLine, cst.RemovalSentinel, cst.FlattenSentinel]:
+        """Hook for subclasses that rewrite or drop whole statements."""
+        return updated_node
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
+        self._frames.append([])
+        return True
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
+        messages = self._frames.pop()
+        result = self.on_statement(original_node, updated_node)
+        if messages and isinstance(result, cst.SimpleStatementLine):
+            result = result.with_changes(trailing_whitespace=with_todo(result.trailing_whitespace, messages))
+        return result
+
+    def _push(self, node: cst.CSTNode) -> Optional[bool]:
+        self._frames.append([])
+        return True
+
+    def _pop(self, original_node: _Compound, updated_node: _Compound) -> _Compound:
+        messages = self._frames.pop()
+        if not messages:
+            return updated_node
+        body = updated_node.body
+        if isinstance(body, cst.IndentedBlock):
+            return updated_node.with_changes(body=body.with_changes(header=with_todo(body.header, messages)))
+        if isinstance(body, cst.SimpleStatementSuite):
+            ws = with_todo(body.trailing_whitespace, messages)
+            return updated_node.with_changes(body=body.with_changes(trailing_whitespace=ws))
+        return updated_node
+
+    visit_If = visit_While = visit_For = visit_With = visit_FunctionDef = visit_ClassDef = _push
+    leave_If = leave_While = leave_For = leave_With = leave_FunctionDef = leave_ClassDef = _pop
+
+    # --- imports ------------------------------------------------------------------------------
+    def add_mesh_import(self, name: str) -> None:
+        AddImportsVisitor.add_needed_import(self.context, MESH_MODULE, name)
+
+    # --- the model's mesh ---------------------------------------------------------------------
+    def model_mesh(self, node: cst.CSTNode) -> cst.BaseExpression:
+        """The mesh of the model at ``node``: ``self.mesh_device`` inside an engine subclass,
+        ``<engine>.mesh_device`` after ``<engine>, ... = deepspeed.initialize(...)`` in the same
+        scope, else ``default_mesh()`` (imported from mesh_core)."""
+        engine = self.engine_in_scope(node)
+        if engine is not None:
+            return cst.Attribute(value=cst.Name(engine), attr=cst.Name("mesh_device"))
+        self.add_mesh_import("default_mesh")
+        return cst.Call(func=cst.Name("default_mesh"))
+
+    def scope_of(self, node: cst.CSTNode) -> Optional[Scope]:
+        try:
+            scope = self.get_metadata(ScopeProvider, node, None)
+        except KeyError:
+            return None
+        while isinstance(scope, ComprehensionScope):
+            scope = scope.parent
+        return scope
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def engine_in_scope(self, node: cst.CSTNode) -> Optional[str]:
+        """The name of an engine provably bound at ``node``, or None."""
+        scope = self.scope_of(node)
+        if scope is None:
+            return None
+        self_name = self._engine_self(scope)
+        if self_name is not None:
+            return self_name
+        line = self.line_of(node)
+        candidates = [name for name, at in self._engines_of(scope) if at < line]
+        return candidates[-1] if candidates else None
+
+    def _engine_self(self, scope: Scope) -> Optional[str]:
+        if not isinstance(scope, FunctionScope) or not isinstance(scope.node, cst.FunctionDef):
+            return None
+        func = scope.node
+        block = self.parent(func)
+        cls = self.parent(block) if block is not None else None
+        if not isinstance(cls, cst.ClassDef):
+            return None
+        if any(self._decorator_name(d) in ("staticmethod", "classmethod") for d in func.decorators):
+            return None
+        params = func.params.posonly_params or func.params.params
+        if not params:
+            return None
+        first = params[0].name.value
+        if len(scope.assignments[first]) != 1:
+            return None
+        if not any(self.legacy_names(base.value) & ln.ENGINE_CLASSES for base in cls.bases):
+            return None
+        return first
+
+    @staticmethod
+    def _decorator_name(decorator: cst.Decorator) -> str:
+        dec = decorator.decorator
+        return dec.value if isinstance(dec, cst.Name) else ""
+
+    def _engines_of(self, scope: Scope) -> list[tuple[str, int]]:
+        """(name, line) of engines assigned from ``deepspeed.initialize`` at the top of ``scope``."""
+        key = id(scope)
+        if key in self._engine_cache:
+            return self._engine_cache[key]
+        found: list[tuple[str, int]] = []
+        for assignment in scope.assignments:
+            target = getattr(assignment, "node", None)
+            if not isinstance(target, cst.Name):
+                continue
+            statement = self._top_level_assign(target, scope)
+            if statement is None or not self._is_engine_assign(statement, target):
+                continue
+            if len(scope.assignments[target.value]) != 1:
+                continue
+            found.append((target.value, self.line_of(statement)))
+        found.sort(key=lambda item: item[1])
+        self._engine_cache[key] = found
+        return found
+
+    def _top_level_assign(self, target: cst.Name, scope: Scope) -> Optional[cst.Assign]:
+        """The ``Assign`` binding ``target`` if it is a statement directly in ``scope``'s body."""
+        node: Optional[cst.CSTNode] = target
+        while node is not None and not isinstance(node, cst.Assign):
+            if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                return None
+            node = self.parent(node)
+        if node is None:
+            return None
+        line = self.parent(node)
+        body = self.parent(line) if line is not None else None
+        if isinstance(scope, GlobalScope):
+            return node if isinstance(body, cst.Module) else None
+        owner = getattr(scope, "node", None)
+        if isinstance(owner, cst.FunctionDef):
+            return node if body is owner.body else None
+        return None
+
+    def _is_engine_assign(self, assign: cst.Assign, target: cst.Name) -> bool:
+        if len(assign.targets) != 1:
+            return False
+        value = assign.value
+        dest = assign.targets[0].target
+        if isinstance(value, cst.Subscript) and isinstance(dest, cst.Name):
+            index = value.slice[0].slice if len(value.slice) == 1 else None
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer) and index.value.value == "0":
+                value = value.value
+            else:
+                return False
+            first = dest
+        elif isinstance(dest, (cst.Tuple, cst.List)) and dest.elements:
+            first = dest.elements[0].value
+        else:
+            return False
+        if first is not target or not isinstance(value, cst.Call):
+            return False
+        return ln.INITIALIZE in self.legacy_names(value.func)
+
+
+class _Finder(cst.CSTVisitor):
+    def __init__(self, types: tuple[type, ...]) -> None:
+        self.types = types
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, self.types):
+            self.found.append(node)
+        return True
+
+
+def find_all(tree: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
+    """Every node of ``types`` in ``tree``, in source order (for planning before rewriting)."""
+    finder = _Finder(types)
+    tree.visit(finder)
+    return finder.found
+
+
+def literal_int(node: cst.BaseExpression) -> Optional[int]:
+    return int(node.value) if isinstance(node, cst.Integer) else None
+
+
+def arg_by(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> Optional[cst.Arg]:
+    """The argument of ``call`` at ``position`` (positional) or named ``keyword``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if keyword is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == keyword:
+                return a
+    if position is not None and position < len(positional):
+        return positional[position]
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(a.star for a in call.args)

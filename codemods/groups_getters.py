@@ -1,0 +1,222 @@
+"""Codemod: ``deepspeed.utils.groups`` getters (lettered and underscore) → calls on the model's mesh.
+
+``groups.get_data_parallel_group()`` becomes ``<mesh>.get_group("dp")``, where ``<mesh>`` is
+``self.mesh_device`` inside an engine subclass, ``<engine>.mesh_device`` after
+``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``default_mesh()``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from . import legacy_names as ln
+from .base import MigrationCommand, arg_by, has_star_args
+
+KIND = "groups getter"
+
+# legacy function -> replacement template ({mesh}: the model's mesh); calls take no arguments.
+SIMPLE: dict[str, str] = {
+    "get_tensor_model_parallel_group": '{mesh}.get_group("tp")',
+    "get_model_parallel_group": '{mesh}.get_group("tp")',
+    "get_data_parallel_group": '{mesh}.get_group("dp")',
+    "get_tensor_model_parallel_world_size": '{mesh}.size("tp")',
+    "get_model_parallel_world_size": '{mesh}.size("tp")',
+    "get_tensor_model_parallel_rank": '{mesh}.get_rank("tp")',
+    "get_model_parallel_rank": '{mesh}.get_rank("tp")',
+    "get_tensor_model_parallel_src_rank": '{mesh}.get_group_ranks("tp")[0]',
+    "get_data_parallel_world_size": '{mesh}.size("dp")',
+    "get_data_parallel_rank": '{mesh}.get_rank("dp")',
+    "_get_data_parallel_group": '{mesh}.get_group("dp")',
+    "_get_data_parallel_world_size": '{mesh}.size("dp")',
+    "_get_data_parallel_rank": '{mesh}.get_rank("dp")',
+    "_get_data_parallel_group_ranks": '{mesh}.get_group_ranks("dp")',
+    "_get_sequence_parallel_world_size": '{mesh}.size("sp")',
+    "_get_sequence_parallel_rank": '{mesh}.get_rank("sp")',
+    "_get_sequence_parallel_group": '{mesh}.get_group("sp")',
+    "_get_sequence_data_parallel_world_size": '{mesh}.size(("dp", "sp"))',
+    "_get_sequence_data_parallel_rank": '{mesh}.get_rank(("dp", "sp"))',
+    "_get_sequence_data_parallel_group": '{mesh}.get_group(("dp", "sp"))',
+    "_get_broadcast_src_rank": '{mesh}.get_group_ranks(("dp", "sp"))[0]',
+}
+
+# legacy function taking an expert group name "ep_size_N" -> template ({n}: N).
+EXPERT: dict[str, str] = {
+    "_get_expert_parallel_group": "{mesh}.expert_groups({n}).ep_group",
+    "_get_expert_parallel_group_ranks": "{mesh}.expert_groups({n}).ep_ranks",
+    "_get_expert_data_parallel_group": "{mesh}.expert_groups({n}).edp_group",
+    "_get_expert_data_parallel_group_ranks": "{mesh}.expert_groups({n}).edp_ranks",
+    "_get_expert_parallel_world_size": "len({mesh}.expert_groups({n}).ep_ranks)",
+    "_get_expert_data_parallel_world_size": "len({mesh}.expert_groups({n}).edp_ranks)",
+    "_get_expert_parallel_rank": "{mesh}.expert_groups({n}).ep_ranks.index({mesh}.rank)",
+    "_get_expert_data_parallel_rank": "{mesh}.expert_groups({n}).edp_ranks.index({mesh}.rank)",
+    "_get_expert_broadcast_src_rank": "{mesh}.expert_groups({n}).edp_ranks[0]",
+    "_get_expert_parallel_src_rank": "{mesh}.expert_groups({n}).ep_ranks[0]",
+}
+
+_EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
+_MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
+_HPZ = "ZeRO++ hpZ groups are not mesh dims; pass zero_hpz_partition_size in the config or build the groups yourself"
+_INIT_TP = (
+    "build the mesh once with set_default_mesh(DeepSpeedDeviceMesh.build(tp=N)) (or config \"mesh\": {\"tp\": N}); "
+    "its groups are <mesh>.get_group(\"dp\") and <mesh>.get_group(\"tp\")"
+)
+
+# legacy function -> what a human must do (left unchanged with a TODOV1 comment).
+MANUAL: dict[str, str] = {
+    "initialize": "groups.initialize() always raises in 0.19.8; pass ep_size to deepspeed.moe.layer.MoE",
+    "set_tensor_model_parallel_world_size": "size overrides have no mesh equivalent; the mesh derives the TP size from its layout",
+    "set_tensor_model_parallel_rank": "rank overrides have no mesh equivalent; the mesh derives the TP rank from its layout",
+    "_get_model_parallel_world_size": (
+        "the result depends on the mpu: <mesh>.size((\"pp\", \"tp\")) for a PipelineParallelGrid, "
+        "<mesh>.size(\"tp\") for AutoTP, 1 without an mpu"
+    ),
+    "_get_expert_parallel_group_dict": _EXPERT_DICT,
+    "_get_expert_data_parallel_group_dict": _EXPERT_DICT,
+    "_get_max_expert_size": _MAX_EXPERT,
+    "_get_max_expert_size_name": _MAX_EXPERT,
+    "_get_max_expert_parallel_group": _MAX_EXPERT,
+    "_get_expert_model_parallel_world_size": "expert tensor parallelism: <mesh>.size(\"tp\") when experts are TP-sharded, else 1",
+    "_create_expert_data_and_model_parallel": "expert-TP groups: build the mesh with tp= and ep= and use <mesh>.expert_groups(N)",
+    "_get_expert_parallel_ranks": "use MeshLayout(MeshSpec.build(W, pp=..., tp=..., ep=N)).groups(\"ep\") / .groups(\"edp\")",
+    "_create_model_parallel": "use DeepSpeedDeviceMesh.build(tp=N); this legacy helper never stored its groups",
+    "_get_local_all_to_all_group": "per-node all-to-all groups are not mesh dims; create them with torch.distributed.new_group",
+    "_create_zero_param_parallel_group": _HPZ,
+    "_get_zero_param_intra_parallel_group": _HPZ,
+    "_get_zero_param_intra_parallel_rank_in_mygroup": _HPZ,
+    "_get_zero_param_intra_parallel_group_world_size": _HPZ,
+    "_get_zero_param_intra_parallel_group_ranks": _HPZ,
+    "_zero_param_parallel_is_initialized": "never returns True in 0.19.8; remove the check",
+    "_ensure_divisibility": "inline the divisibility check (raise with a clear message)",
+    "_release_process_group_references": "release groups with <mesh>.destroy()",
+    "_init_tp_groups_with_new_group": _INIT_TP,
+    "_init_tp_mesh_device": _INIT_TP,
+    "_create_expert_and_data_parallel": (
+        "use <mesh>.expert_groups(N); data_before_expert is a MeshSpec option and mp/pp sizes come from the mesh"
+    ),
+}
+INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
+STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
+ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL)
+
+
+def expert_size(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """N of a literal ``"ep_size_N"`` or ``f"ep_size_{N}"`` group-name argument, else None."""
+    arg = arg_by(call, 0, "group_name")
+    if arg is None or len(call.args) != 1:
+        return None
+    value = arg.value
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        if isinstance(text, str) and text.startswith("ep_size_") and text[8:].isdigit():
+            return cst.Integer(str(int(text[8:])))
+    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
+        head, expr = value.parts
+        if (
+            isinstance(head, cst.FormattedStringText)
+            and head.value == "ep_size_"
+            and isinstance(expr, cst.FormattedStringExpression)
+            and expr.conversion is None
+            and expr.format_spec is None
+        ):
+            return expr.expression
+    return None
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+class GroupsGettersCommand(MigrationCommand):
+    DESCRIPTION = "deepspeed.utils.groups getters -> calls on the model's DeepSpeedDeviceMesh"
+
+    def function_of(self, node: cst.CSTNode) -> Optional[str]:
+        name = self.legacy_name(node, lambda n: ln.groups_function(n) is not None)
+        return ln.groups_function(name) if name else None
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self._is_dynamic_getattr(original_node):
+            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
+            return updated_node
+        fname = self.function_of(original_node.func)
+        if fname is None or fname not in ALL_FUNCTIONS:
+            return updated_node
+        if has_star_args(original_node):
+            self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
+            return updated_node
+        if fname in SIMPLE and not original_node.args:
+            return self._rewrite(original_node, SIMPLE[fname])
+        if fname in EXPERT:
+            size = expert_size(original_node)
+            if size is None:
+                self.flag(KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)")
+                return updated_node
+            return self._rewrite(original_node, EXPERT[fname], n=code(size))
+        replacement = self._statement_call(original_node, fname)
+        if replacement is not None:
+            self.record(KIND)
+            return cst.parse_expression(replacement)
+        self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
+        return updated_node
+
+    def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
+        mesh = code(self.model_mesh(call))
+        self.record(KIND)
+        new = cst.parse_expression(template.format(mesh=mesh, **parts))
+        return new.with_changes(lpar=call.lpar, rpar=call.rpar) if call.lpar else new
+
+    def _statement_call(self, call: cst.Call, fname: str) -> Optional[str]:
+        """Replacement code for a builder whose result is unused (a bare expression statement):
+        ``groups._init_tp_mesh_device(N)`` → ``set_default_mesh(DeepSpeedDeviceMesh.build(tp=N))``,
+        ``groups._create_expert_and_data_parallel(N)`` → ``<mesh>.expert_groups(N)``."""
+        parent = self.parent(call)
+        if not isinstance(parent, cst.Expr) or has_star_args(call):
+            return None
+        if fname in INIT_TP:
+            tp = arg_by(call, 0, "tensor_model_parallel_size")
+            dp = arg_by(call, 1, "data_parallel_size")
+            if len(call.args) != (tp is not None) + (dp is not None):
+                return None
+            sizes = [f"tp={code(tp.value) if tp is not None else '1'}"]
+            if dp is not None and not (isinstance(dp.value, cst.Name) and dp.value.value == "None"):
+                sizes.insert(0, f"dp={code(dp.value)}")
+            self.add_mesh_import("set_default_mesh")
+            self.add_mesh_import("DeepSpeedDeviceMesh")
+            return f"set_default_mesh(DeepSpeedDeviceMesh.build({', '.join(sizes)}))"
+        if fname == "_create_expert_and_data_parallel":
+            ep = arg_by(call, 0, "expert_parallel_size_")
+            if ep is None or len(call.args) != 1:
+                return None
+            return f"{code(self.model_mesh(call))}.expert_groups({code(ep.value)})"
+        return None
+
+    # --- references that are not calls -------------------------------------------------------
+    def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:
+        self._check_reference(node)
+        return True
+
+    def visit_Name(self, node: cst.Name) -> Optional[bool]:
+        self._check_reference(node)
+        return True
+
+    def _check_reference(self, node: cst.BaseExpression) -> None:
+        parent = self.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return  # the outer attribute is the reference
+        if isinstance(parent, (cst.ImportAlias, cst.AsName, cst.ImportFrom)):
+            return
+        for name in self.legacy_names(node):
+            fname = ln.groups_function(name)
+            if fname in ALL_FUNCTIONS:
+                self.flag(KIND, f"groups.{fname} is referenced, not called; call the model's mesh instead")
+                return
+            if fname in STATE:
+                self.flag(KIND, f"groups.{fname} is legacy module state; use the model's mesh (engine.mesh_device)")
+                return
+
+    def _is_dynamic_getattr(self, call: cst.Call) -> bool:
+        if not (isinstance(call.func, cst.Name) and call.func.value == "getattr" and call.args):
+            return False
+        return ln.GROUPS in self.legacy_names(call.args[0].value)

@@ -1,0 +1,218 @@
+"""Codemod: ``deepspeed.initialize(..., mpu=..., mesh_param=...)`` → the config ``"mesh"`` section.
+
+``mesh_param=(dp, sp)`` becomes ``"mesh": {"dp": dp, "sp": sp}``; ``mpu=<mesh>`` where the mesh is a
+local ``DeepSpeedDeviceMesh.build(pp=.., dp=.., tp=..)`` (what the topology codemod makes of a
+``PipelineParallelGrid``) becomes ``"mesh": {"pp": .., "dp": .., "tp": ..}``. The section is added
+to the config dict literal passed to the call, or to the dict literal a local config name is bound
+to. Anything else (an mpu of unknown provenance, a config file path) gets a ``# TODOV1:``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from . import legacy_names as ln
+from .base import MigrationCommand, arg_by, find_all
+
+KIND_MESH_PARAM = "initialize mesh_param"
+KIND_MPU = "initialize mpu"
+MESH_BUILD = "mesh_core.DeepSpeedDeviceMesh.build"
+MESH_KEYS = ("pp", "dp", "dp_replicate", "dp_shard", "sp", "tp", "order")
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _is_pure(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Integer, cst.Name, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.List):
+        return all(_is_pure(e.value) for e in node.elements)
+    return isinstance(node, cst.Attribute) and _is_pure(node.value)
+
+
+def dict_keys(node: cst.Dict) -> set[str]:
+    keys = set()
+    for element in node.elements:
+        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+            keys.add(str(element.key.evaluated_value))
+    return keys
+
+
+def with_entry(node: cst.Dict, entry: str) -> cst.Dict:
+    """``node`` with ``entry`` (``"key": value`` code) appended, in the dict's own layout."""
+    element = cst.parse_expression("{" + entry + "}").elements[0]  # type: ignore[attr-defined]
+    elements = list(node.elements)
+    if not elements:
+        return node.with_changes(elements=[element])
+    last = elements[-1]
+    previous = elements[-2].comma if len(elements) > 1 else None
+    if isinstance(last.comma, cst.Comma):
+        separator = previous if isinstance(previous, cst.Comma) else last.comma
+        element = element.with_changes(comma=last.comma)
+    else:
+        separator = previous if isinstance(previous, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    elements[-1] = last.with_changes(comma=separator)
+    return node.with_changes(elements=elements + [element])
+
+
+def without_args(call: cst.Call, drop: list[cst.Arg]) -> cst.Call:
+    """``call`` without the (keyword) arguments ``drop``, keeping the last comma's style."""
+    kept = [a for a in call.args if not any(a is d for d in drop)]
+    if kept and kept[-1] is not call.args[-1]:
+        kept[-1] = kept[-1].with_changes(comma=call.args[-1].comma)
+    return call.with_changes(args=kept)
+
+
+class InitializeCommand(MigrationCommand):
+    DESCRIPTION = "deepspeed.initialize(mpu=, mesh_param=) -> config \"mesh\" section"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._dict_entries: dict[int, str] = {}
+        self._call_drops: dict[int, tuple[list[int], list[str]]] = {}
+        self._call_flags: dict[int, list[tuple[str, str]]] = {}
+
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        super().visit_Module(node)
+        for call in find_all(node, cst.Call):
+            if ln.INITIALIZE in self.legacy_names(call.func):
+                self._plan(call)
+        return True
+
+    def _defer(self, call: cst.Call, kind: str, message: str) -> None:
+        self._call_flags.setdefault(id(call), []).append((kind, message))
+
+    def visit_Call(self, node: cst.Call) -> Optional[bool]:
+        for kind, message in self._call_flags.pop(id(node), []):
+            self.flag(kind, message)
+        return True
+
+    def _plan(self, node: cst.Call) -> None:
+        mesh_param = arg_by(node, 11, "mesh_param")
+        mpu = arg_by(node, 7, "mpu")
+        if mesh_param is None and mpu is None:
+            return
+        entries: list[str] = []
+        drops: list[cst.Arg] = []
+        kinds: list[str] = []
+        if mesh_param is not None:
+            sizes = self._mesh_param_sizes(mesh_param)
+            if sizes is None:
+                self._defer(node, KIND_MESH_PARAM, 'put mesh_param=(dp, sp) into the config as "mesh": {"dp": dp, "sp": sp}')
+            else:
+                entries += sizes
+                drops.append(mesh_param)
+                kinds.append(KIND_MESH_PARAM)
+        if mpu is not None:
+            sizes = self._mpu_sizes(mpu)
+            if sizes is None:
+                self._defer(node, KIND_MPU, 'mpu of unknown layout: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
+            else:
+                entries += sizes
+                drops.append(mpu)
+                kinds.append(KIND_MPU)
+        if not drops:
+            return
+        target = self._config_dict(node)
+        if target is None:
+            for kind in kinds:
+                self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + "} to the config and drop mpu=/mesh_param=")
+            return
+        if "mesh" in dict_keys(target) or id(target) in self._dict_entries:
+            for kind in kinds:
+                self._defer(node, kind, 'the config already has a "mesh" section; merge {' + ", ".join(entries) + "} into it")
+            return
+        self._dict_entries[id(target)] = '"mesh": {' + ", ".join(entries) + "}"
+        self._call_drops[id(node)] = ([id(a) for a in drops], kinds)
+        return
+
+    def _mesh_param_sizes(self, arg: cst.Arg) -> Optional[list[str]]:
+        if arg.keyword is None:
+            return None
+        value = arg.value
+        if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == 2:
+            if any(isinstance(e, cst.StarredElement) for e in value.elements):
+                return None
+            dp, sp = (code(e.value) for e in value.elements)
+            return [f'"dp": {dp}', f'"sp": {sp}']
+        return None
+
+    def _mpu_sizes(self, arg: cst.Arg) -> Optional[list[str]]:
+        """Mesh entries of an mpu that is a local ``DeepSpeedDeviceMesh.build(...)``."""
+        if arg.keyword is None or not isinstance(arg.value, cst.Name):
+            return None
+        build = self._bound_value(arg.value)
+        if not isinstance(build, cst.Call):
+            return None
+        names = {q.name for q in self.get_metadata_safe(build.func)}
+        if MESH_BUILD not in names:
+            return None
+        entries = []
+        for a in build.args:
+            if a.keyword is None or a.star:
+                return None
+            key = a.keyword.value
+            if key in MESH_KEYS:
+                if not _is_pure(a.value):
+                    return None
+                entries.append(f'"{key}": {code(a.value)}')
+            elif key not in ("flatten", "device_type", "p2p_groups"):
+                return None
+        return entries or None
+
+    def get_metadata_safe(self, node: cst.CSTNode):
+        from libcst.metadata import QualifiedNameProvider
+
+        try:
+            return self.get_metadata(QualifiedNameProvider, node, set())
+        except KeyError:
+            return set()
+
+    def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+        """The value of the single top-level assignment of ``name`` before it, in its scope."""
+        scope = self.scope_of(name)
+        if scope is None:
+            return None
+        bindings = scope.assignments[name.value]
+        if len(bindings) != 1:
+            return None
+        target = getattr(next(iter(bindings)), "node", None)
+        if not isinstance(target, cst.Name):
+            return None
+        assign = self._top_level_assign(target, scope)
+        if assign is None or len(assign.targets) != 1 or assign.targets[0].target is not target:
+            return None
+        if self.line_of(assign) >= self.line_of(name):
+            return None
+        return assign.value
+
+    def _config_dict(self, call: cst.Call) -> Optional[cst.Dict]:
+        arg = arg_by(call, 10, "config") or arg_by(call, None, "config_params")
+        if arg is None:
+            return None
+        value = arg.value
+        if isinstance(value, cst.Name):
+            bound = self._bound_value(value)
+            if bound is None:
+                return None
+            if len(self.scope_of(value).assignments[value.value]) != 1:
+                return None
+            value = bound
+        return value if isinstance(value, cst.Dict) else None
+
+    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
+        entry = self._dict_entries.get(id(original_node))
+        return with_entry(updated_node, entry) if entry else updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        planned = self._call_drops.get(id(original_node))
+        if planned is None:
+            return updated_node
+        drop_ids, kinds = planned
+        for kind in kinds:
+            self.record(kind)
+        drops = [u for o, u in zip(original_node.args, updated_node.args) if id(o) in drop_ids]
+        return without_args(updated_node, drops)

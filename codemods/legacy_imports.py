@@ -1,0 +1,41 @@
+"""Codemod: drop imports of legacy APIs that nothing uses any more (run after the rewrites)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.helpers import get_full_name_for_node
+
+from . import legacy_names as ln
+from .base import MigrationCommand
+
+
+def is_legacy(qualified: str) -> bool:
+    name = ln.canonical(qualified)
+    return any(name == m or name.startswith(m + ".") for m in (ln.GROUPS, ln.TOPOLOGY))
+
+
+class LegacyImportsCommand(MigrationCommand):
+    DESCRIPTION = "remove unused imports of deepspeed.utils.groups / the pipe topology (and compat)"
+
+    def visit_Import(self, node: cst.Import) -> Optional[bool]:
+        for alias in node.names:
+            module = get_full_name_for_node(alias.name)
+            if module and is_legacy(module):
+                asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
+                RemoveImportsVisitor.remove_unused_import(self.context, module, asname=asname)
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:
+        if isinstance(node.names, cst.ImportStar) or node.module is None or node.relative:
+            return False
+        module = get_full_name_for_node(node.module)
+        if not module:
+            return False
+        for alias in node.names:
+            obj = get_full_name_for_node(alias.name)
+            if obj and is_legacy(f"{module}.{obj}"):
+                asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
+                RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
+        return False

@@ -1,0 +1,95 @@
+"""``python -m codemods.migrate PATH...``: rewrite legacy DeepSpeed process-group call sites to the
+mesh API (``mesh_core``), in place, and report what was rewritten and what was left with
+``# TODOV1:``.
+
+Exit status: 0 on success; 1 with ``--check`` when any file would change; 2 when any file could not
+be parsed or migrated (those files are reported and left untouched).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Iterable, Iterator, Optional, Sequence
+
+from .files import discover
+from .runner import FileReport, Summary, run
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m codemods.migrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="files or directories to migrate")
+    parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when any file would change")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching GLOB")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching GLOB")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs} is not valid; it must be at least 1")
+    return args
+
+
+def _progress_bar(enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience; the run does not need it
+        return None
+
+    def bar(reports: Iterable[FileReport], total: int) -> Iterator[FileReport]:
+        yield from tqdm(reports, total=total, unit="file", file=sys.stderr, leave=False)
+
+    return bar
+
+
+def format_summary(summary: Summary, seconds: float, wrote: bool) -> str:
+    verb = "changed" if wrote else "would change"
+    lines = [
+        f"files scanned: {summary.scanned}, {verb}: {summary.changed}, parse errors: {len(summary.errors)} "
+        f"({seconds:.1f} s)",
+        "sites rewritten: " + (", ".join(f"{k}={v}" for k, v in sorted(summary.sites.items())) or "none"),
+        "sites left with TODOV1: " + (", ".join(f"{k}={v}" for k, v in sorted(summary.todos.items())) or "none"),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    try:
+        paths = discover(args.paths, args.include, args.exclude)
+    except FileNotFoundError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    write = not (args.diff or args.check)
+
+    def on_report(report: FileReport) -> None:
+        if report.error:
+            sys.stderr.write(f"error: {report.path}: {report.error}\n")
+        if report.diff:
+            sys.stdout.write(report.diff)
+
+    show_bar = not args.no_progress and sys.stderr.isatty() and len(paths) > 20
+    start = time.perf_counter()
+    summary = run(
+        paths, jobs=args.jobs, write=write, want_diff=args.diff, on_report=on_report, progress=_progress_bar(show_bar)
+    )
+    seconds = time.perf_counter() - start
+    if args.json:
+        sys.stdout.write(json.dumps({**summary.as_dict(), "seconds": round(seconds, 3)}) + "\n")
+    sys.stderr.write(format_summary(summary, seconds, write) + "\n")
+    if summary.errors:
+        return 2
+    if args.check and summary.changed:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

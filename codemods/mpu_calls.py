@@ -1,0 +1,126 @@
+"""Codemod: ``mpu.get_*()`` calls on an object passed to ``deepspeed.initialize`` as ``mpu``.
+
+Where the mpu is provably a ``PipelineParallelGrid`` built in the same scope and the engine that
+``deepspeed.initialize`` returned is in scope, ``mpu.get_data_parallel_group()`` becomes
+``engine.mesh_device.get_group("dp")`` (grid semantics: "model parallel" is ``("pp", "tp")``).
+Every other call on an mpu (a Megatron mpu, a parameter, ``self.mpu``) is left unchanged with a
+``# TODOV1:`` saying which mesh call it maps to for each provider.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from . import grid_api
+from . import legacy_names as ln
+from .base import MigrationCommand, arg_by
+
+KIND = "mpu call"
+UNKNOWN = "unknown"
+GRID = "grid"
+
+
+class _Collector(cst.CSTVisitor):
+    """Collects the ``mpu=`` arguments of ``deepspeed.initialize`` calls."""
+
+    def __init__(self, command: "MpuCallsCommand") -> None:
+        self.command = command
+        self.found: list[cst.BaseExpression] = []
+
+    def visit_Call(self, node: cst.Call) -> Optional[bool]:
+        if ln.INITIALIZE in self.command.legacy_names(node.func):
+            mpu = arg_by(node, 7, "mpu")
+            if mpu is not None:
+                self.found.append(mpu.value)
+        return True
+
+
+class MpuCallsCommand(MigrationCommand):
+    DESCRIPTION = "calls on the mpu passed to deepspeed.initialize -> engine mesh calls (or TODOV1)"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._name_refs: dict[int, str] = {}  # id(Name node referring to an mpu) -> provenance
+        self._self_attrs: set[tuple[int, str]] = set()  # (id(ClassDef), attr) of self.<attr> mpus
+
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        super().visit_Module(node)
+        collector = _Collector(self)
+        node.visit(collector)
+        for value in collector.found:
+            if isinstance(value, cst.Name):
+                self._track_name(value)
+            elif isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
+                cls = self._enclosing_class(value)
+                if cls is not None:
+                    self._self_attrs.add((id(cls), value.attr.value))
+        return True
+
+    def _track_name(self, name: cst.Name) -> None:
+        scope = self.scope_of(name)
+        if scope is None:
+            return
+        bindings = scope.assignments[name.value]
+        if ln.GROUPS in self.legacy_names(name):
+            return  # the groups module as mpu: the groups codemod rewrites its calls
+        provenance = self._provenance(bindings, scope)
+        if provenance is None:
+            return
+        for binding in bindings:
+            for access in binding.references:
+                self._name_refs[id(access.node)] = provenance
+
+    def _provenance(self, bindings, scope) -> Optional[str]:
+        """``grid`` for a single local ``PipelineParallelGrid(...)``, None for the groups module
+        (the groups codemod handles it) or a mesh, else ``unknown``."""
+        if len(bindings) == 1:
+            target = getattr(next(iter(bindings)), "node", None)
+            if isinstance(target, cst.Name):
+                assign = self._top_level_assign(target, scope)
+                value = assign.value if assign is not None and len(assign.targets) == 1 else None
+                if isinstance(value, cst.Call):
+                    names = self.legacy_names(value.func)
+                    if ln.GRID in names:
+                        return GRID
+                    if any(n.startswith("mesh_core.") for n in names):
+                        return None
+        return UNKNOWN
+
+    def _enclosing_class(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+        current: Optional[cst.CSTNode] = node
+        while current is not None and not isinstance(current, cst.ClassDef):
+            current = self.parent(current)
+        return current
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        func = original_node.func
+        if not isinstance(func, cst.Attribute) or not func.attr.value.startswith("get_"):
+            return updated_node
+        method = func.attr.value
+        provenance = self._name_refs.get(id(func.value))
+        if provenance is None and self._is_self_mpu(func.value):
+            provenance = UNKNOWN
+        if provenance is None:
+            return updated_node
+        mesh_hint = grid_api.METHODS.get(method, "<mesh> call, see MIGRATION.md").format(m="<mesh>")
+        if provenance == GRID:
+            engine = self.engine_in_scope(original_node)
+            replacement = grid_api.rewrite_use(f"{engine}.mesh_device", func, original_node) if engine else None
+            if replacement is not None:
+                self.record(KIND)
+                return cst.parse_expression(replacement)
+            self.flag(KIND, f"grid.{method}(): after deepspeed.initialize use engine.mesh_device ({mesh_hint})")
+            return updated_node
+        self.flag(
+            KIND,
+            f"mpu.{method}() on an mpu of unknown provider: use engine.mesh_device "
+            f"(a PipelineParallelGrid maps to {mesh_hint}; see MIGRATION.md for other providers)",
+        )
+        return updated_node
+
+    def _is_self_mpu(self, value: cst.BaseExpression) -> bool:
+        if not (isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name)):
+            return False
+        cls = self._enclosing_class(value)
+        return cls is not None and (id(cls), value.attr.value) in self._self_attrs

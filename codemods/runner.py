@@ -1,0 +1,144 @@
+"""Run the migration over many files: in parallel, atomically, with a per-file report."""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import tempfile
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+import libcst as cst
+
+from .files import module_and_package
+from .pipeline import migrate_code
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FileReport:
+    """What the migration did (or would do) to one file."""
+
+    path: str
+    changed: bool = False
+    sites: Counter = field(default_factory=Counter)
+    todos: Counter = field(default_factory=Counter)
+    error: Optional[str] = None
+    diff: Optional[str] = None
+
+
+@dataclass
+class Summary:
+    """Totals over a run."""
+
+    scanned: int = 0
+    changed: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    sites: Counter = field(default_factory=Counter)
+    todos: Counter = field(default_factory=Counter)
+
+    def add(self, report: FileReport) -> None:
+        self.scanned += 1
+        self.changed += report.changed
+        self.sites.update(report.sites)
+        self.todos.update(report.todos)
+        if report.error:
+            self.errors.append((report.path, report.error))
+
+    def as_dict(self) -> dict:
+        return {
+            "files_scanned": self.scanned,
+            "files_changed": self.changed,
+            "parse_errors": len(self.errors),
+            "sites_rewritten": dict(sorted(self.sites.items())),
+            "sites_todo": dict(sorted(self.todos.items())),
+        }
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a part."""
+    mode = path.stat().st_mode
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".migrate", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> FileReport:
+    """Migrate one file; errors (unreadable, unparsable) are reported, never raised."""
+    report = FileReport(path)
+    file = Path(path)
+    try:
+        with open(file, encoding="utf-8", newline="") as fh:
+            source = fh.read()
+        module, package = module_and_package(file)
+        result = migrate_code(source, filename=path, module=module, package=package)
+    except cst.ParserSyntaxError as err:
+        report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
+        return report
+    except (OSError, UnicodeDecodeError) as err:
+        report.error = f"cannot read: {err}"
+        return report
+    except Exception as err:  # a codemod bug must not stop the run or touch the file
+        report.error = f"codemod failed: {type(err).__name__}: {err}"
+        logger.debug("codemod failed on %s", path, exc_info=True)
+        return report
+    report.sites, report.todos = result.sites, result.todos
+    report.changed = result.code != source
+    if report.changed and want_diff:
+        report.diff = "".join(
+            difflib.unified_diff(
+                source.splitlines(keepends=True), result.code.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+            )
+        )
+    if report.changed and write:
+        write_atomically(file, result.code)
+    return report
+
+
+def _migrate_star(args: tuple[str, bool, bool]) -> FileReport:
+    return migrate_file(*args)
+
+
+def run(
+    paths: Sequence[Path],
+    *,
+    jobs: int = 1,
+    write: bool = True,
+    want_diff: bool = False,
+    on_report: Optional[Callable[[FileReport], None]] = None,
+    progress: Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]] = None,
+) -> Summary:
+    """Migrate ``paths`` with ``jobs`` worker processes; reports arrive in ``paths`` order."""
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs} is not valid; it must be at least 1")
+    tasks = [(str(p), write, want_diff) for p in paths]
+    summary = Summary()
+    if jobs == 1 or len(tasks) <= 1:
+        reports: Iterable[FileReport] = map(_migrate_star, tasks)
+        summary = _collect(reports, len(tasks), summary, on_report, progress)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            chunk = max(1, min(16, len(tasks) // (jobs * 8) or 1))
+            reports = pool.map(_migrate_star, tasks, chunksize=chunk)
+            summary = _collect(reports, len(tasks), summary, on_report, progress)
+    return summary
+
+
+def _collect(reports, total, summary, on_report, progress) -> Summary:
+    stream = progress(reports, total) if progress is not None else reports
+    for report in stream:
+        summary.add(report)
+        if on_report is not None:
+            on_report(report)
+    return summary

@@ -1,0 +1,259 @@
+"""Codemod: ``PipelineParallelGrid(topology=...)`` construction → ``DeepSpeedDeviceMesh.build(...)``.
+
+A grid bound to a local variable whose every use is a known grid method or attribute (or
+``mpu=grid`` of ``deepspeed.initialize``, which the initialize codemod turns into the config
+``"mesh"`` section) becomes a mesh, and each use becomes the mesh call. The topology it was built
+from (``PipeModelDataParallelTopology`` / ``PipeDataParallelTopology`` / ``ProcessTopology`` with
+literal axes) is dropped when nothing else uses it. Anything else is left with a ``# TODOV1:``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import libcst as cst
+
+from . import grid_api
+from . import legacy_names as ln
+from .base import MigrationCommand, arg_by, find_all, has_star_args
+
+KIND_GRID = "grid construction"
+KIND_USE = "grid method/attribute"
+DEFAULT_ORDER = ("pp", "dp", "tp")
+
+
+@dataclass
+class Layout:
+    """Mesh dim sizes (as code) in topology axis order."""
+
+    dims: list[tuple[str, str]] = field(default_factory=list)
+
+    def build_args(self) -> list[str]:
+        names = [d for d, _ in self.dims]
+        args = [f"{d}={size}" for d, size in self.dims]
+        if names != [d for d in DEFAULT_ORDER if d in names]:
+            args.append("order=[" + ", ".join(f'"{d}"' for d in names) + "]")
+        return args
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _is_pure(node: cst.BaseExpression) -> bool:
+    """Re-evaluating ``node`` has no side effects (a literal or a dotted name)."""
+    if isinstance(node, (cst.Integer, cst.Name)):
+        return True
+    return isinstance(node, cst.Attribute) and _is_pure(node.value)
+
+
+def topology_layout(kind: str, call: cst.Call) -> Optional[Layout]:
+    """The layout a topology construction describes, or None if it cannot be read statically."""
+    if has_star_args(call):
+        return None
+    if kind == ln.PIPE_MODEL_DATA_TOPOLOGY:
+        pp, mp, dp = (arg_by(call, i, k) for i, k in enumerate(("num_pp", "num_mp", "num_dp")))
+        if None in (pp, mp, dp) or len(call.args) != 3:
+            return None
+        return Layout([("pp", code(pp.value)), ("dp", code(dp.value)), ("tp", code(mp.value))])
+    if kind == ln.PIPE_DATA_TOPOLOGY:
+        pp, dp = arg_by(call, 0, "num_pp"), arg_by(call, 1, "num_dp")
+        if None in (pp, dp) or len(call.args) != 2:
+            return None
+        return Layout([("pp", code(pp.value)), ("dp", code(dp.value))])
+    if kind == ln.PROCESS_TOPOLOGY:
+        axes, dims = arg_by(call, 0, "axes"), arg_by(call, 1, "dims")
+        if axes is None or dims is None or len(call.args) != 2:
+            return None
+        if not isinstance(axes.value, cst.List) or not isinstance(dims.value, cst.List):
+            return None
+        names = []
+        for element in axes.value.elements:
+            value = element.value
+            if not isinstance(value, cst.SimpleString) or value.evaluated_value not in grid_api.AXIS_TO_DIM:
+                return None
+            names.append(grid_api.AXIS_TO_DIM[value.evaluated_value])
+        sizes = [e.value for e in dims.value.elements]
+        if len(sizes) != len(names) or any(isinstance(e, cst.StarredElement) for e in dims.value.elements):
+            return None
+        return Layout([(n, code(s)) for n, s in zip(names, sizes)])
+    return None
+
+
+class TopologyCommand(MigrationCommand):
+    DESCRIPTION = "PipelineParallelGrid / topology construction -> DeepSpeedDeviceMesh.build"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._replacements: dict[int, str] = {}
+        self._converted_grids: set[int] = set()
+        self._kept_grids: dict[int, str] = {}
+        self._used_topologies: set[int] = set()
+        self._removed_statements: set[int] = set()
+
+    # --- planning -----------------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        super().visit_Module(node)
+        for assign in find_all(node, cst.Assign):
+            if isinstance(assign.value, cst.Call) and self.legacy_name(assign.value.func, {ln.GRID}):
+                reason = self._plan_grid(assign)
+                if reason is not None:
+                    self._kept_grids[id(assign.value)] = reason
+        return True
+
+    def _plan_grid(self, assign: cst.Assign) -> Optional[str]:
+        """Plan the conversion of ``<name> = PipelineParallelGrid(...)``; the reason it cannot be, or None."""
+        call: cst.Call = assign.value  # type: ignore[assignment]
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            return "the grid is not bound to a single local name"
+        target: cst.Name = assign.targets[0].target
+        scope = self.scope_of(target)
+        if scope is None or self._top_level_assign(target, scope) is not assign:
+            return "the grid is not assigned at the top level of its scope"
+        bindings = scope.assignments[target.value]
+        if len(bindings) != 1:
+            return f"{target.value} is assigned more than once"
+        topo_arg = arg_by(call, 0, "topology")
+        if topo_arg is None or has_star_args(call):
+            return "the grid has no explicit topology (the default deals the world's prime factors to pp and dp)"
+        layout, topo_statement = self._resolve_topology(topo_arg.value, scope)
+        if layout is None:
+            return "its topology cannot be read statically"
+        mesh = target.value
+        uses: dict[int, str] = {}
+        needs_pp_tp = False
+        for access in next(iter(bindings)).references:
+            planned = self._plan_use(mesh, access.node)
+            if planned is None:
+                return f"a use of {mesh} on line {self.line_of(access.node)} has no mesh equivalent"
+            key, replacement, pp_tp = planned
+            needs_pp_tp |= pp_tp
+            if key is not None:
+                uses[key] = replacement
+        args = layout.build_args()
+        if needs_pp_tp:
+            args.append('flatten=[("pp", "tp")]')
+        self._replacements[id(call)] = f"DeepSpeedDeviceMesh.build({', '.join(args)})"
+        self._replacements.update(uses)
+        self._converted_grids.add(id(call))
+        if topo_statement is not None:
+            self._removed_statements.add(id(topo_statement))
+        return None
+
+    def _resolve_topology(self, value: cst.BaseExpression, scope):
+        """(layout, the topology's statement to drop or None) of a grid's topology argument."""
+        if isinstance(value, cst.Call):
+            kind = self.legacy_name(value.func, ln.TOPOLOGY_CLASSES)
+            layout = topology_layout(kind, value) if kind else None
+            if layout is not None:
+                self._used_topologies.add(id(value))
+            return layout, None
+        if not isinstance(value, cst.Name):
+            return None, None
+        bindings = scope.assignments[value.value]
+        if len(bindings) != 1:
+            return None, None
+        binding = next(iter(bindings))
+        target = getattr(binding, "node", None)
+        if not isinstance(target, cst.Name):
+            return None, None
+        assign = self._top_level_assign(target, scope)
+        if assign is None or not isinstance(assign.value, cst.Call) or len(assign.targets) != 1:
+            return None, None
+        if assign.targets[0].target is not target or self.line_of(assign) >= self.line_of(value):
+            return None, None
+        kind = self.legacy_name(assign.value.func, ln.TOPOLOGY_CLASSES)
+        layout = topology_layout(kind, assign.value) if kind else None
+        if layout is None:
+            return None, None
+        self._used_topologies.add(id(assign.value))
+        line = self.parent(assign)
+        if len(binding.references) == 1 and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            return layout, line
+        if not all(_is_pure(cst.parse_expression(size)) for _, size in layout.dims):
+            return None, None
+        return layout, None
+
+    def _plan_use(self, mesh: str, name: cst.CSTNode):
+        """(id of the node to replace or None, replacement, needs ("pp","tp")) for one use, or None."""
+        parent = self.parent(name)
+        if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
+            call = self.parent(parent)
+            if isinstance(call, cst.Call) and ln.INITIALIZE in self.legacy_names(call.func):
+                if arg_by(call, None, "config") or arg_by(call, None, "config_params"):
+                    return None, "", False
+            return None
+        if not isinstance(parent, cst.Attribute) or parent.value is not name:
+            return None
+        holder = self.parent(parent)
+        if isinstance(holder, (cst.AssignTarget, cst.AugAssign, cst.Del)):
+            return None
+        if isinstance(holder, cst.Call) and holder.func is parent:
+            replacement = grid_api.rewrite_use(mesh, parent, holder)
+            node: cst.CSTNode = holder
+        else:
+            replacement = grid_api.rewrite_use(mesh, parent, None)
+            node = parent
+        if replacement is None:
+            return None
+        return id(node), replacement, parent.attr.value in grid_api.NEEDS_PP_TP
+
+    # --- rewriting ----------------------------------------------------------------------------
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        replacement = self._replacements.get(id(original_node))
+        if replacement is not None:
+            if id(original_node) in self._converted_grids:
+                self.record(KIND_GRID)
+                self.add_mesh_import("DeepSpeedDeviceMesh")
+            else:
+                self.record(KIND_USE)
+            return cst.parse_expression(replacement)
+        kind = self.legacy_name(original_node.func, {ln.GRID, *ln.TOPOLOGY_CLASSES})
+        if kind == ln.GRID:
+            reason = self._kept_grids.get(id(original_node), "the grid is not bound to a local variable")
+            self.flag(KIND_GRID, f"PipelineParallelGrid kept: {reason}; build DeepSpeedDeviceMesh.build(pp=, dp=, tp=) and see MIGRATION.md")
+        elif kind is not None and id(original_node) not in self._used_topologies and not self._feeds_pipeline_module(original_node):
+            self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
+        return updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        replacement = self._replacements.get(id(original_node))
+        if replacement is None:
+            return updated_node
+        self.record(KIND_USE)
+        return cst.parse_expression(replacement)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._without_removed(original_node.body, updated_node.body))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._without_removed(original_node.body, updated_node.body))
+
+    def _without_removed(self, original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode]) -> list:
+        """``updated`` minus the dropped topology statements; their blank/comment lines move down."""
+        if not any(id(o) in self._removed_statements for o in original):
+            return list(updated)
+        out: list = []
+        carried: list[cst.EmptyLine] = []
+        for orig, stmt in zip(original, updated):
+            if id(orig) in self._removed_statements:
+                carried += list(stmt.leading_lines)
+                continue
+            if carried:
+                stmt = stmt.with_changes(leading_lines=[*carried, *stmt.leading_lines])
+                carried = []
+            out.append(stmt)
+        return out
+
+    def _feeds_pipeline_module(self, call: cst.Call) -> bool:
+        """A topology passed (inline or through a name) to ``PipelineModule(topology=...)`` stays."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Arg):
+            return True
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+            target = parent.targets[0].target
+            scope = self.scope_of(target)
+            bindings = scope.assignments[target.value] if scope is not None else ()
+            refs = [r for b in bindings for r in b.references]
+            return bool(refs) and all(isinstance(self.parent(r.node), cst.Arg) for r in refs)
+        return False
