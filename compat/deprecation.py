@@ -108,8 +108,22 @@ def _hook_filter_changes() -> None:
     warnings._filters_mutated = filters_mutated  # type: ignore[attr-defined]
 
 
+def _show_by_default() -> None:
+    """Show our category once per site unless some filter says otherwise.
+
+    Python's stock ``ignore::DeprecationWarning`` entry would hide it outside ``__main__``; our
+    ``default`` entry goes just before that entry, so users' own filters (earlier or later ones,
+    ``-W`` options) still win.
+    """
+    if sys.warnoptions:
+        return
+    stock = ("ignore", None, DeprecationWarning, None, 0)
+    filters = warnings.filters
+    index = next((i for i, f in enumerate(filters) if f == stock), len(filters))
+    if ("default", None, LegacyAPIDeprecationWarning, None, 0) not in filters:
+        filters.insert(index, ("default", None, LegacyAPIDeprecationWarning, None, 0))
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
 _hook_filter_changes()
-if not sys.warnoptions:
-    # DeprecationWarning is hidden outside __main__ by default; show ours once per site. Filters
-    # added later (by users, pytest) go in front of this one and win; -W options are respected.
-    warnings.filterwarnings("default", category=LegacyAPIDeprecationWarning)
+_show_by_default()
