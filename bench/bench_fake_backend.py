@@ -11,6 +11,7 @@ are not traced), each in a fresh world; then new/legacy ratios.
 
     python bench/bench_fake_backend.py [--full]      # 1,024 ranks; --full adds 8,192
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,13 +75,21 @@ def run(full: bool) -> list[dict[str, Any]]:
         for rank in (0, world - 1):
             new = measure(build_new(spec), rank, world, deepspeed_comm=False)
             legacy = measure(build_legacy(sizes["pp"], sizes["tp"], dp, sizes["ep"]), rank, world, deepspeed_comm=True)
-            formulas_hold = (
-                new["calls"] == mesh_count(spec, rank=rank).new_group_calls
-                and legacy["calls"] == sum(c.new_group_calls for c in legacy_counts(spec))
+            formulas_hold = new["calls"] == mesh_count(spec, rank=rank).new_group_calls and legacy["calls"] == sum(
+                c.new_group_calls for c in legacy_counts(spec)
             )
             shape = ",".join(f"{n}={v}" for n, v in spec.shape.items()) + f",ep={spec.ep}"
-            results.append(dict(world=world, rank=rank, layout=f"W={world} {shape}", spec=spec.describe(), new=new, legacy=legacy,
-                                formulas_hold=formulas_hold))
+            results.append(
+                dict(
+                    world=world,
+                    rank=rank,
+                    layout=f"W={world} {shape}",
+                    spec=spec.describe(),
+                    new=new,
+                    legacy=legacy,
+                    formulas_hold=formulas_hold,
+                )
+            )
     print_results(results)
     return results
 
@@ -91,13 +100,38 @@ def print_results(results: list[dict[str, Any]]) -> None:
     for r in results:
         new, legacy = r["new"], r["legacy"]
         check = "yes" if r["formulas_hold"] else "NO"
-        rows.append([r["layout"], r["rank"], "new", new["calls"], new["per_rank"], new["seconds"] * 1e3, new["mib"], check])
-        rows.append([r["layout"], r["rank"], "legacy", legacy["calls"], legacy["per_rank"], legacy["seconds"] * 1e3,
-                     legacy["mib"], check])
-        rows.append([r["layout"], r["rank"], "new/legacy", ratio(new["calls"], legacy["calls"]),
-                     ratio(new["per_rank"], legacy["per_rank"]), ratio(new["seconds"], legacy["seconds"]),
-                     ratio(new["mib"], legacy["mib"]), ""])
-    print(table(["layout", "rank", "impl", "new_group calls/rank", "comms/rank", "wall ms", "peak MiB", "= formula"], rows))
+        rows.append(
+            [r["layout"], r["rank"], "new", new["calls"], new["per_rank"], new["seconds"] * 1e3, new["mib"], check]
+        )
+        rows.append(
+            [
+                r["layout"],
+                r["rank"],
+                "legacy",
+                legacy["calls"],
+                legacy["per_rank"],
+                legacy["seconds"] * 1e3,
+                legacy["mib"],
+                check,
+            ]
+        )
+        rows.append(
+            [
+                r["layout"],
+                r["rank"],
+                "new/legacy",
+                ratio(new["calls"], legacy["calls"]),
+                ratio(new["per_rank"], legacy["per_rank"]),
+                ratio(new["seconds"], legacy["seconds"]),
+                ratio(new["mib"], legacy["mib"]),
+                "",
+            ]
+        )
+    print(
+        table(
+            ["layout", "rank", "impl", "new_group calls/rank", "comms/rank", "wall ms", "peak MiB", "= formula"], rows
+        )
+    )
 
 
 if __name__ == "__main__":

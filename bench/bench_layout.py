@@ -7,6 +7,7 @@ dp, tp, ds_model = pp x tp, EP, EDP groups and the p2p pairs) and the communicat
 
     python bench/bench_layout.py [--full]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,9 @@ def legacy_layout_math(pp: int, tp: int, dp: int, ep: int, with_p2p: bool = True
     world = pp * tp * dp
     topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
     lists = {"pp x tp": [sorted(topo.get_axis_list("data", d)) for d in range(dp)]}  # ds_model, as the grid does
-    lists.update({name: topo.get_axis_comm_lists(axis) for name, axis in (("pp", "pipe"), ("dp", "data"), ("tp", "model"))})
+    lists.update(
+        {name: topo.get_axis_comm_lists(axis) for name, axis in (("pp", "pipe"), ("dp", "data"), ("tp", "model"))}
+    )
     lists["ep"], lists["edp"] = groups._get_expert_parallel_ranks(world, tp, ep, pp)
     if with_p2p:
         grid = SimpleNamespace(_topo=topo, world_size=world, pipe_parallel_size=pp)
@@ -76,10 +79,13 @@ def legacy_layout_math(pp: int, tp: int, dp: int, ep: int, with_p2p: bool = True
 
 def same_rank_sets(new: dict[str, list], legacy: dict[str, list]) -> bool:
     """Both sides computed the same groups (as sets of rank sets) and the same p2p pairs."""
+
     def sets(groups: list) -> set:
         return {tuple(sorted(g)) for g in groups}
 
-    return all(sets(new[k]) == sets(legacy[k]) for k in NEW_DIMS) and ("p2p" not in legacy or new["p2p"] == legacy["p2p"])
+    return all(sets(new[k]) == sets(legacy[k]) for k in NEW_DIMS) and (
+        "p2p" not in legacy or new["p2p"] == legacy["p2p"]
+    )
 
 
 def bench_layouts(worlds: list[int], full: bool) -> list[dict[str, Any]]:
@@ -101,7 +107,9 @@ def bench_layouts(worlds: list[int], full: bool) -> list[dict[str, Any]]:
             legacy_mem, _ = peak_memory(lambda: legacy_layout_math(sizes["pp"], sizes["tp"], dp, sizes["ep"], False))
         if world <= 8192:  # the bench compares like with like
             legacy_lists = legacy_layout_math(sizes["pp"], sizes["tp"], dp, sizes["ep"])
-            legacy_note = legacy_note or ("same rank sets" if same_rank_sets(new_layout_math(spec), legacy_lists) else "RANK SETS DIFFER")
+            legacy_note = legacy_note or (
+                "same rank sets" if same_rank_sets(new_layout_math(spec), legacy_lists) else "RANK SETS DIFFER"
+            )
         ours, legacy = mesh_count(spec), legacy_counts(spec)
         results.append(
             dict(
@@ -163,7 +171,9 @@ def digest_cost(world: int = ENUMERATION_WORLD) -> dict[str, Any]:
     from mesh_core.consistency import digest, mesh_fields
 
     spec = MeshSpec.build(world, pp=8, sp=4, tp=8, ep=8)
-    seconds, _ = timed(lambda: [digest(mesh_fields(spec, flatten=[("dp", "sp")], p2p_groups=False)) for _ in range(1000)])
+    seconds, _ = timed(
+        lambda: [digest(mesh_fields(spec, flatten=[("dp", "sp")], p2p_groups=False)) for _ in range(1000)]
+    )
     return dict(world=world, us=seconds / 1000 * 1e6)
 
 
@@ -172,9 +182,28 @@ def print_results(layouts: list[dict], enum: dict, queries: list[dict], digest_u
     rows = []
     for r in layouts:
         rows.append([r["layout"], "new", r["new_calls"], r["new_per_rank"], r["new_s"], r["new_mib"], ""])
-        rows.append([r["layout"], "legacy", r["legacy_calls"], r["legacy_per_rank"], r["legacy_s"], r["legacy_mib"], r["legacy_note"]])
-        rows.append([r["layout"], "new/legacy", ratio(r["new_calls"], r["legacy_calls"]), ratio(r["new_per_rank"], r["legacy_per_rank"]),
-                     ratio(r["new_s"], r["legacy_s"]), ratio(r["new_mib"], r["legacy_mib"]), ""])
+        rows.append(
+            [
+                r["layout"],
+                "legacy",
+                r["legacy_calls"],
+                r["legacy_per_rank"],
+                r["legacy_s"],
+                r["legacy_mib"],
+                r["legacy_note"],
+            ]
+        )
+        rows.append(
+            [
+                r["layout"],
+                "new/legacy",
+                ratio(r["new_calls"], r["legacy_calls"]),
+                ratio(r["new_per_rank"], r["legacy_per_rank"]),
+                ratio(r["new_s"], r["legacy_s"]),
+                ratio(r["new_mib"], r["legacy_mib"]),
+                "",
+            ]
+        )
     print(table(["layout", "impl", "new_group calls/rank", "comms/rank", "wall s", "peak MiB", "note"], rows))
     verdict = "PASS" if enum["seconds"] < 1.0 else "FAIL"
     print(f"\n== enumeration: every group of {enum['dims']} dim sets, {enum['layout']} ==")
@@ -183,9 +212,16 @@ def print_results(layouts: list[dict], enum: dict, queries: list[dict], digest_u
     small, big = sorted({q["world"] for q in queries})
     by = {(q["world"], q["query"]): q["us"] for q in queries}
     names = [q["query"] for q in queries if q["world"] == small]
-    print(table(["query", f"W={small}", f"W={big}", "ratio"], [[n, by[small, n], by[big, n], ratio(by[big, n], by[small, n])] for n in names]))
-    print(f"\n== consistency check, local part at W={digest_us['world']}: {digest_us['us']:.1f} us per mesh "
-          "(plus one all-gather of 32 bytes per rank; skipped on the fake backend) ==")
+    print(
+        table(
+            ["query", f"W={small}", f"W={big}", "ratio"],
+            [[n, by[small, n], by[big, n], ratio(by[big, n], by[small, n])] for n in names],
+        )
+    )
+    print(
+        f"\n== consistency check, local part at W={digest_us['world']}: {digest_us['us']:.1f} us per mesh "
+        "(plus one all-gather of 32 bytes per rank; skipped on the fake backend) =="
+    )
 
 
 def run(full: bool) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """Shared helpers of the bench scripts: timing, tracemalloc peaks, fake worlds and tables."""
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,7 @@
 Then runs the other bench scripts of this folder (compat getters, initialize, codemods) when present,
 each in its own process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ OTHER_TIMEOUT_S = 600
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="add 65,536-rank layout math and the 8,192-rank fake backend")
+    parser.add_argument(
+        "--full", action="store_true", help="add 65,536-rank layout math and the 8,192-rank fake backend"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--skip-others", action="store_true", help="only this suite's own benchmarks")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
 """``python -m mesh_core show`` (also the ``mesh`` console script); see :mod:`mesh_core.cli`."""
+
 from __future__ import annotations
 
 import sys

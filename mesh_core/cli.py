@@ -5,6 +5,7 @@ size can be shown on a laptop. The communicator counts put what :class:`DeepSpee
 create beside what DeepSpeed 0.19.8's own builders create for the same layout
 (:mod:`mesh_core.legacy_counts`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,11 @@ class UsageError(Exception):
 def shown_dims(spec: MeshSpec) -> list[tuple[str, ...]]:
     """The dim sets worth listing: every declared dim of size > 1, HSDP's dp, ZeRO's dp x sp, ep/edp."""
     dims: list[tuple[str, ...]] = [(n,) for n, s in zip(spec.names, spec.sizes) if s > 1]
-    if "dp" not in spec.names and spec.dim_size("dp") > 1 and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
+    if (
+        "dp" not in spec.names
+        and spec.dim_size("dp") > 1
+        and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard"))
+    ):
         dims.append(("dp",))
     if spec.dim_size("sp") > 1 and spec.dim_size("dp") > 1:
         dims.append(("dp", "sp"))
@@ -78,7 +83,11 @@ def build_report(
     }
     for dims in shown_dims(spec):
         groups = layout.groups_array(dims)
-        entry: dict[str, Any] = {"dims": dims_label(dims), "size": int(groups.shape[1]), "num_groups": int(groups.shape[0])}
+        entry: dict[str, Any] = {
+            "dims": dims_label(dims),
+            "size": int(groups.shape[1]),
+            "num_groups": int(groups.shape[0]),
+        }
         if full:
             entry["groups"] = groups.tolist()
         else:
@@ -170,7 +179,11 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
     """The human-readable table ``mesh show`` prints."""
     lines = [f"mesh: {report['mesh']}"]
     dims = " x ".join(f"{n}={s}" for n, s in report["shape"].items())
-    expert = f", ep={report['ep']}" + (" (data before expert)" if report["data_before_expert"] else "") if report["ep"] > 1 else ""
+    expert = (
+        f", ep={report['ep']}" + (" (data before expert)" if report["data_before_expert"] else "")
+        if report["ep"] > 1
+        else ""
+    )
     lines.append(f"  order (outer -> inner): {', '.join(report['order'])}; {dims}{expert}")
     if report["gpus_per_node"]:
         lines.append(f"  nodes: {report['nodes']} x {report['gpus_per_node']} GPUs (ranks numbered node by node)")
@@ -236,14 +249,21 @@ def _format_communicators(comm: dict[str, Any]) -> list[str]:
     rows = [
         ("communicators (new_group calls)", "this mesh", legacy["version"], "new/legacy"),
         ("  in the world", mesh["world"], legacy["world"], _ratio_text(comm["ratio_world"])),
-        (f"  per rank (rank {comm['rank']})", mesh["per_rank"], legacy["per_rank"], _ratio_text(comm["ratio_per_rank"])),
+        (
+            f"  per rank (rank {comm['rank']})",
+            mesh["per_rank"],
+            legacy["per_rank"],
+            _ratio_text(comm["ratio_per_rank"]),
+        ),
     ]
     lines = [f"{a:<34}{b:>10} {c:>17} {d:>11}" for a, b, c, d in rows]
     lines += [
         f"  this mesh: {mesh['builder']}; {mesh['reused']} requested rank sets reuse an existing group or WORLD",
         "  legacy:",
     ]
-    lines += [f"    {b['builder']}: {b['world']} ({b['formula']}), {b['per_rank']} per rank" for b in legacy["builders"]]
+    lines += [
+        f"    {b['builder']}: {b['world']} ({b['formula']}), {b['per_rank']} per rank" for b in legacy["builders"]
+    ]
     return lines
 
 
@@ -308,8 +328,11 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--ep", type=int, help="expert-parallel size (splits the data-parallel ranks)")
     show.add_argument("--data-before-expert", action="store_true", help="DeepSpeed's D+E expert layout")
     show.add_argument("--order", help="dims outermost first, comma separated (default pp,dp,sp,tp)")
-    show.add_argument("--config", help="a DeepSpeed config JSON ('mesh' section or legacy keys); --pp/--ep act "
-                      "as the model's num_stages/ep_size")
+    show.add_argument(
+        "--config",
+        help="a DeepSpeed config JSON ('mesh' section or legacy keys); --pp/--ep act "
+        "as the model's num_stages/ep_size",
+    )
     show.add_argument("--rank", "-r", type=int, help="show one rank's view")
     show.add_argument("--gpus-per-node", "-g", type=int, help="node size: shows groups that cross nodes")
     show.add_argument("--all", action="store_true", help="list every group and rank, however large the world")
@@ -330,8 +353,10 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
     if args.config:
         if sizes.keys() - {"pp"} or order:
             bad = sorted(sizes.keys() - {"pp"}) + (["order"] if order else [])
-            raise UsageError(f"--config cannot be combined with {['--' + b.replace('_', '-') for b in bad]}; "
-                             "put them in the config's 'mesh' section (only --pp/--ep may add the model's sizes)")
+            raise UsageError(
+                f"--config cannot be combined with {['--' + b.replace('_', '-') for b in bad]}; "
+                "put them in the config's 'mesh' section (only --pp/--ep may add the model's sizes)"
+            )
         if args.world_size is None:
             raise UsageError("--config needs --world-size: a DeepSpeed config does not say how many ranks run it")
         try:
@@ -347,7 +372,10 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
     if args.world_size is None:
         raise UsageError("--world-size is required when dims are given (e.g. --world-size 1024 --tp 8 --pp 4)")
     spec = MeshSpec.build(
-        args.world_size, order=order, ep=1 if args.ep is None else args.ep, data_before_expert=args.data_before_expert,
+        args.world_size,
+        order=order,
+        ep=1 if args.ep is None else args.ep,
+        data_before_expert=args.data_before_expert,
         **sizes,
     )
     return spec, gpus_per_node

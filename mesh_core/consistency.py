@@ -5,6 +5,7 @@ Group creation is collective: a rank that builds a different mesh issues a diffe
 32-byte digest of the mesh description over the default group (one small collective); only when
 digests differ does it gather the full descriptions to name the fields and ranks that disagree.
 """
+
 from __future__ import annotations
 
 import hashlib

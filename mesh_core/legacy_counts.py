@@ -19,6 +19,7 @@ ranks created by two builders are two communicators. :func:`mesh_count` is what
 :class:`~mesh_core.DeepSpeedDeviceMesh` creates for the same layout (distinct rank sets only, and
 none for a set spanning the world, which reuses WORLD), from layout math alone.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,11 +115,7 @@ class MeshCount:
 
 
 def mesh_count(
-    spec: MeshSpec,
-    *,
-    flatten: Sequence[Sequence[str]] = (),
-    p2p_groups: bool = False,
-    rank: Optional[int] = None,
+    spec: MeshSpec, *, flatten: Sequence[Sequence[str]] = (), p2p_groups: bool = False, rank: Optional[int] = None
 ) -> MeshCount:
     """``new_group`` calls of ``DeepSpeedDeviceMesh(spec, flatten=..., p2p_groups=...)`` in a fresh
     world, and how many of those groups ``rank`` (default: the mesh's first rank) belongs to."""

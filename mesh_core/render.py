@@ -5,6 +5,7 @@ coordinate runs left to right) and rows run over the remaining dims (dp, sp). Ce
 by their group along ``color_by``; thick black outlines enclose each node's ranks, red dashes
 mark tp groups that cross a node, and ``e<i>`` labels name each rank's EP group.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,7 +51,8 @@ def draw_mesh(
     """Write the rank-grid picture of ``spec`` to ``path`` (format from ``fmt`` or the suffix)."""
     if spec.size > MAX_DRAWN_RANKS:
         raise MeshSpecError(
-            f"the mesh has {spec.size} ranks; pictures are limited to {MAX_DRAWN_RANKS} ranks (use --json for larger worlds)"
+            f"the mesh has {spec.size} ranks; pictures are limited to {MAX_DRAWN_RANKS} ranks "
+            "(use --json for larger worlds)"
         )
     try:
         from matplotlib.figure import Figure
@@ -86,12 +88,31 @@ def draw_mesh(
         _outline_nodes(ax, pos, gpus_per_node, tp + STAGE_GAP)
     for stage, row in sorted({pos[r][::2] for r in crossing}):  # a tp group is one row of one stage
         x = stage * (tp + STAGE_GAP)
-        ax.add_patch(Rectangle((x + 0.08, -row - 0.92), tp - 0.16, 0.84, fill=False, edgecolor="red",
-                               linewidth=2.0, linestyle="--", zorder=3))
+        ax.add_patch(
+            Rectangle(
+                (x + 0.08, -row - 0.92),
+                tp - 0.16,
+                0.84,
+                fill=False,
+                edgecolor="red",
+                linewidth=2.0,
+                linestyle="--",
+                zorder=3,
+            )
+        )
     if highlight_rank is not None and highlight_rank in pos:
         stage, lane, row = pos[highlight_rank]
-        ax.add_patch(Rectangle((stage * (tp + STAGE_GAP) + lane + 0.05, -row - 0.95), 0.9, 0.9, fill=False,
-                               edgecolor="gold", linewidth=3.0, zorder=4))
+        ax.add_patch(
+            Rectangle(
+                (stage * (tp + STAGE_GAP) + lane + 0.05, -row - 0.95),
+                0.9,
+                0.9,
+                fill=False,
+                edgecolor="gold",
+                linewidth=3.0,
+                zorder=4,
+            )
+        )
     for stage in range(stages):
         ax.text(stage * (tp + STAGE_GAP) + tp / 2, 0.25, f"stage {stage}", ha="center", va="bottom", fontsize=font + 1)
     ax.set_xlim(-0.2, width)

@@ -1,4 +1,5 @@
 """`mesh show`: output checked against DeepSpeed 0.19.8's own topology and group builders."""
+
 from __future__ import annotations
 
 import contextlib
@@ -131,7 +132,9 @@ def test_large_world_is_summarised_unless_all(capsys):
 
 def test_config_file(tmp_path, capsys):
     path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps({"train_batch_size": 8, "sequence_parallel_size": 2, "tensor_parallel": {"autotp_size": 2}}))
+    path.write_text(
+        json.dumps({"train_batch_size": 8, "sequence_parallel_size": 2, "tensor_parallel": {"autotp_size": 2}})
+    )
     report = show_json(["--config", str(path), "-w", "16", "--pp", "2"], capsys)
     assert report["shape"] == {"pp": 2, "dp": 2, "sp": 2, "tp": 2}
     assert "dp,sp" in {d["dims"] for d in report["dims"]}
@@ -163,8 +166,28 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, needle, capsys):
 def test_svg_and_png_pictures(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     svg, png = tmp_path / "mesh.svg", tmp_path / "mesh.png"
-    code, out, _ = run(["show", "-w", "16", "--pp", "2", "--tp", "4", "--ep", "2", "-g", "6", "--svg", str(svg),
-                        "--png", str(png), "--rank", "5"], capsys)
+    code, out, _ = run(
+        [
+            "show",
+            "-w",
+            "16",
+            "--pp",
+            "2",
+            "--tp",
+            "4",
+            "--ep",
+            "2",
+            "-g",
+            "6",
+            "--svg",
+            str(svg),
+            "--png",
+            str(png),
+            "--rank",
+            "5",
+        ],
+        capsys,
+    )
     assert code == 0 and f"picture: {svg}" in out
     root = ET.parse(svg).getroot()
     assert root.tag.endswith("svg")
@@ -184,10 +207,20 @@ def test_cell_positions_put_stages_in_columns_and_tp_in_rows():
 
 def test_python_dash_m_entry_point():
     env = dict(os.environ, DS_ACCELERATOR="cpu")
-    proc = subprocess.run([sys.executable, "-m", "mesh_core", "show", "-w", "8", "--tp", "2", "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mesh_core", "show", "-w", "8", "--tp", "2", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["shape"] == {"dp": 4, "tp": 2}
-    bad = subprocess.run([sys.executable, "-m", "mesh_core", "show", "-w", "8", "--tp", "3"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "mesh_core", "show", "-w", "8", "--tp", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "tp=3" in bad.stderr

@@ -1,4 +1,5 @@
 """Cross-rank mesh consistency: a clear error on every rank instead of a hang."""
+
 from __future__ import annotations
 
 import json

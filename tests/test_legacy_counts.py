@@ -1,4 +1,5 @@
 """The communicator-count formulas against the real DeepSpeed 0.19.8 and the real mesh (fake backend)."""
+
 from __future__ import annotations
 
 import contextlib
