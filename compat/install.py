@@ -69,6 +69,8 @@ def install() -> None:
             for module_name, applier in _APPLIERS:
                 if module_name in sys.modules:
                     _apply(applier, sys.modules[module_name])
+        if "deepspeed" in sys.modules:
+            _patches.rebind_copies()  # copies made by modules imported before this call
         logger.debug("compat installed (deepspeed imported: %s)", "deepspeed" in sys.modules)
 
 
@@ -134,7 +136,6 @@ def _apply(applier: Callable[[types.ModuleType], None], module: types.ModuleType
         return
     _patches.done.add(key)
     applier(module)
-    _patches.rebind_copies()
 
 
 def _wrap_in_place(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
@@ -218,6 +219,8 @@ def _route_initialize(module: types.ModuleType) -> None:
     from .initialize import initialize_wrapper
 
     _patches.replace(module, "initialize", wrapt.FunctionWrapper(module.initialize, initialize_wrapper))
+    # last hook of `import deepspeed`: re-point any copy made of a name patched earlier
+    _patches.rebind_copies()
 
 
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
