@@ -93,6 +93,10 @@ class GroupsState:
 
 
 _state = GroupsState()
+# the live dicts DeepSpeed hands out stay the same objects for the life of the process (cleared on
+# world teardown), so the hot getters can hold them directly
+_EP_GROUPS = _state.expert_parallel_group
+_EDP_GROUPS = _state.expert_data_parallel_group
 
 _LEGACY_GLOBALS = {
     "_TENSOR_MODEL_PARALLEL_GROUP": lambda s: s.tp_group,
@@ -230,7 +234,13 @@ def _release_process_group_references(group: Any = None) -> None:
             old.all_to_all,
         ):
             mapping.clear()  # the engine may hold these dicts
-        _state = GroupsState()
+        _state = GroupsState(
+            expert_parallel_group=old.expert_parallel_group,
+            expert_parallel_group_ranks=old.expert_parallel_group_ranks,
+            expert_data_parallel_group=old.expert_data_parallel_group,
+            expert_data_parallel_group_ranks=old.expert_data_parallel_group_ranks,
+            all_to_all=old.all_to_all,
+        )
         mpu = None
         mesh_device = None
         expert_tensor_parallel_world_size = 1
@@ -702,16 +712,18 @@ def _expert_data_group(group_name: str):
 
 
 _getframe = sys._getframe
+_EP_GROUP_SITE = _W_EP_GROUP.sites.get  # the per-site probes of the hot getters, pre-bound
+_EDP_GROUP_SITE = _W_EDP_GROUP.sites.get
 
 
 def _get_expert_parallel_group(group_name: str):
     """The expert parallel group ``group_name`` (``ep_size_N``) the caller rank belongs to."""
     # TODOV1: legacy shim (hot getter: the warning check is inlined)
     frame = _getframe(1)
-    if _W_EP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+    if _EP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
         _W_EP_GROUP.hit(frame)
     try:
-        return _state.expert_parallel_group[group_name]
+        return _EP_GROUPS[group_name]
     except KeyError:
         raise AssertionError("expert parallel group is not initialized") from None
 
@@ -732,10 +744,10 @@ def _get_expert_parallel_group_dict() -> dict:
 def _get_expert_data_parallel_group(group_name: str):
     # TODOV1: legacy shim (hot getter: the warning check is inlined)
     frame = _getframe(1)
-    if _W_EDP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+    if _EDP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
         _W_EDP_GROUP.hit(frame)
     try:
-        return _state.expert_data_parallel_group[group_name]
+        return _EDP_GROUPS[group_name]
     except KeyError:
         raise AssertionError("expert data parallel group is not initialized") from None
 
@@ -890,6 +902,9 @@ _W_SDP_RANK = _w("_get_sequence_data_parallel_rank", "mesh.get_rank(('dp', 'sp')
 _W_SDP_GROUP = _w("_get_sequence_data_parallel_group", "mesh.get_group(('dp', 'sp'))")
 
 
+_DP_GROUP_SITE = _W_DP_GROUP.sites.get
+
+
 def _dp_group():
     if mesh_device is not None:
         return _mesh_device_group("data_parallel")
@@ -905,10 +920,10 @@ def _get_data_parallel_group():
     """The data parallel group the caller rank belongs to (mesh_device, bound mesh, mpu or world)."""
     # TODOV1: legacy shim (hot getter: the warning check is inlined)
     frame = _getframe(1)
-    if _W_DP_GROUP.sites.get(frame.f_lasti) is not frame.f_code:
+    if _DP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
         _W_DP_GROUP.hit(frame)
-    if mesh_device is None and not _state.bound_groups and mpu is None and _state.world_group is not None:
-        return _state.world_group
+    if mpu is not None and mesh_device is None and not _state.bound_groups:
+        return None if _is_sp_mpu(mpu) else mpu.get_data_parallel_group()
     return _dp_group()
 
 
