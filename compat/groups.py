@@ -145,15 +145,17 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
             state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
             _set_tp_groups(None, None)
         return
+    groups = {dims: mesh.ensure_group(dims) for dims in BOUND_DIMS}  # collective, members or not
+    if not mesh.is_member:
+        raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; bind a mesh it belongs to")
     state.bound_groups = {
-        dims: (mesh.get_group(dims), mesh.size(dims), mesh.get_rank(dims), mesh.get_group_ranks(dims))
-        for dims in BOUND_DIMS
+        dims: (groups[dims], mesh.size(dims), mesh.get_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
     }
     state.mesh, state.mesh_is_bound = mesh, True
     _set_tp_groups(mesh, ("tp", "dp"))
     if mesh.spec.ep > 1:
-        groups = mesh.expert_groups()
-        _store_expert(f"ep_size_{mesh.spec.ep}", groups.ep_group, groups.ep_ranks, groups.edp_group, groups.edp_ranks)
+        expert = mesh.expert_groups()
+        _store_expert(f"ep_size_{mesh.spec.ep}", expert.ep_group, expert.ep_ranks, expert.edp_group, expert.edp_ranks)
 
 
 def bound_mesh() -> Optional[DeepSpeedDeviceMesh]:

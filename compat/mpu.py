@@ -112,9 +112,11 @@ class MeshMPU:
         if not isinstance(mesh, DeepSpeedDeviceMesh):
             raise TypeError(f"MeshMPU needs a DeepSpeedDeviceMesh, got {type(mesh).__name__}: {mesh!r}")
         self.mesh = mesh
-        self._groups = {
-            dims: mesh.get_group(dims) for dims in ("dp", "tp", "pp", "sp", SEQUENCE_DATA_DIMS, MODEL_PARALLEL_DIMS)
+        self._groups = {  # collective: every rank resolves every group, members or not
+            dims: mesh.ensure_group(dims) for dims in ("dp", "tp", "pp", "sp", SEQUENCE_DATA_DIMS, MODEL_PARALLEL_DIMS)
         }
+        if not mesh.is_member:
+            raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; it has no mpu there")
         self._sizes = {dims: mesh.size(dims) for dims in self._groups}
         self._ranks = {dims: mesh.get_rank(dims) for dims in self._groups}
 

@@ -593,3 +593,14 @@ def test_every_legacy_function_is_shimmed():
         assert "# TODOV1:" in source, name
     for attr in ("mpu", "mesh_device", "expert_tensor_parallel_world_size", "_DEVICE_MESH_SPLIT_UNSUPPORTED"):
         assert getattr(cgroups, attr) == getattr(legacy, attr)
+
+
+def test_compat_imports_without_deepspeed():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import compat, compat.groups, compat.topology, compat.mpu; "
+        "assert 'deepspeed' not in sys.modules, sorted(m for m in sys.modules if m.startswith('deepspeed'))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -222,3 +222,28 @@ def test_mesh_from_mpu_errors_are_clear():
 
         with pytest.raises(MeshSpecError, match="do not form a mesh"):
             mesh_from_mpu(Overlapping(1, 2, 2))
+
+
+def test_mesh_from_mesh_mpu_with_sequence_parallel():
+    with fake_world(11, 16):
+        mesh = DeepSpeedDeviceMesh(MeshSpec.build(16, pp=2, dp=2, sp=2, tp=2))
+        mpu = MeshMPU(mesh)
+        with record_new_groups() as calls:
+            again = mesh_from_mpu(mpu)
+        assert calls == []
+        for dims in ("pp", "dp", "sp", "tp", ("dp", "sp"), ("pp", "tp")):
+            assert again.get_group_ranks(dims) == mesh.get_group_ranks(dims)
+        assert again.get_group("sp") is mesh.get_group("sp")
+
+
+def test_mesh_mpu_and_bind_mesh_on_a_rank_outside_the_mesh():
+    with fake_world(3, 4):
+        try:
+            sub = DeepSpeedDeviceMesh(MeshSpec.build(4, ranks=[0, 1], tp=2))
+            with pytest.raises(MeshSpecError, match="not a member"):
+                MeshMPU(sub)
+            with pytest.raises(MeshSpecError, match="not a member"):
+                cgroups.bind_mesh(sub)
+            assert cgroups.bound_mesh() is None
+        finally:
+            cgroups._release_process_group_references()
