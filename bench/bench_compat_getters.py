@@ -7,6 +7,7 @@ Both sides run in the same process on the fake backend, as the same rank of the 
 site, so compat's deprecation warning has been issued and only its per-site check remains. Prints
 nanoseconds per call and compat / legacy; the target is <= 1.5x.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ def getters(groups, grid):
 
 
 def setup(groups, topology, world: int):
-    grid = topology.PipelineParallelGrid(topology=topology.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=world // 4))
+    grid = topology.PipelineParallelGrid(
+        topology=topology.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=world // 4)
+    )
     groups._create_expert_and_data_parallel(2)
     return grid
 
@@ -67,8 +70,12 @@ def main(argv=None) -> int:
 
         try:
             # both implementations in the same world, timed alternately so load drift hits both
-            pairs = list(zip(getters(lgroups, setup(lgroups, ltopology, args.world)),
-                             getters(cgroups, setup(cgroups, ctopology, args.world))))
+            pairs = list(
+                zip(
+                    getters(lgroups, setup(lgroups, ltopology, args.world)),
+                    getters(cgroups, setup(cgroups, ctopology, args.world)),
+                )
+            )
             for (name, legacy_fn, arg, legacy_mpu), (_, compat_fn, _, compat_mpu) in pairs:
                 lgroups.mpu, cgroups.mpu = legacy_mpu, compat_mpu
                 best = [float("inf"), float("inf")]

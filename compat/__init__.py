@@ -11,6 +11,7 @@
 :func:`install` / :func:`uninstall` route the real ``deepspeed`` modules onto these (they import
 ``compat.install``, and with it DeepSpeed, only when called).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -8,6 +8,7 @@ The check is cheap enough for hot getters: a call site already warned about cost
 and one dict probe; ``warnings`` itself is only consulted the first time a site is seen (and again
 after any change to the warning filters, so ``simplefilter("error")`` later still raises).
 """
+
 from __future__ import annotations
 
 import sys

@@ -22,6 +22,7 @@ Resolution of the underscore DP / SP / SDP getters: ``mesh_device`` (as in DeepS
 mesh bound with :func:`bind_mesh`, then ``mpu``, then the world. With a bound mesh the
 sequence-data-parallel group is ``("dp", "sp")`` (DeepSpeed's ``mesh_device`` path used DP only).
 """
+
 from __future__ import annotations
 
 import logging
@@ -140,6 +141,8 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if mesh is not None and not isinstance(mesh, DeepSpeedDeviceMesh):
         raise TypeError(f"bind_mesh needs a DeepSpeedDeviceMesh or None, got {type(mesh).__name__}: {mesh!r}")
     state = _state
+    if mesh is not None and mesh is state.mesh and state.mesh_is_bound:
+        return  # already bound (engines re-bind their mesh around every step)
     if mesh is None:
         if state.mesh_is_bound:
             state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
@@ -191,7 +194,7 @@ def _divisible(numerator: int, denominator: int) -> None:
     assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)
 
 
-_W_ENSURE = _w("_ensure_divisibility", "mesh_core.MeshSpec.build (validates divisibility)")
+_W_ENSURE = _w("_ensure_divisibility", "mesh_core.MeshSpec.build(...) (raises MeshSpecError)")
 
 
 def _ensure_divisibility(numerator: int, denominator: int) -> None:
@@ -201,7 +204,7 @@ def _ensure_divisibility(numerator: int, denominator: int) -> None:
     _divisible(numerator, denominator)
 
 
-_W_INITIALIZE = _w("initialize", "deepspeed.moe.layer.MoE(..., ep_size=N) with mesh.expert_groups(N)")
+_W_INITIALIZE = _w("initialize", "deepspeed.moe.layer.MoE(..., ep_size=N)")
 
 
 def initialize(ep_size: int = 1, mpu: Any = None) -> None:
@@ -285,7 +288,7 @@ def _forget_destroyed(group: Any) -> None:
 
 # --- tensor / data parallel (AutoTP, "lettered" API) -------------------------------------------
 _W_TP_NEW_GROUP = _w("_init_tp_groups_with_new_group", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
-_W_TP_MESH = _w("_init_tp_mesh_device", "mesh_core.DeepSpeedDeviceMesh.build(tp=N) (engine.mesh_device)")
+_W_TP_MESH = _w("_init_tp_mesh_device", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
 
 
 def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[DeepSpeedDeviceMesh, tuple[Any, Any]]:
@@ -295,7 +298,9 @@ def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[
     if mesh is not None and list(mesh.spec.ranks) == list(range(world)):
         spec = mesh.spec
         inner = [n for n, s in zip(spec.names, spec.sizes) if s > 1]
-        if spec.dim_size("tp") == tensor_model_parallel_size and (not inner or inner[-1] == "tp" or tensor_model_parallel_size == 1):
+        if spec.dim_size("tp") == tensor_model_parallel_size and (
+            not inner or inner[-1] == "tp" or tensor_model_parallel_size == 1
+        ):
             rest = tuple(n for n in spec.names if n != "tp")
             if rest and math.prod(spec.dim_size(n) for n in rest) == data_parallel_size:
                 return mesh, ("tp", rest)
@@ -458,7 +463,9 @@ def get_data_parallel_rank() -> int:
     return _state.dp_rank
 
 
-_W_CREATE_MP = _w("_create_model_parallel", "mesh_core.DeepSpeedDeviceMesh.build(tp=N): mesh.get_group('dp'), mesh.get_group('tp')")
+_W_CREATE_MP = _w(
+    "_create_model_parallel", "mesh_core.DeepSpeedDeviceMesh.build(tp=N): mesh.get_group('dp'), mesh.get_group('tp')"
+)
 
 
 def _create_model_parallel(model_parallel_size_: int):
@@ -475,9 +482,11 @@ def _create_model_parallel(model_parallel_size_: int):
 
 
 # --- expert parallel -------------------------------------------------------------------------
-_W_CREATE_EP = _w("_create_expert_and_data_parallel", "mesh.expert_groups(N) (MeshSpec ep=N)")
-_W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel", "mesh.expert_groups(N) on a mesh with tp")
-_W_EP_RANKS = _w("_get_expert_parallel_ranks", "mesh_core.MeshLayout(MeshSpec.build(W, pp=, dp=, tp=, ep=N)).groups('ep'/'edp')")
+_W_CREATE_EP = _w("_create_expert_and_data_parallel", "mesh.expert_groups(N)")
+_W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel", "mesh.expert_groups(N)")
+_W_EP_RANKS = _w(
+    "_get_expert_parallel_ranks", "mesh_core.MeshLayout(MeshSpec.build(W, pp=, dp=, tp=, ep=N)).groups('ep'/'edp')"
+)
 
 
 def _store_expert(name: str, ep_group: Any, ep_ranks: Any, edp_group: Any, edp_ranks: Any) -> None:
@@ -496,9 +505,13 @@ def _as_range(ranks: list[int]) -> range:
     return range(ranks[0], ranks[-1] + 1, step)
 
 
-def _stage_layout(world_size: int, pp: int, ep: int, ranks: Optional[list[int]] = None, dbe: bool = False) -> MeshLayout:
+def _stage_layout(
+    world_size: int, pp: int, ep: int, ranks: Optional[list[int]] = None, dbe: bool = False
+) -> MeshLayout:
     """Expert split of each pipeline stage (consecutive world blocks), the stage ranks in ``ranks`` order."""
-    return MeshLayout(MeshSpec.build(world_size, pp=pp, dp=world_size // pp, ep=ep, ranks=ranks, data_before_expert=dbe))
+    return MeshLayout(
+        MeshSpec.build(world_size, pp=pp, dp=world_size // pp, ep=ep, ranks=ranks, data_before_expert=dbe)
+    )
 
 
 def _resolve_pp(pp_size: Optional[int]) -> int:
@@ -551,7 +564,10 @@ def _create_expert_and_data_parallel(
             from deepspeed.module_inject.auto_ep_folding import assert_group_matches_spec  # the spec is DeepSpeed's
 
             assert_group_matches_spec(
-                {"ep": [state.expert_parallel_group_ranks[name]], "edp": [state.expert_data_parallel_group_ranks[name]]},
+                {
+                    "ep": [state.expert_parallel_group_ranks[name]],
+                    "edp": [state.expert_data_parallel_group_ranks[name]],
+                },
                 folding_spec,
             )
         return
@@ -611,7 +627,9 @@ def _expert_tp_layout(world_size: int, tp: int, ep: int, pp: int, dbe: bool) -> 
                     order += range(start + lane + ds * tp, start + stage, dp_stride * tp)
             else:
                 order += range(start + lane, start + stage, tp)
-    return MeshLayout(MeshSpec.build(world_size, order=("pp", "tp", "dp"), ranks=order, pp=pp, tp=tp, dp=dp_world, ep=ep))
+    return MeshLayout(
+        MeshSpec.build(world_size, order=("pp", "tp", "dp"), ranks=order, pp=pp, tp=tp, dp=dp_world, ep=ep)
+    )
 
 
 def _get_expert_parallel_ranks(
@@ -625,7 +643,11 @@ def _get_expert_parallel_ranks(
     # TODOV1: legacy shim
     _W_EP_RANKS.warn()
     layout = _expert_tp_layout(
-        world_size, tensor_parallel_size_, expert_parallel_size_, pipeline_parallel_size_, use_data_before_expert_parallel_
+        world_size,
+        tensor_parallel_size_,
+        expert_parallel_size_,
+        pipeline_parallel_size_,
+        use_data_before_expert_parallel_,
     )
     return layout.groups("ep"), layout.groups("edp")
 
@@ -657,22 +679,22 @@ def _create_expert_data_and_model_parallel(
     _store_expert(name, ep_group, _member_list(ep_lists, rank), edp_group, _member_list(edp_lists, rank))
 
 
-_W_MAX_SIZE = _w("_get_max_expert_size", "max(ep sizes of mesh.expert_groups(N) you built)")
-_W_MAX_NAME = _w("_get_max_expert_size_name", "the largest N of mesh.expert_groups(N)")
-_W_MAX_GROUP = _w("_get_max_expert_parallel_group", "mesh.expert_groups(max_N).ep_group")
+_W_MAX_SIZE = _w("_get_max_expert_size", "mesh.spec.ep")
+_W_MAX_NAME = _w("_get_max_expert_size_name", "f'ep_size_{mesh.spec.ep}'")
+_W_MAX_GROUP = _w("_get_max_expert_parallel_group", "mesh.get_group('ep')")
 _W_EP_GROUP = _w("_get_expert_parallel_group", "mesh.expert_groups(N).ep_group")
 _W_EP_GROUP_RANKS = _w("_get_expert_parallel_group_ranks", "mesh.expert_groups(N).ep_ranks")
-_W_EP_DICT = _w("_get_expert_parallel_group_dict", "{N: mesh.expert_groups(N).ep_group}")
+_W_EP_DICT = _w("_get_expert_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).ep_group}")
 _W_EDP_GROUP = _w("_get_expert_data_parallel_group", "mesh.expert_groups(N).edp_group")
 _W_EDP_GROUP_RANKS = _w("_get_expert_data_parallel_group_ranks", "mesh.expert_groups(N).edp_ranks")
-_W_EDP_DICT = _w("_get_expert_data_parallel_group_dict", "{N: mesh.expert_groups(N).edp_group}")
+_W_EDP_DICT = _w("_get_expert_data_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).edp_group}")
 _W_EP_BCAST = _w("_get_expert_broadcast_src_rank", "mesh.expert_groups(N).edp_ranks[0]")
-_W_EP_WS = _w("_get_expert_parallel_world_size", "mesh.expert_groups(N) ep_size (len(ep_ranks))")
+_W_EP_WS = _w("_get_expert_parallel_world_size", "len(mesh.expert_groups(N).ep_ranks)")
 _W_EDP_WS = _w("_get_expert_data_parallel_world_size", "len(mesh.expert_groups(N).edp_ranks)")
 _W_EP_RANK = _w("_get_expert_parallel_rank", "mesh.expert_groups(N).ep_ranks.index(rank)")
 _W_EP_SRC = _w("_get_expert_parallel_src_rank", "mesh.expert_groups(N).ep_ranks[0]")
 _W_EDP_RANK = _w("_get_expert_data_parallel_rank", "mesh.expert_groups(N).edp_ranks.index(rank)")
-_W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size", "mesh.size('tp') (expert TP)")
+_W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size", "mesh.size('tp')")
 
 
 def _get_max_expert_size() -> Optional[int]:
@@ -818,7 +840,10 @@ def _get_expert_model_parallel_world_size() -> int:
 
 # --- world clone and all-to-all ------------------------------------------------------------------
 _W_CLONE_WORLD = _w("_clone_world_group", "torch.distributed.group.WORLD")
-_W_ALL_TO_ALL = _w("_get_local_all_to_all_group", "a mesh over node-local blocks: MeshSpec.build(W, dp=nodes, tp=devices_per_node)")
+_W_ALL_TO_ALL = _w(
+    "_get_local_all_to_all_group",
+    "mesh_core.DeepSpeedDeviceMesh.build(dp=W // devices_per_node, tp=devices_per_node): 'tp' (local), 'dp' (global)",
+)
 
 
 def _world_group():
@@ -1055,7 +1080,10 @@ def _get_sequence_data_parallel_group():
 
 
 # --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
-_W_ZP_CREATE = _w("_create_zero_param_parallel_group", "a mesh with dp_shard=N: mesh.get_group('dp_shard')")
+_W_ZP_CREATE = _w(
+    "_create_zero_param_parallel_group",
+    "mesh_core.DeepSpeedDeviceMesh.build(dp_replicate=W // N, dp_shard=N): mesh.get_group('dp_shard')",
+)
 _W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "mesh.get_group('dp_shard')")
 _W_ZP_INIT = _w("_zero_param_parallel_is_initialized", "mesh.size('dp_shard') > 1")
 _W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "mesh.get_rank('dp_shard')")
@@ -1108,4 +1136,3 @@ def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
     # TODOV1: legacy shim
     _W_ZP_RANKS.warn()
     return dist.get_process_group_ranks(_state.zero_param_group)
-

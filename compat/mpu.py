@@ -7,6 +7,7 @@
 
 The ``bwc_*`` functions are DeepSpeed's probe order for mpu objects (``deepspeed.utils.bwc``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -284,7 +285,9 @@ def _infer_spec(groups: dict[str, Any], world: int, rank: int) -> MeshSpec:
     try:
         spec = MeshSpec.build(world, order=order, **{d: sizes.get(d, 1) for d in MPU_DIMS})
     except MeshSpecError as err:
-        raise MeshSpecError(f"the mpu's group sizes {sizes} do not form a mesh over world_size={world}: {err}") from None
+        raise MeshSpecError(
+            f"the mpu's group sizes {sizes} do not form a mesh over world_size={world}: {err}"
+        ) from None
     layout = MeshLayout(spec)
     for dim, r in ranks.items():
         expected = layout.group_ranks(dim, rank)

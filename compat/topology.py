@@ -7,6 +7,7 @@ built on first access). :class:`PipelineParallelGrid` takes every process group 
 sets it shares with other meshes (or that legacy created twice, e.g. the pipe groups and the
 ``ds_model`` groups when mp == 1) get one communicator.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,12 @@ AXIS_TO_DIM = {"pipe": "pp", "data": "dp", "model": "tp"}
 DIM_TO_AXIS = {v: k for k, v in AXIS_TO_DIM.items()}
 
 _TOPOLOGY = "deepspeed.runtime.pipe.topology"
-_W_PROCESS_TOPOLOGY = legacy_entry(f"{_TOPOLOGY}.ProcessTopology", "mesh_core.MeshSpec.build(W, ...) and mesh_core.MeshLayout(spec)")
-_W_PIPE_DATA = legacy_entry(f"{_TOPOLOGY}.PipeDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)")
+_W_PROCESS_TOPOLOGY = legacy_entry(
+    f"{_TOPOLOGY}.ProcessTopology", "mesh_core.MeshSpec.build(W, ...) and mesh_core.MeshLayout(spec)"
+)
+_W_PIPE_DATA = legacy_entry(
+    f"{_TOPOLOGY}.PipeDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)"
+)
 _W_PIPE_MODEL_DATA = legacy_entry(
     f"{_TOPOLOGY}.PipeModelDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp, tp=num_mp)"
 )

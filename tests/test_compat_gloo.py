@@ -1,4 +1,5 @@
 """Real 4-process gloo run: collectives over the groups compat's legacy APIs hand out."""
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,12 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         ("grid(pp=1,mp=2,dp=2)", topology.PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=2)),
     ):
         grid = topology.PipelineParallelGrid(topology=topo)
-        for getter in ("get_data_parallel_group", "get_pipe_parallel_group", "get_slice_parallel_group", "get_model_parallel_group"):
+        for getter in (
+            "get_data_parallel_group",
+            "get_pipe_parallel_group",
+            "get_slice_parallel_group",
+            "get_model_parallel_group",
+        ):
             check(f"{label}.{getter}", getattr(grid, getter)())
         if grid.pipe_parallel_size > 1:  # activations to the next stage, as the pipe engine sends them
             peer = grid.stage_to_global((grid.stage_id + 1) % grid.pipe_parallel_size)
@@ -80,7 +86,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         check(f"edp {name}", groups._get_expert_data_parallel_group(name))
         # MoE params are broadcast from the EDP source rank
         value = torch.tensor([float(rank)])
-        dist.broadcast(value, src=groups._get_expert_broadcast_src_rank(name), group=groups._get_expert_data_parallel_group(name))
+        dist.broadcast(
+            value, src=groups._get_expert_broadcast_src_rank(name), group=groups._get_expert_data_parallel_group(name)
+        )
         results.append([f"bcast {name}", value.item(), float(groups._get_expert_broadcast_src_rank(name))])
     groups._create_zero_param_parallel_group(2)
     check("hpz", groups._get_zero_param_intra_parallel_group())

@@ -4,6 +4,7 @@ Each scenario runs twice, once on DeepSpeed (its own grid as mpu) and once on co
 as the same rank of a fresh fake world; return values and the rank lists of every group must match,
 and compat must create each of legacy's rank sets (once), never a set legacy does not create.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,10 @@ from compat.deprecation import LegacyAPIDeprecationWarning, warn_legacy
 from fakepg import fake_world, group_count, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, registry_for_world
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 
 # --- harness ---------------------------------------------------------------------------------
@@ -78,7 +82,9 @@ def assert_same(rank, world, scenario, **kwargs):
 
 def grid(topology, pp, mp, dp):
     if mp > 1:
-        return topology.PipelineParallelGrid(topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp))
+        return topology.PipelineParallelGrid(
+            topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp)
+        )
     return topology.PipelineParallelGrid(topology=topology.PipeDataParallelTopology(num_pp=pp, num_dp=dp))
 
 
@@ -198,14 +204,22 @@ def test_expert_data_and_model_parallel(pp, mp, dp, dbe, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8, 16, 96]), st.booleans(), st.data())
+@given(
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4, 8, 16, 96]),
+    st.booleans(),
+    st.data(),
+)
 def test_get_expert_parallel_ranks_is_pure_and_equal(tp, pp, dp, dbe, data):
     groups, _ = legacy_modules()
     world = tp * pp * dp
     ep = data.draw(st.sampled_from(divisors(dp)))
     if dbe and (world // ep // tp // pp) == 0:
         return
-    assert cgroups._get_expert_parallel_ranks(world, tp, ep, pp, dbe) == groups._get_expert_parallel_ranks(world, tp, ep, pp, dbe)
+    assert cgroups._get_expert_parallel_ranks(world, tp, ep, pp, dbe) == groups._get_expert_parallel_ranks(
+        world, tp, ep, pp, dbe
+    )
 
 
 def test_expert_src_rank_is_the_groups_first_rank():
@@ -213,7 +227,9 @@ def test_expert_src_rank_is_the_groups_first_rank():
 
     def scenario(groups, topology):
         groups._create_expert_and_data_parallel(2, use_data_before_expert_parallel_=True)
-        return groups._get_expert_parallel_src_rank("ep_size_2"), ranks_of(groups._get_expert_parallel_group("ep_size_2"))
+        return groups._get_expert_parallel_src_rank("ep_size_2"), ranks_of(
+            groups._get_expert_parallel_group("ep_size_2")
+        )
 
     legacy_src, group = run_legacy(5, 8, scenario)
     ours, same_group = run_compat(5, 8, scenario)
@@ -424,7 +440,9 @@ def test_release_process_group_references():
             assert sorted(held) == ["ep_size_2"] and "ep_size_4" not in cgroups._EXPERT_PARALLEL_GROUP_RANKS
             cgroups.set_tensor_model_parallel_world_size(5)
             cgroups._release_process_group_references(cgroups.get_tensor_model_parallel_group())
-            assert cgroups._TENSOR_MODEL_PARALLEL_GROUP is None and cgroups._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE is None
+            assert (
+                cgroups._TENSOR_MODEL_PARALLEL_GROUP is None and cgroups._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE is None
+            )
             assert cgroups.get_data_parallel_group() is not None
             # the world: everything, including the default mesh and the engine-written attributes
             mesh = DeepSpeedDeviceMesh(MeshSpec.build(8, dp=4, tp=2))
@@ -588,7 +606,9 @@ def test_every_legacy_function_is_shimmed():
     assert len(names) > 50
     for name in names:
         ours = getattr(cgroups, name)
-        assert list(inspect.signature(ours).parameters) == list(inspect.signature(getattr(legacy, name)).parameters), name
+        assert list(inspect.signature(ours).parameters) == list(
+            inspect.signature(getattr(legacy, name)).parameters
+        ), name
         source = inspect.getsource(ours)
         assert "# TODOV1:" in source, name
     for attr in ("mpu", "mesh_device", "expert_tensor_parallel_world_size", "_DEVICE_MESH_SPLIT_UNSUPPORTED"):

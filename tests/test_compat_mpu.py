@@ -1,4 +1,5 @@
 """compat.mpu: MeshMPU against the mesh and DeepSpeed 0.19.8's grid; mesh_from_mpu (fake backend)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,19 +16,39 @@ from compat.mpu import MeshMPU, mesh_from_mpu
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 # what DeepSpeed 0.19.8's engine, ZeRO, pipe engine, checkpointing, MoE and bwc helpers call or probe
 ENGINE_MPU_METHODS = [
-    "get_model_parallel_group", "get_model_parallel_rank", "get_model_parallel_world_size",
-    "get_tensor_model_parallel_group", "get_tensor_model_parallel_world_size", "get_tensor_model_parallel_rank",
-    "get_tensor_model_parallel_src_rank", "get_data_parallel_group", "get_data_parallel_world_size",
-    "get_data_parallel_rank", "get_data_parallel_group_ranks", "get_pipe_parallel_group",
-    "get_pipe_parallel_world_size", "get_pipe_parallel_rank", "get_pipeline_model_parallel_world_size",
-    "get_pipeline_model_parallel_rank", "get_pipeline_model_parallel_group", "get_slice_parallel_world_size",
-    "get_slice_parallel_rank", "get_slice_parallel_group", "get_sequence_parallel_world_size",
-    "get_sequence_parallel_group", "get_sequence_parallel_rank", "get_sequence_data_parallel_group",
-    "get_sequence_data_parallel_world_size", "get_sequence_data_parallel_rank",
+    "get_model_parallel_group",
+    "get_model_parallel_rank",
+    "get_model_parallel_world_size",
+    "get_tensor_model_parallel_group",
+    "get_tensor_model_parallel_world_size",
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_src_rank",
+    "get_data_parallel_group",
+    "get_data_parallel_world_size",
+    "get_data_parallel_rank",
+    "get_data_parallel_group_ranks",
+    "get_pipe_parallel_group",
+    "get_pipe_parallel_world_size",
+    "get_pipe_parallel_rank",
+    "get_pipeline_model_parallel_world_size",
+    "get_pipeline_model_parallel_rank",
+    "get_pipeline_model_parallel_group",
+    "get_slice_parallel_world_size",
+    "get_slice_parallel_rank",
+    "get_slice_parallel_group",
+    "get_sequence_parallel_world_size",
+    "get_sequence_parallel_group",
+    "get_sequence_parallel_rank",
+    "get_sequence_data_parallel_group",
+    "get_sequence_data_parallel_world_size",
+    "get_sequence_data_parallel_rank",
 ]
 # MeshMPU method -> the mesh dims it serves
 DIMS = {
@@ -91,7 +112,9 @@ def test_mesh_mpu_answers_like_deepspeeds_grid(pp, tp, dp, data):
         return {n: (ranks_of(v) if n.endswith("_group") else v) for n in names for v in [getattr(mpu, n)()]}
 
     with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
-        theirs = view(topology.PipelineParallelGrid(topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)))
+        theirs = view(
+            topology.PipelineParallelGrid(topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+        )
     with fake_world(rank, world):
         ours = view(MeshMPU(DeepSpeedDeviceMesh(MeshSpec.build(world, pp=pp, dp=dp, tp=tp))))
     assert len(names) > 15 and ours == theirs
@@ -179,7 +202,9 @@ def test_mesh_from_grids_and_mesh_mpu_round_trip(pp, tp, dp, legacy, data):
         from deepspeed.runtime.pipe import topology
 
         with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
-            grid = topology.PipelineParallelGrid(topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+            grid = topology.PipelineParallelGrid(
+                topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+            )
             with record_new_groups() as calls:
                 mesh = mesh_from_mpu(grid)
             assert calls == []
@@ -188,7 +213,9 @@ def test_mesh_from_grids_and_mesh_mpu_round_trip(pp, tp, dp, legacy, data):
         return
     with fake_world(rank, world):
         try:
-            grid = ctopology.PipelineParallelGrid(ctopology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+            grid = ctopology.PipelineParallelGrid(
+                ctopology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+            )
             with record_new_groups() as calls:
                 mesh = mesh_from_mpu(grid)
             mesh_mpu = MeshMPU(mesh)  # collective: resolves (creates) its size-1 groups too

@@ -1,4 +1,5 @@
 """compat.topology against the real deepspeed==0.19.8 topology and grid (fake process-group backend)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,10 @@ from compat.deprecation import LegacyAPIDeprecationWarning
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 
 def legacy_topology_module():
@@ -102,20 +106,52 @@ def test_specialised_topologies_and_prime_factors():
 
 # --- PipelineParallelGrid ----------------------------------------------------------------------
 GRID_METHODS = [
-    "get_stage_id", "get_data_parallel_id", "get_global_rank", "get_pipe_parallel_rank",
-    "get_pipeline_model_parallel_rank", "get_pipe_parallel_world_size", "get_pipeline_model_parallel_world_size",
-    "get_data_parallel_rank", "get_data_parallel_world_size", "get_data_parallel_group_ranks",
-    "get_model_parallel_rank", "get_model_parallel_world_size", "get_slice_parallel_rank",
-    "get_tensor_model_parallel_rank", "get_slice_parallel_world_size", "get_tensor_model_parallel_world_size",
+    "get_stage_id",
+    "get_data_parallel_id",
+    "get_global_rank",
+    "get_pipe_parallel_rank",
+    "get_pipeline_model_parallel_rank",
+    "get_pipe_parallel_world_size",
+    "get_pipeline_model_parallel_world_size",
+    "get_data_parallel_rank",
+    "get_data_parallel_world_size",
+    "get_data_parallel_group_ranks",
+    "get_model_parallel_rank",
+    "get_model_parallel_world_size",
+    "get_slice_parallel_rank",
+    "get_tensor_model_parallel_rank",
+    "get_slice_parallel_world_size",
+    "get_tensor_model_parallel_world_size",
     "_is_grid_valid",
 ]
 GRID_ATTRS = [
-    "global_rank", "world_size", "data_parallel_size", "pipe_parallel_size", "model_parallel_size",
-    "slice_parallel_size", "stage_id", "data_parallel_id", "ds_model_rank", "ds_model_world_size", "dp_groups",
-    "dp_group", "is_first_stage", "is_last_stage", "p2p_groups", "pipe_groups", "pp_group", "slice_group",
-    "model_groups", "mp_group",
+    "global_rank",
+    "world_size",
+    "data_parallel_size",
+    "pipe_parallel_size",
+    "model_parallel_size",
+    "slice_parallel_size",
+    "stage_id",
+    "data_parallel_id",
+    "ds_model_rank",
+    "ds_model_world_size",
+    "dp_groups",
+    "dp_group",
+    "is_first_stage",
+    "is_last_stage",
+    "p2p_groups",
+    "pipe_groups",
+    "pp_group",
+    "slice_group",
+    "model_groups",
+    "mp_group",
 ]
-GRID_GROUPS = ["get_pipe_parallel_group", "get_data_parallel_group", "get_model_parallel_group", "get_slice_parallel_group"]
+GRID_GROUPS = [
+    "get_pipe_parallel_group",
+    "get_data_parallel_group",
+    "get_model_parallel_group",
+    "get_slice_parallel_group",
+]
 
 
 def grid_view(grid, rank_kwargs):
@@ -267,7 +303,9 @@ def test_topology_constructors_warn_once_per_call_site():
     def build():
         return ct.PipeDataParallelTopology(num_pp=2, num_dp=2)
 
-    with pytest.warns(LegacyAPIDeprecationWarning, match=r"^TODOV1: deepspeed\.runtime\.pipe\.topology\.PipeDataParallelTopology"):
+    with pytest.warns(
+        LegacyAPIDeprecationWarning, match=r"^TODOV1: deepspeed\.runtime\.pipe\.topology\.PipeDataParallelTopology"
+    ):
         build()
     import warnings
 
