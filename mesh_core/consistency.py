@@ -56,7 +56,7 @@ def check_same_mesh(spec: MeshSpec, **options: Any) -> None:
     device = _collective_device()
     mine = torch.tensor(digest(fields), dtype=torch.int64, device=device)
     gathered = torch.empty(dist.get_world_size() * DIGEST_WORDS, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(gathered, mine)
+    _all_gather_single(gathered, mine)
     rows = gathered.view(-1, DIGEST_WORDS)
     if bool((rows == mine).all()):
         return
@@ -80,6 +80,12 @@ def describe_disagreement(per_rank: Sequence[Mapping[str, str]]) -> str:
         "ranks disagree on the mesh, so creating its groups would hang; every rank must build the same "
         "mesh in the same order. Differing fields: " + " | ".join(parts)
     )
+
+
+def _all_gather_single(output: torch.Tensor, value: torch.Tensor) -> None:
+    # torch 2.13 renamed all_gather_into_tensor (now deprecated, with a FutureWarning per call)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, value)
 
 
 def _collective_device() -> torch.device:
