@@ -2,8 +2,8 @@
 
 A layout may come from the config's ``"mesh"`` section, the legacy config keys
 (``data_parallel_size``, ``sequence_parallel_size``, ``tensor_parallel.autotp_size``), the model
-(a ``PipelineModule``'s stages and topology, the MoE layers' ``ep_size``), an ``mpu=`` and a
-``mesh_param=(dp, sp)``. Every source that states a dim must agree; a disagreement raises a
+(a ``PipelineModule``'s stages and topology, the MoE layers' ``ep_size``), an ``mpu=``, a
+``mesh_param=(dp, sp)`` and a mesh passed as ``mesh=``. Every source that states a dim must agree; a disagreement raises a
 :class:`MeshSpecError` naming both sources. Pure: nothing here touches ``torch.distributed``
 beyond asking an existing ``mpu`` for its sizes, so errors come before any group is created.
 """
@@ -102,6 +102,7 @@ def collect_sources(
     topology: Any = None,
     mpu: Any = None,
     mesh_param: Any = None,
+    mesh_spec: Optional[MeshSpec] = None,
 ) -> tuple[LayoutSources, Optional[dict[str, Any]]]:
     """Every stated dim size, by source; also the config's ``"mesh"`` section."""
     section = section_of(config)
@@ -127,6 +128,9 @@ def collect_sources(
             raise MeshSpecError(f"mesh_param={mesh_param!r} must be a pair (dp, sp)") from None
         sources.add("dp", dp, f"mesh_param={tuple(mesh_param)!r}")
         sources.add("sp", sp, f"mesh_param={tuple(mesh_param)!r}")
+    if mesh_spec is not None:
+        for dim in ("pp", "dp", "sp", "tp"):
+            sources.add(dim, mesh_spec.dim_size(dim), "mesh=")
     return sources, section
 
 
@@ -139,11 +143,12 @@ def engine_spec(
     ep_sizes: Iterable[int] = (),
     mpu: Any = None,
     mesh_param: Any = None,
+    mesh_spec: Optional[MeshSpec] = None,
 ) -> MeshSpec:
     """The one spec every source agrees on (MoE layers of other ep sizes get lazy expert groups)."""
     ep_sizes = list(ep_sizes)
     sources, section = collect_sources(
-        config, num_stages=num_stages, topology=topology, mpu=mpu, mesh_param=mesh_param
+        config, num_stages=num_stages, topology=topology, mpu=mpu, mesh_param=mesh_param, mesh_spec=mesh_spec
     )
     sizes: dict[str, Any] = dict(sources.agreed())
     for dim, value in (section or {}).items():

@@ -56,6 +56,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
 
     kwargs = dict(kwargs)
     given_mesh = kwargs.pop("mesh", None)
+    if given_mesh is not None and not isinstance(given_mesh, DeepSpeedDeviceMesh):
+        raise MeshSpecError(f"mesh= must be a DeepSpeedDeviceMesh, got {type(given_mesh).__name__}: {given_mesh!r}")
     call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
     model, mpu, mesh_param = call.get("model"), call.get("mpu"), call.get("mesh_param")
     resolved = _resolve_config(call.get("args"), call.get("config"), call.get("config_params"))
@@ -82,6 +84,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         ep_sizes=_moe_ep_sizes(model),
         mpu=mpu,
         mesh_param=mesh_param,
+        mesh_spec=None if given_mesh is None else given_mesh.spec,
     )
     if not pipeline and spec.dim_size("pp") > 1:
         raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")

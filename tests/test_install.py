@@ -322,6 +322,22 @@ def test_pipeline_module_and_config_mesh_must_agree(shim, world):
     assert engine.mesh_device.get_group("pp") is engine.grid.get_pipe_parallel_group()
 
 
+def test_a_mesh_built_beforehand_becomes_the_engine_mesh(shim, world):
+    import deepspeed
+
+    from mesh_core import DeepSpeedDeviceMesh
+
+    mesh = DeepSpeedDeviceMesh.build(tp=2)
+    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh=mesh)[0]
+    assert engine.mesh_device is mesh and engine.data_parallel_group is mesh.get_group("dp")
+    before = group_count()
+    with pytest.raises(MeshSpecError, match=r"config 'mesh' section sets sp=2 but mesh= sets sp=1"):
+        deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"sp": 2}), mesh=mesh)
+    with pytest.raises(MeshSpecError, match="mesh= must be a DeepSpeedDeviceMesh"):
+        deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh="tp=2")
+    assert group_count() == before
+
+
 # --- several engines in one world ------------------------------------------------------------
 def test_two_models_get_their_own_meshes_and_share_identical_rank_sets(shim, world):
     import deepspeed
