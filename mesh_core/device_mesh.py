@@ -108,6 +108,7 @@ class DeepSpeedDeviceMesh:
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
+        verify: bool = True,
         ranks: Optional[Iterable[int]] = None,
         order: Optional[Sequence[str]] = None,
         ep: int = 1,
@@ -120,7 +121,9 @@ class DeepSpeedDeviceMesh:
         spec = MeshSpec.build(
             dist.get_world_size(), ranks=ranks, order=order, ep=ep, data_before_expert=data_before_expert, **sizes
         )
-        return cls(spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups)
+        return cls(
+            spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups, verify=verify
+        )
 
     @classmethod
     def from_config(
@@ -133,6 +136,7 @@ class DeepSpeedDeviceMesh:
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
+        verify: bool = True,
     ) -> "DeepSpeedDeviceMesh":
         """Build the mesh a DeepSpeed config describes (``"mesh"`` section or legacy keys)."""
         from .config import spec_from_config
@@ -140,7 +144,9 @@ class DeepSpeedDeviceMesh:
         if not dist.is_available() or not dist.is_initialized():
             raise MeshSpecError("torch.distributed is not initialised; initialise it before building a mesh")
         spec = spec_from_config(config, dist.get_world_size(), num_stages=num_stages, ep_size=ep_size)
-        return cls(spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups)
+        return cls(
+            spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups, verify=verify
+        )
 
     # --- queries ------------------------------------------------------------------------------
     def get_group(self, dims: Dims) -> ProcessGroup:
