@@ -4,9 +4,14 @@ Every legacy entry point warns with a :class:`LegacyAPIDeprecationWarning` whose
 ``TODOV1:``, names the mesh replacement and the MIGRATION.md row (the legacy qualified name). It
 warns once per call site, and standard ``warnings`` filters silence it or turn it into an error.
 
-The check is cheap enough for hot getters: a call site already warned about costs one frame lookup
-and one dict probe; ``warnings`` itself is only consulted the first time a site is seen (and again
-after any change to the warning filters, so ``simplefilter("error")`` later still raises).
+A call site already warned about costs one frame lookup and one dict probe; ``warnings`` itself is
+only consulted the first time a site is seen (and again after any change to the warning filters,
+so ``simplefilter("error")`` later still raises).
+
+Hot getters (``hot=True`` entries) bound that cost instead: they probe their call sites on their
+first :data:`HOT_PROBES` calls after each filter change, then stop (a frame lookup costs more than
+the getter itself). A call site a hot getter first reaches after that is not reported; the total
+probing cost stays under a few milliseconds per getter.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import warnings
 from types import FrameType
 from typing import Optional
 
-__all__ = ["LegacyAPIDeprecationWarning", "LegacyEntry", "legacy_entry", "warn_legacy"]
+__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "legacy_entry", "warn_legacy"]
+
+HOT_PROBES = 100_000  # call-site probes per hot getter and filter change
 
 
 class LegacyAPIDeprecationWarning(DeprecationWarning):
@@ -30,16 +37,24 @@ def message(legacy_name: str, replacement: str, row: str) -> str:
 class LegacyEntry:
     """One legacy API: its warning text and the call sites that already warned."""
 
-    __slots__ = ("legacy_name", "replacement", "row", "text", "sites", "_seen")
+    __slots__ = ("legacy_name", "replacement", "row", "text", "sites", "_seen", "hot", "budget")
 
-    def __init__(self, legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
+    def __init__(self, legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False) -> None:
         self.legacy_name = legacy_name
         self.replacement = replacement
         self.row = row or legacy_name
         self.text = message(legacy_name, replacement, self.row)
         # f_lasti -> code object of the last site seen at that offset (the fast-path probe)
         self.sites: dict[int, object] = {}
-        self._seen: set[tuple[int, int]] = set()
+        self._seen: set[tuple[object, int]] = set()
+        self.hot = hot
+        self.budget = HOT_PROBES if hot else 0  # probes left (hot entries only)
+
+    def probe(self, frame: FrameType) -> None:
+        """A hot getter's call-site check (the getter tests ``budget`` first)."""
+        self.budget -= 1
+        if self.sites.get(frame.f_lasti) is not frame.f_code:
+            self.hit(frame)
 
     def warn(self, depth: int = 1) -> None:
         """Warn for the caller ``depth`` frames above the caller of this method, once per site."""
@@ -49,7 +64,7 @@ class LegacyEntry:
 
     def hit(self, frame: FrameType) -> None:
         """Slow path: a site not seen since the last filter change."""
-        key = (id(frame.f_code), frame.f_lasti)
+        key = (frame.f_code, frame.f_lasti)  # holds the code: its id cannot be reused by another
         if key not in self._seen:
             module_globals = frame.f_globals
             registry = module_globals.setdefault("__warningregistry__", {})
@@ -68,16 +83,17 @@ class LegacyEntry:
     def reset(self) -> None:
         self.sites.clear()
         self._seen.clear()
+        self.budget = HOT_PROBES if self.hot else 0
 
 
 _ENTRIES: dict[str, LegacyEntry] = {}
 
 
-def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None) -> LegacyEntry:
+def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False) -> LegacyEntry:
     """The (shared) entry for a legacy API, for shims that inline the fast-path check."""
     entry = _ENTRIES.get(legacy_name)
     if entry is None:
-        entry = _ENTRIES[legacy_name] = LegacyEntry(legacy_name, replacement, row)
+        entry = _ENTRIES[legacy_name] = LegacyEntry(legacy_name, replacement, row, hot=hot)
     return entry
 
 

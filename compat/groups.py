@@ -123,8 +123,8 @@ def __getattr__(name: str) -> Any:
     return getter(_state)
 
 
-def _w(name: str, replacement: str):
-    return legacy_entry(f"{_GROUPS}.{name}", replacement)
+def _w(name: str, replacement: str, *, hot: bool = False):
+    return legacy_entry(f"{_GROUPS}.{name}", replacement, hot=hot)
 
 
 # --- the default mesh ------------------------------------------------------------------------
@@ -249,6 +249,7 @@ def _release_process_group_references(group: Any = None) -> None:
         mpu = None
         mesh_device = None
         expert_tensor_parallel_world_size = 1
+        _SP_MPU_PROBE[:] = [None, False]
         return
     state = _state
     for group_map, rank_map in (
@@ -682,10 +683,10 @@ def _create_expert_data_and_model_parallel(
 _W_MAX_SIZE = _w("_get_max_expert_size", "mesh.spec.ep")
 _W_MAX_NAME = _w("_get_max_expert_size_name", "f'ep_size_{mesh.spec.ep}'")
 _W_MAX_GROUP = _w("_get_max_expert_parallel_group", "mesh.get_group('ep')")
-_W_EP_GROUP = _w("_get_expert_parallel_group", "mesh.expert_groups(N).ep_group")
+_W_EP_GROUP = _w("_get_expert_parallel_group", "mesh.expert_groups(N).ep_group", hot=True)
 _W_EP_GROUP_RANKS = _w("_get_expert_parallel_group_ranks", "mesh.expert_groups(N).ep_ranks")
 _W_EP_DICT = _w("_get_expert_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).ep_group}")
-_W_EDP_GROUP = _w("_get_expert_data_parallel_group", "mesh.expert_groups(N).edp_group")
+_W_EDP_GROUP = _w("_get_expert_data_parallel_group", "mesh.expert_groups(N).edp_group", hot=True)
 _W_EDP_GROUP_RANKS = _w("_get_expert_data_parallel_group_ranks", "mesh.expert_groups(N).edp_ranks")
 _W_EDP_DICT = _w("_get_expert_data_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).edp_group}")
 _W_EP_BCAST = _w("_get_expert_broadcast_src_rank", "mesh.expert_groups(N).edp_ranks[0]")
@@ -736,16 +737,13 @@ def _expert_data_group(group_name: str):
 
 
 _getframe = sys._getframe
-_EP_GROUP_SITE = _W_EP_GROUP.sites.get  # the per-site probes of the hot getters, pre-bound
-_EDP_GROUP_SITE = _W_EDP_GROUP.sites.get
 
 
 def _get_expert_parallel_group(group_name: str):
     """The expert parallel group ``group_name`` (``ep_size_N``) the caller rank belongs to."""
-    # TODOV1: legacy shim (hot getter: the warning check is inlined)
-    frame = _getframe(1)
-    if _EP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
-        _W_EP_GROUP.hit(frame)
+    # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _W_EP_GROUP.budget:
+        _W_EP_GROUP.probe(_getframe(1))
     try:
         return _EP_GROUPS[group_name]
     except KeyError:
@@ -766,10 +764,9 @@ def _get_expert_parallel_group_dict() -> dict:
 
 
 def _get_expert_data_parallel_group(group_name: str):
-    # TODOV1: legacy shim (hot getter: the warning check is inlined)
-    frame = _getframe(1)
-    if _EDP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
-        _W_EDP_GROUP.hit(frame)
+    # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _W_EDP_GROUP.budget:
+        _W_EDP_GROUP.probe(_getframe(1))
     try:
         return _EDP_GROUPS[group_name]
     except KeyError:
@@ -904,8 +901,16 @@ def _get_local_all_to_all_group() -> dict:
 
 
 # --- data / model / sequence parallel resolution (engine-facing) ----------------------------------
+_SP_MPU_PROBE: list = [None, False]  # (last mpu probed, result): hasattr on a miss is slow
+
+
 def _is_sp_mpu(candidate: Any) -> bool:
-    return hasattr(candidate, "initialize_sequence_parallel")
+    """DeepSpeed's marker for the Ulysses ``parallel_state_sp`` module used as mpu."""
+    if candidate is _SP_MPU_PROBE[0]:
+        return _SP_MPU_PROBE[1]
+    result = hasattr(candidate, "initialize_sequence_parallel")
+    _SP_MPU_PROBE[:] = [candidate, result]
+    return result
 
 
 def _mesh_device_group(dim: str):
@@ -915,7 +920,7 @@ def _mesh_device_group(dim: str):
     return mesh_device.get_group(mesh_dim=dim)
 
 
-_W_DP_GROUP = _w("_get_data_parallel_group", "mesh.get_group('dp')")
+_W_DP_GROUP = _w("_get_data_parallel_group", "mesh.get_group('dp')", hot=True)
 _W_DP_GROUP_RANKS = _w("_get_data_parallel_group_ranks", "mesh.get_group_ranks('dp')")
 _W_BCAST = _w("_get_broadcast_src_rank", "mesh.get_group_ranks(('dp', 'sp'))[0]")
 _W_DP_WS = _w("_get_data_parallel_world_size", "mesh.size('dp')")
@@ -927,9 +932,6 @@ _W_SP_GROUP = _w("_get_sequence_parallel_group", "mesh.get_group('sp')")
 _W_SDP_WS = _w("_get_sequence_data_parallel_world_size", "mesh.size(('dp', 'sp'))")
 _W_SDP_RANK = _w("_get_sequence_data_parallel_rank", "mesh.get_rank(('dp', 'sp'))")
 _W_SDP_GROUP = _w("_get_sequence_data_parallel_group", "mesh.get_group(('dp', 'sp'))")
-
-
-_DP_GROUP_SITE = _W_DP_GROUP.sites.get
 
 
 def _dp_group():
@@ -945,10 +947,9 @@ def _dp_group():
 
 def _get_data_parallel_group():
     """The data parallel group the caller rank belongs to (mesh_device, bound mesh, mpu or world)."""
-    # TODOV1: legacy shim (hot getter: the warning check is inlined)
-    frame = _getframe(1)
-    if _DP_GROUP_SITE(frame.f_lasti) is not frame.f_code:
-        _W_DP_GROUP.hit(frame)
+    # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _W_DP_GROUP.budget:
+        _W_DP_GROUP.probe(_getframe(1))
     if mpu is not None and mesh_device is None and not _state.bound_groups:
         return None if _is_sp_mpu(mpu) else mpu.get_data_parallel_group()
     return _dp_group()

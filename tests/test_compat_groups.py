@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import compat.groups as cgroups
 from compat import topology as ctopology
-from compat.deprecation import LegacyAPIDeprecationWarning, warn_legacy
+from compat.deprecation import HOT_PROBES, LegacyAPIDeprecationWarning, warn_legacy
 from fakepg import fake_world, group_count, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, registry_for_world
 
@@ -624,3 +624,27 @@ def test_compat_imports_without_deepspeed():
         "assert 'deepspeed' not in sys.modules, sorted(m for m in sys.modules if m.startswith('deepspeed'))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.filterwarnings("default::compat.deprecation.LegacyAPIDeprecationWarning")
+def test_hot_getters_bound_their_call_site_probing():
+    """Hot getters stop probing call sites after HOT_PROBES calls; any filter change re-arms them."""
+    entry = cgroups._W_EP_GROUP
+    assert entry.hot and not cgroups._W_EP_GROUP_RANKS.hot
+    with fake_world(0, 4):
+        try:
+            cgroups._create_expert_and_data_parallel(2)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default", LegacyAPIDeprecationWarning)
+                assert entry.budget == HOT_PROBES
+                entry.budget = 1
+                cgroups._get_expert_parallel_group("ep_size_2")  # site A: probed, warns
+                cgroups._get_expert_parallel_group("ep_size_2")  # site B: budget spent, not probed
+                assert entry.budget == 0 and len(caught) == 1
+                warnings.simplefilter("default", LegacyAPIDeprecationWarning)  # a filter change re-arms
+                assert entry.budget == HOT_PROBES
+                for _ in range(2):
+                    cgroups._get_expert_parallel_group("ep_size_2")  # site C: probed again, warns once
+            assert len(caught) == 2 and caught[0].lineno != caught[1].lineno
+        finally:
+            cgroups._release_process_group_references()
