@@ -25,17 +25,19 @@ def moe_runs(tmp_path_factory):
     return torchrun("train_moe.py", str(tmp_path_factory.mktemp("moe")))
 
 
-@pytest.mark.parametrize("mode", ["shim", "shim_config"])
-def test_pipeline_bit_identical(pipe_runs, mode):
+@pytest.mark.parametrize("mode,reference", [("shim", "legacy"), ("shim_config", "legacy"), ("shim_zero1", "legacy_zero1")])
+def test_pipeline_bit_identical(pipe_runs, mode, reference):
     for rank, runs in enumerate(pipe_runs):
-        assert_bit_identical(runs["legacy"], runs[mode], f"pipe rank {rank} {mode}")
-        assert runs[mode]["groups"] == runs["legacy"]["groups"]
+        assert_bit_identical(runs[reference], runs[mode], f"pipe rank {rank} {mode}")
+        assert runs[mode]["groups"] == runs[reference]["groups"]
+        assert runs[mode]["optimizer"] == runs[reference]["optimizer"]
+    assert "Zero" in pipe_runs[0]["shim_zero1"]["optimizer"]
     # the pipeline really trained (losses change, stages hold different layers)
     assert len(set(pipe_runs[0]["legacy"]["losses"])) > 1
     assert pipe_runs[0]["legacy"]["params"].keys() != pipe_runs[2]["legacy"]["params"].keys()
 
 
-@pytest.mark.parametrize("mode", ["shim", "shim_config"])
+@pytest.mark.parametrize("mode", ["shim", "shim_config", "shim_zero1"])
 def test_pipeline_groups_come_from_engine_mesh(pipe_runs, mode):
     for rank, runs in enumerate(pipe_runs):
         mesh = runs[mode]["mesh"]
@@ -54,18 +56,23 @@ def test_pipeline_shim_creates_fewer_communicators(pipe_runs):
     assert runs["shim_config"]["new_groups"] == 1
 
 
-@pytest.mark.parametrize("mode,reference", [("shim", "legacy"), ("shim_mpu", "legacy_mpu"), ("shim_config", "legacy")])
+@pytest.mark.parametrize(
+    "mode,reference",
+    [("shim", "legacy"), ("shim_mpu", "legacy_mpu"), ("shim_config", "legacy"), ("shim_zero2", "legacy_zero2")],
+)
 def test_moe_bit_identical(moe_runs, mode, reference):
     for rank, runs in enumerate(moe_runs):
         assert_bit_identical(runs[reference], runs[mode], f"moe rank {rank} {mode}")
         assert runs[mode]["groups"] == runs[reference]["groups"]
+        assert runs[mode]["optimizer"] == runs[reference]["optimizer"]
+    assert "Zero" in moe_runs[0]["shim_zero2"]["optimizer"]
     # different data per rank: the ranks' losses differ, the synchronised parameters don't
     assert moe_runs[0]["legacy"]["losses"] != moe_runs[1]["legacy"]["losses"]
     dense = "inp.weight"
     assert torch.equal(moe_runs[0]["shim"]["params"][dense], moe_runs[3]["shim"]["params"][dense])
 
 
-@pytest.mark.parametrize("mode", ["shim", "shim_mpu", "shim_config"])
+@pytest.mark.parametrize("mode", ["shim", "shim_mpu", "shim_config", "shim_zero2"])
 def test_moe_groups_come_from_engine_mesh(moe_runs, mode):
     for rank, runs in enumerate(moe_runs):
         mesh = runs[mode]["mesh"]

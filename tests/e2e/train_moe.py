@@ -1,7 +1,7 @@
 """A MoE model (4 experts, ep=2) on 4 ranks: a few steps per mode; see common.py.
 
 Modes: ``legacy``, ``legacy_mpu`` (a user mpu), ``shim``, ``shim_mpu``, ``shim_config`` (the config
-``"mesh"`` section instead of an mpu). Usage: ``torchrun --nproc_per_node 4 train_moe.py OUT [MODES]``.
+``"mesh"`` section instead of an mpu), ``legacy_zero2`` / ``shim_zero2`` (ZeRO stage 2). Usage: ``torchrun --nproc_per_node 4 train_moe.py OUT [MODES]``.
 """
 import sys
 import warnings
@@ -12,12 +12,15 @@ import common
 from simple_mpu import DataParallelMPU
 
 STEPS = 3
+# mode: (shim installed, with a user mpu, config "mesh" section, ZeRO stage)
 MODES = {
-    "legacy": (False, False, None),
-    "legacy_mpu": (False, True, None),
-    "shim": (True, False, None),
-    "shim_mpu": (True, True, None),
-    "shim_config": (True, False, {"dp": 4, "ep": 2}),
+    "legacy": (False, False, None, 0),
+    "legacy_mpu": (False, True, None, 0),
+    "shim": (True, False, None, 0),
+    "shim_mpu": (True, True, None, 0),
+    "shim_config": (True, False, {"dp": 4, "ep": 2}, 0),
+    "legacy_zero2": (False, False, None, 2),
+    "shim_zero2": (True, False, {"ep": 2}, 2),
 }
 
 
@@ -39,13 +42,14 @@ def run(mode: str, rank: int) -> dict:
     import deepspeed
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-    shim, with_mpu, mesh_section = MODES[mode]
+    shim, with_mpu, mesh_section, zero_stage = MODES[mode]
     common.set_mode(shim)
     torch.manual_seed(0)
     model = MoEModel()
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "p"})
     optimizer = torch.optim.Adam(groups, lr=1e-2)
-    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10**6}
+    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+              "zero_optimization": {"stage": zero_stage}}
     if mesh_section is not None:
         config["mesh"] = mesh_section
     before = common.group_count()
@@ -66,6 +70,7 @@ def run(mode: str, rank: int) -> dict:
         "losses": losses,
         "params": common.params_of(engine.module),
         "new_groups": common.group_count() - before,
+        "optimizer": type(engine.optimizer).__name__,
         # warnings attributed to this script (deepspeed-internal call sites are not the user's)
         "todov1": [str(w.message) for w in caught if str(w.message).startswith("TODOV1:") and w.filename == __file__],
         "groups": {

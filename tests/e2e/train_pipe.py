@@ -1,7 +1,7 @@
 """PipelineModule pp=2 x dp=2: a few train_batch steps per mode; see common.py.
 
 Modes: ``legacy`` (no shim), ``shim`` (unchanged script, shim installed), ``shim_config`` (shim
-plus the config ``"mesh"`` section). Usage: ``torchrun --nproc_per_node 4 train_pipe.py OUT``.
+plus the config ``"mesh"`` section), and ``legacy_zero1`` / ``shim_zero1`` with ZeRO stage 1. Usage: ``torchrun --nproc_per_node 4 train_pipe.py OUT``.
 """
 import sys
 
@@ -10,7 +10,14 @@ import torch
 import common
 
 STEPS = 3
-MODES = {"legacy": (False, None), "shim": (True, None), "shim_config": (True, {"pp": 2, "dp": 2})}
+# mode: (shim installed, config "mesh" section, ZeRO stage)
+MODES = {
+    "legacy": (False, None, 0),
+    "shim": (True, None, 0),
+    "shim_config": (True, {"pp": 2, "dp": 2}, 0),
+    "legacy_zero1": (False, None, 1),
+    "shim_zero1": (True, {"pp": 2, "dp": 2}, 1),
+}
 
 
 def batches(rank: int):
@@ -24,7 +31,7 @@ def run(mode: str, rank: int) -> dict:
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
-    shim, mesh_section = MODES[mode]
+    shim, mesh_section, zero_stage = MODES[mode]
     common.set_mode(shim)
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
@@ -36,13 +43,15 @@ def run(mode: str, rank: int) -> dict:
         "gradient_accumulation_steps": 2,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "steps_per_print": 10**6,
+        "zero_optimization": {"stage": zero_stage},
     }
     if mesh_section is not None:
         config["mesh"] = mesh_section
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     data = batches(rank)
     losses = [engine.train_batch(data_iter=data).item() for _ in range(STEPS)]
-    result = {"losses": losses, "params": common.params_of(engine.module), "new_groups": common.group_count() - before}
+    result = {"losses": losses, "params": common.params_of(engine.module), "new_groups": common.group_count() - before,
+              "optimizer": type(engine.optimizer).__name__}
     grid = engine.grid
     result["groups"] = {
         "dp": common.ranks(grid.get_data_parallel_group()),
