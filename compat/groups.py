@@ -91,6 +91,7 @@ class GroupsState:
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
     owned_meshes: list = field(default_factory=list)  # meshes compat built (released with the world)
+    tp_source: Optional[tuple[Any, Any]] = None  # (mesh, (tp dims, dp dims)) of _init_tp_*, kept under a binding
 
 
 _state = GroupsState()
@@ -144,9 +145,10 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if mesh is not None and mesh is state.mesh and state.mesh_is_bound:
         return  # already bound (engines re-bind their mesh around every step)
     if mesh is None:
-        if state.mesh_is_bound:
-            state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
-            _set_tp_groups(None, None)
+        if state.mesh_is_bound:  # back to what _init_tp_mesh_device had set up, if anything
+            state.mesh_is_bound, state.bound_groups = False, {}
+            state.mesh = state.tp_source[0] if state.tp_source else None
+            _set_tp_groups(*(state.tp_source or (None, None)))
         return
     groups = {dims: mesh.ensure_group(dims) for dims in BOUND_DIMS}  # collective, members or not
     if not mesh.is_member:
@@ -174,7 +176,7 @@ def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Optional[tuple[Any
     tp_dims, dp_dims = dims
     state.tp_group, state.dp_group = mesh.get_group(tp_dims), mesh.get_group(dp_dims)
     state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_rank(tp_dims)
-    state.tp_src = mesh.get_group_ranks(tp_dims)[0]
+    state.tp_src = min(mesh.get_group_ranks(tp_dims))
     state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_rank(dp_dims)
 
 
@@ -270,6 +272,7 @@ def _release_process_group_references(group: Any = None) -> None:
     if state.tp_group is group:
         state.tp_group = None
         state.tp_world_size_override = state.tp_rank_override = None
+        state.tp_source = None
     if state.dp_group is group:
         state.dp_group = None
     _forget_destroyed(group)
@@ -330,6 +333,8 @@ def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_par
 def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
     if _state.mesh is None:
         _state.mesh = mesh
+    if mesh is not bound_mesh():
+        _state.tp_source = (mesh, dims)
     _set_tp_groups(mesh, dims)
     return _state.dp_group, _state.tp_group
 

@@ -162,7 +162,7 @@ class MeshMPU:
 
     def get_tensor_model_parallel_src_rank(self) -> int:
         """Global rank of TP rank 0 of this rank's TP group."""
-        return self.mesh.get_group_ranks("tp")[0]
+        return min(self.mesh.get_group_ranks("tp"))
 
     get_slice_parallel_group = get_tensor_model_parallel_group
     get_slice_parallel_world_size = get_tensor_model_parallel_world_size

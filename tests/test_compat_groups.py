@@ -648,3 +648,19 @@ def test_hot_getters_bound_their_call_site_probing():
             assert len(caught) == 2 and caught[0].lineno != caught[1].lineno
         finally:
             cgroups._release_process_group_references()
+
+
+def test_unbinding_restores_autotp_groups():
+    """Engines re-bind their own state around each step: an AutoTP engine's groups survive another engine's mesh."""
+    with fake_world(3, 8):
+        try:
+            dp_group, tp_group = cgroups._init_tp_mesh_device(2)
+            other = DeepSpeedDeviceMesh(MeshSpec.build(8, dp=2, tp=4))
+            cgroups.bind_mesh(other)
+            assert cgroups.get_tensor_model_parallel_world_size() == 4
+            cgroups.bind_mesh(None)
+            assert cgroups.get_tensor_model_parallel_group() is tp_group
+            assert cgroups.get_data_parallel_group() is dp_group and cgroups.get_tensor_model_parallel_world_size() == 2
+            assert cgroups.bound_mesh() is None
+        finally:
+            cgroups._release_process_group_references()
