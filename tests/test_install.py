@@ -230,6 +230,19 @@ def test_ds_mesh_env_opt_in_runs_unchanged_script_on_the_mesh(tmp_path, value, e
     assert f"MESH {expected}" in out
 
 
+def test_package_level_install_works_after_the_submodule_is_imported():
+    import compat
+
+    import compat.install  # noqa: F401  (binds the package attribute "install" to the submodule)
+
+    try:
+        compat.install()
+        assert installer.is_installed()
+    finally:
+        compat.uninstall()
+    assert not installer.is_installed()
+
+
 def test_install_from_env_reads_the_variable():
     assert installer.install_from_env({}) is False
     assert installer.install_from_env({"DS_MESH": "0"}) is False
@@ -277,6 +290,19 @@ def test_config_mesh_section_gives_the_same_engine_as_mesh_param(shim, world):
         assert ranks(engine.seq_parallel_group) == [0, 1] and ranks(engine.data_parallel_group) == [1, 3]
     assert by_section.mesh_device is not by_keys.mesh_device  # one mesh per engine ...
     assert by_section.data_parallel_group is by_keys.data_parallel_group  # ... sharing communicators
+
+
+def test_config_file_from_args_with_mesh_section(shim, world, tmp_path):
+    import argparse
+
+    import deepspeed
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(tiny_config(mesh={"tp": 2})))
+    args = argparse.Namespace(deepspeed_config=str(path), local_rank=RANK)
+    engine = deepspeed.initialize(args=args, model=torch.nn.Linear(4, 4))[0]
+    assert engine.mesh_device.spec.shape == {"dp": 2, "tp": 2}
+    assert args.deepspeed_config == str(path)  # the caller's args are not modified
 
 
 @pytest.mark.parametrize(
