@@ -621,7 +621,8 @@ def test_compat_imports_without_deepspeed():
 
     code = (
         "import sys; import compat, compat.groups, compat.topology, compat.mpu; "
-        "assert 'deepspeed' not in sys.modules, sorted(m for m in sys.modules if m.startswith('deepspeed'))"
+        "assert 'deepspeed' not in sys.modules, sorted(m for m in sys.modules if m.startswith('deepspeed')); "
+        "assert 'compat.install' not in sys.modules and callable(compat.install) and callable(compat.uninstall)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
