@@ -256,7 +256,7 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
         problem = err
     if check_agreement and world > 1:
         # every rank takes part before anyone raises, so a rank-local mismatch cannot hang the others
-        _check_agreement(spec, device_type, problem)
+        _check_agreement(spec, problem)
     if problem is not None:
         raise problem
     assert spec is not None
@@ -299,12 +299,13 @@ def _infer_spec(groups: dict[str, Any], world: int, rank: int) -> MeshSpec:
     return spec
 
 
-def _check_agreement(spec: Optional[MeshSpec], device_type: str, problem: Optional[Exception]) -> None:
+def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> None:
     if spec is None or problem is not None:
         code = [-1] * (2 * len(MPU_DIMS))
     else:
         code = [spec.dim_size(d) for d in MPU_DIMS] + [spec.names.index(d) for d in MPU_DIMS]
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if device_type == "cuda" else device_type)
+    # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
+    device = dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
     low = torch.tensor(code, dtype=torch.int64, device=device)
     high = low.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
