@@ -3,6 +3,7 @@ and ``# TODOV1:`` comments for sites that cannot be rewritten safely."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import libcst as cst
@@ -47,6 +48,20 @@ def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[str]) -> cst.Traili
     return ws.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(text))
 
 
+@dataclass
+class _Frame:
+    """What a statement collects while its children are rewritten."""
+
+    messages: list[str] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+
+    def with_comments(self, statement):
+        if not self.comments:
+            return statement
+        lines = [cst.EmptyLine(comment=cst.Comment(text)) for text in self.comments]
+        return statement.with_changes(leading_lines=[*statement.leading_lines, *lines])
+
+
 class MigrationCommand(VisitorBasedCodemodCommand):
     """Base of every migration codemod.
 
@@ -55,11 +70,21 @@ class MigrationCommand(VisitorBasedCodemodCommand):
     call on. They may override :meth:`on_statement` (never ``leave_SimpleStatementLine``).
     """
 
+    # The codemod can only apply to a source that contains, for every tuple here, one of its
+    # strings (checked first, to skip resolving metadata for files that cannot hold a site).
+    MARKERS: tuple[tuple[str, ...], ...] = ()
+    # A cleanup codemod only runs after another one rewrote a site in the same file.
+    CLEANUP = False
+
+    @classmethod
+    def may_apply(cls, source: str) -> bool:
+        return all(any(m in source for m in group) for group in cls.MARKERS)
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self._frames: list[list[str]] = []
+        self._frames: list[_Frame] = []
         self._engine_cache: dict[int, list[tuple[str, int]]] = {}
         self.sites, self.todos = counters(context)
 
@@ -67,7 +92,18 @@ class MigrationCommand(VisitorBasedCodemodCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         if self.context.full_module_name in ln.DEFINING_MODULES:
             raise SkipFile(f"{self.context.full_module_name} defines legacy APIs")
+        self._import_aliases = {
+            alias.asname.name.value: alias.evaluated_name.rpartition(".")[2]
+            for alias in find_all(node, cst.ImportAlias)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
+        }
         return True
+
+    def could_be(self, node: cst.CSTNode, names) -> bool:
+        """Cheap pre-check before resolving qualified names: the name (or attribute) ``node`` ends
+        with is one of ``names``, directly or as an import alias of one."""
+        last = last_name(node)
+        return last is not None and (last in names or self._import_aliases.get(last) in names)
 
     # --- names --------------------------------------------------------------------------------
     def legacy_names(self, node: cst.CSTNode) -> set[str]:
@@ -91,7 +127,12 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         """Leave the current site unchanged with a ``# TODOV1: message`` on its statement."""
         self.todos[kind] += 1
         if self._frames:
-            self._frames[-1].append(message)
+            self._frames[-1].messages.append(message)
+
+    def keep_comments(self, replaced: cst.CSTNode) -> None:
+        """Comments inside a node being replaced move to their own lines above the statement."""
+        if self._frames:
+            self._frames[-1].comments += [c.value for c in find_all(replaced, cst.Comment)]
 
     def on_statement(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -100,22 +141,26 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         return updated_node
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
-        self._frames.append([])
+        self._frames.append(_Frame())
         return True
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
-        messages = self._frames.pop()
+        frame = self._frames.pop()
         result = self.on_statement(original_node, updated_node)
-        if messages and isinstance(result, cst.SimpleStatementLine):
-            result = result.with_changes(trailing_whitespace=with_todo(result.trailing_whitespace, messages))
+        if isinstance(result, cst.SimpleStatementLine):
+            result = frame.with_comments(result)
+            if frame.messages:
+                result = result.with_changes(trailing_whitespace=with_todo(result.trailing_whitespace, frame.messages))
         return result
 
     def _push(self, node: cst.CSTNode) -> Optional[bool]:
-        self._frames.append([])
+        self._frames.append(_Frame())
         return True
 
     def _pop(self, original_node: _Compound, updated_node: _Compound) -> _Compound:
-        messages = self._frames.pop()
+        frame = self._frames.pop()
+        updated_node = frame.with_comments(updated_node)
+        messages = frame.messages
         if not messages:
             return updated_node
         body = updated_node.body
@@ -271,6 +316,15 @@ def find_all(tree: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
     finder = _Finder(types)
     tree.visit(finder)
     return finder.found
+
+
+def last_name(node: cst.CSTNode) -> Optional[str]:
+    """``x`` of a name ``x`` or an attribute ``a.b.x``."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return None
 
 
 def literal_int(node: cst.BaseExpression) -> Optional[int]:

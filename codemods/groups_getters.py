@@ -11,7 +11,7 @@ from typing import Optional
 import libcst as cst
 
 from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, has_star_args
+from .base import MigrationCommand, arg_by, has_star_args, last_name
 
 KIND = "groups getter"
 
@@ -129,8 +129,23 @@ def code(node: cst.CSTNode) -> str:
 
 class GroupsGettersCommand(MigrationCommand):
     DESCRIPTION = "deepspeed.utils.groups getters -> calls on the model's DeepSpeedDeviceMesh"
+    MARKERS = (
+        (
+            "utils.groups",
+            "import groups",
+            "groups import",
+            "deepspeed.utils import",
+            "deepspeed.utils.get_",
+            "deepspeed.utils._get_",
+            "from deepspeed import utils",
+            "from compat",
+            "import compat",
+        ),
+    )
 
     def function_of(self, node: cst.CSTNode) -> Optional[str]:
+        if not self.could_be(node, ALL_FUNCTIONS):
+            return None  # cheap pre-check before resolving the qualified name
         name = self.legacy_name(node, lambda n: ln.groups_function(n) is not None)
         return ln.groups_function(name) if name else None
 
@@ -160,6 +175,7 @@ class GroupsGettersCommand(MigrationCommand):
         return updated_node
 
     def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
+        self.keep_comments(call)
         mesh = code(self.model_mesh(call))
         self.record(KIND)
         new = cst.parse_expression(template.format(mesh=mesh, **parts))
@@ -200,6 +216,8 @@ class GroupsGettersCommand(MigrationCommand):
         return True
 
     def _check_reference(self, node: cst.BaseExpression) -> None:
+        if not self.could_be(node, ALL_FUNCTIONS | STATE):
+            return
         parent = self.parent(node)
         if isinstance(parent, cst.Call) and parent.func is node:
             return

@@ -51,6 +51,9 @@ def with_entry(node: cst.Dict, entry: str) -> cst.Dict:
     previous = elements[-2].comma if len(elements) > 1 else None
     if isinstance(last.comma, cst.Comma):
         separator = previous if isinstance(previous, cst.Comma) else last.comma
+        ws = separator.whitespace_after
+        if isinstance(ws, cst.SimpleWhitespace) and ws.value == "":
+            separator = separator.with_changes(whitespace_after=cst.SimpleWhitespace(" "))
         element = element.with_changes(comma=last.comma)
     else:
         separator = previous if isinstance(previous, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
@@ -68,6 +71,7 @@ def without_args(call: cst.Call, drop: list[cst.Arg]) -> cst.Call:
 
 class InitializeCommand(MigrationCommand):
     DESCRIPTION = "deepspeed.initialize(mpu=, mesh_param=) -> config \"mesh\" section"
+    MARKERS = (("initialize",), ("mpu", "mesh_param"))
 
     def __init__(self, context) -> None:
         super().__init__(context)
@@ -78,7 +82,7 @@ class InitializeCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
         for call in find_all(node, cst.Call):
-            if ln.INITIALIZE in self.legacy_names(call.func):
+            if self.could_be(call.func, {"initialize"}) and ln.INITIALIZE in self.legacy_names(call.func):
                 self._plan(call)
         return True
 
@@ -109,7 +113,7 @@ class InitializeCommand(MigrationCommand):
         if mpu is not None:
             sizes = self._mpu_sizes(mpu)
             if sizes is None:
-                self._defer(node, KIND_MPU, 'mpu of unknown layout: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
+                self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
             else:
                 entries += sizes
                 drops.append(mpu)
@@ -215,4 +219,6 @@ class InitializeCommand(MigrationCommand):
         for kind in kinds:
             self.record(kind)
         drops = [u for o, u in zip(original_node.args, updated_node.args) if id(o) in drop_ids]
+        for arg in drops:  # the last argument's comma (and its comment) moves to the new last one
+            self.keep_comments(arg.value if arg is updated_node.args[-1] else arg)
         return without_args(updated_node, drops)

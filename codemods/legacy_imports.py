@@ -17,12 +17,23 @@ def is_legacy(qualified: str) -> bool:
 
 
 class LegacyImportsCommand(MigrationCommand):
+    CLEANUP = True
     DESCRIPTION = "remove unused imports of deepspeed.utils.groups / the pipe topology (and compat)"
+    MARKERS = (("import", ),)
+
+    def _unused(self, alias: cst.ImportAlias) -> bool:
+        """No reference to the name ``alias`` binds (checked here so that the costly removal
+        pass only runs when there is something to remove)."""
+        scope = self.scope_of(alias)
+        if scope is None:
+            return True
+        bound = alias.evaluated_alias or alias.evaluated_name
+        return not any(a.references for a in scope.assignments[bound.split(".")[0]])
 
     def visit_Import(self, node: cst.Import) -> Optional[bool]:
         for alias in node.names:
             module = get_full_name_for_node(alias.name)
-            if module and is_legacy(module):
+            if module and is_legacy(module) and self._unused(alias):
                 asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
                 RemoveImportsVisitor.remove_unused_import(self.context, module, asname=asname)
         return False
@@ -35,7 +46,7 @@ class LegacyImportsCommand(MigrationCommand):
             return False
         for alias in node.names:
             obj = get_full_name_for_node(alias.name)
-            if obj and is_legacy(f"{module}.{obj}"):
+            if obj and is_legacy(f"{module}.{obj}") and self._unused(alias):
                 asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
                 RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
         return False

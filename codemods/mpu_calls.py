@@ -29,7 +29,7 @@ class _Collector(cst.CSTVisitor):
         self.found: list[cst.BaseExpression] = []
 
     def visit_Call(self, node: cst.Call) -> Optional[bool]:
-        if ln.INITIALIZE in self.command.legacy_names(node.func):
+        if self.command.could_be(node.func, {"initialize"}) and ln.INITIALIZE in self.command.legacy_names(node.func):
             mpu = arg_by(node, 7, "mpu")
             if mpu is not None:
                 self.found.append(mpu.value)
@@ -38,6 +38,7 @@ class _Collector(cst.CSTVisitor):
 
 class MpuCallsCommand(MigrationCommand):
     DESCRIPTION = "calls on the mpu passed to deepspeed.initialize -> engine mesh calls (or TODOV1)"
+    MARKERS = (("initialize",), ("mpu",))
 
     def __init__(self, context) -> None:
         super().__init__(context)
@@ -103,10 +104,11 @@ class MpuCallsCommand(MigrationCommand):
             provenance = UNKNOWN
         if provenance is None:
             return updated_node
-        mesh_hint = grid_api.METHODS.get(method, "<mesh> call, see MIGRATION.md").format(m="<mesh>")
+        template = grid_api.METHODS.get(method)
+        mesh_hint = template.format(m="<mesh>") if template else "see MIGRATION.md"
         if provenance == GRID:
             engine = self.engine_in_scope(original_node)
-            replacement = grid_api.rewrite_use(f"{engine}.mesh_device", func, original_node) if engine else None
+            replacement = grid_api.rewrite_use(f"{engine}.mesh_device", updated_node.func, updated_node) if engine else None
             if replacement is not None:
                 self.record(KIND)
                 return cst.parse_expression(replacement)
@@ -115,7 +117,7 @@ class MpuCallsCommand(MigrationCommand):
         self.flag(
             KIND,
             f"mpu.{method}() on an mpu of unknown provider: use engine.mesh_device "
-            f"(a PipelineParallelGrid maps to {mesh_hint}; see MIGRATION.md for other providers)",
+            + (f"(a PipelineParallelGrid maps to {mesh_hint}; see MIGRATION.md for other providers)" if template else "(see MIGRATION.md)"),
         )
         return updated_node
 

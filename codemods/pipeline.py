@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
 from .base import MigrationCommand, counters
+from .legacy_names import DEFINING_MODULES
 from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
@@ -51,9 +52,15 @@ def migrate_code(
     tree = cst.parse_module(source)
     if not any(marker in source for marker in _MARKERS):
         return Migration(source, skipped="no legacy import")
+    if module in DEFINING_MODULES:
+        return Migration(source, skipped=f"{module} defines legacy APIs")
     sites: Counter = Counter()
     todos: Counter = Counter()
     for command_class in codemods:
+        if not command_class.may_apply(source):
+            continue
+        if command_class.CLEANUP and not sites:
+            continue  # nothing was rewritten, so no import became unused
         context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
         try:
             tree = command_class(context).transform_module(tree)

@@ -20,6 +20,7 @@ from .base import MigrationCommand, arg_by, find_all, has_star_args
 KIND_GRID = "grid construction"
 KIND_USE = "grid method/attribute"
 DEFAULT_ORDER = ("pp", "dp", "tp")
+CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
 
 
 @dataclass
@@ -82,10 +83,11 @@ def topology_layout(kind: str, call: cst.Call) -> Optional[Layout]:
 
 class TopologyCommand(MigrationCommand):
     DESCRIPTION = "PipelineParallelGrid / topology construction -> DeepSpeedDeviceMesh.build"
+    MARKERS = (("PipelineParallelGrid", "Topology"),)
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self._replacements: dict[int, str] = {}
+        self._replacements: dict[int, str] = {}  # id(node) -> the mesh name (or, for the grid, its build call)
         self._converted_grids: set[int] = set()
         self._kept_grids: dict[int, str] = {}
         self._used_topologies: set[int] = set()
@@ -95,7 +97,11 @@ class TopologyCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
         for assign in find_all(node, cst.Assign):
-            if isinstance(assign.value, cst.Call) and self.legacy_name(assign.value.func, {ln.GRID}):
+            if (
+                isinstance(assign.value, cst.Call)
+                and self.could_be(assign.value.func, {"PipelineParallelGrid"})
+                and self.legacy_name(assign.value.func, {ln.GRID})
+            ):
                 reason = self._plan_grid(assign)
                 if reason is not None:
                     self._kept_grids[id(assign.value)] = reason
@@ -188,26 +194,24 @@ class TopologyCommand(MigrationCommand):
         holder = self.parent(parent)
         if isinstance(holder, (cst.AssignTarget, cst.AugAssign, cst.Del)):
             return None
-        if isinstance(holder, cst.Call) and holder.func is parent:
-            replacement = grid_api.rewrite_use(mesh, parent, holder)
-            node: cst.CSTNode = holder
-        else:
-            replacement = grid_api.rewrite_use(mesh, parent, None)
-            node = parent
-        if replacement is None:
+        call = holder if isinstance(holder, cst.Call) and holder.func is parent else None
+        if grid_api.rewrite_use(mesh, parent, call) is None:
             return None
-        return id(node), replacement, parent.attr.value in grid_api.NEEDS_PP_TP
+        return id(call or parent), mesh, parent.attr.value in grid_api.NEEDS_PP_TP
 
     # --- rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        replacement = self._replacements.get(id(original_node))
-        if replacement is not None:
+        planned = self._replacements.get(id(original_node))
+        if planned is not None:
+            self.keep_comments(original_node)
             if id(original_node) in self._converted_grids:
                 self.record(KIND_GRID)
                 self.add_mesh_import("DeepSpeedDeviceMesh")
-            else:
-                self.record(KIND_USE)
-            return cst.parse_expression(replacement)
+                return cst.parse_expression(planned)
+            self.record(KIND_USE)
+            return cst.parse_expression(grid_api.rewrite_use(planned, updated_node.func, updated_node))
+        if not self.could_be(original_node.func, CLASS_NAMES):
+            return updated_node
         kind = self.legacy_name(original_node.func, {ln.GRID, *ln.TOPOLOGY_CLASSES})
         if kind == ln.GRID:
             reason = self._kept_grids.get(id(original_node), "the grid is not bound to a local variable")
@@ -217,11 +221,11 @@ class TopologyCommand(MigrationCommand):
         return updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        replacement = self._replacements.get(id(original_node))
-        if replacement is None:
+        mesh = self._replacements.get(id(original_node))
+        if mesh is None:
             return updated_node
         self.record(KIND_USE)
-        return cst.parse_expression(replacement)
+        return cst.parse_expression(grid_api.rewrite_use(mesh, updated_node, None))
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node.with_changes(body=self._without_removed(original_node.body, updated_node.body))
