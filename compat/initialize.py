@@ -155,7 +155,8 @@ def _engine_mesh(spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpe
         _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid")
         return as_engine_mesh(grid.mesh), None
     if mpu is not None:
-        if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):
+        if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
+            _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}")
             return as_engine_mesh(mpu.mesh), mpu
         from .mpu import mesh_from_mpu
 

@@ -392,3 +392,69 @@ def test_two_models_get_their_own_meshes_and_share_identical_rank_sets(shim, wor
     assert seen[0] is am and seen[1] is rm
     assert reference.seq_data_parallel_group is rm.get_group(("dp", "sp"))
     assert actor.seq_data_parallel_group is am.get_group("dp")
+
+
+# --- the layout sources, as pure data (no process group) ---------------------------------------
+class _SizesMPU:
+    """A Megatron-style mpu reporting fixed sizes."""
+
+    def __init__(self, dp: int, tp: int) -> None:
+        self._dp, self._tp = dp, tp
+
+    def get_data_parallel_world_size(self):
+        return self._dp
+
+    def get_tensor_model_parallel_world_size(self):
+        return self._tp
+
+
+LAYOUTS = [(dp, sp, tp) for dp in (1, 2, 4, 8) for sp in (1, 2, 4) for tp in (1, 2, 4) if dp * sp * tp == 8]
+
+
+def test_engine_spec_agrees_with_every_source_or_names_two_that_disagree():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from compat.engine_spec import SECTION_SOURCE, engine_spec
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.sampled_from(LAYOUTS), st.data())
+    def check(layout, data):
+        dp, sp, tp = layout
+        sizes = {"dp": dp, "sp": sp, "tp": tp}
+        mpu = _SizesMPU(dp, tp) if sp == 1 and data.draw(st.booleans(), "mpu") else None
+        mesh_param = (dp, sp) if tp == 1 and mpu is None and data.draw(st.booleans(), "mesh_param") else None
+        stated = {d: [] for d in sizes}  # dim -> sources stating it
+        if mpu is not None:
+            stated["dp"].append("mpu"), stated["tp"].append("mpu")
+        if mesh_param is not None:
+            stated["dp"].append("mesh_param"), stated["sp"].append("mesh_param")
+        config: dict = {}
+        section = {}
+        for dim, size in sizes.items():
+            must = size > 1 and dim != "dp" and not stated[dim]  # dp alone may be left to "auto"
+            if must or data.draw(st.booleans(), f"state {dim}"):
+                where = data.draw(st.sampled_from(["section", "key"] if dim != "dp" else ["section"]), dim)
+                if where == "section":
+                    section[dim] = size
+                elif dim == "sp":
+                    config["sequence_parallel_size"] = size
+                else:
+                    config["tensor_parallel"] = {"autotp_size": size}
+                stated[dim].append(where)
+        if section:
+            config["mesh"] = section
+        spec = engine_spec(config, 8, mpu=mpu, mesh_param=mesh_param)
+        assert {d: spec.dim_size(d) for d in sizes} == sizes
+        # change the section's value of a dim another source also states: both are named
+        doubly = [d for d in section if len(stated[d]) > 1]
+        if doubly:
+            dim = data.draw(st.sampled_from(doubly), "conflict")
+            wrong = dict(config, mesh=dict(section, **{dim: sizes[dim] * 2}))
+            with pytest.raises(MeshSpecError) as err:
+                engine_spec(wrong, 8, mpu=mpu, mesh_param=mesh_param)
+            message = str(err.value)
+            assert message.startswith(f"{SECTION_SOURCE} sets {dim}={sizes[dim] * 2} but ")
+            assert f"sets {dim}={sizes[dim]};" in message
+
+    check()
