@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=16)
     parser.add_argument("--rank", type=int, default=5)
-    parser.add_argument("--number", type=int, default=200_000)
-    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--number", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args(argv)
 
     import compat.groups as cgroups
