@@ -13,10 +13,12 @@ pipeline stage that ignores TP when ``mp_size`` is None, ...) are DeepSpeed's. W
   ``expert_tensor_parallel_world_size``;
 - group creation may issue fewer (shared) calls than legacy, but every rank issues the same ones in
   the same order;
-- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh and warns on a size conflict instead of
-  silently ignoring it; the src-rank helpers return the group's first rank rather than a formula
-  that assumed consecutive groups (``get_tensor_model_parallel_src_rank`` keeps the formula when a
-  world-size override is set).
+- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh (the default mesh, unless one is bound)
+  and logs a warning on a size conflict instead of silently ignoring it; the src-rank helpers
+  return the group's first rank rather than a formula that assumed consecutive groups
+  (``get_tensor_model_parallel_src_rank`` keeps the formula when a world-size override is set);
+  bad sizes (a pp that does not divide the world, a TP size that does not divide a stage) raise a
+  :class:`~mesh_core.MeshSpecError` before any group exists instead of building ragged groups.
 
 Resolution of the underscore DP / SP / SDP getters: ``mesh_device`` (as in DeepSpeed), then the
 mesh bound with :func:`bind_mesh`, then ``mpu``, then the world. With a bound mesh the
@@ -56,16 +58,6 @@ class DeprecatedException(Exception):
 
 
 @dataclass
-class ExpertGroupsEntry:
-    """One ``ep_size_N`` name: this rank's EP/EDP groups and ranks."""
-
-    ep_group: Any = None
-    ep_ranks: Any = None
-    edp_group: Any = None
-    edp_ranks: Any = None
-
-
-@dataclass
 class GroupsState:
     """Everything ``deepspeed.utils.groups`` kept in module globals, around one default mesh."""
 
@@ -87,7 +79,6 @@ class GroupsState:
     expert_data_parallel_group_ranks: dict = field(default_factory=dict)
     world_group: Any = None
     zero_param_group: Any = None
-    zero_param_ranks: Optional[list[int]] = None
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
     owned_meshes: list = field(default_factory=list)  # meshes compat built (released with the world)
@@ -268,7 +259,7 @@ def _release_process_group_references(group: Any = None) -> None:
     if state.world_group is group:
         state.world_group = None
     if state.zero_param_group is group:
-        state.zero_param_group = state.zero_param_ranks = None
+        state.zero_param_group = None
     if state.tp_group is group:
         state.tp_group = None
         state.tp_world_size_override = state.tp_rank_override = None
@@ -1108,7 +1099,6 @@ def _create_zero_param_parallel_group(group_size: int) -> None:
     _divisible(world_size, size)
     layout = MeshLayout(MeshSpec.build(world_size, dp=world_size // size, tp=size))
     _state.zero_param_group = _partition(layout.groups("tp"))
-    _state.zero_param_ranks = layout.group_ranks("tp", dist.get_rank())
 
 
 def _get_zero_param_intra_parallel_group():
