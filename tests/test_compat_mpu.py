@@ -274,3 +274,17 @@ def test_mesh_mpu_and_bind_mesh_on_a_rank_outside_the_mesh():
             assert cgroups.bound_mesh() is None
         finally:
             cgroups._release_process_group_references()
+
+
+def test_mesh_mpu_and_mesh_from_mpu_are_collective_safe():
+    """Every rank issues the same group-creation calls, in the same order."""
+
+    def calls_on(rank):
+        with fake_world(rank, 12):
+            with record_new_groups() as calls:
+                user = MegatronStyleMPU(3, 2, 2)
+                mesh = mesh_from_mpu(user)
+                MeshMPU(mesh)
+            return tuple(map(tuple, calls))
+
+    assert len({calls_on(rank) for rank in range(12)}) == 1
