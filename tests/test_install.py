@@ -20,6 +20,7 @@ import torch.distributed as dist
 import wrapt
 
 from fakepg import fake_world, group_count
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import compat.install as installer
 from compat.deprecation import LegacyAPIDeprecationWarning
@@ -32,7 +33,7 @@ RANK, WORLD = 1, 4
 
 @pytest.fixture
 def shim():
-    """The shim installed for one test; uninstalled (and checked restored) after."""
+    """The shim installed for one test, uninstalled after."""
     import deepspeed  # noqa: F401
 
     installer.install()
@@ -106,6 +107,8 @@ def test_install_routes_every_binding_and_uninstall_restores_every_name():
         assert pipe_module.PipeDataParallelTopology is compat.topology.PipeDataParallelTopology
         assert isinstance(deepspeed.initialize, wrapt.FunctionWrapper)
         assert isinstance(vars(DeepSpeedEngine)["forward"], wrapt.FunctionWrapper)
+        assert not isinstance(vars(DeepSpeedEngine)["forward"].__wrapped__, wrapt.FunctionWrapper)
+        assert not isinstance(deepspeed.initialize.__wrapped__, wrapt.FunctionWrapper)
         assert type(groups) is not types.ModuleType
         # the module state the engine writes is one source of truth with compat.groups
         marker = object()
@@ -158,7 +161,8 @@ def test_groups_state_survives_destroy_process_group(shim, monkeypatch):
             dscomm.destroy_process_group()  # calls groups._release_process_group_references()
             assert groups.mpu is None and compat.groups.mpu is None and compat.groups.bound_mesh() is None
             assert not dist.is_initialized()
-            dist.init_process_group("fake", store=__import__("fakepg").FakeStore(), rank=RANK, world_size=WORLD)
+            # a fresh world for fake_world's own teardown
+            dist.init_process_group("fake", store=FakeStore(), rank=RANK, world_size=WORLD)
     assert meshes[0] is not meshes[1]
 
 
