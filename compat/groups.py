@@ -40,6 +40,7 @@ import torch.distributed as dist
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
 
 from .deprecation import legacy_entry
+from .device import default_device_type
 from .mpu import bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size
 
 logger = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[
             if rest and math.prod(spec.dim_size(n) for n in rest) == data_parallel_size:
                 return mesh, ("tp", rest)
     spec = MeshSpec.build(world, dp=data_parallel_size, tp=tensor_model_parallel_size)
-    mesh = DeepSpeedDeviceMesh(spec)
+    mesh = DeepSpeedDeviceMesh(spec, device_type=default_device_type())
     _state.owned_meshes.append(mesh)
     return mesh, ("tp", "dp")
 
@@ -473,7 +474,8 @@ def _create_model_parallel(model_parallel_size_: int):
     world_size = dist.get_world_size()
     model_parallel_size = min(model_parallel_size_, world_size)
     _divisible(world_size, model_parallel_size)
-    mesh = DeepSpeedDeviceMesh(MeshSpec.build(world_size, dp=world_size // model_parallel_size, tp=model_parallel_size))
+    spec = MeshSpec.build(world_size, dp=world_size // model_parallel_size, tp=model_parallel_size)
+    mesh = DeepSpeedDeviceMesh(spec, device_type=default_device_type())
     _state.owned_meshes.append(mesh)
     return mesh.get_group("dp"), mesh.get_group("tp")
 

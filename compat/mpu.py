@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
 
+from .device import default_device_type
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -235,7 +237,7 @@ def _ranks_of(group: Any) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
-def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool = True) -> DeepSpeedDeviceMesh:
+def mesh_from_mpu(mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True) -> DeepSpeedDeviceMesh:
     """A mesh reproducing ``mpu``'s groups (dp, tp, pp and sp where the mpu has them).
 
     Sizes come from the sizes of this rank's groups and the dim order from their rank strides (a
@@ -243,6 +245,7 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
     created for them. Raises :class:`~mesh_core.MeshSpecError` if the groups are not the groups of
     a row-major mesh. Collective: every rank must call it (with ``check_agreement`` the ranks also
     all-reduce their inferred layout, so a rank-dependent mismatch fails everywhere, not in a hang).
+    ``device_type`` defaults to the default group's collective device (cuda under NCCL).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError("torch.distributed is not initialised; initialise it before mesh_from_mpu")
@@ -265,7 +268,7 @@ def mesh_from_mpu(mpu: Any, *, device_type: str = "cpu", check_agreement: bool =
     for dim, group in groups.items():
         registry.adopt(layout.groups(dim), group)
     logger.debug("mesh_from_mpu: %s from %s", spec.describe(), type(mpu).__name__)
-    return DeepSpeedDeviceMesh(spec, device_type=device_type)
+    return DeepSpeedDeviceMesh(spec, device_type=device_type or default_device_type())
 
 
 def _infer_spec(groups: dict[str, Any], world: int, rank: int) -> MeshSpec:

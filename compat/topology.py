@@ -23,6 +23,7 @@ import torch.distributed as dist
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 
 from .deprecation import legacy_entry
+from .device import default_device_type
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class PipelineParallelGrid:
         self.pipe_parallel_size = max(self._topo.get_dim("pipe"), 1)
         self.model_parallel_size = max(self._topo.get_dim("model"), 1)
         self.slice_parallel_size = self.model_parallel_size
-        self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec)
+        self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec, device_type=default_device_type())
 
         self.stage_id = self.get_stage_id()
         self.data_parallel_id = self.get_data_parallel_id()
