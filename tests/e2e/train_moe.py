@@ -91,6 +91,7 @@ def run(mode: str, rank: int) -> dict:
             "edp": experts.edp_ranks,
             "same_objects": {
                 "engine_dp": engine.data_parallel_group is mesh.get_group("dp"),
+                "engine_seq_dp": engine.seq_data_parallel_group is mesh.get_group(("dp", "sp")),
                 "engine_ep": engine.expert_parallel_group["ep_size_2"] is experts.ep_group,
                 "engine_edp": engine.expert_data_parallel_group["ep_size_2"] is experts.edp_group,
                 "moe_layer_ep": engine.module.moe.deepspeed_moe.ep_group is experts.ep_group,
