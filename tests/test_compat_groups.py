@@ -159,10 +159,15 @@ def test_expert_and_data_parallel_legacy_path(case):
         assert view["ep_ws"] == ep
 
 
-def scenario_expert_new_path(groups, topology, *, ep, mp, pp, mode):
+def scenario_expert_new_path(groups, topology, *, ep, mp, pp, mode, folding=False):
+    spec = None
+    if folding:  # AutoEP + AutoTP: DeepSpeed's own folding spec object, passed to both
+        from deepspeed.module_inject.auto_ep_folding import build_folding_spec
+
+        spec = build_folding_spec(world_size=dist.get_world_size(), pp_size=pp, tp_size=mp, ep_size=ep)
     with record_new_groups() as calls:
-        groups._create_expert_and_data_parallel(ep, mp_size=mp, pp_size=pp, mp_mode=mode)
-        groups._create_expert_and_data_parallel(ep, mp_size=mp, pp_size=pp, mp_mode=mode)  # cached
+        groups._create_expert_and_data_parallel(ep, mp_size=mp, pp_size=pp, mp_mode=mode, folding_spec=spec)
+        groups._create_expert_and_data_parallel(ep, mp_size=mp, pp_size=pp, mp_mode=mode, folding_spec=spec)  # cached
     return expert_view(groups, f"ep_size_{ep}"), calls
 
 
@@ -171,7 +176,7 @@ def scenario_expert_new_path(groups, topology, *, ep, mp, pp, mode):
     st.sampled_from([2, 4]),
     st.sampled_from([1, 2]),
     st.sampled_from([2, 4, 8, 32, 128]),
-    st.sampled_from(["tp", "sp"]),
+    st.sampled_from(["tp", "sp", "folding"]),
     st.data(),
 )
 @example(2, 1, 8, "tp", None)  # legacy_api.md: new, ep=2, mp=2, 'tp' (W=16)
@@ -180,7 +185,10 @@ def test_expert_and_data_parallel_mp_path(mp, pp, per_stage_groups, mode, data):
     stage = world // pp
     ep = data.draw(st.sampled_from(divisors(stage))) if data is not None else 2
     rank = data.draw(st.integers(0, world - 1)) if data is not None else 5
-    view, _, _ = assert_same(rank, world, scenario_expert_new_path, ep=ep, mp=mp, pp=pp, mode=mode)
+    folding = mode == "folding"
+    view, _, _ = assert_same(
+        rank, world, scenario_expert_new_path, ep=ep, mp=mp, pp=pp, mode="tp" if folding else mode, folding=folding
+    )
     assert view["ep_ranks"][0] == "list"
 
 
