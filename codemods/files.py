@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Optional, Sequence
 
 SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
 
 def _matches(path: Path, root: Path, patterns: Sequence[str]) -> bool:
-    relative = path.relative_to(root).as_posix() if path != root and root in path.parents else path.name
-    candidates = (relative, path.name, path.as_posix())
-    return any(fnmatch.fnmatch(c, p) for p in patterns for c in candidates)
+    relative = PurePosixPath(path.relative_to(root).as_posix() if root in path.parents else path.name)
+    return any(fnmatch.fnmatch(str(relative), p) or relative.match(p) for p in patterns)
 
 
 def discover(
@@ -22,8 +21,8 @@ def discover(
 ) -> list[Path]:
     """Python files under ``paths`` (files or directories), filtered by glob patterns.
 
-    A pattern matches a file's path relative to the directory given, its name, or its full
-    path. Hidden directories (``.git``, ``.venv``) and ``__pycache__`` are not entered.
+    A pattern matches a file's path relative to the directory given (``fnmatch``), or its tail
+    (``PurePath.match``: ``"sub/*.py"``, ``"*_test.py"``). Hidden directories (``.git``, ``.venv``) and ``__pycache__`` are not entered.
     """
     found: dict[Path, None] = {}
     for raw in paths:

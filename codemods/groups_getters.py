@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
+from libcst.codemod.visitors import AddImportsVisitor
 
 from . import legacy_names as ln
 from .base import MigrationCommand, arg_by, has_star_args, last_name
@@ -97,7 +98,8 @@ MANUAL: dict[str, str] = {
 }
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
-ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL)
+WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
+ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
 
 def expert_size(call: cst.Call) -> Optional[cst.BaseExpression]:
@@ -161,6 +163,11 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if fname in SIMPLE and not original_node.args:
             return self._rewrite(original_node, SIMPLE[fname])
+        if fname == "_clone_world_group" and not original_node.args:
+            AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
+            self.keep_comments(original_node)
+            self.record(KIND)
+            return cst.parse_expression(WORLD)
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:
