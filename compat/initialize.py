@@ -68,7 +68,11 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     if mpu is not None:
         _warn_user("deepspeed.initialize(mpu=...)", "the config 'mesh' section (or mesh=)")
     if mesh_param:
-        _warn_user("deepspeed.initialize(mesh_param=...)", "the config 'mesh' section, e.g. {\"mesh\": {\"dp\": 2, \"sp\": 2}}")
+        _warn_user(
+            "deepspeed.initialize(mesh_param=...)",
+            "the config 'mesh' section, e.g. {\"mesh\": {\"dp\": 2, \"sp\": 2}}",
+            row="deepspeed.initialize(mesh_param=(dp, sp))",
+        )
 
     ds_dist.init_distributed(
         dist_backend=get_accelerator().communication_backend_name(),
@@ -183,7 +187,8 @@ def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str) -> 
         raise MeshSpecError(f"{a_name} describes {a.describe()} but {b_name} is {b.describe()}; make them equal")
 
 
-def _warn_user(legacy_name: str, replacement: str) -> None:
+def _warn_user(legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
+    """Warn ``TODOV1:`` once, at the user's call site (the first frame outside compat and wrapt)."""
     from .deprecation import legacy_entry
 
     depth, frame = 1, sys._getframe(1)
@@ -191,7 +196,7 @@ def _warn_user(legacy_name: str, replacement: str) -> None:
         os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _COMPAT_DIR or "wrapt" in frame.f_code.co_filename
     ):
         frame, depth = frame.f_back, depth + 1
-    legacy_entry(legacy_name, replacement).warn(depth=depth)
+    legacy_entry(legacy_name, replacement, row).warn(depth=depth)
 
 
 # --- in-place wrappers of deepspeed internals (installed by compat.install) ----------------------

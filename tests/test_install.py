@@ -79,6 +79,13 @@ def tiny_config(**extra) -> dict:
             "steps_per_print": 10**6, **extra}
 
 
+def assert_migration_row_exists(message: str) -> None:
+    """The MIGRATION.md row a TODOV1 warning points to is in MIGRATION.md."""
+    row = message.rsplit("MIGRATION.md row '", 1)[1].rstrip("')")
+    with open(os.path.join(ROOT, "MIGRATION.md"), encoding="utf-8") as fh:
+        assert f"| `{row}` |" in fh.read(), row
+
+
 def ranks(group) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 
@@ -265,6 +272,7 @@ def test_mesh_param_is_translated_into_the_engine_mesh_and_warns_once(shim, worl
                                                 mesh_param=(2, 2))[0])
     ours = [w for w in caught if issubclass(w.category, LegacyAPIDeprecationWarning) and w.filename == __file__]
     assert len(ours) == 1 and str(ours[0].message).startswith("TODOV1: deepspeed.initialize(mesh_param=...)")
+    assert_migration_row_exists(str(ours[0].message))
     engine = engines[0]
     mesh = engine.mesh_device
     assert mesh.spec.shape == {"dp": 2, "sp": 2}
