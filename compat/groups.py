@@ -272,14 +272,9 @@ def _release_process_group_references(group: Any = None) -> None:
 
 def _forget_destroyed(group: Any) -> None:
     # The backend already destroyed ``group``; drop it from the registry so no later request for
-    # its rank set is served a dead communicator. (GroupRegistry has no public "forget" yet.)
-    if not dist.is_initialized():
-        return
-    registry = registry_for_world()
-    for key, cached in list(registry._groups.items()):
-        if cached is group:
-            del registry._groups[key]
-            registry._refs.pop(key, None)
+    # its rank set is served a dead communicator.
+    if dist.is_initialized():
+        registry_for_world().forget(group)
 
 
 # --- tensor / data parallel (AutoTP, "lettered" API) -------------------------------------------

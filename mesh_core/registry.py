@@ -99,6 +99,15 @@ class GroupRegistry:
                 destroyed += 1
         return destroyed
 
+    def forget(self, group: ProcessGroup) -> int:
+        """Drop every cache entry holding ``group`` (already destroyed by someone else), so no later
+        request is served a dead communicator. Returns the number of entries dropped."""
+        keys = [key for key, cached in self._groups.items() if cached is group]
+        for key in keys:
+            del self._groups[key]
+            self._refs.pop(key, None)
+        return len(keys)
+
     @property
     def communicators(self) -> int:
         """Distinct communicators this rank belongs to through the registry."""

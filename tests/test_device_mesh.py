@@ -164,3 +164,14 @@ def test_large_world_sampled_ranks_match_layout():
             mesh = DeepSpeedDeviceMesh(spec)
             for dims in ("pp", "dp", "tp", "ep", "edp"):
                 assert ranks_of(mesh.get_group(dims)) == sorted(layout.group_ranks(dims, rank))
+
+
+def test_registry_forgets_a_group_destroyed_elsewhere():
+    with fake_world(2, 8):
+        registry = registry_for_world()
+        mesh = DeepSpeedDeviceMesh.build(tp=2)
+        tp = mesh.get_group("tp")
+        dist.destroy_process_group(tp)
+        assert registry.forget(tp) == 1 and registry.forget(tp) == 0
+        again = DeepSpeedDeviceMesh.build(tp=2)
+        assert again.get_group("tp") is not tp and ranks_of(again.get_group("tp")) == [2, 3]
