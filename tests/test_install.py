@@ -81,7 +81,7 @@ def tiny_config(**extra) -> dict:
 
 def assert_migration_row_exists(message: str) -> None:
     """The MIGRATION.md row a TODOV1 warning points to is in MIGRATION.md."""
-    row = message.rsplit("MIGRATION.md row '", 1)[1].rstrip("')")
+    row = message.rsplit("MIGRATION.md row '", 1)[1].removesuffix("')")
     with open(os.path.join(ROOT, "MIGRATION.md"), encoding="utf-8") as fh:
         assert f"| `{row}` |" in fh.read(), row
 
