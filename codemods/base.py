@@ -2,6 +2,8 @@
 and ``# TODOV1:`` comments for sites that cannot be rewritten safely."""
 from __future__ import annotations
 
+import ast
+
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
@@ -76,9 +78,16 @@ class MigrationCommand(VisitorBasedCodemodCommand):
     # A cleanup codemod only runs after another one rewrote a site in the same file.
     CLEANUP = False
 
+    # The codemod can only apply when, for every set here, the source uses one of its identifiers
+    # (a name, attribute, keyword or imported name); see :func:`identifiers`.
+    IDENTIFIERS: tuple[frozenset, ...] = ()
+
     @classmethod
-    def may_apply(cls, source: str) -> bool:
-        return all(any(m in source for m in group) for group in cls.MARKERS)
+    def may_apply(cls, source: str, names: Optional[set[str]] = None) -> bool:
+        """A cheap necessary condition for this codemod to change ``source`` (no metadata)."""
+        if not all(any(m in source for m in group) for group in cls.MARKERS):
+            return False
+        return names is None or all(names & group for group in cls.IDENTIFIERS)
 
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 
@@ -198,6 +207,10 @@ class MigrationCommand(VisitorBasedCodemodCommand):
             scope = scope.parent
         return scope
 
+    def position(self, node: cst.CSTNode) -> tuple[int, int]:
+        start = self.get_metadata(PositionProvider, node).start
+        return start.line, start.column
+
     def line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
 
@@ -279,6 +292,39 @@ class MigrationCommand(VisitorBasedCodemodCommand):
             return node if body is owner.body else None
         return None
 
+    def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+        """The value of the single top-level assignment of ``name`` before it, in its scope."""
+        scope = self.scope_of(name)
+        if scope is None:
+            return None
+        bindings = scope.assignments[name.value]
+        if len(bindings) != 1:
+            return None
+        target = getattr(next(iter(bindings)), "node", None)
+        if not isinstance(target, cst.Name):
+            return None
+        assign = self._top_level_assign(target, scope)
+        if assign is None or len(assign.targets) != 1 or assign.targets[0].target is not target:
+            return None
+        if self.line_of(assign) >= self.line_of(name):
+            return None
+        return assign.value
+
+    def _config_dict(self, call: cst.Call) -> Optional[cst.Dict]:
+        """The dict literal passed as ``config`` (directly or through a local name), or None."""
+        arg = arg_by(call, 10, "config") or arg_by(call, None, "config_params")
+        if arg is None:
+            return None
+        value = arg.value
+        if isinstance(value, cst.Name):
+            bound = self._bound_value(value)
+            if bound is None:
+                return None
+            if len(self.scope_of(value).assignments[value.value]) != 1:
+                return None
+            value = bound
+        return value if isinstance(value, cst.Dict) else None
+
     def _is_engine_assign(self, assign: cst.Assign, target: cst.Name) -> bool:
         if len(assign.targets) != 1:
             return False
@@ -316,6 +362,25 @@ def find_all(tree: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
     finder = _Finder(types)
     tree.visit(finder)
     return finder.found
+
+
+def identifiers(source: str) -> Optional[set[str]]:
+    """Every identifier ``source`` uses, via the fast ``ast`` parser (None if it cannot parse it)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
+    return names
 
 
 def last_name(node: cst.CSTNode) -> Optional[str]:

@@ -131,6 +131,7 @@ def code(node: cst.CSTNode) -> str:
 
 class GroupsGettersCommand(MigrationCommand):
     DESCRIPTION = "deepspeed.utils.groups getters -> calls on the model's DeepSpeedDeviceMesh"
+    IDENTIFIERS = (ALL_FUNCTIONS | STATE | {"getattr"},)
     MARKERS = (
         (
             "utils.groups",

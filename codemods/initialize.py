@@ -71,6 +71,7 @@ def without_args(call: cst.Call, drop: list[cst.Arg]) -> cst.Call:
 
 class InitializeCommand(MigrationCommand):
     DESCRIPTION = "deepspeed.initialize(mpu=, mesh_param=) -> config \"mesh\" section"
+    IDENTIFIERS = (frozenset({"initialize"}), frozenset({"mpu", "mesh_param"}))
     MARKERS = (("initialize",), ("mpu", "mesh_param"))
 
     def __init__(self, context) -> None:
@@ -174,38 +175,6 @@ class InitializeCommand(MigrationCommand):
             return self.get_metadata(QualifiedNameProvider, node, set())
         except KeyError:
             return set()
-
-    def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
-        """The value of the single top-level assignment of ``name`` before it, in its scope."""
-        scope = self.scope_of(name)
-        if scope is None:
-            return None
-        bindings = scope.assignments[name.value]
-        if len(bindings) != 1:
-            return None
-        target = getattr(next(iter(bindings)), "node", None)
-        if not isinstance(target, cst.Name):
-            return None
-        assign = self._top_level_assign(target, scope)
-        if assign is None or len(assign.targets) != 1 or assign.targets[0].target is not target:
-            return None
-        if self.line_of(assign) >= self.line_of(name):
-            return None
-        return assign.value
-
-    def _config_dict(self, call: cst.Call) -> Optional[cst.Dict]:
-        arg = arg_by(call, 10, "config") or arg_by(call, None, "config_params")
-        if arg is None:
-            return None
-        value = arg.value
-        if isinstance(value, cst.Name):
-            bound = self._bound_value(value)
-            if bound is None:
-                return None
-            if len(self.scope_of(value).assignments[value.value]) != 1:
-                return None
-            value = bound
-        return value if isinstance(value, cst.Dict) else None
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
         entry = self._dict_entries.get(id(original_node))

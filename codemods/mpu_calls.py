@@ -38,6 +38,7 @@ class _Collector(cst.CSTVisitor):
 
 class MpuCallsCommand(MigrationCommand):
     DESCRIPTION = "calls on the mpu passed to deepspeed.initialize -> engine mesh calls (or TODOV1)"
+    IDENTIFIERS = (frozenset({"initialize"}), frozenset({"mpu"}))
     MARKERS = (("initialize",), ("mpu",))
 
     def __init__(self, context) -> None:

@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Type
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
-from .base import MigrationCommand, counters
+from .base import MigrationCommand, counters, identifiers
 from .legacy_names import DEFINING_MODULES
 from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
@@ -56,8 +56,9 @@ def migrate_code(
         return Migration(source, skipped=f"{module} defines legacy APIs")
     sites: Counter = Counter()
     todos: Counter = Counter()
+    names = identifiers(source)
     for command_class in codemods:
-        if not command_class.may_apply(source):
+        if not command_class.may_apply(source, names):
             continue
         if command_class.CLEANUP and not sites:
             continue  # nothing was rewritten, so no import became unused

@@ -83,6 +83,7 @@ def topology_layout(kind: str, call: cst.Call) -> Optional[Layout]:
 
 class TopologyCommand(MigrationCommand):
     DESCRIPTION = "PipelineParallelGrid / topology construction -> DeepSpeedDeviceMesh.build"
+    IDENTIFIERS = (frozenset(CLASS_NAMES),)
     MARKERS = (("PipelineParallelGrid", "Topology"),)
 
     def __init__(self, context) -> None:
@@ -127,15 +128,23 @@ class TopologyCommand(MigrationCommand):
             return "its topology cannot be read statically"
         mesh = target.value
         uses: dict[int, str] = {}
-        needs_pp_tp = False
-        for access in next(iter(bindings)).references:
+        needs_pp_tp = mpu_use = False
+        references = sorted(next(iter(bindings)).references, key=lambda a: self.position(a.node))
+        for access in references:
             planned = self._plan_use(mesh, access.node)
             if planned is None:
-                return f"a use of {mesh} on line {self.line_of(access.node)} has no mesh equivalent"
+                parent = self.parent(access.node)
+                if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
+                    return f"mpu={mesh} needs a config dict the initialize codemod can add the layout to"
+                use = parent if isinstance(parent, cst.Attribute) else access.node
+                return f"{code(use)} has no mesh equivalent"
             key, replacement, pp_tp = planned
             needs_pp_tp |= pp_tp
+            mpu_use |= key is None
             if key is not None:
                 uses[key] = replacement
+        if mpu_use and not all(_is_pure(cst.parse_expression(size)) for _, size in layout.dims):
+            return "the grid is passed as mpu= but its sizes are not plain names or literals"
         args = layout.build_args()
         if needs_pp_tp:
             args.append('flatten=[("pp", "tp")]')
@@ -185,8 +194,9 @@ class TopologyCommand(MigrationCommand):
         parent = self.parent(name)
         if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
             call = self.parent(parent)
+            # the initialize codemod moves the layout into the config, which it must be able to find
             if isinstance(call, cst.Call) and ln.INITIALIZE in self.legacy_names(call.func):
-                if arg_by(call, None, "config") or arg_by(call, None, "config_params"):
+                if self._config_dict(call) is not None:
                     return None, "", False
             return None
         if not isinstance(parent, cst.Attribute) or parent.value is not name:

@@ -246,3 +246,14 @@ def test_migration_is_idempotent_on_any_mix(statements, in_function):
     once = migrate_code(source)
     compile(once.code, "<mix>", "exec")
     assert migrate_code(once.code).code == once.code
+
+
+def test_grid_passed_as_mpu_with_a_config_file_is_kept():
+    code = migrate_code(
+        "import deepspeed\n"
+        "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n"
+        "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))\n"
+        'engine, *_ = deepspeed.initialize(model=m, config="ds.json", mpu=grid)\n'
+    ).code
+    assert "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: PipelineParallelGrid kept" in code
+    assert 'mpu=grid)  # TODOV1:' in code
