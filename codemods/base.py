@@ -264,7 +264,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
             target = getattr(assignment, "node", None)
             if not isinstance(target, cst.Name):
                 continue
-            statement = self._top_level_assign(target, scope)
+            statement = self.top_level_assign(target, scope)
             if statement is None or not self._is_engine_assign(statement, target):
                 continue
             if len(scope.assignments[target.value]) != 1:
@@ -274,7 +274,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         self._engine_cache[key] = found
         return found
 
-    def _top_level_assign(self, target: cst.Name, scope: Scope) -> Optional[cst.Assign]:
+    def top_level_assign(self, target: cst.Name, scope: Scope) -> Optional[cst.Assign]:
         """The ``Assign`` binding ``target`` if it is a statement directly in ``scope``'s body."""
         node: Optional[cst.CSTNode] = target
         while node is not None and not isinstance(node, cst.Assign):
@@ -292,7 +292,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
             return node if body is owner.body else None
         return None
 
-    def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+    def bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
         """The value of the single top-level assignment of ``name`` before it, in its scope."""
         scope = self.scope_of(name)
         if scope is None:
@@ -303,21 +303,21 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         target = getattr(next(iter(bindings)), "node", None)
         if not isinstance(target, cst.Name):
             return None
-        assign = self._top_level_assign(target, scope)
+        assign = self.top_level_assign(target, scope)
         if assign is None or len(assign.targets) != 1 or assign.targets[0].target is not target:
             return None
         if self.line_of(assign) >= self.line_of(name):
             return None
         return assign.value
 
-    def _config_dict(self, call: cst.Call) -> Optional[cst.Dict]:
+    def config_dict(self, call: cst.Call) -> Optional[cst.Dict]:
         """The dict literal passed as ``config`` (directly or through a local name), or None."""
         arg = arg_by(call, 10, "config") or arg_by(call, None, "config_params")
         if arg is None:
             return None
         value = arg.value
         if isinstance(value, cst.Name):
-            bound = self._bound_value(value)
+            bound = self.bound_value(value)
             if bound is None:
                 return None
             if len(self.scope_of(value).assignments[value.value]) != 1:
@@ -390,10 +390,6 @@ def last_name(node: cst.CSTNode) -> Optional[str]:
     if isinstance(node, cst.Attribute):
         return node.attr.value
     return None
-
-
-def literal_int(node: cst.BaseExpression) -> Optional[int]:
-    return int(node.value) if isinstance(node, cst.Integer) else None
 
 
 def arg_by(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> Optional[cst.Arg]:

@@ -121,7 +121,7 @@ class InitializeCommand(MigrationCommand):
                 kinds.append(KIND_MPU)
         if not drops:
             return
-        target = self._config_dict(node)
+        target = self.config_dict(node)
         if target is None:
             for kind in kinds:
                 self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + "} to the config and drop mpu=/mesh_param=")
@@ -149,7 +149,7 @@ class InitializeCommand(MigrationCommand):
         """Mesh entries of an mpu that is a local ``DeepSpeedDeviceMesh.build(...)``."""
         if arg.keyword is None or not isinstance(arg.value, cst.Name):
             return None
-        build = self._bound_value(arg.value)
+        build = self.bound_value(arg.value)
         if not isinstance(build, cst.Call):
             return None
         names = {q.name for q in self.get_metadata_safe(build.func)}

@@ -79,7 +79,7 @@ class MpuCallsCommand(MigrationCommand):
         if len(bindings) == 1:
             target = getattr(next(iter(bindings)), "node", None)
             if isinstance(target, cst.Name):
-                assign = self._top_level_assign(target, scope)
+                assign = self.top_level_assign(target, scope)
                 value = assign.value if assign is not None and len(assign.targets) == 1 else None
                 if isinstance(value, cst.Call):
                     names = self.legacy_names(value.func)

@@ -115,7 +115,7 @@ class TopologyCommand(MigrationCommand):
             return "the grid is not bound to a single local name"
         target: cst.Name = assign.targets[0].target
         scope = self.scope_of(target)
-        if scope is None or self._top_level_assign(target, scope) is not assign:
+        if scope is None or self.top_level_assign(target, scope) is not assign:
             return "the grid is not assigned at the top level of its scope"
         bindings = scope.assignments[target.value]
         if len(bindings) != 1:
@@ -172,7 +172,7 @@ class TopologyCommand(MigrationCommand):
         target = getattr(binding, "node", None)
         if not isinstance(target, cst.Name):
             return None, None
-        assign = self._top_level_assign(target, scope)
+        assign = self.top_level_assign(target, scope)
         if assign is None or not isinstance(assign.value, cst.Call) or len(assign.targets) != 1:
             return None, None
         if assign.targets[0].target is not target or self.line_of(assign) >= self.line_of(value):
@@ -196,7 +196,7 @@ class TopologyCommand(MigrationCommand):
             call = self.parent(parent)
             # the initialize codemod moves the layout into the config, which it must be able to find
             if isinstance(call, cst.Call) and ln.INITIALIZE in self.legacy_names(call.func):
-                if self._config_dict(call) is not None:
+                if self.config_dict(call) is not None:
                     return None, "", False
             return None
         if not isinstance(parent, cst.Attribute) or parent.value is not name:
