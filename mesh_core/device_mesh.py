@@ -267,7 +267,8 @@ class DeepSpeedDeviceMesh:
         mesh_tensor = torch.tensor(list(self.spec.ranks), dtype=torch.int).reshape(
             [self.spec.dim_size(n) for n in names]
         )
-        if not any(known) and self.backend is None:
+        # DeviceMesh would create singleton dims with world-wide calls; the registry does it locally
+        if not any(known) and self.backend is None and mesh_tensor.numel() > 1:
             # DeviceMesh creates the per-dim groups itself; record them so later meshes share them
             mesh = DeviceMesh(self.device_type, mesh_tensor, mesh_dim_names=names)
             for name, part in zip(names, partitions):

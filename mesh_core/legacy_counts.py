@@ -108,10 +108,11 @@ def legacy_counts(spec: MeshSpec) -> list[LegacyCount]:
 class MeshCount:
     """Communicators the mesh creates: in the world, and those one rank belongs to."""
 
-    new_group_calls: int
-    per_rank: int
+    new_group_calls: int  # collective calls, identical on every rank
+    per_rank: int  # communicators ``rank`` belongs to (its own singletons included)
     rank: int
     reused: int  # requested rank sets served by an earlier set or by WORLD
+    local_calls: int = 0  # singleton groups ``rank`` creates alone (no world-wide call)
 
 
 def mesh_count(
@@ -122,7 +123,7 @@ def mesh_count(
     layout = MeshLayout(spec)
     rank = spec.ranks[0] if rank is None else rank
     seen: set[bytes] = set()
-    calls = per_rank = reused = 0
+    calls = per_rank = reused = local = 0
     for partition in mesh_partitions(layout, flatten=flatten, p2p_groups=p2p_groups):
         rows = np.sort(partition, axis=1)
         for row in rows:
@@ -131,10 +132,14 @@ def mesh_count(
                 reused += 1
                 continue
             seen.add(key)
+            if len(row) == 1:  # only its member creates a singleton
+                local += int(row[0] == rank)
+                per_rank += int(row[0] == rank)
+                continue
             calls += 1
             if rank in row:
                 per_rank += 1
-    return MeshCount(new_group_calls=calls, per_rank=per_rank, rank=rank, reused=reused)
+    return MeshCount(new_group_calls=calls, per_rank=per_rank, rank=rank, reused=reused, local_calls=local)
 
 
 def mesh_partitions(

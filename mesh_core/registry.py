@@ -4,7 +4,8 @@
 every group, members or not, in the same order. The registry keeps that contract by creating a
 whole *partition* (a list of rank sets) at a time, in the order given, skipping the rank sets that
 already exist. Since every rank runs the same mesh code with the same specs, every rank skips the
-same sets, so the call sequence stays identical on all ranks.
+same sets, so the call sequence stays identical on all ranks. The one exception is a singleton
+group: only its member creates it (``use_local_synchronization``), since nobody else takes part.
 
 Registries are kept per default process group (the "world"); a destroyed and re-initialised world
 gets a fresh one.
@@ -122,6 +123,14 @@ class GroupRegistry:
         backend, ranks = key
         if len(ranks) == self.world_size and backend is None:
             group: object = dist.GroupMember.WORLD  # the default group already spans these ranks
+        elif len(ranks) == 1:
+            # a singleton needs no world-wide call: only its member creates it (hashed name, no
+            # store barrier beyond itself), so W singleton groups cost each rank one call, not W
+            if ranks[0] == self.rank:
+                self.created += 1
+                group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True)
+            else:
+                group = _NOT_MEMBER
         else:
             self.created += 1
             created = dist.new_group(ranks=list(ranks), backend=backend)

@@ -49,12 +49,15 @@ def group_count() -> int:
 
 @contextlib.contextmanager
 def record_new_groups() -> Iterator[list[list[int]]]:
-    """Record the ``ranks`` of every ``new_group`` call made inside the block (all ranks' view)."""
+    """Record the ``ranks`` of every collective ``new_group`` call made inside the block (all ranks'
+    view). Calls with ``use_local_synchronization=True`` involve only their members (the mesh uses
+    them for singleton groups) and are not recorded."""
     calls: list[list[int]] = []
     original = distributed_c10d.new_group
 
     def recording(ranks=None, *args, **kwargs):
-        calls.append(sorted(ranks) if ranks is not None else list(range(dist.get_world_size())))
+        if not kwargs.get("use_local_synchronization", False):
+            calls.append(sorted(ranks) if ranks is not None else list(range(dist.get_world_size())))
         return original(ranks, *args, **kwargs)
 
     import torch.distributed.device_mesh as dm
