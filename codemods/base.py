@@ -189,7 +189,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
 
     # --- the model's mesh ---------------------------------------------------------------------
     def model_mesh(self, node: cst.CSTNode) -> cst.BaseExpression:
-        """The mesh of the model at ``node``: ``self.mesh_device`` inside an engine subclass,
+        """The mesh of the model at ``node``: ``self.mesh_device`` inside an engine (sub)class,
         ``<engine>.mesh_device`` after ``<engine>, ... = deepspeed.initialize(...)`` in the same
         scope, else ``default_mesh()`` (imported from mesh_core)."""
         engine = self.engine_in_scope(node)
@@ -245,7 +245,8 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         first = params[0].name.value
         if len(scope.assignments[first]) != 1:
             return None
-        if not any(self.legacy_names(base.value) & ln.ENGINE_CLASSES for base in cls.bases):
+        defined_here = f"{self.context.full_module_name}.{cls.name.value}" in ln.ENGINE_CLASSES
+        if not defined_here and not any(self.legacy_names(base.value) & ln.ENGINE_CLASSES for base in cls.bases):
             return None
         return first
 

@@ -257,3 +257,17 @@ def test_grid_passed_as_mpu_with_a_config_file_is_kept():
     ).code
     assert "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: PipelineParallelGrid kept" in code
     assert 'mpu=grid)  # TODOV1:' in code
+
+
+def test_engine_class_itself_and_relative_subclass_use_self_mesh_device():
+    engine_module = "class DeepSpeedEngine(Module):\n    def f(self):\n        return groups._get_data_parallel_group()\n"
+    code = migrate_code(
+        "from deepspeed.utils import groups\n" + engine_module, module="deepspeed.runtime.engine", package="deepspeed.runtime"
+    ).code
+    assert 'return self.mesh_device.get_group("dp")' in code
+    pipe = (
+        "from deepspeed.utils import groups\nfrom ..engine import DeepSpeedEngine\n"
+        "class PipelineEngine(DeepSpeedEngine):\n    def f(me):\n        return groups.get_data_parallel_rank()\n"
+    )
+    code = migrate_code(pipe, module="deepspeed.runtime.pipe.engine", package="deepspeed.runtime.pipe").code
+    assert 'return me.mesh_device.get_rank("dp")' in code
