@@ -119,7 +119,7 @@ def run(
     on_report: Optional[Callable[[FileReport], None]] = None,
     progress: Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]] = None,
 ) -> Summary:
-    """Migrate ``paths`` with ``jobs`` worker processes; reports arrive in ``paths`` order."""
+    """Migrate ``paths`` with ``jobs`` worker processes; ``on_report`` sees reports in ``paths`` order."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs} is not valid; it must be at least 1")
     tasks = [(str(p), write, want_diff) for p in paths]
@@ -128,11 +128,23 @@ def run(
         reports: Iterable[FileReport] = map(_migrate_star, tasks)
         summary = _collect(reports, len(tasks), summary, on_report, progress)
     else:
+        # largest files first, so that one big file does not finish last on a single worker
+        order = sorted(range(len(tasks)), key=lambda i: -_size(tasks[i][0]))
+        done: list[Optional[FileReport]] = [None] * len(tasks)
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            chunk = max(1, min(16, len(tasks) // (jobs * 8) or 1))
-            reports = pool.map(_migrate_star, tasks, chunksize=chunk)
-            summary = _collect(reports, len(tasks), summary, on_report, progress)
+            finished = pool.map(_migrate_star, [tasks[i] for i in order])
+            stream = progress(finished, len(tasks)) if progress is not None else finished
+            for index, report in zip(order, stream):
+                done[index] = report
+        summary = _collect(done, len(tasks), summary, on_report, None)
     return summary
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _collect(reports, total, summary, on_report, progress) -> Summary:
