@@ -28,7 +28,9 @@ def ranks(group) -> list[int]:
 
 def say(*parts) -> None:
     """Print on every rank, prefixed with the rank (examples are small)."""
-    print(f"[rank {dist.get_rank()}]", *parts, flush=True)
+    # one write per line: ranks share stdout, and separate writes of the parts interleave
+    sys.stdout.write(" ".join([f"[rank {dist.get_rank()}]", *map(str, parts)]) + "\n")
+    sys.stdout.flush()
 
 
 def say0(*parts) -> None:
