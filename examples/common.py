@@ -35,7 +35,8 @@ def say(*parts) -> None:
 
 def say0(*parts) -> None:
     if dist.get_rank() == 0:
-        print(*parts, flush=True)
+        sys.stdout.write(" ".join(map(str, parts)) + "\n")
+        sys.stdout.flush()
 
 
 def check_replicas(module, group=None) -> None:
