@@ -360,9 +360,22 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
         if args.world_size is None:
             raise UsageError("--config needs --world-size: a DeepSpeed config does not say how many ranks run it")
         try:
-            spec = spec_from_config(args.config, args.world_size, num_stages=sizes.get("pp"), ep_size=args.ep)
-        except (OSError, json.JSONDecodeError) as err:
+            with open(args.config, encoding="utf-8") as fh:
+                config = json.load(fh)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise UsageError(f"cannot read --config {args.config!r}: {err}") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"--config {args.config!r} must be a JSON object, got {type(config).__name__}")
+        try:
+            spec = spec_from_config(config, args.world_size, num_stages=sizes.get("pp"), ep_size=args.ep)
+        except MeshSpecError:
+            raise
+        except (TypeError, ValueError, AttributeError) as err:  # a wrongly typed value in the file
+            raise UsageError(
+                f"--config {args.config!r} has an invalid value ({err}); 'mesh' must be an object of positive "
+                "integers or 'auto', as must 'sequence_parallel_size', 'data_parallel_size' and "
+                "'tensor_parallel': {'autotp_size': N}"
+            ) from None
         return spec, gpus_per_node
     if args.world_size is None and not sizes and args.ep is None and order is None:
         example = dict(EXAMPLE)
@@ -391,7 +404,10 @@ def run_show(args: argparse.Namespace, out=None) -> int:
             from .render import draw_mesh
 
             color_by = tuple(args.color_by.split(",")) if args.color_by else None
-            draw_mesh(spec, path, fmt=fmt, gpus_per_node=gpus_per_node, color_by=color_by, highlight_rank=args.rank)
+            try:
+                draw_mesh(spec, path, fmt=fmt, gpus_per_node=gpus_per_node, color_by=color_by, highlight_rank=args.rank)
+            except OSError as err:
+                raise UsageError(f"cannot write --{fmt} {path!r}: {err.strerror or err}") from None
             report.setdefault("pictures", []).append(path)
     if args.json:
         json.dump(report, out, indent=1)

@@ -163,6 +163,38 @@ def test_bad_input_is_one_clear_line_and_exit_2(argv, needle, capsys):
     assert err.startswith("mesh: error: ") and needle in err
 
 
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"[1, 2]", "must be a JSON object"),
+        (b"null", "must be a JSON object"),
+        (b"\xff\xfe{}", "cannot read --config"),
+        (b'{"tensor_parallel": 5}', "has an invalid value"),
+        (b'{"sequence_parallel_size": "abc"}', "'abc'"),
+        (b'{"data_parallel_size": [1]}', "has an invalid value"),
+        (b'{"mesh": {"ep": "x"}}', "'x'"),
+        (b'{"mesh": {"tp": 3}}', "mesh: error: tp=3 does not divide world_size=8"),
+    ],
+)
+def test_bad_config_file_is_one_clear_line_and_exit_2(content, needle, tmp_path, capsys):
+    path = tmp_path / "ds_config.json"
+    path.write_bytes(content)
+    code, out, err = run(["show", "--config", str(path), "-w", "8"], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("mesh: error: ") and needle in err
+
+
+@pytest.mark.parametrize("flag", ["--svg", "--png"])
+def test_unwritable_picture_path_is_one_clear_line_and_exit_2(flag, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "missing" / "mesh.out"
+    code, out, err = run(["show", "-w", "8", flag, str(target)], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("mesh: error: ") and str(target) in err
+
+
 def test_svg_and_png_pictures(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     svg, png = tmp_path / "mesh.svg", tmp_path / "mesh.png"
