@@ -4,7 +4,7 @@ Legacy ``deepspeed.utils.groups`` holds one process-global ``mpu`` / ``mesh_devi
 engine built wins, and a second model silently reads the first one's groups. With the shim, the
 state of :mod:`compat.groups` (bound mesh, ``mpu``, ``mesh_device``) is captured when an engine is
 built and re-activated around that engine's ``forward`` / ``backward`` / ``step`` /
-``train_batch`` / ``eval_batch``, then put back.
+``train_batch`` / ``eval_batch`` (and its rank getters and checkpoint save / load), then put back.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@
   ``"mesh"`` section; ``mpu=`` / ``mesh_param=`` translated into the same mesh; one mesh per engine,
   as ``engine.mesh_device``); ``DeepSpeedConfig.__init__`` is wrapped in place to size batches by
   that mesh, and the engines' ``forward`` / ``backward`` / ``step`` / ``train_batch`` /
-  ``eval_batch`` run with their own engine's groups state (:mod:`compat.engine_scope`).
+  ``eval_batch``, rank getters and checkpoint save / load run with their own engine's groups
+  state (:mod:`compat.engine_scope`).
 
 Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the groups functions,
 ``pipe/module.py``'s grid and topology names) are re-pointed as well. :func:`uninstall` restores
@@ -43,6 +44,15 @@ TOPOLOGY_MODULE = "deepspeed.runtime.pipe.topology"
 TOPOLOGY_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid")
 # Engine entry points that run with the engine's own groups state (see compat.engine_scope).
 ENGINE_STEP_METHODS = ("forward", "backward", "step")
+# Other engine methods that read ``groups`` (rank getters, checkpoint writers / readers).
+ENGINE_GROUPS_METHODS = (
+    "get_data_parallel_rank",
+    "get_tensor_parallel_rank",
+    "get_model_parallel_rank",
+    "save_checkpoint",
+    "load_checkpoint",
+    "save_16bit_model",
+)
 PIPE_ENGINE_STEP_METHODS = ("train_batch", "eval_batch")
 
 _lock = threading.RLock()
@@ -204,7 +214,7 @@ def _route_config(module: types.ModuleType) -> None:
 def _route_engine(module: types.ModuleType) -> None:
     from .engine_scope import engine_step_wrapper
 
-    for name in ENGINE_STEP_METHODS:
+    for name in ENGINE_STEP_METHODS + ENGINE_GROUPS_METHODS:
         _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
 
 

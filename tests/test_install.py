@@ -470,3 +470,23 @@ def test_engine_spec_agrees_with_every_source_or_names_two_that_disagree():
             assert f"sets {dim}={sizes[dim]};" in message
 
     check()
+
+
+def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, world, tmp_path):
+    """Engine methods that read ``groups`` outside forward/backward/step (rank getters, the
+    checkpoint writer choice) see that engine's mesh, not the last engine built."""
+    import deepspeed
+
+    from compat import groups as compat_groups
+
+    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}))[0]
+    reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config())[0]
+    assert actor.mesh_device.get_rank("dp") == 0 and reference.mesh_device.get_rank("dp") == RANK
+    assert actor.get_data_parallel_rank() == 0 and reference.get_data_parallel_rank() == RANK
+    assert actor.get_tensor_parallel_rank() == actor.get_model_parallel_rank() == 1
+    seen = []
+    for engine in (actor, reference):
+        engine._save_checkpoint = lambda *_, **__: seen.append(compat_groups._get_data_parallel_rank())
+        engine.save_checkpoint(str(tmp_path))
+    assert seen == [0, RANK]
+    assert compat_groups.bound_mesh() is reference.mesh_device  # the previous state is back
