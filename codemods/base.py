@@ -95,6 +95,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         super().__init__(context)
         self._frames: list[_Frame] = []
         self._engine_cache: dict[int, list[tuple[str, int]]] = {}
+        self._foreign: Optional[set[str]] = None  # names the file binds to something other than mesh_core's
         self.sites, self.todos = counters(context)
 
     # --- files this codemod must not touch ----------------------------------------------------
@@ -187,6 +188,37 @@ class MigrationCommand(VisitorBasedCodemodCommand):
     def add_mesh_import(self, name: str) -> None:
         AddImportsVisitor.add_needed_import(self.context, MESH_MODULE, name)
 
+    def mesh_ref(self, name: str) -> str:
+        """Code naming ``mesh_core.<name>``, its import added: ``name`` itself, or
+        ``mesh_core.<name>`` when the file binds ``name`` to something else anywhere (a parameter,
+        an assignment, another import), which a ``from mesh_core import`` would clash with."""
+        if name in self._foreign_names():
+            AddImportsVisitor.add_needed_import(self.context, MESH_MODULE)
+            return f"{MESH_MODULE}.{name}"
+        self.add_mesh_import(name)
+        return name
+
+    def _foreign_names(self) -> set[str]:
+        if self._foreign is None:
+            self._foreign = set()
+            scopes = {s for s in self.metadata.get(ScopeProvider, {}).values() if s is not None}
+            for scope in scopes:
+                for assignment in scope.assignments:
+                    if assignment.name in self._foreign or assignment.name.startswith(MESH_MODULE):
+                        continue
+                    if not self._is_mesh_import(assignment):
+                        self._foreign.add(assignment.name)
+        return self._foreign
+
+    @staticmethod
+    def _is_mesh_import(assignment) -> bool:
+        node = getattr(assignment, "node", None)
+        if not isinstance(node, cst.ImportFrom) or node.relative or node.module is None:
+            return False
+        if cst.Module([]).code_for_node(node.module) != MESH_MODULE or isinstance(node.names, cst.ImportStar):
+            return False
+        return any(a.evaluated_alias is None and a.evaluated_name == assignment.name for a in node.names)
+
     # --- the model's mesh ---------------------------------------------------------------------
     def model_mesh(self, node: cst.CSTNode) -> cst.BaseExpression:
         """The mesh of the model at ``node``: ``self.mesh_device`` inside an engine (sub)class,
@@ -195,8 +227,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         engine = self.engine_in_scope(node)
         if engine is not None:
             return cst.Attribute(value=cst.Name(engine), attr=cst.Name("mesh_device"))
-        self.add_mesh_import("default_mesh")
-        return cst.Call(func=cst.Name("default_mesh"))
+        return cst.Call(func=cst.parse_expression(self.mesh_ref("default_mesh")))
 
     def scope_of(self, node: cst.CSTNode) -> Optional[Scope]:
         try:

@@ -204,9 +204,8 @@ class GroupsGettersCommand(MigrationCommand):
             sizes = [f"tp={code(tp.value) if tp is not None else '1'}"]
             if dp is not None and not (isinstance(dp.value, cst.Name) and dp.value.value == "None"):
                 sizes.insert(0, f"dp={code(dp.value)}")
-            self.add_mesh_import("set_default_mesh")
-            self.add_mesh_import("DeepSpeedDeviceMesh")
-            return f"set_default_mesh(DeepSpeedDeviceMesh.build({', '.join(sizes)}))"
+            setter, mesh_class = self.mesh_ref("set_default_mesh"), self.mesh_ref("DeepSpeedDeviceMesh")
+            return f"{setter}({mesh_class}.build({', '.join(sizes)}))"
         if fname == "_create_expert_and_data_parallel":
             ep = arg_by(call, 0, "expert_parallel_size_")
             if ep is None or len(call.args) != 1:

@@ -88,7 +88,7 @@ class TopologyCommand(MigrationCommand):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self._replacements: dict[int, str] = {}  # id(node) -> the mesh name (or, for the grid, its build call)
+        self._replacements: dict[int, str] = {}  # id(node) -> the mesh name (or, for the grid, its build arguments)
         self._converted_grids: set[int] = set()
         self._kept_grids: dict[int, str] = {}
         self._used_topologies: set[int] = set()
@@ -148,7 +148,7 @@ class TopologyCommand(MigrationCommand):
         args = layout.build_args()
         if needs_pp_tp:
             args.append('flatten=[("pp", "tp")]')
-        self._replacements[id(call)] = f"DeepSpeedDeviceMesh.build({', '.join(args)})"
+        self._replacements[id(call)] = ", ".join(args)  # of DeepSpeedDeviceMesh.build
         self._replacements.update(uses)
         self._converted_grids.add(id(call))
         if topo_statement is not None:
@@ -216,8 +216,7 @@ class TopologyCommand(MigrationCommand):
             self.keep_comments(original_node)
             if id(original_node) in self._converted_grids:
                 self.record(KIND_GRID)
-                self.add_mesh_import("DeepSpeedDeviceMesh")
-                return cst.parse_expression(planned)
+                return cst.parse_expression(f"{self.mesh_ref('DeepSpeedDeviceMesh')}.build({planned})")
             self.record(KIND_USE)
             return cst.parse_expression(grid_api.rewrite_use(planned, updated_node.func, updated_node))
         if not self.could_be(original_node.func, CLASS_NAMES):

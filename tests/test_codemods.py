@@ -271,3 +271,37 @@ def test_engine_class_itself_and_relative_subclass_use_self_mesh_device():
     )
     code = migrate_code(pipe, module="deepspeed.runtime.pipe.engine", package="deepspeed.runtime.pipe").code
     assert 'return me.mesh_device.get_rank("dp")' in code
+
+
+# --- adversarial inputs ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "source",
+    [
+        # a parameter named like the accessor the codemod adds
+        "from deepspeed.utils import groups\ndef f(default_mesh):\n    return groups.get_data_parallel_group()\n",
+        # a module-level binding of the same name (an import, an assignment)
+        "from foo import default_mesh\nfrom deepspeed.utils import groups\nx = groups.get_data_parallel_group()\ny = default_mesh(3)\n",
+        "from deepspeed.utils import groups\ndefault_mesh = 5\nx = groups.get_data_parallel_group()\n",
+    ],
+)
+def test_added_accessor_never_rebinds_or_hits_a_user_name(source):
+    out = migrate_code(source).code
+    assert 'mesh_core.default_mesh().get_group("dp")' in out
+    assert "import mesh_core\n" in out and "from mesh_core import default_mesh" not in out
+    assert source.count("default_mesh") == out.count("default_mesh") - 1  # the user's own uses are untouched
+    compile(out, "<shadow>", "exec")
+    assert migrate_code(out).code == out
+
+
+def test_added_mesh_class_never_hits_a_user_name():
+    source = (
+        "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n"
+        "from mylib import DeepSpeedDeviceMesh\n"
+        "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))\n"
+        "x = grid.get_data_parallel_group()\n"
+        "y = DeepSpeedDeviceMesh()\n"
+    )
+    out = migrate_code(source).code
+    assert "grid = mesh_core.DeepSpeedDeviceMesh.build(pp=2, dp=2)" in out
+    assert "from mylib import DeepSpeedDeviceMesh\n" in out and "from mesh_core import" not in out
+    assert migrate_code(out).code == out
