@@ -253,12 +253,23 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         scope = self.scope_of(node)
         if scope is None:
             return None
-        self_name = self._engine_self(scope)
-        if self_name is not None:
-            return self_name
-        line = self.line_of(node)
-        candidates = [name for name, at in self._engines_of(scope) if at < line]
-        return candidates[-1] if candidates else None
+        name = self._engine_self(scope)
+        if name is None:
+            line = self.line_of(node)
+            candidates = [name for name, at in self._engines_of(scope) if at < line]
+            name = candidates[-1] if candidates else None
+        if name is not None and self._rebound_in_comprehension(node, name):
+            return None
+        return name
+
+    def _rebound_in_comprehension(self, node: cst.CSTNode, name: str) -> bool:
+        """``name`` is a comprehension variable at ``node`` (``[... for engine in ...]``)."""
+        scope = self.get_metadata(ScopeProvider, node, None)
+        while isinstance(scope, ComprehensionScope):
+            if name in scope.assignments:
+                return True
+            scope = scope.parent
+        return False
 
     def _engine_self(self, scope: Scope) -> Optional[str]:
         if not isinstance(scope, FunctionScope) or not isinstance(scope.node, cst.FunctionDef):

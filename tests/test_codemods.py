@@ -305,3 +305,16 @@ def test_added_mesh_class_never_hits_a_user_name():
     assert "grid = mesh_core.DeepSpeedDeviceMesh.build(pp=2, dp=2)" in out
     assert "from mylib import DeepSpeedDeviceMesh\n" in out and "from mesh_core import" not in out
     assert migrate_code(out).code == out
+
+
+def test_engine_shadowed_by_a_comprehension_variable_is_not_used():
+    source = (
+        "import deepspeed\nfrom deepspeed.utils import groups\n"
+        "def f(m):\n"
+        "    engine, *_ = deepspeed.initialize(model=m)\n"
+        "    return [groups.get_data_parallel_group() for engine in range(3)]\n"
+    )
+    out = migrate_code(source).code
+    assert '[default_mesh().get_group("dp") for engine in range(3)]' in out
+    out = migrate_code(source.replace("for engine in", "for i in")).code
+    assert '[engine.mesh_device.get_group("dp") for i in range(3)]' in out
