@@ -31,6 +31,7 @@ from typing import Any, Optional
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 from mesh_core.config import load_config
 
+from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture
 from .engine_spec import engine_spec
@@ -167,7 +168,7 @@ def _engine_mesh(spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpe
         mesh = as_engine_mesh(mesh_from_mpu(mpu))
         _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}")
         return mesh, _mesh_mpu(mesh)
-    return EngineMesh(spec), None
+    return EngineMesh(spec, device_type=default_device_type()), None
 
 
 def _mesh_mpu(mesh: EngineMesh) -> Any:

@@ -490,3 +490,16 @@ def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, wo
         engine.save_checkpoint(str(tmp_path))
     assert seen == [0, RANK]
     assert compat_groups.bound_mesh() is reference.mesh_device  # the previous state is back
+
+
+def test_the_engine_mesh_runs_on_the_default_groups_device(shim, world, monkeypatch):
+    """Like every mesh compat builds, the engine's mesh takes the default group's device type
+    (cuda under NCCL), not a hard-wired "cpu"."""
+    import deepspeed
+
+    import compat.initialize as compat_initialize
+
+    monkeypatch.setattr(compat_initialize, "default_device_type", lambda: "meta")
+    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}))[0]
+    assert engine.mesh_device.device_type == "meta"
+    assert engine.mesh_device.device_mesh.device_type == "meta"
