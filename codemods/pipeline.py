@@ -49,6 +49,14 @@ def migrate_code(
     codemods: Sequence[Type[MigrationCommand]] = CODEMODS,
 ) -> Migration:
     """Run ``codemods`` over ``source``; raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
+    source = source[len(bom):]
+    migration = _migrate(source, filename, module, package, codemods)
+    migration.code = bom + migration.code
+    return migration
+
+
+def _migrate(source, filename, module, package, codemods) -> Migration:
     tree = cst.parse_module(source)
     if not any(marker in source for marker in _MARKERS):
         return Migration(source, skipped="no legacy import")

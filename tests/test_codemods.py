@@ -318,3 +318,11 @@ def test_engine_shadowed_by_a_comprehension_variable_is_not_used():
     assert '[default_mesh().get_group("dp") for engine in range(3)]' in out
     out = migrate_code(source.replace("for engine in", "for i in")).code
     assert '[engine.mesh_device.get_group("dp") for i in range(3)]' in out
+
+
+def test_byte_order_mark_is_kept():
+    source = "\ufefffrom deepspeed.utils import groups  # c\r\nx = groups.get_data_parallel_group()\r\n"
+    out = migrate_code(source).code
+    assert out.startswith("\ufeff") and out.count("\ufeff") == 1
+    assert 'x = default_mesh().get_group("dp")\r\n' in out
+    assert migrate_code(out).code == out
