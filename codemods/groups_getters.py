@@ -12,7 +12,7 @@ import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
 from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, has_star_args, last_name
+from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
 
 KIND = "groups getter"
 
@@ -102,6 +102,16 @@ WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default gro
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
 
+def _star_exports(module: str) -> frozenset:
+    """The legacy names ``from <module> import *`` binds (public names; the re-exports of
+    ``deepspeed.utils``)."""
+    if module == ln.GROUPS:
+        return frozenset(n for n in ALL_FUNCTIONS | STATE if not n.startswith("_"))
+    if module == "deepspeed.utils":
+        return ln.GROUPS_STAR_EXPORTS
+    return frozenset()
+
+
 def expert_size(call: cst.Call) -> Optional[cst.BaseExpression]:
     """N of a literal ``"ep_size_N"`` or ``f"ep_size_{N}"`` group-name argument, else None."""
     arg = arg_by(call, 0, "group_name")
@@ -145,6 +155,10 @@ class GroupsGettersCommand(MigrationCommand):
             "import compat",
         ),
     )
+
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        self._module_node = node
+        return super().visit_Module(node)
 
     def function_of(self, node: cst.CSTNode) -> Optional[str]:
         if not self.could_be(node, ALL_FUNCTIONS):
@@ -212,6 +226,24 @@ class GroupsGettersCommand(MigrationCommand):
                 return None
             return f"{code(self.model_mesh(call))}.expert_groups({code(ep.value)})"
         return None
+
+    # --- star imports: the names they bind cannot be resolved --------------------------------
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:
+        if not isinstance(node.names, cst.ImportStar) or node.module is None:
+            return True
+        module = ln.absolute("." * len(node.relative) + code(node.module), self.context.full_package_name)
+        exported = _star_exports(ln.canonical(module)) if module else frozenset()
+        used = sorted(exported & self._loaded_names())
+        if used:
+            self.flag(KIND, f"star import of {module}: import {', '.join(used)} by name, then rerun the codemod")
+        return False
+
+    def _loaded_names(self) -> set[str]:
+        """Bare names the module uses (not attribute or keyword names)."""
+        module = self._module_node
+        skipped = {id(a.attr) for a in find_all(module, cst.Attribute)}
+        skipped |= {id(a.keyword) for a in find_all(module, cst.Arg) if a.keyword is not None}
+        return {n.value for n in find_all(module, cst.Name) if id(n) not in skipped}
 
     # --- references that are not calls -------------------------------------------------------
     def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:

@@ -326,3 +326,16 @@ def test_byte_order_mark_is_kept():
     assert out.startswith("\ufeff") and out.count("\ufeff") == 1
     assert 'x = default_mesh().get_group("dp")\r\n' in out
     assert migrate_code(out).code == out
+
+
+@pytest.mark.parametrize(
+    "module", ["deepspeed.utils.groups", "deepspeed.utils", "compat.groups"]
+)
+def test_star_import_of_used_getters_is_flagged_once(module):
+    source = f"from {module} import *\nx = get_data_parallel_group()\n"
+    once = migrate_code(source)
+    assert once.code.splitlines()[0].startswith(f"from {module} import *  # TODOV1: ")
+    assert once.todos["groups getter"] == 1
+    assert migrate_code(once.code).code == once.code
+    # a star import whose getters are not used is left alone
+    assert migrate_code(f"from {module} import *\nlog_dist('x')\n").code == f"from {module} import *\nlog_dist('x')\n"
