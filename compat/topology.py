@@ -73,9 +73,10 @@ class ProcessTopology:
         if len(coord_kwargs) != len(self.axes):
             raise ValueError("get_rank() does not support slices. Use filter_match())")
         key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
-        if not all(_is_index(c) and 0 <= c < d for c, d in zip(key, self.dims)):
+        coord = [_index(c) for c in key]
+        if not all(c is not None and 0 <= c < d for c, d in zip(coord, self.dims)):
             raise AssertionError(f"key {coord_kwargs} invalid")
-        return sum(int(c) * s for c, s in zip(key, self._strides))
+        return sum(c * s for c, s in zip(coord, self._strides))
 
     def get_axis_names(self) -> list[str]:
         return self.axes
@@ -84,8 +85,9 @@ class ProcessTopology:
         self, rank: int, omit_axes: Any = ("data", "pipe"), inner_sep: str = "_", outer_sep: str = "-"
     ) -> str:
         omit = frozenset(omit_axes)
-        coord = self.get_coord(rank)
-        return outer_sep.join(f"{ax}{inner_sep}{getattr(coord, ax):02d}" for ax in self.axes if ax not in omit)
+        axes = [ax for ax in self.axes if ax not in omit]
+        coord = self.get_coord(rank) if axes else None  # DeepSpeed looks the rank up per kept axis
+        return outer_sep.join(f"{ax}{inner_sep}{getattr(coord, ax):02d}" for ax in axes)
 
     def get_dim(self, axis: str) -> int:
         """Length of ``axis``; 0 for an axis the topology lacks (DeepSpeed's behaviour)."""
@@ -93,9 +95,10 @@ class ProcessTopology:
         return 0 if index is None else self.dims[index]
 
     def get_coord(self, rank: int) -> Any:
-        if not (_is_index(rank) and 0 <= rank < self._size):
+        index = _index(rank)
+        if index is None or not 0 <= index < self._size:
             raise ValueError(f"rank {rank} not found in topology.")
-        return self.ProcessCoord(*((int(rank) // s) % d for s, d in zip(self._strides, self.dims)))
+        return self.ProcessCoord(*((index // s) % d for s, d in zip(self._strides, self.dims)))
 
     def get_axis_comm_lists(self, axis: str) -> list[list[int]]:
         """Rank lists that differ only in ``axis`` (``[]`` for an unknown axis)."""
@@ -119,7 +122,7 @@ class ProcessTopology:
         """All ranks whose coordinate on ``axis`` is ``idx`` (ValueError for an unknown axis)."""
         axis_num = self.axes.index(axis)
         ranks = np.arange(self._size).reshape(self.dims)
-        return ranks.take([idx], axis=axis_num).reshape(-1).tolist() if 0 <= idx < self.dims[axis_num] else []
+        return ranks.take(_matching(idx, self.dims[axis_num]), axis=axis_num).reshape(-1).tolist()
 
     def world_size(self) -> int:
         return self._size
@@ -132,12 +135,19 @@ def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
     return tuple((n, s) for n, s in zip(spec.names, spec.sizes) if s > 1)
 
 
-def _is_index(value: Any) -> bool:
-    return isinstance(value, (int, np.integer))
+def _index(value: Any) -> Optional[int]:
+    """``value`` as an int if it equals one, else None (DeepSpeed finds coordinates by ``==``, so
+    ``1.0``, ``True`` and ``np.int64(1)`` all mean 1)."""
+    try:
+        index = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return index if index == value else None
 
 
-def _matching(value: Any, dim: int) -> Any:
-    return [value] if _is_index(value) and 0 <= value < dim else []
+def _matching(value: Any, dim: int) -> list[int]:
+    index = _index(value)
+    return [index] if index is not None and 0 <= index < dim else []
 
 
 def _prime_factors(N: int) -> list[int]:

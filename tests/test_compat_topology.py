@@ -6,6 +6,7 @@ import contextlib
 import io
 import math
 
+import numpy as np
 import pytest
 import torch.distributed as dist
 from hypothesis import HealthCheck, example, given, settings
@@ -87,6 +88,30 @@ def test_process_topology_matches_deepspeed(axes_dims, data):
     filt = {a: data.draw(st.integers(0, d)) for a, d in zip(axes, dims) if data.draw(st.booleans())}
     assert ours.filter_match(**filt) == legacy.filter_match(**filt)
     assert _outcome(ours.filter_match, nope=0) == _outcome(legacy.filter_match, nope=0)
+
+
+
+# values legacy accepts because its lookups go by ==/hash (1.0 == True == np.int64(1) == 1)
+NON_INT_VALUES = [True, False, 1.0, 0.0, 1.5, np.int64(1), -1.0, "1", None]
+
+
+@pytest.mark.parametrize("axes,dims", [(["pipe", "data"], [2, 3]), (["a", "b", "c"], [2, 1, 3]), (["x"], [4])])
+def test_process_topology_matches_deepspeed_on_non_int_coordinates_and_bad_ranks(axes, dims):
+    legacy = legacy_topology_module().ProcessTopology(list(axes), list(dims))
+    ours = ct.ProcessTopology(list(axes), list(dims))
+    n = math.prod(dims)
+    for value in NON_INT_VALUES:
+        assert _outcome(ours.get_coord, value) == _outcome(legacy.get_coord, value), value
+        for axis in axes:
+            assert _outcome(ours.filter_match, **{axis: value}) == _outcome(legacy.filter_match, **{axis: value})
+            assert _outcome(ours.get_axis_list, axis, value) == _outcome(legacy.get_axis_list, axis, value)
+        coord = {a: value for a in axes}
+        assert _outcome(ours.get_rank, **coord) == _outcome(legacy.get_rank, **coord), value
+    for rank in [-1, n, 1.0, True]:
+        for omit in (axes, [], ["data", "pipe"]):
+            assert _outcome(ours.get_rank_repr, rank, omit_axes=omit) == _outcome(
+                legacy.get_rank_repr, rank, omit_axes=omit
+            ), (rank, omit)
 
 
 def test_specialised_topologies_and_prime_factors():
