@@ -92,6 +92,7 @@ class TopologyCommand(MigrationCommand):
         self._converted_grids: set[int] = set()
         self._kept_grids: dict[int, str] = {}
         self._used_topologies: set[int] = set()
+        self._kept_topologies: set[int] = set()  # read by a converted grid, but also used elsewhere
         self._removed_statements: set[int] = set()
 
     # --- planning -----------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class TopologyCommand(MigrationCommand):
         topo_arg = arg_by(call, 0, "topology")
         if topo_arg is None or has_star_args(call):
             return "the grid has no explicit topology (the default deals the world's prime factors to pp and dp)"
-        layout, topo_statement = self._resolve_topology(topo_arg.value, scope)
+        layout, topo_statement, topo_call = self._resolve_topology(topo_arg.value, scope)
         if layout is None:
             return "its topology cannot be read statically"
         mesh = target.value
@@ -153,41 +154,44 @@ class TopologyCommand(MigrationCommand):
         self._converted_grids.add(id(call))
         if topo_statement is not None:
             self._removed_statements.add(id(topo_statement))
+        elif isinstance(topo_arg.value, cst.Name):
+            self._kept_topologies.add(id(topo_call))  # still used elsewhere: flagged like in a rerun
         return None
 
     def _resolve_topology(self, value: cst.BaseExpression, scope):
-        """(layout, the topology's statement to drop or None) of a grid's topology argument."""
+        """(layout, the topology's statement to drop or None, the topology call) of a grid's
+        topology argument."""
         if isinstance(value, cst.Call):
             kind = self.legacy_name(value.func, ln.TOPOLOGY_CLASSES)
             layout = topology_layout(kind, value) if kind else None
             if layout is not None:
                 self._used_topologies.add(id(value))
-            return layout, None
+            return layout, None, value
         if not isinstance(value, cst.Name):
-            return None, None
+            return None, None, None
         bindings = scope.assignments[value.value]
         if len(bindings) != 1:
-            return None, None
+            return None, None, None
         binding = next(iter(bindings))
         target = getattr(binding, "node", None)
         if not isinstance(target, cst.Name):
-            return None, None
+            return None, None, None
         assign = self.top_level_assign(target, scope)
         if assign is None or not isinstance(assign.value, cst.Call) or len(assign.targets) != 1:
-            return None, None
+            return None, None, None
         if assign.targets[0].target is not target or self.line_of(assign) >= self.line_of(value):
-            return None, None
+            return None, None, None
         kind = self.legacy_name(assign.value.func, ln.TOPOLOGY_CLASSES)
         layout = topology_layout(kind, assign.value) if kind else None
         if layout is None:
-            return None, None
+            return None, None, None
         self._used_topologies.add(id(assign.value))
         line = self.parent(assign)
         if len(binding.references) == 1 and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-            return layout, line
+            return layout, line, assign.value
         if not all(_is_pure(cst.parse_expression(size)) for _, size in layout.dims):
-            return None, None
-        return layout, None
+            return None, None, None
+        return layout, None, assign.value
 
     def _plan_use(self, mesh: str, name: cst.CSTNode):
         """(id of the node to replace or None, replacement, needs ("pp","tp")) for one use, or None."""
@@ -225,7 +229,11 @@ class TopologyCommand(MigrationCommand):
         if kind == ln.GRID:
             reason = self._kept_grids.get(id(original_node), "the grid is not bound to a local variable")
             self.flag(KIND_GRID, f"PipelineParallelGrid kept: {reason}; build DeepSpeedDeviceMesh.build(pp=, dp=, tp=) and see MIGRATION.md")
-        elif kind is not None and id(original_node) not in self._used_topologies and not self._feeds_pipeline_module(original_node):
+        elif (
+            kind is not None
+            and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
+            and not self._feeds_pipeline_module(original_node)
+        ):
             self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
         return updated_node
 

@@ -339,3 +339,18 @@ def test_star_import_of_used_getters_is_flagged_once(module):
     assert migrate_code(once.code).code == once.code
     # a star import whose getters are not used is left alone
     assert migrate_code(f"from {module} import *\nlog_dist('x')\n").code == f"from {module} import *\nlog_dist('x')\n"
+
+
+def test_topology_kept_for_other_uses_is_flagged_in_the_first_run_too():
+    source = (
+        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
+        "topo = PipeModelDataParallelTopology(2, 2, 2)\n"
+        "grid = PipelineParallelGrid(topology=topo)\n"
+        'print(topo.get_dim("pipe"))\n'
+        "x = grid.get_data_parallel_group()\n"
+    )
+    once = migrate_code(source)
+    assert "grid = DeepSpeedDeviceMesh.build(pp=2, dp=2, tp=2)\n" in once.code
+    assert "topo = PipeModelDataParallelTopology(2, 2, 2)  # TODOV1: topology kept" in once.code
+    twice = migrate_code(once.code)
+    assert twice.code == once.code and twice.todos == once.todos
