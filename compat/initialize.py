@@ -93,10 +93,12 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     )
     if not pipeline and spec.dim_size("pp") > 1:
         raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")
+    # without an order / ranks in the config, a given mesh, grid or mpu keeps its own rank order
+    order = any(key in (config.get("mesh") or {}) for key in ("order", "ranks"))
     if given_mesh is not None:
-        _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=")
+        _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=", order=order)
 
-    mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh)
+    mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
@@ -152,21 +154,23 @@ def _moe_ep_sizes(model: Any) -> list[int]:
     return sorted({int(m.ep_size) for m in model.modules() if isinstance(m, MoE)})
 
 
-def _engine_mesh(spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh]) -> tuple[EngineMesh, Any]:
+def _engine_mesh(
+    spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh], order: bool = True
+) -> tuple[EngineMesh, Any]:
     """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
     if given is not None:
         return as_engine_mesh(given), (None if mpu is None else _mesh_mpu(as_engine_mesh(given)))
     if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
-        _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid")
+        _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid", order=order)
         return as_engine_mesh(grid.mesh), None
     if mpu is not None:
         if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
-            _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}")
+            _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
             return as_engine_mesh(mpu.mesh), mpu
         from .mpu import mesh_from_mpu
 
         mesh = as_engine_mesh(mesh_from_mpu(mpu))
-        _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}")
+        _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
         return mesh, _mesh_mpu(mesh)
     return EngineMesh(spec, device_type=default_device_type()), None
 
@@ -177,13 +181,17 @@ def _mesh_mpu(mesh: EngineMesh) -> Any:
     return MeshMPU(mesh)
 
 
-def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str) -> None:
-    """Raise unless both specs give every rank the same pp/dp/sp/tp groups."""
-    la, lb = MeshLayout(a), MeshLayout(b)
+def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str, *, order: bool = True) -> None:
+    """Raise unless both specs give every rank the same pp/dp/sp/tp groups (``order=False``: the
+    same pp/dp/sp/tp sizes, ``b``'s rank order standing)."""
     same = a.world_size == b.world_size and sorted(a.ranks) == sorted(b.ranks)
-    same = same and all(
-        sorted(map(tuple, la.groups(d))) == sorted(map(tuple, lb.groups(d))) for d in LAYOUT_DIMS
-    )
+    if order:
+        la, lb = MeshLayout(a), MeshLayout(b)
+        same = same and all(
+            sorted(map(tuple, la.groups(d))) == sorted(map(tuple, lb.groups(d))) for d in LAYOUT_DIMS
+        )
+    else:
+        same = same and all(a.dim_size(d) == b.dim_size(d) for d in LAYOUT_DIMS)
     if not same:
         raise MeshSpecError(f"{a_name} describes {a.describe()} but {b_name} is {b.describe()}; make them equal")
 
