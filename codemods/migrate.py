@@ -3,7 +3,7 @@ mesh API (``mesh_core``), in place, and report what was rewritten and what was l
 ``# TODOV1:``.
 
 Exit status: 0 on success; 1 with ``--check`` when any file would change; 2 when any file could not
-be parsed or migrated (those files are reported and left untouched).
+be parsed, migrated or written (those files are reported and left untouched).
 """
 from __future__ import annotations
 

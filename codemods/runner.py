@@ -60,7 +60,10 @@ class Summary:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a part."""
+    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a part.
+
+    A symbolic link stays a link: its target is replaced."""
+    path = Path(os.path.realpath(path))
     mode = path.stat().st_mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".migrate", dir=path.parent)
     try:
@@ -102,7 +105,11 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
             )
         )
     if report.changed and write:
-        write_atomically(file, result.code)
+        try:
+            write_atomically(file, result.code)
+        except OSError as err:
+            report.error = f"cannot write: {err}"
+            report.changed, report.sites, report.todos = False, Counter(), Counter()
     return report
 
 

@@ -95,3 +95,33 @@ def test_parallel_run_as_a_module(tree):
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["files_changed"] == 2
     assert (tree / "pkg" / "sub" / "more.py").read_text() == MIGRATED.replace("x =", "y =")
+
+
+def test_a_symlinked_file_stays_a_link_and_its_target_is_migrated(tree, tmp_path):
+    target = tmp_path / "real.py"
+    target.write_text(LEGACY)
+    link = tree / "pkg" / "linked.py"
+    link.symlink_to(target)
+    assert cli.main([str(link), "--no-progress"]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == MIGRATED
+
+
+def test_a_file_that_cannot_be_written_is_reported_and_the_run_goes_on(tree, capsys, monkeypatch):
+    from codemods import runner
+
+    real = runner.write_atomically
+
+    def refuse_train(path, text):
+        if path.name == "train.py":
+            raise PermissionError(13, "Permission denied", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(runner, "write_atomically", refuse_train)
+    (tree / "pkg" / "broken.py").unlink()
+    rc = cli.main([str(tree), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "train.py: cannot write: " in err and "Permission denied" in err
+    assert (tree / "pkg" / "train.py").read_text() == LEGACY
+    assert (tree / "pkg" / "sub" / "more.py").read_text() == MIGRATED.replace("x =", "y =")
