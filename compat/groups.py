@@ -13,7 +13,7 @@ pipeline stage that ignores TP when ``mp_size`` is None, ...) are DeepSpeed's. W
   ``expert_tensor_parallel_world_size``;
 - group creation may issue fewer (shared) calls than legacy, but every rank issues the same ones in
   the same order;
-- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh (the default mesh, unless one is bound)
+- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh (its groups come back when a bound mesh is unbound)
   and logs a warning on a size conflict instead of silently ignoring it; the src-rank helpers
   return the group's first rank rather than a formula that assumed consecutive groups
   (``get_tensor_model_parallel_src_rank`` keeps the formula when a world-size override is set);
@@ -62,7 +62,7 @@ class DeprecatedException(Exception):
 class GroupsState:
     """Everything ``deepspeed.utils.groups`` kept in module globals, around one default mesh."""
 
-    mesh: Optional[DeepSpeedDeviceMesh] = None  # the default mesh (bind_mesh or _init_tp_mesh_device)
+    mesh: Optional[DeepSpeedDeviceMesh] = None  # the default mesh, bound by bind_mesh (read only while bound)
     mesh_is_bound: bool = False  # bound by bind_mesh: underscore getters serve from it too
     tp_group: Any = None
     dp_group: Any = None
@@ -82,7 +82,6 @@ class GroupsState:
     zero_param_group: Any = None
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
-    owned_meshes: list = field(default_factory=list)  # meshes compat built (released with the world)
     tp_source: Optional[tuple[Any, Any]] = None  # (mesh, (tp dims, dp dims)) of _init_tp_*, kept under a binding
 
 
@@ -138,8 +137,7 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
         return  # already bound (engines re-bind their mesh around every step)
     if mesh is None:
         if state.mesh_is_bound:  # back to what _init_tp_mesh_device had set up, if anything
-            state.mesh_is_bound, state.bound_groups = False, {}
-            state.mesh = state.tp_source[0] if state.tp_source else None
+            state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
             _set_tp_groups(*(state.tp_source or (None, None)))
         return
     groups = {dims: mesh.ensure_group(dims) for dims in BOUND_DIMS}  # collective, members or not
@@ -296,9 +294,7 @@ def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[
             if rest and math.prod(spec.dim_size(n) for n in rest) == data_parallel_size:
                 return mesh, ("tp", rest)
     spec = MeshSpec.build(world, dp=data_parallel_size, tp=tensor_model_parallel_size)
-    mesh = DeepSpeedDeviceMesh(spec, device_type=default_device_type())
-    _state.owned_meshes.append(mesh)
-    return mesh, ("tp", "dp")
+    return DeepSpeedDeviceMesh(spec, device_type=default_device_type()), ("tp", "dp")
 
 
 def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_parallel_size: Optional[int] = None):
@@ -318,8 +314,6 @@ def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_par
 
 
 def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
-    if _state.mesh is None:
-        _state.mesh = mesh
     if mesh is not bound_mesh():
         _state.tp_source = (mesh, dims)
     _set_tp_groups(mesh, dims)
@@ -471,7 +465,6 @@ def _create_model_parallel(model_parallel_size_: int):
     _divisible(world_size, model_parallel_size)
     spec = MeshSpec.build(world_size, dp=world_size // model_parallel_size, tp=model_parallel_size)
     mesh = DeepSpeedDeviceMesh(spec, device_type=default_device_type())
-    _state.owned_meshes.append(mesh)
     return mesh.get_group("dp"), mesh.get_group("tp")
 
 
