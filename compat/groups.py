@@ -13,9 +13,9 @@ pipeline stage that ignores TP when ``mp_size`` is None, ...) are DeepSpeed's. W
   ``expert_tensor_parallel_world_size``;
 - group creation may issue fewer (shared) calls than legacy, but every rank issues the same ones in
   the same order;
-- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh (its groups come back when a bound mesh is unbound)
-  and logs a warning on a size conflict instead of silently ignoring it; the src-rank helpers
-  return the group's first rank rather than a formula that assumed consecutive groups
+- fixed legacy bugs: ``_init_tp_mesh_device`` keeps its mesh (its groups come back when a bound
+  mesh is unbound) and logs a warning on a size conflict instead of silently ignoring it; the
+  src-rank helpers return the group's first rank rather than a formula that assumed consecutive groups
   (``get_tensor_model_parallel_src_rank`` keeps the formula when a world-size override is set);
   bad sizes (a pp that does not divide the world, a TP size that does not divide a stage) raise a
   :class:`~mesh_core.MeshSpecError` before any group exists instead of building ragged groups.
