@@ -262,6 +262,14 @@ class MigrationCommand(VisitorBasedCodemodCommand):
             return None
         return name
 
+    def engine_bound_at(self, node: cst.CSTNode, name: str) -> bool:
+        """``name`` is an engine provably bound at ``node`` (see :meth:`engine_in_scope`)."""
+        scope = self.scope_of(node)
+        if scope is None or self._rebound_in_comprehension(node, name):
+            return False
+        line = self.line_of(node)
+        return any(n == name and at < line for n, at in self._engines_of(scope))
+
     def _rebound_in_comprehension(self, node: cst.CSTNode, name: str) -> bool:
         """``name`` is a comprehension variable at ``node`` (``[... for engine in ...]``)."""
         scope = self.get_metadata(ScopeProvider, node, None)

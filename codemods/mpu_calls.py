@@ -26,13 +26,13 @@ class _Collector(cst.CSTVisitor):
 
     def __init__(self, command: "MpuCallsCommand") -> None:
         self.command = command
-        self.found: list[cst.BaseExpression] = []
+        self.found: list[tuple[cst.BaseExpression, cst.Call]] = []
 
     def visit_Call(self, node: cst.Call) -> Optional[bool]:
         if self.command.could_be(node.func, {"initialize"}) and ln.INITIALIZE in self.command.legacy_names(node.func):
             mpu = arg_by(node, 7, "mpu")
             if mpu is not None:
-                self.found.append(mpu.value)
+                self.found.append((mpu.value, node))
         return True
 
 
@@ -44,22 +44,34 @@ class MpuCallsCommand(MigrationCommand):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._name_refs: dict[int, str] = {}  # id(Name node referring to an mpu) -> provenance
+        self._grid_engines: dict[int, Optional[str]] = {}  # id(Name node of a grid) -> the engine it went to
         self._self_attrs: set[tuple[int, str]] = set()  # (id(ClassDef), attr) of self.<attr> mpus
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
         collector = _Collector(self)
         node.visit(collector)
-        for value in collector.found:
+        for value, call in collector.found:
             if isinstance(value, cst.Name):
-                self._track_name(value)
+                self._track_name(value, self._engine_of(call))
             elif isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
                 cls = self._enclosing_class(value)
                 if cls is not None:
                     self._self_attrs.add((id(cls), value.attr.value))
         return True
 
-    def _track_name(self, name: cst.Name) -> None:
+    def _engine_of(self, call: cst.Call) -> Optional[str]:
+        """The engine name ``<engine>, ... = deepspeed.initialize(...)`` binds, or None."""
+        node = self.parent(call)
+        if isinstance(node, cst.Subscript):
+            node = self.parent(node)
+        if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+            return None
+        dest = node.targets[0].target
+        first = dest.elements[0].value if isinstance(dest, (cst.Tuple, cst.List)) and dest.elements else dest
+        return first.value if isinstance(first, cst.Name) and self._is_engine_assign(node, first) else None
+
+    def _track_name(self, name: cst.Name, engine: Optional[str]) -> None:
         scope = self.scope_of(name)
         if scope is None:
             return
@@ -71,7 +83,10 @@ class MpuCallsCommand(MigrationCommand):
             return
         for binding in bindings:
             for access in binding.references:
-                self._name_refs[id(access.node)] = provenance
+                key = id(access.node)
+                self._name_refs[key] = provenance
+                # passed to two initialize calls: which engine holds its layout is not provable
+                self._grid_engines[key] = engine if self._grid_engines.get(key, engine) == engine else None
 
     def _provenance(self, bindings, scope) -> Optional[str]:
         """``grid`` for a single local ``PipelineParallelGrid(...)``, None for the groups module
@@ -108,7 +123,9 @@ class MpuCallsCommand(MigrationCommand):
         template = grid_api.METHODS.get(method)
         mesh_hint = template.format(m="<mesh>") if template else "see MIGRATION.md"
         if provenance == GRID:
-            engine = self.engine_in_scope(original_node)
+            engine = self._grid_engines.get(id(func.value))
+            if engine is not None and not self.engine_bound_at(original_node, engine):
+                engine = None
             replacement = grid_api.rewrite_use(f"{engine}.mesh_device", updated_node.func, updated_node) if engine else None
             if replacement is not None:
                 self.record(KIND)

@@ -354,3 +354,20 @@ def test_topology_kept_for_other_uses_is_flagged_in_the_first_run_too():
     assert "topo = PipeModelDataParallelTopology(2, 2, 2)  # TODOV1: topology kept" in once.code
     twice = migrate_code(once.code)
     assert twice.code == once.code and twice.todos == once.todos
+
+
+def test_grid_calls_go_to_the_engine_the_grid_was_passed_to_not_another_one():
+    source = (
+        "import deepspeed\n"
+        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
+        "def f(model, other, pp, tp, dp):\n"
+        "    grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(pp, tp, dp))\n"
+        '    e1, *_ = deepspeed.initialize(model=model, config="a.json", mpu=grid)\n'
+        '    e2, *_ = deepspeed.initialize(model=other, config="b.json")\n'
+        "    return grid.get_data_parallel_rank()\n"
+    )
+    out = migrate_code(source).code
+    assert 'return e1.mesh_device.get_rank("dp")\n' in out
+    out = migrate_code(source.replace("e1, *_ =", "e1 =")).code  # not provably the engine: left for a human
+    assert "e2.mesh_device" not in out
+    assert "return grid.get_data_parallel_rank()  # TODOV1: grid.get_data_parallel_rank()" in out
