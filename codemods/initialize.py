@@ -41,6 +41,11 @@ def dict_keys(node: cst.Dict) -> set[str]:
     return keys
 
 
+def _given(arg: Optional[cst.Arg]) -> Optional[cst.Arg]:
+    """``arg``, or None where it is absent or a literal ``None`` (the default)."""
+    return None if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None") else arg
+
+
 def with_entry(node: cst.Dict, entry: str) -> cst.Dict:
     """``node`` with ``entry`` (``"key": value`` code) appended, in the dict's own layout."""
     element = cst.parse_expression("{" + entry + "}").elements[0]  # type: ignore[attr-defined]
@@ -96,8 +101,7 @@ class InitializeCommand(MigrationCommand):
         return True
 
     def _plan(self, node: cst.Call) -> None:
-        mesh_param = arg_by(node, 11, "mesh_param")
-        mpu = arg_by(node, 7, "mpu")
+        mesh_param, mpu = (_given(arg_by(node, *at)) for at in ((11, "mesh_param"), (7, "mpu")))
         if mesh_param is None and mpu is None:
             return
         entries: list[str] = []

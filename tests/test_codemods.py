@@ -371,3 +371,9 @@ def test_grid_calls_go_to_the_engine_the_grid_was_passed_to_not_another_one():
     out = migrate_code(source.replace("e1, *_ =", "e1 =")).code  # not provably the engine: left for a human
     assert "e2.mesh_device" not in out
     assert "return grid.get_data_parallel_rank()  # TODOV1: grid.get_data_parallel_rank()" in out
+
+
+def test_initialize_with_literal_none_mpu_and_mesh_param_is_left_alone():
+    source = "import deepspeed\nengine, *_ = deepspeed.initialize(model=m, config={}, mpu=None, mesh_param=None)\n"
+    once = migrate_code(source)
+    assert once.code == source and not once.todos
