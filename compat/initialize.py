@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
 from mesh_core.config import load_config
 
 from .device import default_device_type
@@ -167,12 +167,25 @@ def _engine_mesh(
         if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
             _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
             return as_engine_mesh(mpu.mesh), mpu
+        if hasattr(mpu, "initialize_sequence_parallel"):  # DeepSpeed's Ulysses parallel_state_sp module
+            mesh = _sequence_parallel_mesh(spec, mpu)
+            return mesh, _mesh_mpu(mesh)
         from .mpu import mesh_from_mpu
 
         mesh = as_engine_mesh(mesh_from_mpu(mpu))
         _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
         return mesh, _mesh_mpu(mesh)
     return EngineMesh(spec, device_type=default_device_type()), None
+
+
+def _sequence_parallel_mesh(spec: MeshSpec, sp_module: Any) -> EngineMesh:
+    """The mesh of the Ulysses module's layout (consecutive sp blocks, dp across them, the
+    sequence-data group the whole world); its sp communicators become the mesh's."""
+    own = MeshSpec.build(spec.world_size, sp=sp_module.get_sequence_parallel_world_size())
+    name = getattr(sp_module, "__name__", type(sp_module).__name__)
+    _require_same_layout(spec, own, "the config", f"mpu={name}")
+    registry_for_world().adopt(MeshLayout(own).groups("sp"), sp_module.get_sequence_parallel_group())
+    return EngineMesh(spec, device_type=default_device_type())
 
 
 def _mesh_mpu(mesh: EngineMesh) -> Any:

@@ -556,3 +556,20 @@ def test_an_mpu_or_mesh_in_its_own_rank_order_is_taken_as_is_unless_the_config_s
     assert deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh=given)[0].mesh_device is given
     with pytest.raises(MeshSpecError, match="the config.*mpu=_TensorOuterMPU"):
         deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"order": ["dp", "tp"]}), mpu=mpu)
+
+
+def test_the_ulysses_sequence_parallel_module_as_mpu_runs_on_the_mesh(shim, world):
+    """Unchanged Ulysses scripts pass DeepSpeed's parallel_state_sp module as mpu; the engine gets
+    the mesh of its layout (sp consecutive, dp across) and keeps the module's sp communicator."""
+    import deepspeed
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    parallel_state_sp.initialize_sequence_parallel(2)
+    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mpu=parallel_state_sp)[0]
+    mesh = engine.mesh_device
+    assert mesh.spec.shape == {"dp": 2, "sp": 2}
+    assert engine.seq_parallel_group is parallel_state_sp.get_sequence_parallel_group() is mesh.get_group("sp")
+    assert ranks(engine.seq_data_parallel_group) == list(range(WORLD)) == mesh.get_group_ranks(("dp", "sp"))
+    assert engine.sequence_parallel_size == 2 and engine.train_batch_size() == 2  # as without the shim
+    with pytest.raises(MeshSpecError, match="config.*parallel_state_sp"):
+        deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}), mpu=parallel_state_sp)
