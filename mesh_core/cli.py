@@ -349,7 +349,9 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
     gpus_per_node = args.gpus_per_node
     if gpus_per_node is not None and gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {gpus_per_node} is not valid; it must be a positive integer")
-    order = [d.strip() for d in args.order.split(",") if d.strip()] if args.order else None
+    order = [d.strip() for d in args.order.split(",") if d.strip()] if args.order is not None else None
+    if order == []:
+        raise UsageError(f"--order {args.order!r} names no dim; give dims outer to inner, e.g. --order pp,dp,sp,tp")
     if args.config:
         if sizes.keys() - {"pp"} or order:
             bad = sorted(sizes.keys() - {"pp"}) + (["order"] if order else [])

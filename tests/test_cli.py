@@ -154,6 +154,7 @@ def test_config_file(tmp_path, capsys):
         (["--config", "/nonexistent/ds.json"], "--config needs --world-size"),
         (["-w", "8", "--order", "pp,tp,zz"], "zz"),
         (["-w", "8", "--ep", "3"], "ep=3"),
+        (["-w", "8", "--order", ","], "--order ',' names no dim"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(argv, needle, capsys):
