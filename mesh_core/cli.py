@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import textwrap
 from typing import Any, Optional, Sequence
@@ -433,4 +434,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except ImportError as err:
         print(f"mesh: error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader stopped early (``mesh show ... | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail
         return 1

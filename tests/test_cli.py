@@ -257,3 +257,15 @@ def test_python_dash_m_entry_point():
         timeout=120,
     )
     assert bad.returncode == 2 and "tp=3" in bad.stderr
+
+
+def test_a_reader_closing_the_pipe_early_is_no_traceback():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mesh_core", "show", "-w", "4096", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
+    proc.stdout.read(200)  # like `mesh show ... | head`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err
