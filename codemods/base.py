@@ -29,7 +29,10 @@ TODOS_KEY = "codemods.todos"
 TODO_TAG = "TODOV1"
 MESH_MODULE = "mesh_core"
 
-_Compound = Union[cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef]
+_Compound = Union[
+    cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef,
+    cst.ExceptHandler, cst.ExceptStarHandler, cst.Match, cst.MatchCase,
+]
 
 
 def counters(context: CodemodContext) -> tuple[Counter, Counter]:
@@ -173,6 +176,8 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         messages = frame.messages
         if not messages:
             return updated_node
+        if isinstance(updated_node, cst.Match):  # its header line ends at the colon before the cases
+            return updated_node.with_changes(whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages))
         body = updated_node.body
         if isinstance(body, cst.IndentedBlock):
             return updated_node.with_changes(body=body.with_changes(header=with_todo(body.header, messages)))
@@ -183,6 +188,8 @@ class MigrationCommand(VisitorBasedCodemodCommand):
 
     visit_If = visit_While = visit_For = visit_With = visit_FunctionDef = visit_ClassDef = _push
     leave_If = leave_While = leave_For = leave_With = leave_FunctionDef = leave_ClassDef = _pop
+    visit_ExceptHandler = visit_ExceptStarHandler = visit_Match = visit_MatchCase = _push
+    leave_ExceptHandler = leave_ExceptStarHandler = leave_Match = leave_MatchCase = _pop
 
     # --- imports ------------------------------------------------------------------------------
     def add_mesh_import(self, name: str) -> None:

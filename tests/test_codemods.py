@@ -377,3 +377,20 @@ def test_initialize_with_literal_none_mpu_and_mesh_param_is_left_alone():
     source = "import deepspeed\nengine, *_ = deepspeed.initialize(model=m, config={}, mpu=None, mesh_param=None)\n"
     once = migrate_code(source)
     assert once.code == source and not once.todos
+
+
+@pytest.mark.parametrize(
+    "source,line",
+    [
+        ("try:\n    x = 1\nexcept groups._get_max_expert_size():\n    pass\n", 3),
+        ("try:\n    x = 1\nexcept* groups._get_max_expert_size():\n    pass\n", 3),
+        ("match groups._get_max_expert_size():\n    case 1:\n        pass\n", 1),
+        ("match x:\n    case 1 if groups._get_max_expert_size():\n        pass\n", 2),
+    ],
+)
+def test_todo_in_an_except_or_match_header_is_written_where_it_is_counted(source, line):
+    once = migrate_code("from deepspeed.utils import groups\n" + source)
+    assert once.todos["groups getter"] == 1
+    lines = once.code.splitlines()
+    assert "# TODOV1: groups._get_max_expert_size" in lines[line] and once.code.count("TODOV1") == 1
+    assert migrate_code(once.code).code == once.code
