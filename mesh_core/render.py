@@ -9,6 +9,7 @@ mark tp groups that cross a node, and ``e<i>`` labels name each rank's EP group.
 from __future__ import annotations
 
 import logging
+import textwrap
 from typing import Optional, Sequence
 
 from .layout import MeshLayout
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 MAX_DRAWN_RANKS = 4096
 CELL = 0.55  # inches per rank cell
 STAGE_GAP = 0.6  # cells between pipeline stage columns
+TITLE_PT = 9  # title font size (points)
 
 
 def default_color_dims(spec: MeshSpec) -> tuple[str, ...]:
@@ -74,8 +76,22 @@ def draw_mesh(
     stages = spec.dim_size("pp")
     rows = max(row for _, _, row in pos.values()) + 1
     width = stages * (tp + STAGE_GAP)
-    fig = Figure(figsize=(max(4.0, width * CELL + 1), max(2.5, rows * CELL + 1.4)))
-    ax = fig.add_axes((0.02, 0.02, 0.96, 0.84))
+    legend = [f"colour: {','.join(color_dims)} group"]
+    if ep_of:
+        legend.append("e<i>: EP group")
+    if gpus_per_node:
+        legend.append(f"black outline: node ({gpus_per_node} GPUs)")
+        if crossing:
+            legend.append("red dashes: tp group crossing nodes")
+    if highlight_rank is not None:
+        legend.append(f"gold: rank {highlight_rank}")
+    fig_width = max(4.0, width * CELL + 1)
+    chars = int(fig_width * 72 / (TITLE_PT * 0.62))  # characters per line: about 0.6 em each
+    title = "\n".join(textwrap.fill(line, chars) for line in (spec.describe(), "; ".join(legend)))
+    title_height = (title.count("\n") + 1) * TITLE_PT * 1.4 / 72 + 0.2  # inches
+    fig_height = max(2.5, rows * CELL + 1.4) + max(0.0, title_height - 0.4)
+    fig = Figure(figsize=(fig_width, fig_height))
+    ax = fig.add_axes((0.02, 0.02, 0.96, max(0.3, 0.98 - title_height / fig_height)))
     font = max(4.0, min(9.0, 9.0 * 16 / max(16, rows, width)))
     for rank, (stage, lane, row) in pos.items():
         x = stage * (tp + STAGE_GAP) + lane
@@ -119,16 +135,7 @@ def draw_mesh(
     ax.set_ylim(-rows - 0.2, 1.0)
     ax.set_aspect("equal")
     ax.axis("off")
-    legend = [f"colour: {','.join(color_dims)} group"]
-    if ep_of:
-        legend.append("e<i>: EP group")
-    if gpus_per_node:
-        legend.append(f"black outline: node ({gpus_per_node} GPUs)")
-        if crossing:
-            legend.append("red dashes: tp group crossing nodes")
-    if highlight_rank is not None:
-        legend.append(f"gold: rank {highlight_rank}")
-    fig.suptitle(spec.describe() + "\n" + "; ".join(legend), fontsize=9)
+    fig.suptitle(title, fontsize=TITLE_PT)
     fig.savefig(path, format=fmt)
     logger.info("wrote %s", path)
 

@@ -269,3 +269,25 @@ def test_a_reader_closing_the_pipe_early_is_no_traceback():
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+@pytest.mark.parametrize("argv", [["-w", "16", "--dp-replicate", "2", "--dp-shard", "4", "--tp", "2"], ["-w", "2"]])
+def test_picture_title_fits_in_the_picture(argv, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        saved.append(fig)
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    code, _, err = run(["show", *argv, "--png", str(tmp_path / "m.png")], capsys)
+    assert code == 0, err
+    (fig,) = saved
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    box, title = fig.bbox, fig._suptitle.get_window_extent(renderer)
+    assert box.x0 <= title.x0 and title.x1 <= box.x1 and title.y1 <= box.y1, (title, box)
