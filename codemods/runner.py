@@ -99,11 +99,9 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
     report.sites, report.todos = result.sites, result.todos
     report.changed = result.code != source
     if report.changed and want_diff:
-        report.diff = "".join(
-            difflib.unified_diff(
-                source.splitlines(keepends=True), result.code.splitlines(keepends=True), f"a/{path}", f"b/{path}"
-            )
-        )
+        lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
+        # a last line without a newline gets the marker patch tools expect (and no glued next line)
+        report.diff = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
     if report.changed and write:
         try:
             write_atomically(file, result.code)
@@ -111,6 +109,12 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
             report.error = f"cannot write: {err}"
             report.changed, report.sites, report.todos = False, Counter(), Counter()
     return report
+
+
+def _lines(text: str) -> list[str]:
+    """``text`` split after each ``\n`` only (``str.splitlines`` also splits at form feeds)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _migrate_star(args: tuple[str, bool, bool]) -> FileReport:

@@ -12,6 +12,7 @@ import pytest
 
 from codemods import migrate as cli
 from codemods.files import discover, module_and_package
+from codemods.pipeline import migrate_code
 
 REPO = Path(__file__).resolve().parent.parent
 LEGACY = "from deepspeed.utils import groups\n\nx = groups.get_data_parallel_group()  # keep\n"
@@ -125,3 +126,18 @@ def test_a_file_that_cannot_be_written_is_reported_and_the_run_goes_on(tree, cap
     assert "train.py: cannot write: " in err and "Permission denied" in err
     assert (tree / "pkg" / "train.py").read_text() == LEGACY
     assert (tree / "pkg" / "sub" / "more.py").read_text() == MIGRATED.replace("x =", "y =")
+
+
+def test_diff_of_files_without_a_final_newline_applies_with_git(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("one.py").write_text(LEGACY.rstrip("\n"))  # no newline at the end
+    Path("two.py").write_text(LEGACY)
+    Path("three.py").write_text("# page one\n\x0c\n# page two\x0c\n" + LEGACY)  # form feeds are no line ends
+    three = migrate_code(Path("three.py").read_text()).code
+    assert cli.main(["one.py", "two.py", "three.py", "--diff"]) == 0
+    patch = capsys.readouterr().out
+    assert "\\ No newline at end of file\n" in patch
+    done = subprocess.run(["git", "apply", "-"], input=patch, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert Path("one.py").read_text() == MIGRATED.rstrip("\n") and Path("two.py").read_text() == MIGRATED
+    assert Path("three.py").read_text() == three
