@@ -472,6 +472,7 @@ def test_engine_spec_agrees_with_every_source_or_names_two_that_disagree():
     check()
 
 
+@pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")
 def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, world, tmp_path):
     """Engine methods that read ``groups`` outside forward/backward/step (rank getters, the
     checkpoint writer choice) see that engine's mesh, not the last engine built."""
@@ -543,6 +544,7 @@ class _TensorOuterMPU:
     get_model_parallel_rank = get_tensor_model_parallel_rank
 
 
+@pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")
 def test_an_mpu_or_mesh_in_its_own_rank_order_is_taken_as_is_unless_the_config_states_another(shim, world):
     import deepspeed
 
@@ -558,6 +560,7 @@ def test_an_mpu_or_mesh_in_its_own_rank_order_is_taken_as_is_unless_the_config_s
         deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"order": ["dp", "tp"]}), mpu=mpu)
 
 
+@pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")
 def test_the_ulysses_sequence_parallel_module_as_mpu_runs_on_the_mesh(shim, world):
     """Unchanged Ulysses scripts pass DeepSpeed's parallel_state_sp module as mpu; the engine gets
     the mesh of its layout (sp consecutive, dp across) and keeps the module's sp communicator."""
