@@ -11,7 +11,11 @@ SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
 def _matches(path: Path, root: Path, patterns: Sequence[str]) -> bool:
     relative = PurePosixPath(path.relative_to(root).as_posix() if root in path.parents else path.name)
-    return any(fnmatch.fnmatch(str(relative), p) or relative.match(p) for p in patterns)
+    directories = relative.parts[:-1]
+    return any(
+        fnmatch.fnmatch(str(relative), p) or relative.match(p) or any(fnmatch.fnmatch(d, p) for d in directories)
+        for p in patterns
+    )
 
 
 def discover(
@@ -22,7 +26,8 @@ def discover(
     """Python files under ``paths`` (files or directories), filtered by glob patterns.
 
     A pattern matches a file's path relative to the directory given (``fnmatch``), or its tail
-    (``PurePath.match``: ``"sub/*.py"``, ``"*_test.py"``). Hidden directories (``.git``, ``.venv``) and ``__pycache__`` are not entered.
+    (``PurePath.match``: ``"sub/*.py"``, ``"*_test.py"``), or a directory below it (``"tests"``).
+    Hidden directories (``.git``, ``.venv``) and ``__pycache__`` are not entered.
     """
     found: dict[Path, None] = {}
     for raw in paths:

@@ -141,3 +141,10 @@ def test_diff_of_files_without_a_final_newline_applies_with_git(tmp_path, capsys
     assert done.returncode == 0, done.stderr
     assert Path("one.py").read_text() == MIGRATED.rstrip("\n") and Path("two.py").read_text() == MIGRATED
     assert Path("three.py").read_text() == three
+
+
+def test_a_pattern_naming_a_directory_covers_the_files_under_it(tree):
+    names = lambda paths: sorted(p.name for p in paths)  # noqa: E731
+    assert names(discover([tree], exclude=["sub"])) == ["__init__.py", "broken.py", "clean.py", "train.py"]
+    assert names(discover([tree], include=["su?"])) == ["more.py"]
+    assert names(discover([tree / "pkg"], exclude=["pkg"])) == names(discover([tree / "pkg"]))  # the root itself is not matched
