@@ -27,7 +27,23 @@ def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> dic
     if isinstance(config, Mapping):
         return dict(config)
     with open(config, encoding="utf-8") as fh:
-        return json.load(fh)
+        loaded = json.load(fh)
+    if not isinstance(loaded, dict):
+        raise MeshSpecError(f"config file {os.fspath(config)!r} holds {type(loaded).__name__}, not a JSON object")
+    return loaded
+
+
+def _size(value: Any, source: str) -> int:
+    """A positive int size from a config value, or a MeshSpecError naming its source."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise MeshSpecError(f"{source}={value!r} is not valid; it must be a positive integer")
+    try:
+        size = int(value)
+    except ValueError:
+        raise MeshSpecError(f"{source}={value!r} is not valid; it must be a positive integer") from None
+    if size < 1:
+        raise MeshSpecError(f"{source}={value!r} is not valid; it must be a positive integer")
+    return size
 
 
 def legacy_sizes(
@@ -36,16 +52,22 @@ def legacy_sizes(
     """Dim sizes implied by legacy keys and code, each with the source that set it."""
     found: dict[str, tuple[int, str]] = {}
     if config.get("sequence_parallel_size") not in (None, 1):
-        found["sp"] = (int(config["sequence_parallel_size"]), "config key 'sequence_parallel_size'")
+        source = "config key 'sequence_parallel_size'"
+        found["sp"] = (_size(config["sequence_parallel_size"], source), source)
     if config.get("data_parallel_size") is not None:
-        found["dp"] = (int(config["data_parallel_size"]), "config key 'data_parallel_size'")
-    autotp = (config.get("tensor_parallel") or {}).get("autotp_size")
+        source = "config key 'data_parallel_size'"
+        found["dp"] = (_size(config["data_parallel_size"], source), source)
+    tensor_parallel = config.get("tensor_parallel") or {}
+    if not isinstance(tensor_parallel, Mapping):
+        raise MeshSpecError(f"config key 'tensor_parallel' must be a dict, got {tensor_parallel!r}")
+    autotp = tensor_parallel.get("autotp_size")
     if autotp not in (None, 0, 1):
-        found["tp"] = (int(autotp), "config key 'tensor_parallel.autotp_size'")
+        source = "config key 'tensor_parallel.autotp_size'"
+        found["tp"] = (_size(autotp, source), source)
     if num_stages not in (None, 1):
-        found["pp"] = (int(num_stages), "PipelineModule num_stages")  # type: ignore[arg-type]
+        found["pp"] = (_size(num_stages, "PipelineModule num_stages"), "PipelineModule num_stages")
     if ep_size not in (None, 1):
-        found["ep"] = (int(ep_size), "MoE ep_size")  # type: ignore[arg-type]
+        found["ep"] = (_size(ep_size, "MoE ep_size"), "MoE ep_size")
     return found
 
 
@@ -77,7 +99,7 @@ def spec_from_config(
             if dim != "ep":
                 sizes.setdefault(dim, value)
             continue
-        if int(declared) != value:
+        if _size(declared, f"config 'mesh.{dim}'") != value:
             raise MeshSpecError(f"config 'mesh.{dim}'={declared} disagrees with {source}={value}; set them equal or drop one")
     ep = section.get("ep")
     if ep is None or (isinstance(ep, str) and ep.lower() == "auto"):
@@ -86,7 +108,7 @@ def spec_from_config(
         world_size,
         order=section.get("order"),
         ranks=section.get("ranks", ranks),
-        ep=int(ep),
+        ep=_size(ep, "config 'mesh.ep'"),
         data_before_expert=bool(section.get("data_before_expert", False)),
         **sizes,
     )

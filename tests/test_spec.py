@@ -109,6 +109,13 @@ def test_config_mesh_section_with_order_and_json_file(tmp_path):
     assert spec.names == ("tp", "dp") and spec.shape == {"tp": 2, "dp": 4}
 
 
+def test_config_file_must_hold_an_object(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(MeshSpecError, match="holds list, not a JSON object"):
+        spec_from_config(str(path), 8)
+
+
 def test_config_infers_from_legacy_keys_and_model_declarations():
     cfg = {"sequence_parallel_size": 2, "tensor_parallel": {"autotp_size": 2}}
     spec = spec_from_config(cfg, 16, num_stages=2, ep_size=2)
@@ -127,6 +134,12 @@ def test_config_infers_from_legacy_keys_and_model_declarations():
         ({"mesh": {"tp": 2, "zz": 1}}, {}, r"unknown key\(s\) \['zz'\] in config 'mesh'"),
         ({"mesh": [2, 2]}, {}, r"must be a dict"),
         ({"mesh": {"tp": 3}}, {}, r"tp=3 does not divide world_size=16"),
+        ({"sequence_parallel_size": "abc"}, {}, r"config key 'sequence_parallel_size'='abc' is not valid"),
+        ({"tensor_parallel": 5}, {}, r"config key 'tensor_parallel' must be a dict, got 5"),
+        ({"tensor_parallel": {"autotp_size": [2]}}, {}, r"'tensor_parallel.autotp_size'=\[2\] is not valid"),
+        ({"mesh": {"ep": "x"}}, {}, r"config 'mesh.ep'='x' is not valid"),
+        ({"mesh": {"tp": "x"}}, {}, r"tp='x' is not valid"),
+        ({"mesh": {"sp": "two"}, "sequence_parallel_size": 2}, {}, r"config 'mesh.sp'='two' is not valid"),
     ],
 )
 def test_config_errors_name_both_sources(cfg, kwargs, message):
