@@ -110,6 +110,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (abort at exit)
     groups._release_process_group_references()
     dist.destroy_process_group()
 

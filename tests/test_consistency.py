@@ -74,6 +74,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     outcome["unverified"] = DeepSpeedDeviceMesh(MeshSpec.build(WORLD, dp=4), verify=False).size("dp")
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(outcome, fh)
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (abort at exit)
     dist.destroy_process_group()
 
 

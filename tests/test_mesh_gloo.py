@@ -49,6 +49,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             results.append([repr(mesh.spec), "p2p", recv.item(), float(peer)])
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(results, fh)
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (abort at exit)
     for mesh in meshes:
         mesh.destroy()
     dist.destroy_process_group()
