@@ -89,6 +89,10 @@ def worker(rank: int, world: int, port: int, reps: int) -> None:
                     engine.mesh_device.destroy()
     if rank == 0:
         report(results, world)
+    import torch.distributed as dist
+
+    dist.barrier()  # a rank leaving while gloo peers hold connections to it can abort
+    dist.destroy_process_group()
 
 
 def report(results: dict[str, list], world: int) -> None:

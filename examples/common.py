@@ -22,6 +22,13 @@ def init_gloo() -> int:
     return dist.get_rank()
 
 
+def shutdown() -> None:
+    """Wait for every rank, then tear the groups down: a rank exiting while gloo peers still hold
+    connections to it can abort ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def ranks(group) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 

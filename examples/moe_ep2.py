@@ -17,7 +17,7 @@ import deepspeed  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
 
-from common import init_gloo, ranks, say, say0  # noqa: E402
+from common import init_gloo, ranks, say, say0, shutdown  # noqa: E402
 
 CONFIG = {"mesh": {"ep": 2}, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6}
 
@@ -59,3 +59,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown()

@@ -16,7 +16,7 @@ compat.install()  # or leave this out and run with DS_MESH=1
 import deepspeed  # noqa: E402
 from deepspeed.pipe import PipelineModule  # noqa: E402
 
-from common import init_gloo, ranks, say, say0  # noqa: E402
+from common import init_gloo, ranks, say, say0, shutdown  # noqa: E402
 
 CONFIG = {
     "mesh": {"pp": 2, "dp": 2},
@@ -55,3 +55,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown()

@@ -20,7 +20,7 @@ compat.install()  # or leave this out and run with DS_MESH=1
 
 import deepspeed  # noqa: E402
 
-from common import check_replicas, init_gloo, ranks, say, say0  # noqa: E402
+from common import check_replicas, init_gloo, ranks, say, say0, shutdown  # noqa: E402
 from mesh_core import DeepSpeedDeviceMesh, registry_for_world  # noqa: E402
 
 BASE = {"train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6}
@@ -97,3 +97,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown()

@@ -19,7 +19,7 @@ compat.install()  # or leave this out and run with DS_MESH=1
 import deepspeed  # noqa: E402
 from deepspeed.sequence.layer import DistributedAttention  # noqa: E402
 
-from common import check_replicas, init_gloo, ranks, say, say0  # noqa: E402
+from common import check_replicas, init_gloo, ranks, say, say0, shutdown  # noqa: E402
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
 
 CONFIG = {
@@ -80,3 +80,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown()

@@ -29,6 +29,13 @@ def init_world() -> int:
     return dist.get_rank()
 
 
+def shutdown() -> None:
+    """Wait for every rank, then tear the groups down (a rank exiting while gloo peers still hold
+    connections to it can abort with "terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def set_mode(shim: bool) -> None:
     import compat.install as installer
 

@@ -89,3 +89,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    common.shutdown()
