@@ -154,13 +154,7 @@ class DeepSpeedDeviceMesh:
 
         Collective the first time a combination outside the DeviceMesh dims is asked for.
         """
-        self._check_alive()
-        key = self.layout.normalize(dims)
-        if key in (("ep",), ("edp",)):
-            groups = self.expert_groups()
-            group = groups.ep_group if key == ("ep",) else groups.edp_group
-        else:
-            group = self._ensure_group(key)
+        group = self.ensure_group(dims)
         if group is None:
             raise MeshSpecError(f"rank {self.rank} is not a member of {self.spec.describe()}")
         return group

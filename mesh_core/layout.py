@@ -92,11 +92,7 @@ class MeshLayout:
         members = self.normalize(dims)
         if members in (("ep",), ("edp",)):
             return self._expert_group_ranks(members[0], rank)
-        idx = self.local_index(rank)
-        base = idx
-        for name in members:
-            i = self._index[name]
-            base -= ((idx // self._strides[i]) % self.spec.sizes[i]) * self._strides[i]
+        base = self._fibre_base(rank, members)
         offsets = [0]
         for name in members:
             i = self._index[name]
@@ -160,6 +156,14 @@ class MeshLayout:
         flat = np.arange(ranks.start, ranks.stop) if isinstance(ranks, range) else np.asarray(ranks, dtype=np.int64)
         return flat.reshape(self.spec.sizes)
 
+    def _fibre_base(self, rank: int, members: Sequence[str]) -> int:
+        """Local index of the first rank of ``rank``'s group along ``members`` (their coords at 0)."""
+        idx = self.local_index(rank)
+        for name in members:
+            i = self._index[name]
+            idx -= ((idx // self._strides[i]) % self.spec.sizes[i]) * self._strides[i]
+        return idx
+
     def _fibres(self, members: tuple[str, ...]) -> np.ndarray:
         inner = [self._index[n] for n in members]
         outer = [i for i in range(len(self.spec.names)) if i not in inner]
@@ -202,9 +206,8 @@ class MeshLayout:
             positions = [pos % chunk + k * chunk for k in range(stride)]
         else:
             positions = range((pos // chunk) * chunk, (pos // chunk + 1) * chunk)
-        idx = self.local_index(rank)
         axes = [self._index[n] for n in dims]
-        base = idx - sum(((idx // self._strides[i]) % self.spec.sizes[i]) * self._strides[i] for i in axes)
+        base = self._fibre_base(rank, dims)
         out = []
         for q in positions:
             offset = 0

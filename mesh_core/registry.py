@@ -41,11 +41,6 @@ class GroupRegistry:
     def key(ranks: Iterable[int], backend: Optional[str] = None) -> tuple[Optional[str], RankKey]:
         return (backend, tuple(sorted(int(r) for r in ranks)))
 
-    def lookup(self, ranks: Iterable[int], backend: Optional[str] = None) -> Optional[ProcessGroup]:
-        """This rank's group for ``ranks`` if it exists and this rank is a member, else None."""
-        group = self._groups.get(self.key(ranks, backend))
-        return None if group is None or group is _NOT_MEMBER else group  # type: ignore[return-value]
-
     def has(self, ranks: Iterable[int], backend: Optional[str] = None) -> bool:
         return self.key(ranks, backend) in self._groups
 
@@ -108,11 +103,6 @@ class GroupRegistry:
             del self._groups[key]
             self._refs.pop(key, None)
         return len(keys)
-
-    @property
-    def communicators(self) -> int:
-        """Distinct communicators this rank belongs to through the registry."""
-        return sum(1 for g in self._groups.values() if g is not _NOT_MEMBER)
 
     @property
     def rank_sets(self) -> int:
