@@ -255,30 +255,10 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 
-# --- DS_MESH=1: the start-up hook -----------------------------------------------------------------
-PTH_NAME = "ds_mesh.pth"
-# One line, executed by `site` at every interpreter start: it costs an environment lookup unless
-# DS_MESH is set (only then is compat imported).
-PTH_LINE = (
-    "import os; os.environ.get('DS_MESH', '').strip().lower() in ('1', 'true', 'yes', 'on') "
-    "and __import__('compat.install', fromlist=['install_from_env']).install_from_env()\n"
-)
-
-
-def write_pth(directory: "str | None" = None) -> str:
-    """Write the ``DS_MESH`` start-up hook into a site directory (default: this environment's)."""
-    import sysconfig
-
-    target = os.path.join(directory or sysconfig.get_paths()["purelib"], PTH_NAME)
-    with open(target, "w", encoding="utf-8") as fh:
-        fh.write(PTH_LINE)
-    return target
-
+# --- DS_MESH=1: the start-up hook (compat/startup.py; names kept here for existing callers) ------
+from .startup import PTH_LINE, PTH_NAME, remove_pth, write_pth  # noqa: E402,F401
 
 if __name__ == "__main__":
-    import argparse
+    from .startup import main as _startup_main
 
-    parser = argparse.ArgumentParser(description="Install the DS_MESH=1 start-up hook (a .pth file).")
-    parser.add_argument("--write-pth", nargs="?", const="", metavar="SITE_DIR", required=True,
-                        help="site directory to write ds_mesh.pth into (default: this environment's)")
-    print(write_pth(parser.parse_args().write_pth or None))
+    sys.exit(_startup_main())
