@@ -70,6 +70,7 @@ def install() -> None:
             return
         _active = True
         _quiet_deepspeed_call_sites(True)
+        _logging_tree().install()  # issue 13: DeepSpeed's logging as one tree (compat/logging_tree.py)
         if not _hooks_registered:
             _hooks_registered = True
             for module_name, applier in _APPLIERS:
@@ -93,6 +94,7 @@ def uninstall() -> None:
         _active = False
         _patches.restore()
         _quiet_deepspeed_call_sites(False)
+        _logging_tree().uninstall()
         logger.debug("compat uninstalled")
 
 
@@ -128,6 +130,12 @@ def _quiet_deepspeed_call_sites(quiet: bool) -> None:
         for f in present:
             warnings.filters.remove(f)
         warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def _logging_tree() -> types.ModuleType:
+    from . import logging_tree
+
+    return logging_tree
 
 
 # --- hook plumbing ------------------------------------------------------------------------------
