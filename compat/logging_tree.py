@@ -214,14 +214,30 @@ def _emit(target: logging.Logger, level: int, msg: Any, args: Any, frame: Option
     target.handle(target.makeRecord(target.name, level, fn, lno, msg, args, exc_info, func, extra, sinfo))
 
 
+def _target(module: str) -> logging.Logger:
+    target = _by_module.get(module)
+    if target is None:  # logging.getLogger takes a lock: remember the answer (loggers live forever)
+        target = _by_module[module] = logging.getLogger(logger_name_for(module))
+    return target
+
+
+_by_module: dict[str, logging.Logger] = {}
+
+
 class RoutingLogger(logging.Logger):
     """A shared logger object whose records go to the logger of the module that called it."""
 
     def isEnabledFor(self, level: int) -> bool:
-        return logging.getLogger(logger_name_for(_caller()[1])).isEnabledFor(level)
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name not in HELPER_MODULES:
+                return _target(name).isEnabledFor(level)
+            frame = frame.f_back
+        return _target(ROOT).isEnabledFor(level)
 
     def getEffectiveLevel(self) -> int:
-        return logging.getLogger(logger_name_for(_caller()[1])).getEffectiveLevel()
+        return _target(_caller()[1]).getEffectiveLevel()
 
     def setLevel(self, level: Any) -> None:
         # legacy code sets "the" DeepSpeed level on this object: it becomes the tree's root level
@@ -229,7 +245,7 @@ class RoutingLogger(logging.Logger):
 
     def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):  # noqa: D401
         frame, module = _caller()
-        target = logging.getLogger(logger_name_for(module))
+        target = _target(module)
         if target.isEnabledFor(level):
             _emit(target, level, msg, args, frame, exc_info, extra, stack_info)
 
