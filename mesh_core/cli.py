@@ -28,6 +28,8 @@ EXAMPLE = {"world_size": 16, "pp": 2, "tp": 2, "ep": 2, "dp": "auto", "gpus_per_
 GROUP_LIST_LIMIT = 32  # groups per dim printed in full; more are summarised unless --all
 RANK_TABLE_LIMIT = 64  # rank rows printed in full
 JSON_FULL_LIMIT = 4096  # ranks up to which --json lists every group and coordinate
+ALL_LIMIT = 65536  # ranks up to which --all may list everything
+MAX_WORLD = 1 << 20  # mesh show's hard limit (time and memory grow with the world size)
 WIDTH = 100
 
 
@@ -82,6 +84,8 @@ def build_report(
         "dims": [],
         "warnings": [],
     }
+    if gpus_per_node and spec.world_size % gpus_per_node:
+        report["warnings"].append(_partial_node_warning(spec.world_size, gpus_per_node))
     for dims in shown_dims(spec):
         groups = layout.groups_array(dims)
         entry: dict[str, Any] = {
@@ -111,6 +115,15 @@ def build_report(
     if rank is not None:
         report["rank_view"] = rank_view(layout, rank, gpus_per_node)
     return report
+
+
+def _partial_node_warning(world: int, gpus_per_node: int) -> str:
+    if world < gpus_per_node:
+        return f"--gpus-per-node {gpus_per_node} is more than the {world} ranks: the job fills part of one node"
+    return (
+        f"--gpus-per-node {gpus_per_node} does not divide the world of {world} ranks: "
+        f"{world // gpus_per_node} full nodes and one with {world % gpus_per_node} ranks"
+    )
 
 
 def rank_view(layout: MeshLayout, rank: int, gpus_per_node: Optional[int] = None) -> dict[str, Any]:
@@ -187,7 +200,12 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
     )
     lines.append(f"  order (outer -> inner): {', '.join(report['order'])}; {dims}{expert}")
     if report["gpus_per_node"]:
-        lines.append(f"  nodes: {report['nodes']} x {report['gpus_per_node']} GPUs (ranks numbered node by node)")
+        per_node, full = report["gpus_per_node"], report["world_size"] // report["gpus_per_node"]
+        rest = report["world_size"] % per_node
+        nodes = f"{full} x {per_node} GPUs" if full else ""
+        if rest:
+            nodes += (" + " if full else "") + f"1 node with {rest} of {per_node} GPUs used"
+        lines.append(f"  nodes: {nodes} (ranks numbered node by node)")
     lines += [f"warning: {w}" for w in report["warnings"]]
     view = report.get("rank_view")
     if view is not None:
@@ -200,15 +218,14 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
 
 def _format_groups(report: dict[str, Any], show_all: bool) -> list[str]:
     lines = ["groups per dim"]
-    header = f"  {'dims':<12} {'size':>6} {'groups':>7}"
+    columns = [("dims", "dims", "<"), ("size", "size", ">"), ("groups", "num_groups", ">")]
     if report["gpus_per_node"]:
-        header += f" {'cross-node':>10}"
-    lines.append(header)
+        columns.append(("cross-node", "cross_node_groups", ">"))
+    widths = [max([len(title)] + [len(str(e[key])) for e in report["dims"]]) for title, key, _ in columns]
+    lines.append("  " + "  ".join(f"{title:{align}{w}}" for (title, _, align), w in zip(columns, widths)))
+    indent = " " * 4
     for entry in report["dims"]:
-        row = f"  {entry['dims']:<12} {entry['size']:>6} {entry['num_groups']:>7}"
-        if report["gpus_per_node"]:
-            row += f" {entry['cross_node_groups']:>10}"
-        lines.append(row)
+        lines.append("  " + "  ".join(f"{entry[key]:{align}{w}}" for (_, key, align), w in zip(columns, widths)))
         groups = entry.get("groups")
         if groups is not None and (show_all or len(groups) <= GROUP_LIST_LIMIT):
             text = " ".join(_short(g, show_all) for g in groups)
@@ -216,7 +233,7 @@ def _format_groups(report: dict[str, Any], show_all: bool) -> list[str]:
             first = entry.get("first_groups") or groups[:3]
             last = entry.get("last_group") or groups[-1]
             text = " ".join(_short(g) for g in first) + f" ... {_short(last)}  ({entry['num_groups']} groups)"
-        lines += textwrap.wrap(text, WIDTH, initial_indent=" " * 15, subsequent_indent=" " * 15, break_on_hyphens=False)
+        lines += textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
     return lines
 
 
@@ -225,11 +242,12 @@ def _format_coordinates(report: dict[str, Any], show_all: bool) -> list[str]:
     if not rows:
         return []
     columns = list(rows[0])
-    lines = ["rank -> coordinate", "  " + " ".join(f"{c:>6}" for c in columns)]
     complete = report["coordinates_complete"] and (show_all or len(rows) <= RANK_TABLE_LIMIT)
     shown = rows if complete else rows[:8] + [None] + rows[-8:]
+    widths = {c: max([len(c), 3] + [len(str(row[c])) for row in shown if row]) for c in columns}
+    lines = ["rank -> coordinate", "  " + " ".join(f"{c:>{widths[c]}}" for c in columns)]
     for row in shown:
-        lines.append("  " + (" ".join(f"{row[c]:>6}" for c in columns) if row else f"{'...':>6}"))
+        lines.append("  " + (" ".join(f"{row[c]:>{widths[c]}}" for c in columns) if row else f"{'...':>{widths['rank']}}"))
     return lines
 
 
@@ -237,9 +255,11 @@ def _format_rank_view(view: dict[str, Any]) -> list[str]:
     coord = ", ".join(f"{k}={v}" for k, v in view["coordinate"].items())
     node = f", node {view['node']}" if "node" in view else ""
     lines = [f"rank {view['rank']}{node}: {coord}"]
+    name_w = max([4] + [len(d) for d in view["groups"]])
+    index_w = max([1] + [len(str(item["index"])) for item in view["groups"].values()])
     for dims, item in view["groups"].items():
         cross = " (crosses nodes)" if item.get("crosses_nodes") else ""
-        lines.append(f"  {dims:<12} index {item['index']:>4} in {_short(item['ranks'])}{cross}")
+        lines.append(f"  {dims:<{name_w}}  index {item['index']:>{index_w}} in {_short(item['ranks'])}{cross}")
     if "next_stage" in view:
         lines.append(f"  pipeline: next stage rank {view['next_stage']}, previous stage rank {view['prev_stage']}")
     return lines
@@ -257,7 +277,8 @@ def _format_communicators(comm: dict[str, Any]) -> list[str]:
             _ratio_text(comm["ratio_per_rank"]),
         ),
     ]
-    lines = [f"{a:<34}{b:>10} {c:>17} {d:>11}" for a, b, c, d in rows]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    lines = [f"{a:<{widths[0]}}  {b!s:>{widths[1]}}  {c!s:>{widths[2]}}  {d!s:>{widths[3]}}" for a, b, c, d in rows]
     lines += [
         f"  this mesh: {mesh['builder']}; {mesh['reused']} requested rank sets reuse an existing group or WORLD",
         "  legacy:",
@@ -362,6 +383,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
             )
         if args.world_size is None:
             raise UsageError("--config needs --world-size: a DeepSpeed config does not say how many ranks run it")
+        _check_world(args)
         try:
             with open(args.config, encoding="utf-8") as fh:
                 config = json.load(fh)
@@ -387,6 +409,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
         return MeshSpec.build(world, **example), gpus_per_node
     if args.world_size is None:
         raise UsageError("--world-size is required when dims are given (e.g. --world-size 1024 --tp 8 --pp 4)")
+    _check_world(args)
     spec = MeshSpec.build(
         args.world_size,
         order=order,
@@ -397,9 +420,40 @@ def spec_from_args(args: argparse.Namespace) -> tuple[MeshSpec, Optional[int]]:
     return spec, gpus_per_node
 
 
+def _check_world(args: argparse.Namespace) -> None:
+    """Bounded time and memory: refuse worlds above :data:`MAX_WORLD` (and ``--all`` above :data:`ALL_LIMIT`)."""
+    world = args.world_size
+    if world > MAX_WORLD:
+        raise UsageError(
+            f"--world-size {world} is above mesh show's limit of {MAX_WORLD} ranks (its tables and counts grow "
+            f"with the world); the layout math itself has no limit: mesh_core.MeshLayout(MeshSpec.build({world}, ...)) "
+            "answers per-rank queries (coordinate, group_ranks) for any size"
+        )
+    if args.all and world > ALL_LIMIT:
+        raise UsageError(f"--all lists every group and rank up to {ALL_LIMIT} ranks; --world-size {world} is "
+                         "larger: leave out --all for a summary, or use --rank R for one rank's groups")
+
+
+PICTURE_SUFFIXES = {"svg": (".svg", ".svgz"), "png": (".png",)}
+
+
+def _check_picture_path(path: str, fmt: str) -> None:
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix and suffix not in PICTURE_SUFFIXES[fmt]:
+        other = next((f for f, names in PICTURE_SUFFIXES.items() if suffix in names), None)
+        hint = f", or use --{other} {path}" if other else ""
+        raise UsageError(
+            f"--{fmt} {path!r} ends in {suffix!r} but --{fmt} writes {fmt.upper()}; name the file "
+            f"{os.path.splitext(path)[0]}.{fmt}{hint}"
+        )
+
+
 def run_show(args: argparse.Namespace, out=None) -> int:
     """Execute ``mesh show``; returns the exit code."""
     out = out or sys.stdout
+    for path, fmt in ((args.svg, "svg"), (args.png, "png")):
+        if path:
+            _check_picture_path(path, fmt)
     spec, gpus_per_node = spec_from_args(args)
     report = build_report(spec, gpus_per_node=gpus_per_node, rank=args.rank, full=args.all)
     for path, fmt in ((args.svg, "svg"), (args.png, "png")):

@@ -225,8 +225,8 @@ def test_svg_and_png_pictures(tmp_path, capsys):
     root = ET.parse(svg).getroot()
     assert root.tag.endswith("svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    code, _, err = run(["show", "-w", "8192", "--svg", str(svg)], capsys)
-    assert code == 2 and "4096" in err
+    code, _, err = run(["show", "-w", "131072", "--svg", str(svg)], capsys)
+    assert code == 2 and "65536" in err
 
 
 def test_cell_positions_put_stages_in_columns_and_tp_in_rows():
@@ -291,3 +291,112 @@ def test_picture_title_fits_in_the_picture(argv, tmp_path, monkeypatch, capsys):
     renderer = FigureCanvasAgg(fig).get_renderer()
     box, title = fig.bbox, fig._suptitle.get_window_extent(renderer)
     assert box.x0 <= title.x0 and title.x1 <= box.x1 and title.y1 <= box.y1, (title, box)
+
+
+# --- at scale (issue 13) -----------------------------------------------------------------------
+def saved_figures(monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        saved.append(fig)
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def rank_labels(fig) -> list[int]:
+    return [int(t.get_text().split()[0]) for ax in fig.axes for t in ax.texts if t.get_text().split()
+            and t.get_text().split()[0].isdigit()]
+
+
+@pytest.mark.parametrize("argv,kind,labels", [
+    (["-w", "16", "--pp", "2", "--tp", "2", "--ep", "2", "-g", "8"], "full", 16),
+    (["-w", "512", "--pp", "4", "--tp", "8", "-g", "8"], "aggregated", 64),
+    (["-w", "4096", "--pp", "8", "--tp", "8", "--ep", "4", "-g", "8", "--rank", "3000"], "aggregated", 64),
+    (["-w", "1024"], "aggregated", 16),  # dp only: 16 rows of one rank in detail
+])
+def test_pictures_draw_every_rank_only_when_small(argv, kind, labels, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    saved = saved_figures(monkeypatch)
+    png = tmp_path / "m.png"
+    code, out, err = run(["show", *argv, "--png", str(png)], capsys)
+    assert code == 0, err
+    (fig,) = saved
+    shown = rank_labels(fig)
+    assert len(shown) == labels and len(set(shown)) == labels
+    assert (len(fig.axes) == 1) == (kind == "full")  # aggregated: detail + overview panels
+    if kind == "aggregated":
+        detail, overview = fig.axes[:2]
+        (image,) = overview.images
+        world = int(argv[1])
+        assert image.get_array().count() == world // 8  # one square per node (8 GPUs or a block of 8)
+        width, height = fig.get_size_inches()
+        assert width * height < 400  # bounded, whatever the world
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_aggregated_picture_marks_nodes_with_crossing_tp_groups(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    saved = saved_figures(monkeypatch)
+    code, _, err = run(["show", "-w", "480", "--pp", "4", "--tp", "4", "-g", "6", "--png", str(tmp_path / "m.png")],
+                       capsys)
+    assert code == 0, err
+    overview = saved[0].axes[1]
+    (crosses,) = overview.collections
+    # 40 of 120 tp groups cross nodes; every one of the 80 nodes holds a member of one
+    assert len(crosses.get_offsets()) == 80
+
+
+def test_huge_world_is_one_clear_error(capsys):
+    code, out, err = run(["show", "-w", "100000000", "--tp", "8"], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("mesh: error: --world-size 100000000 is above") and "1048576" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run(["show", "-w", "131072", "--all"], capsys)
+    assert code == 2 and "--all lists every group and rank up to 65536 ranks" in err
+
+
+def test_gpus_per_node_not_dividing_the_world_is_reported(capsys):
+    code, out, _ = run(["show", "-w", "100", "--tp", "4", "-g", "8"], capsys)
+    assert code == 0
+    assert "nodes: 12 x 8 GPUs + 1 node with 4 of 8 GPUs used" in out
+    assert "warning: --gpus-per-node 8 does not divide the world of 100 ranks: 12 full nodes and one with 4 ranks" in out
+    report = show_json(["-w", "4", "-g", "8"], capsys)
+    assert report["nodes"] == 1 and "more than the 4 ranks" in report["warnings"][0]
+
+
+@pytest.mark.parametrize("flag,name,hint", [("--png", "mesh.jpg", "mesh.png"), ("--svg", "mesh.png", "--png mesh.png")])
+def test_picture_name_must_match_its_format(flag, name, hint, tmp_path, capsys):
+    target = tmp_path / name
+    code, out, err = run(["show", "-w", "16", flag, str(target)], capsys)
+    assert code == 2 and out == "" and hint.replace("mesh", str(tmp_path / "mesh")) in err
+    assert not target.exists()
+
+
+def table_rows(lines: list[str], title: str) -> list[str]:
+    rows = []
+    for line in lines[lines.index(title) + 1:]:
+        if not line.strip():
+            break
+        if not line.strip().startswith(("[", "...")):  # group listings and the elision row
+            rows.append(line)
+    return rows
+
+
+def test_tables_stay_aligned_with_wide_numbers(capsys):
+    code, out, _ = run(["show", "-w", "131072", "--pp", "2", "--tp", "8", "--ep", "4", "-g", "8"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    for title, count in (("rank -> coordinate", 17), ("groups per dim", 6)):
+        rows = table_rows(lines, title)
+        assert len(rows) == count, rows
+        assert len({len(r) for r in rows}) == 1, rows  # every row as wide as the header
+        header = rows[0]
+        ends = [i for i, c in enumerate(header) if c != " " and (i + 1 == len(header) or header[i + 1] == " ")]
+        for row in rows[1:]:  # numbers are right-aligned under their header
+            assert all(row[i] != " " for i in ends[1:]), (header, row)
+    assert "  131071 16383   1 8191   7   3 2047" in out  # last coordinate row, wide numbers
