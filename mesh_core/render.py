@@ -255,9 +255,14 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
     tp, stages = spec.dim_size("tp"), spec.dim_size("pp")
     rows_per_stage = spec.size // (tp * stages)
     lanes = min(tp, DETAIL_RANKS)
-    detail_rows = max(1, min(rows_per_stage, DETAIL_RANKS // lanes, 16))
+    detail_rows = max(1, min(rows_per_stage, DETAIL_RANKS // lanes))
+    pack = max(1, 8 // lanes)  # narrow rows (tp < 8) sit side by side, ``pack`` per line
+    lines = math.ceil(detail_rows / pack)
+    width = lanes * min(pack, detail_rows)
     chosen = (stage == 0) & (row < detail_rows) & (lane < lanes)
-    pos = {int(r): (0, int(t), int(w)) for r, t, w in zip(ranks[chosen], lane[chosen], row[chosen])}
+    # drawn position: (0, x, line); each tp group stays one run of ``lanes`` cells
+    pos = {int(r): (0, int((w % pack) * lanes + t), int(w // pack))
+           for r, t, w in zip(ranks[chosen], lane[chosen], row[chosen])}
     colour_of = _groups_of(layout, color_dims, list(pos))
     ep_of = _ep_index(layout, list(pos))
     crossing = _cross_node_tp_ranks(layout, gpus_per_node)
@@ -281,17 +286,18 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
     grid = grid.reshape(grid_rows, columns)
 
     # figure geometry (inches): detail panel width from its cells, overview about square cells
-    detail_w = max(2.5, (lanes + 0.4) * CELL)
-    detail_h = (detail_rows + 1.2) * CELL
+    detail_w = max(2.5, (width + 0.4) * CELL)
+    detail_h = (lines + 1.2) * CELL
     cell_in = max(0.12, min(0.45, 7.0 / max(columns, grid_rows)))
     over_w, over_h = columns * cell_in + 1.6 + LEGEND_W, grid_rows * cell_in + 0.6
     legend_lines = [
         f"left: pipeline stage 0, rows 0-{detail_rows - 1} of {rows_per_stage}"
+        + (f" ({pack} rows per line)" if pack > 1 and detail_rows > 1 else "")
         + (f", tp lanes 0-{lanes - 1} of {tp}" if lanes < tp else "")
         + f" ({len(pos)} of {spec.size} ranks; the other rows and stages repeat this pattern)",
         "; ".join(_legend(spec, color_dims, gpus_per_node, bool(crossing), highlight_rank)),
-        f"right: every {unit} as one square, coloured by the pipeline stage it serves; red x: holds a tp group "
-        f"crossing nodes; black outline: ranks shown on the left",
+        f"right: every {unit} as one square, coloured by the pipeline stage it serves; "
+        + ("red x: holds a tp group crossing nodes; " if crossing else "") + "black outline: ranks shown on the left",
     ]
     fig_width = max(8.0, detail_w + over_w + 0.8)
     title, title_height = _title(fig_width, [spec.describe()] + legend_lines)
@@ -302,19 +308,23 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
 
     # left: detail
     ax = fig.add_axes((0.2 / fig_width, top - detail_h / fig_height, detail_w / fig_width, detail_h / fig_height))
-    font = max(6.0, min(9.0, 9.0 * 8 / max(8, lanes)))
-    _draw_cells(ax, pos, colour_of, ep_of, lanes + STAGE_GAP, highlight_rank, font)
+    font = max(6.0, min(9.0, 9.0 * 8 / max(8, width)))
+    _draw_cells(ax, pos, colour_of, ep_of, width + STAGE_GAP, highlight_rank, font)
     if gpus_per_node:
-        _outline_nodes(ax, pos, gpus_per_node, lanes + STAGE_GAP)
-    _mark_crossing(ax, pos, crossing, lanes, lanes + STAGE_GAP)
-    _mark_rank(ax, pos, highlight_rank, lanes + STAGE_GAP)
+        _outline_nodes(ax, pos, gpus_per_node, width + STAGE_GAP)
+    for x, y in sorted({(pos[r][1] // lanes * lanes, pos[r][2]) for r in crossing if r in pos}):
+        from matplotlib.patches import Rectangle
+
+        ax.add_patch(Rectangle((x + 0.08, -y - 0.92), lanes - 0.16, 0.84, fill=False, edgecolor="red",
+                               linewidth=2.0, linestyle="--", zorder=3))
+    _mark_rank(ax, pos, highlight_rank, width + STAGE_GAP)
     first, last = min(pos), max(pos)
-    ax.text(lanes / 2, 0.25, f"stage 0 (ranks {first}..{last} shown)", ha="center", va="bottom", fontsize=font + 1)
+    ax.text(width / 2, 0.25, f"stage 0 (ranks {first}..{last} shown)", ha="center", va="bottom", fontsize=font + 1)
     if detail_rows < rows_per_stage:
-        ax.text(lanes / 2, -detail_rows - 0.15, f"... {rows_per_stage - detail_rows} more rows in this stage",
+        ax.text(width / 2, -lines - 0.15, f"... {rows_per_stage - detail_rows} more rows in this stage",
                 ha="center", va="top", fontsize=font)
-    ax.set_xlim(-0.2, lanes + 0.2)
-    ax.set_ylim(-detail_rows - 1.0, 1.0)
+    ax.set_xlim(-0.2, width + 0.2)
+    ax.set_ylim(-lines - 1.0, 1.0)
     ax.set_aspect("equal")
     ax.axis("off")
 
@@ -379,7 +389,7 @@ def _columns(n_blocks: int, stages: int) -> int:
     """Squares per overview row: a divisor of the blocks per stage (or of all blocks) near a square grid."""
     target = max(8.0, math.sqrt(n_blocks) * 1.3)
     for total in ((n_blocks // stages) if n_blocks % stages == 0 else 0, n_blocks):
-        divisors = [d for d in range(8, 65) if total and total % d == 0]
+        divisors = [d for d in range(8, 65) if total and total % d == 0 and target / 2 <= d <= target * 2]
         if divisors:
             return min(divisors, key=lambda d: abs(d - target))
     return min(n_blocks, max(16, math.ceil(math.sqrt(n_blocks))))

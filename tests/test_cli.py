@@ -317,7 +317,7 @@ def rank_labels(fig) -> list[int]:
     (["-w", "16", "--pp", "2", "--tp", "2", "--ep", "2", "-g", "8"], "full", 16),
     (["-w", "512", "--pp", "4", "--tp", "8", "-g", "8"], "aggregated", 64),
     (["-w", "4096", "--pp", "8", "--tp", "8", "--ep", "4", "-g", "8", "--rank", "3000"], "aggregated", 64),
-    (["-w", "1024"], "aggregated", 16),  # dp only: 16 rows of one rank in detail
+    (["-w", "1024"], "aggregated", 64),  # dp only: 64 one-rank rows, 8 per line
 ])
 def test_pictures_draw_every_rank_only_when_small(argv, kind, labels, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
