@@ -75,6 +75,7 @@ _root_state: Optional[tuple[int, bool, list[logging.Handler]]] = None
 _handler: Optional[logging.Handler] = None
 _layers: dict[str, dict[str, int]] = {"legacy": {}, "config": {}}
 _touched: dict[str, int] = {}  # logger name -> its level before we set it
+_ours: dict[str, int] = {}  # logger name -> the level we set last
 
 
 # --- levels -------------------------------------------------------------------------------------
@@ -150,16 +151,25 @@ def effective_levels() -> dict[str, int]:
 
 
 def apply_levels() -> None:
-    """Set the loggers' levels to :func:`effective_levels`; those no longer named get their old level."""
+    """Set the loggers' levels to :func:`effective_levels`; those no longer named get their old level.
+
+    A level only the default names (``deepspeed``: WARNING) does not override a level the user set
+    on that logger with plain ``logging`` since.
+    """
     with _lock:
         levels = effective_levels() if _active else {}
+        explicit = set(_layers["legacy"]) | set(_layers["config"]) | set(parse_env(os.environ.get(ENV_VAR, "")))
         for name in list(_touched):
             if name not in levels:
                 logging.getLogger(name).setLevel(_touched.pop(name))
+                _ours.pop(name, None)
         for name, level in levels.items():
             target = logging.getLogger(name)
+            if name not in explicit and name in _ours and target.level != _ours[name]:
+                continue  # the user's own logging configuration
             _touched.setdefault(name, target.level)
             target.setLevel(level)
+            _ours[name] = level
 
 
 def set_legacy_level(level: int) -> None:

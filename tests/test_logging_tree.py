@@ -239,3 +239,26 @@ def test_bad_levels_name_the_value():
     finally:
         logging.getLogger("compat").removeHandler(handler)
     assert len(records) == 1 and "'verbose' is not a log level" in records[0].getMessage()
+
+
+def test_plain_logging_configuration_is_kept(shim):
+    logging.getLogger("deepspeed").setLevel(logging.INFO)  # the user's own configuration, after install
+    logging.getLogger("deepspeed.runtime.engine").setLevel(logging.DEBUG)
+    logging_tree.configure_from_config({"wall_clock_breakdown": True})  # what an engine's init does
+    assert logging.getLogger("deepspeed").level == logging.INFO
+    assert logging.getLogger("deepspeed.runtime.engine").level == logging.DEBUG
+    logging_tree.configure_from_config({"logging": {"level": "error"}})  # an explicit level wins
+    assert logging.getLogger("deepspeed").level == logging.ERROR
+    logging.getLogger("deepspeed.runtime.engine").setLevel(logging.NOTSET)
+
+
+def test_inference_v2_logger_joins_the_tree(shim):
+    import deepspeed.inference.v2.logging as v2_logging
+
+    v2_logger = v2_logging.inference_logger()
+    assert isinstance(v2_logger, logging_tree.RoutingLogger)
+    with collected() as handler:
+        v2_logger.warning("from the inference engine")
+    assert [(r.name, r.getMessage()) for r in handler.records] == [("deepspeed", "from the inference engine")]
+    installer.uninstall()
+    assert type(v2_logger) is logging.Logger
