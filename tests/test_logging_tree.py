@@ -262,3 +262,31 @@ def test_inference_v2_logger_joins_the_tree(shim):
     assert [(r.name, r.getMessage()) for r in handler.records] == [("deepspeed", "from the inference engine")]
     installer.uninstall()
     assert type(v2_logger) is logging.Logger
+
+
+LAUNCH = """
+import base64, json, sys
+{install}
+from deepspeed.launcher import launch
+world = base64.urlsafe_b64encode(json.dumps({{"localhost": [0]}}).encode()).decode()
+sys.argv = ["launch", "--world_info=" + world, "--master_addr=127.0.0.1", "--master_port=29561", {child!r}]
+launch.main()
+"""
+
+
+@pytest.mark.parametrize("shimmed", [True, False])
+def test_launcher_is_quiet_and_forwards_its_level_to_the_training_process(shimmed, tmp_path):
+    import os
+    import subprocess
+
+    child = tmp_path / "child.py"
+    child.write_text("import os\nprint('CHILD', os.environ.get('DS_LOG_LEVELS', '<unset>'))\n")
+    code = LAUNCH.format(install="import compat; compat.install()" if shimmed else "", child=str(child))
+    env = {k: v for k, v in os.environ.items() if k != "DS_LOG_LEVELS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info_lines = [line for line in proc.stdout.splitlines() if "[INFO]" in line]
+    if shimmed:
+        assert "CHILD deepspeed=warning" in proc.stdout and info_lines == []
+    else:  # legacy: the launcher logs at INFO and the children learn nothing
+        assert "CHILD <unset>" in proc.stdout and info_lines
