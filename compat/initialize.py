@@ -33,7 +33,7 @@ from mesh_core.config import load_config
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
-from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture
+from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register, unregister
 from .engine_spec import engine_spec
 
 logger = logging.getLogger(__name__)
@@ -121,8 +121,24 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     engine = result[0]
     engine.mesh_device = mesh
     setattr(engine, ENGINE_STATE_ATTR, capture())
+    _track(engine)
     logger.info("engine on %s", mesh.spec.describe())
     return result
+
+
+def _track(engine: Any) -> None:
+    """Count ``engine`` for the wrong-grid protection until its ``destroy()`` (see compat.engine_scope)."""
+    destroy = getattr(engine, "destroy", None)
+    if callable(destroy):
+
+        def destroy_and_forget(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return destroy(*args, **kwargs)
+            finally:
+                unregister(engine)
+
+        engine.destroy = destroy_and_forget
+    register(engine)
 
 
 def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tuple[dict, Any]]:

@@ -1,0 +1,52 @@
+"""Several engines in one 4-rank gloo world (one torchrun, tests/e2e/multi_engine.py):
+wrong-grid protection with interleaved steps, and sub-world engines on disjoint halves."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "e2e"))
+from runner import torchrun  # noqa: E402
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
+PARTS = "grid"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return torchrun("multi_engine.py", str(tmp_path_factory.mktemp("multi")), PARTS, timeout=300)
+
+
+def test_interleaved_steps_each_see_their_own_tp_group(runs):
+    for rank, res in enumerate(runs):
+        grid = res["grid"]
+        assert grid["a_tp"] == [[0, 1], [2, 3]][rank // 2]
+        assert grid["b_tp"] == [[0, 2], [1, 3]][rank % 2]
+        # forward ran twice per engine, interleaved with the other engine's forward/backward/step
+        assert grid["a_seen"] == [grid["a_tp"]] * 2
+        assert grid["b_seen"] == [grid["b_tp"]] * 2
+
+
+def test_one_engine_still_serves_legacy_getters_outside_steps(runs):
+    for rank, res in enumerate(runs):
+        assert res["grid"]["single_engine_tp"] == res["grid"]["a_tp"]
+        assert res["grid"]["after_destroy_tp"] == res["grid"]["a_tp"]  # b destroyed: a is the only one
+
+
+def test_getters_outside_steps_name_the_engines(runs):
+    for res in runs:
+        errors = res["grid"]["errors"]
+        for name, message in errors.items():
+            assert message is not None, f"{name} served a grid although two engines exist"
+            assert "2 engines with different layouts" in message
+            assert "MeshSpec(dp=2, tp=2;" in message and "MeshSpec(tp=2, dp=2;" in message
+            assert "compat.use_engine(engine)" in message
+        assert errors["get_tensor_model_parallel_group"].startswith(
+            "deepspeed.utils.groups.get_tensor_model_parallel_group()")
+        assert errors["mpu"].startswith("deepspeed.utils.groups.mpu.get_data_parallel_group")
+
+
+def test_use_engine_chooses(runs):
+    for res in runs:
+        assert res["grid"]["use_a_tp"] == res["grid"]["a_tp"]
+        assert res["grid"]["use_b_tp"] == res["grid"]["b_tp"]
