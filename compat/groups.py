@@ -108,7 +108,7 @@ _LEGACY_GLOBALS = {
     "_EXPERT_DATA_PARALLEL_GROUP": lambda s: s.expert_data_parallel_group,
     "_EXPERT_DATA_PARALLEL_GROUP_RANKS": lambda s: s.expert_data_parallel_group_ranks,
     "_WORLD_GROUP": lambda s: s.world_group,
-    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": lambda s: s.zero_param_group,
+    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": lambda s: _zero_param_group(),
     "_ALL_TO_ALL_GROUP": lambda s: s.all_to_all,
     "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE": lambda s: s.tp_world_size_override,
     "_MPU_TENSOR_MODEL_PARALLEL_RANK": lambda s: s.tp_rank_override,
@@ -268,6 +268,8 @@ def _release_process_group_references(group: Any = None) -> None:
         state.world_group = None
     if state.zero_param_group is group:
         state.zero_param_group = None
+    if state.mesh is not None and getattr(state.mesh, _HPZ_ATTR, None) is group:
+        setattr(state.mesh, _HPZ_ATTR, None)
     if state.tp_group is group:
         state.tp_group = None
         state.tp_world_size_override = state.tp_rank_override = None
@@ -1152,22 +1154,61 @@ def _get_sequence_data_parallel_group():
 
 
 # --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
-_W_ZP_CREATE = _w(
-    "_create_zero_param_parallel_group",
-    "mesh_core.DeepSpeedDeviceMesh.build(dp_replicate=W // N, dp_shard=N): mesh.get_group('dp_shard')",
+# The right replacement depends on the mesh: on an HSDP mesh (dp_replicate x dp_shard) the hpZ
+# group *is* the dp_shard group (sp folded in when sp > 1); a dp-only mesh has no dim for it.
+_HPZ_ADVICE = (
+    "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} with "
+    "ZeRO-3 (the shim then sets zero_hpz_partition_size=N itself); then "
 )
-_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "mesh.get_group('dp_shard')")
-_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", "mesh.size('dp_shard') > 1")
-_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "mesh.get_rank('dp_shard')")
-_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", "mesh.size('dp_shard')")
-_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "mesh.get_group_ranks('dp_shard')")
+_W_ZP_CREATE = _w("_create_zero_param_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", _HPZ_ADVICE + "mesh.size('dp_replicate') > 1")
+_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", _HPZ_ADVICE + "mesh.get_rank(('dp_shard', 'sp'))")
+_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", _HPZ_ADVICE + "mesh.size(('dp_shard', 'sp'))")
+_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", _HPZ_ADVICE + "mesh.get_group_ranks(('dp_shard', 'sp'))")
+HPZ_DIMS = ("dp_shard", "sp")
+_HPZ_ATTR = "_compat_hpz_group"
+
+
+def is_hsdp(spec: MeshSpec) -> bool:
+    """The mesh replicates over ``dp_replicate`` (> 1) and declares the HSDP pair."""
+    return "dp" not in spec.names and spec.dim_size("dp_replicate") > 1
+
+
+def hpz_rank_lists(mesh: DeepSpeedDeviceMesh, group_size: int) -> list[list[int]]:
+    """hpZ groups of ``mesh``: its ``(dp_shard, sp)`` groups on an HSDP mesh, else blocks of
+    ``group_size`` consecutive members of each ZeRO group ``(dp, sp)`` (DeepSpeed's world blocks
+    on a dp-only world mesh, and always inside the ranks ZeRO partitions over)."""
+    spec = mesh.spec
+    zero_size = mesh.size(("dp", "sp"))
+    if is_hsdp(spec):
+        size = mesh.size(HPZ_DIMS)
+        if group_size != size:
+            raise MeshSpecError(
+                f"zero_hpz_partition_size={group_size} does not match {spec.describe()}: its hpZ group is "
+                f"dp_shard x sp = {size} ranks; set zero_hpz_partition_size to {size} or leave it out"
+            )
+        return mesh.get_all_group_ranks(HPZ_DIMS)
+    size = min(group_size, zero_size)
+    if zero_size % size:
+        raise MeshSpecError(
+            f"zero_hpz_partition_size={group_size} does not divide the ZeRO group size {zero_size} of "
+            f"{spec.describe()}; valid sizes divide {zero_size}"
+        )
+    return [g[i : i + size] for g in mesh.get_all_group_ranks(("dp", "sp")) for i in range(0, zero_size, size)]
 
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
-    """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout)."""
+    """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
+    with a bound mesh, that mesh's hpZ groups (see :func:`hpz_rank_lists`), kept per mesh."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()
+    mesh = bound_mesh()
+    if mesh is not None:
+        assert getattr(mesh, _HPZ_ATTR, None) is None, "ZeRO parameter intra parallel group is already initialized"
+        setattr(mesh, _HPZ_ATTR, _partition(hpz_rank_lists(mesh, group_size)))
+        return
     assert _state.zero_param_group is None, "ZeRO parameter intra parallel group is already initialized"
     world_size = dist.get_world_size()
     size = min(group_size, world_size)
@@ -1176,12 +1217,19 @@ def _create_zero_param_parallel_group(group_size: int) -> None:
     _state.zero_param_group = _partition(layout.groups("tp"))
 
 
+def _zero_param_group():
+    mesh = bound_mesh()
+    if mesh is not None:
+        return getattr(mesh, _HPZ_ATTR, None)
+    return _state.zero_param_group
+
+
 def _get_zero_param_intra_parallel_group():
     # TODOV1: legacy shim
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group()")
     _W_ZP_GROUP.warn()
-    return _state.zero_param_group
+    return _zero_param_group()
 
 
 def _zero_param_parallel_is_initialized():
@@ -1190,7 +1238,7 @@ def _zero_param_parallel_is_initialized():
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._zero_param_parallel_is_initialized()")
     _W_ZP_INIT.warn()
-    if _state.zero_param_group is None and _state.dp_group is None:
+    if _zero_param_group() is None and _state.dp_group is None:
         return False
     return None
 
@@ -1200,7 +1248,7 @@ def _get_zero_param_intra_parallel_rank_in_mygroup() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_rank_in_mygroup()")
     _W_ZP_RANK.warn()
-    return dist.get_rank(group=_state.zero_param_group)
+    return dist.get_rank(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_world_size() -> int:
@@ -1208,7 +1256,7 @@ def _get_zero_param_intra_parallel_group_world_size() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_world_size()")
     _W_ZP_WS.warn()
-    return dist.get_world_size(group=_state.zero_param_group)
+    return dist.get_world_size(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
@@ -1216,4 +1264,4 @@ def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
     _W_ZP_RANKS.warn()
-    return dist.get_process_group_ranks(_state.zero_param_group)
+    return dist.get_process_group_ranks(_zero_param_group())
