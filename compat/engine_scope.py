@@ -73,10 +73,39 @@ def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
         activate(previous)
 
 
+_scope_meshes: list = []  # meshes of the engines whose entry points are running, innermost last
+
+
 def engine_step_wrapper(wrapped, instance, args, kwargs):
     """wrapt wrapper for engine entry points: run them with the engine's groups state."""
-    with groups_state(getattr(instance, ENGINE_STATE_ATTR, None)):
-        return wrapped(*args, **kwargs)
+    state = getattr(instance, ENGINE_STATE_ATTR, None)
+    _scope_meshes.append(None if state is None else state.mesh)
+    try:
+        with groups_state(state):
+            return wrapped(*args, **kwargs)
+    finally:
+        _scope_meshes.pop()
+
+
+def scope_mesh() -> Any:
+    """The mesh of the engine being built or stepped right now (None outside any)."""
+    from .initialize import pending_mesh
+
+    pending = pending_mesh()
+    if pending is not None:
+        return pending
+    return _scope_meshes[-1] if _scope_meshes else None
+
+
+def barrier_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """wrapt wrapper for ``deepspeed.comm.barrier``: a world barrier issued by a sub-world engine
+    (ZeRO-3's set-up, checkpointing) waits for that engine's ranks only; the ranks outside never
+    enter the engine, so a world barrier there would hang."""
+    group = kwargs.get("group", args[0] if args else None)
+    mesh = scope_mesh() if group is None else None
+    if mesh is not None and mesh.spec.size != mesh.spec.world_size:
+        args, kwargs = args[1:], {**kwargs, "group": mesh.get_group(mesh.spec.names)}
+    return wrapped(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -187,3 +216,24 @@ class AmbiguousGrid:
 
     def __repr__(self) -> str:
         return f"AmbiguousGrid({self.engines})"
+
+
+def same_ints_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """wrapt wrapper for ZeRO-3's ``assert_ints_same_as_other_ranks`` (a world broadcast from rank
+    0): inside a sub-world engine, compare with the engine's first rank over the engine's group."""
+    mesh = scope_mesh()
+    if mesh is None or mesh.spec.size == mesh.spec.world_size:
+        return wrapped(*args, **kwargs)
+    import torch
+    import torch.distributed as dist
+
+    ints = list(kwargs.get("ints", args[0] if args else []))
+    group, first = mesh.get_group(mesh.spec.names), min(mesh.spec.ranks)
+    objects = [ints if dist.get_rank() == first else None]
+    dist.broadcast_object_list(objects, src=first, group=group, device=torch.device("cpu"))
+    if objects[0] != ints:
+        raise RuntimeError(
+            f"Detected a disagreement on list contents between rank{first} (the first rank of "
+            f"{mesh.spec.describe()}) and rank{dist.get_rank()}:\n rank{first}: {objects[0]}\n "
+            f"rank{dist.get_rank()}: {ints}"
+        )

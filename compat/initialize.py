@@ -100,6 +100,10 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
 
     config = hsdp_zero_config(config, spec)
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
+    if engine_mpu is None and not pipeline and zero_stage(config) == 3 and _dp_is_not_world(spec):
+        # without an mpu, ZeRO-3 partitions the parameters over the whole world (zero.Init's default
+        # group) while its optimizer uses the engine's dp group: give it the mesh's dp group
+        engine_mpu = _mesh_mpu(mesh)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
@@ -189,6 +193,10 @@ def hsdp_zero_config(config: dict, spec: MeshSpec) -> dict:
     section["zero_hpz_partition_size"] = shard
     logger.info("HSDP %s: ZeRO-3 with zero_hpz_partition_size=%d", spec.describe(), shard)
     return {**config, "zero_optimization": section}
+
+
+def _dp_is_not_world(spec: MeshSpec) -> bool:
+    return spec.dim_size("dp") * spec.dim_size("sp") != spec.world_size
 
 
 def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tuple[dict, Any]]:

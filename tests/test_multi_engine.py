@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "e2e"))
 from runner import torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-PARTS = "grid"
+PARTS = "grid,halves"
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,27 @@ def test_use_engine_chooses(runs):
     for res in runs:
         assert res["grid"]["use_a_tp"] == res["grid"]["a_tp"]
         assert res["grid"]["use_b_tp"] == res["grid"]["b_tp"]
+
+
+def test_sub_world_engines_on_disjoint_halves_train_with_every_zero_stage(runs):
+    """Ranks 0-1 and 2-3 each initialize only their own engines ("mesh": {"ranks": [...]})."""
+    expected = {0: ("half_zero1", "half_zero3"), 2: ("half_zero2", "half_zero1")}
+    optimizers = {"half_zero1": "DeepSpeedZeroOptimizer", "half_zero2": "DeepSpeedZeroOptimizer",
+                  "half_zero3": "DeepSpeedZeroOptimizer_Stage3"}
+    for rank, res in enumerate(runs):
+        half = [0, 1] if rank < 2 else [2, 3]
+        for name in expected[half[0]]:
+            report = res["halves"][name]
+            assert report["mesh"] == f"MeshSpec(dp=2; ranks {half[0]}..{half[1]} of world 4)"
+            assert report["dp_group"] == report["zero_group"] == half
+            assert report["optimizer"] == optimizers[name]
+            assert report["replicas_identical"], f"rank {rank} {name}: replicas differ within {half}"
+            assert len(report["losses"]) == 3 and len(set(report["losses"])) == 3
+        assert set(res["halves"]) == set(expected[half[0]]) | {"world_zero2"}  # no engine of the other half
+
+
+def test_a_whole_world_engine_coexists_with_the_halves(runs):
+    for res in runs:
+        report = res["halves"]["world_zero2"]
+        assert report["dp_group"] == report["zero_group"] == [0, 1, 2, 3]
+        assert report["replicas_identical"] and report["optimizer"] == "DeepSpeedZeroOptimizer"

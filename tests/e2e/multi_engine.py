@@ -85,7 +85,82 @@ def part_grid(rank: int, out: dict) -> None:
     a.destroy()
 
 
-PARTS = {"grid": part_grid}
+def small_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def zero_config(stage: int, ranks_: list[int] | None) -> dict:
+    cfg = {**BASE, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    cfg["mesh"] = {"ranks": ranks_} if ranks_ is not None else {"dp": 4}
+    return cfg
+
+
+def build(stage: int, ranks_: list[int] | None, seed: int):
+    net = small_model(seed)
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=zero_config(stage, ranks_))
+    return engine
+
+
+def train_steps(engine, gen, steps: int = 2) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=gen)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def full_params(engine) -> list[torch.Tensor]:
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
+        return [p.detach().clone() for p in params]
+
+
+def replicas_identical(engine) -> bool:
+    flat = torch.cat([p.reshape(-1) for p in full_params(engine)])
+    group = engine.mesh_device.get_group("dp")
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, flat, group=group)
+    return all(torch.equal(g, flat) for g in gathered)
+
+
+def engine_report(engine, losses) -> dict:
+    return {
+        "losses": losses,
+        "dp_group": ranks(engine.data_parallel_group),
+        "zero_group": ranks(engine.seq_data_parallel_group),
+        "mesh": engine.mesh_device.spec.describe(),
+        "replicas_identical": replicas_identical(engine),
+        "optimizer": type(engine.optimizer).__name__,
+    }
+
+
+def part_halves(rank: int, out: dict) -> None:
+    """Each half builds only its own engines; then a whole-world engine joins and all interleave."""
+    half = [0, 1] if rank < 2 else [2, 3]
+    gen = torch.Generator().manual_seed(rank)
+    stages = (1, 3) if rank < 2 else (2, 1)  # ZeRO-1 and ZeRO-3 on one half, ZeRO-2 and ZeRO-1 on the other
+    mine = []
+    for i, stage in enumerate(stages):
+        engine = build(stage, half, seed=10 * i + half[0])
+        mine.append((f"half_zero{stage}", engine, train_steps(engine, gen)))
+    world = build(2, None, seed=99)
+    world_losses = train_steps(world, gen, 1)
+    for name, engine, losses in mine:  # the half engines keep training with the world engine alive
+        losses += train_steps(engine, gen, 1)
+        out[name] = engine_report(engine, losses)
+    world_losses += train_steps(world, gen, 1)
+    out["world_zero2"] = engine_report(world, world_losses)
+    for _, engine, _ in mine:
+        engine.destroy()
+    world.destroy()
+
+
+PARTS = {"grid": part_grid, "halves": part_halves}
 
 if __name__ == "__main__":
     out_dir, parts = sys.argv[1], sys.argv[2].split(",")
