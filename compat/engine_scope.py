@@ -224,13 +224,12 @@ def same_ints_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's
     mesh = scope_mesh()
     if mesh is None or mesh.spec.size == mesh.spec.world_size:
         return wrapped(*args, **kwargs)
-    import torch
     import torch.distributed as dist
 
     ints = list(kwargs.get("ints", args[0] if args else []))
     group, first = mesh.get_group(mesh.spec.names), min(mesh.spec.ranks)
     objects = [ints if dist.get_rank() == first else None]
-    dist.broadcast_object_list(objects, src=first, group=group, device=torch.device("cpu"))
+    dist.broadcast_object_list(objects, src=first, group=group)
     if objects[0] != ints:
         raise RuntimeError(
             f"Detected a disagreement on list contents between rank{first} (the first rank of "
