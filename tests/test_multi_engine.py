@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "e2e"))
 from runner import torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-PARTS = "grid,halves"
+PARTS = "grid,halves,moe"
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,12 @@ def test_a_whole_world_engine_coexists_with_the_halves(runs):
         report = res["halves"]["world_zero2"]
         assert report["dp_group"] == report["zero_group"] == [0, 1, 2, 3]
         assert report["replicas_identical"] and report["optimizer"] == "DeepSpeedZeroOptimizer"
+
+
+def test_sub_world_moe_engines_on_disjoint_halves(runs):
+    for rank, res in enumerate(runs):
+        half = [0, 1] if rank < 2 else [2, 3]
+        moe = res["moe"]
+        assert moe["mesh"] == f"MeshSpec(dp=2, ep=2; ranks {half[0]}..{half[1]} of world 4)"
+        assert moe["ep_group"] == half and moe["dense_identical"]
+        assert len(set(moe["losses"])) == 2

@@ -3,6 +3,7 @@
 Part "grid": two engines with different tp layouts interleave their steps; a Megatron-style model
 reads the *global* legacy getters inside its forward and must get its own engine's tp group; outside
 any step the getters raise WrongGridError naming both engines; compat.use_engine chooses one.
+Part "moe": each half builds its own MoE engine (ep=2 over the half).
 Part "halves" (sub-world engines): ranks 0-1 and 2-3 each build only their own engine over their
 half ("mesh": {"ranks": [...]}), with ZeRO-1 on one half and ZeRO-2/3 on the other, then a third,
 whole-world engine; every engine trains and its replicas stay identical.
@@ -160,7 +161,36 @@ def part_halves(rank: int, out: dict) -> None:
     world.destroy()
 
 
-PARTS = {"grid": part_grid, "halves": part_halves}
+class MoENet(torch.nn.Module):
+    def __init__(self) -> None:
+        from deepspeed.moe.layer import MoE
+
+        super().__init__()
+        self.moe = MoE(hidden_size=8, expert=torch.nn.Linear(8, 8), num_experts=2, ep_size=2, k=1)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        y, _, _ = self.moe(x)
+        return self.out(y).pow(2).mean()
+
+
+def part_moe(rank: int, out: dict) -> None:
+    """Each half builds its own MoE engine (ep=2 over the half); experts differ, the rest agrees."""
+    half = [0, 1] if rank < 2 else [2, 3]
+    torch.manual_seed(half[0])
+    net = MoENet()
+    cfg = {**zero_config(1, half)}
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+    losses = train_steps(engine, torch.Generator().manual_seed(rank))
+    dense = torch.cat([p.detach().reshape(-1) for n, p in net.named_parameters() if "experts" not in n])
+    gathered = [torch.empty_like(dense) for _ in half]
+    dist.all_gather(gathered, dense, group=engine.mesh_device.get_group("dp"))
+    out.update(mesh=engine.mesh_device.spec.describe(), ep_group=engine.mesh_device.get_group_ranks("ep"),
+               losses=losses, dense_identical=all(torch.equal(g, dense) for g in gathered))
+    engine.destroy()
+
+
+PARTS = {"grid": part_grid, "halves": part_halves, "moe": part_moe}
 
 if __name__ == "__main__":
     out_dir, parts = sys.argv[1], sys.argv[2].split(",")
