@@ -93,6 +93,12 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     )
     if not pipeline and spec.dim_size("pp") > 1:
         raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")
+    if ds_dist.get_rank() not in spec.ranks:
+        raise MeshSpecError(
+            f"rank {ds_dist.get_rank()} is not one of the ranks of this engine's mesh {spec.describe()}; only "
+            "those ranks call deepspeed.initialize for this model (a sub-world engine), the others skip it, "
+            "e.g. `if dist.get_rank() in ranks: engine, *_ = deepspeed.initialize(...)`"
+        )
     # without an order / ranks in the config, a given mesh, grid or mpu keeps its own rank order
     order = any(key in (config.get("mesh") or {}) for key in ("order", "ranks"))
     if given_mesh is not None:

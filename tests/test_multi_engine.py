@@ -83,3 +83,25 @@ def test_sub_world_moe_engines_on_disjoint_halves(runs):
         assert moe["mesh"] == f"MeshSpec(dp=2, ep=2; ranks {half[0]}..{half[1]} of world 4)"
         assert moe["ep_group"] == half and moe["dense_identical"]
         assert len(set(moe["losses"])) == 2
+
+
+def test_a_non_member_entering_initialize_is_told_to_skip_it(monkeypatch):
+    """Before any group is created (fake backend, rank 1 of 4; the engine's ranks are 2-3)."""
+    import torch
+
+    import compat
+    from fakepg import fake_world
+    from mesh_core import MeshSpecError
+
+    import deepspeed
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with fake_world(1, 4, deepspeed_comm=True):
+        compat.install()
+        try:
+            with pytest.raises(MeshSpecError, match=r"rank 1 is not one of the ranks of this engine's mesh "
+                                                     r"MeshSpec\(dp=2; ranks 2..3 of world 4\); only those ranks"):
+                deepspeed.initialize(model=torch.nn.Linear(2, 2),
+                                     config={"train_micro_batch_size_per_gpu": 1, "mesh": {"ranks": [2, 3]}})
+        finally:
+            compat.uninstall()
