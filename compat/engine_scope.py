@@ -121,7 +121,7 @@ def use_engine(engine: Any) -> Iterator[Any]:
 
 
 # --- the engines alive on this rank ---------------------------------------------------------------
-_engines: list[tuple["weakref.ref[Any]", str]] = []
+_engines: list["weakref.ref[Any]"] = []
 
 
 def _label(engine: Any) -> str:
@@ -135,10 +135,10 @@ def _label(engine: Any) -> str:
 def live_engines() -> list[Any]:
     """Engines built under the shim on this rank and not yet destroyed or collected."""
     alive = []
-    for ref, _ in list(_engines):
+    for ref in list(_engines):
         engine = ref()
         if engine is None or getattr(engine, "_mesh_destroyed", False):
-            _engines.remove((ref, _))
+            _engines.remove(ref)
         else:
             alive.append(engine)
     return alive
@@ -153,7 +153,7 @@ def _layout_key(engine: Any) -> Any:
 
 def register(engine: Any) -> None:
     """Record a newly built engine and make the out-of-scope state right for the engines alive now."""
-    _engines.append((weakref.ref(engine), _label(engine)))
+    _engines.append(weakref.ref(engine))
     settle()
 
 
@@ -179,15 +179,6 @@ def settle() -> None:
         activate(getattr(engines[-1], ENGINE_STATE_ATTR))
     else:
         activate(GroupsState(None, AmbiguousGrid([_label(e) for e in engines]), None))
-
-
-def destroy_wrapper(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``DeepSpeedEngine.destroy``: the engine stops counting for the getters."""
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if getattr(instance, ENGINE_STATE_ATTR, None) is not None:
-            unregister(instance)
 
 
 class AmbiguousGrid:
