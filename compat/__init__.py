@@ -6,7 +6,9 @@
   (:func:`compat.groups.bind_mesh`);
 - :mod:`compat.mpu` — :class:`~compat.mpu.MeshMPU` (a Megatron-style mpu served from a mesh) and
   :func:`~compat.mpu.mesh_from_mpu` (a mesh from a user's mpu);
-- :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning`.
+- :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning`;
+- :func:`use_engine` — serve the legacy global getters from one engine when several exist
+  (outside any engine's step they raise :class:`WrongGridError`; see :mod:`compat.engine_scope`).
 
 :func:`install` / :func:`uninstall` route the real ``deepspeed`` modules onto these (they import
 ``compat.install``, and with it DeepSpeed, only when called).
@@ -20,11 +22,13 @@ from typing import Any
 
 from . import deprecation, groups, mpu, topology
 from .deprecation import LegacyAPIDeprecationWarning, warn_legacy
+from .engine_scope import WrongGridError, use_engine
 from .mpu import MeshMPU, mesh_from_mpu
 
 __all__ = [
     "LegacyAPIDeprecationWarning",
     "MeshMPU",
+    "WrongGridError",
     "deprecation",
     "groups",
     "install",

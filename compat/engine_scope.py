@@ -5,14 +5,28 @@ engine built wins, and a second model silently reads the first one's groups. Wit
 state of :mod:`compat.groups` (bound mesh, ``mpu``, ``mesh_device``) is captured when an engine is
 built and re-activated around that engine's ``forward`` / ``backward`` / ``step`` /
 ``train_batch`` / ``eval_batch`` (and its rank getters and checkpoint save / load), then put back.
+
+Outside every engine's step (wrong-grid protection):
+
+- while the engines alive on this rank all have one layout, the legacy global getters serve it
+  (so single-model scripts keep working unchanged);
+- once engines with different layouts exist, there is no right answer: every legacy global getter
+  (``groups.*``, ``groups.mpu``) raises :class:`WrongGridError` naming the engines and how to
+  choose (:func:`use_engine`, or the engine's own ``engine.mesh_device``).
 """
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 ENGINE_STATE_ATTR = "_mesh_groups_state"
+
+
+class WrongGridError(RuntimeError):
+    """A legacy global group getter was called where several engines' grids would fit."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,7 @@ def activate(state: GroupsState) -> None:
     groups.bind_mesh(state.mesh)
     groups.mpu = state.mpu
     groups.mesh_device = state.mesh_device
+    groups._set_wrong_grid(state.mpu if isinstance(state.mpu, AmbiguousGrid) else None)
 
 
 @contextlib.contextmanager
@@ -58,7 +73,157 @@ def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
         activate(previous)
 
 
+_scope_meshes: list = []  # meshes of the engines whose entry points are running, innermost last
+
+
 def engine_step_wrapper(wrapped, instance, args, kwargs):
     """wrapt wrapper for engine entry points: run them with the engine's groups state."""
-    with groups_state(getattr(instance, ENGINE_STATE_ATTR, None)):
+    state = getattr(instance, ENGINE_STATE_ATTR, None)
+    _scope_meshes.append(None if state is None else state.mesh)
+    try:
+        with groups_state(state):
+            return wrapped(*args, **kwargs)
+    finally:
+        _scope_meshes.pop()
+
+
+def scope_mesh() -> Any:
+    """The mesh of the engine being built or stepped right now (None outside any)."""
+    from .initialize import pending_mesh
+
+    pending = pending_mesh()
+    if pending is not None:
+        return pending
+    return _scope_meshes[-1] if _scope_meshes else None
+
+
+def barrier_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """wrapt wrapper for ``deepspeed.comm.barrier``: a world barrier issued by a sub-world engine
+    (ZeRO-3's set-up, checkpointing) waits for that engine's ranks only; the ranks outside never
+    enter the engine, so a world barrier there would hang."""
+    group = kwargs.get("group", args[0] if args else None)
+    mesh = scope_mesh() if group is None else None
+    if mesh is not None and mesh.spec.size != mesh.spec.world_size:
+        args, kwargs = args[1:], {**kwargs, "group": mesh.get_group(mesh.spec.names)}
+    return wrapped(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def use_engine(engine: Any) -> Iterator[Any]:
+    """Serve the legacy global getters (``groups.*``, ``groups.mpu``) from ``engine`` inside the block."""
+    state = getattr(engine, ENGINE_STATE_ATTR, None)
+    if state is None:
+        raise WrongGridError(
+            f"{type(engine).__name__} was not built by deepspeed.initialize under the shim; it has no groups state"
+        )
+    with groups_state(state):
+        yield engine
+
+
+# --- the engines alive on this rank ---------------------------------------------------------------
+_engines: list["weakref.ref[Any]"] = []
+
+
+def _label(engine: Any) -> str:
+    module = getattr(engine, "module", None)
+    mesh = getattr(engine, "mesh_device", None)
+    spec = getattr(mesh, "spec", None)
+    where = spec.describe() if spec is not None else repr(mesh)
+    return f"{type(module).__name__ if module is not None else type(engine).__name__} engine on {where}"
+
+
+def live_engines() -> list[Any]:
+    """Engines built under the shim on this rank and not yet destroyed or collected."""
+    alive = []
+    for ref in list(_engines):
+        engine = ref()
+        if engine is None or getattr(engine, "_mesh_destroyed", False):
+            _engines.remove(ref)
+        else:
+            alive.append(engine)
+    return alive
+
+
+def _layout_key(engine: Any) -> Any:
+    spec = getattr(getattr(engine, "mesh_device", None), "spec", None)
+    if spec is None:
+        return id(engine)
+    return (spec.names, spec.sizes, tuple(spec.ranks), spec.ep, spec.data_before_expert)
+
+
+def register(engine: Any) -> None:
+    """Record a newly built engine and make the out-of-scope state right for the engines alive now."""
+    _engines.append(weakref.ref(engine))
+    settle()
+
+
+def unregister(engine: Any) -> None:
+    """Forget a destroyed engine (``engine.destroy()``)."""
+    engine._mesh_destroyed = True
+    settle()
+
+
+def settle() -> None:
+    """Activate the state served outside every engine's step: the one layout of the engines alive,
+    or an :class:`AmbiguousGrid` when they have several."""
+    engines = live_engines()
+    if len({_layout_key(e) for e in engines}) > 1:
+        gc.collect()  # engines dropped by the user but still held in reference cycles
+        engines = live_engines()
+    layouts = {_layout_key(e) for e in engines}
+    if not engines:
+        if isinstance(_groups().mpu, AmbiguousGrid):
+            activate(GroupsState(None, None, None))
+        return
+    if len(layouts) == 1:
+        activate(getattr(engines[-1], ENGINE_STATE_ATTR))
+    else:
+        activate(GroupsState(None, AmbiguousGrid([_label(e) for e in engines]), None))
+
+
+class AmbiguousGrid:
+    """Stands in for ``groups.mpu`` while engines with different layouts exist and none is in scope:
+    any use raises :class:`WrongGridError` naming the engines."""
+
+    def __init__(self, engines: list[str]) -> None:
+        self.engines = engines
+
+    def error(self, what: str) -> WrongGridError:
+        listed = "; ".join(f"[{i}] {label}" for i, label in enumerate(self.engines))
+        return WrongGridError(
+            f"{what} was called outside any engine's step while {len(self.engines)} engines with different "
+            f"layouts exist on this rank ({listed}), so there is no single process-group grid to serve. "
+            "Choose one: run it inside `with compat.use_engine(engine): ...` (the engine's forward / backward / "
+            "step do this already), or ask that engine's mesh directly, e.g. engine.mesh_device.get_group('tp')"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self.error(f"deepspeed.utils.groups.mpu.{name}")
+
+    def __bool__(self) -> bool:
+        raise self.error("deepspeed.utils.groups.mpu")
+
+    def __repr__(self) -> str:
+        return f"AmbiguousGrid({self.engines})"
+
+
+def same_ints_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """wrapt wrapper for ZeRO-3's ``assert_ints_same_as_other_ranks`` (a world broadcast from rank
+    0): inside a sub-world engine, compare with the engine's first rank over the engine's group."""
+    mesh = scope_mesh()
+    if mesh is None or mesh.spec.size == mesh.spec.world_size:
         return wrapped(*args, **kwargs)
+    import torch.distributed as dist
+
+    ints = list(kwargs.get("ints", args[0] if args else []))
+    group, first = mesh.get_group(mesh.spec.names), min(mesh.spec.ranks)
+    objects = [ints if dist.get_rank() == first else None]
+    dist.broadcast_object_list(objects, src=first, group=group)
+    if objects[0] != ints:
+        raise RuntimeError(
+            f"Detected a disagreement on list contents between rank{first} (the first rank of "
+            f"{mesh.spec.describe()}) and rank{dist.get_rank()}:\n rank{first}: {objects[0]}\n "
+            f"rank{dist.get_rank()}: {ints}"
+        )

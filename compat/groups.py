@@ -52,6 +52,14 @@ _DEVICE_MESH_SPLIT_UNSUPPORTED = "No backend for the parent process group or its
 mpu: Any = None
 mesh_device: Any = None
 expert_tensor_parallel_world_size: int = 1
+# set while engines with different layouts exist and none is in scope (compat.engine_scope)
+_WRONG_GRID: Any = None
+
+
+def _set_wrong_grid(ambiguous: Any) -> None:
+    """Make every legacy global getter raise ``ambiguous.error(...)`` (None: serve normally)."""
+    global _WRONG_GRID
+    _WRONG_GRID = ambiguous
 
 
 class DeprecatedException(Exception):
@@ -100,7 +108,7 @@ _LEGACY_GLOBALS = {
     "_EXPERT_DATA_PARALLEL_GROUP": lambda s: s.expert_data_parallel_group,
     "_EXPERT_DATA_PARALLEL_GROUP_RANKS": lambda s: s.expert_data_parallel_group_ranks,
     "_WORLD_GROUP": lambda s: s.world_group,
-    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": lambda s: s.zero_param_group,
+    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": lambda s: _zero_param_group(),
     "_ALL_TO_ALL_GROUP": lambda s: s.all_to_all,
     "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE": lambda s: s.tp_world_size_override,
     "_MPU_TENSOR_MODEL_PARALLEL_RANK": lambda s: s.tp_rank_override,
@@ -241,6 +249,7 @@ def _release_process_group_references(group: Any = None) -> None:
         mpu = None
         mesh_device = None
         expert_tensor_parallel_world_size = 1
+        _set_wrong_grid(None)
         _SP_MPU_PROBE[:] = [None, False]
         return
     state = _state
@@ -259,6 +268,8 @@ def _release_process_group_references(group: Any = None) -> None:
         state.world_group = None
     if state.zero_param_group is group:
         state.zero_param_group = None
+    if state.mesh is not None and getattr(state.mesh, _HPZ_ATTR, None) is group:
+        setattr(state.mesh, _HPZ_ATTR, None)
     if state.tp_group is group:
         state.tp_group = None
         state.tp_world_size_override = state.tp_rank_override = None
@@ -354,6 +365,8 @@ _W_GET_DP_RANK = _w("get_data_parallel_rank", "mesh.get_rank('dp')")
 def get_tensor_model_parallel_group():
     """The tensor model parallel group the caller rank belongs to."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_group()")
     _W_GET_TP_GROUP.warn()
     assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
     return _state.tp_group
@@ -362,6 +375,8 @@ def get_tensor_model_parallel_group():
 def get_model_parallel_group():
     """The model parallel group (the TP group) the caller rank belongs to."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_group()")
     _W_GET_MP_GROUP.warn()
     assert _state.tp_group is not None, "model parallel group is not initialized"
     return _state.tp_group
@@ -370,6 +385,8 @@ def get_model_parallel_group():
 def get_data_parallel_group():
     """The data parallel group of the TP layout (no fallback, unlike ``_get_data_parallel_group``)."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_group()")
     _W_GET_DP_GROUP.warn()
     assert _state.dp_group is not None, "data parallel group is not initialized"
     return _state.dp_group
@@ -397,12 +414,16 @@ def _tp_rank() -> int:
 
 def get_tensor_model_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_world_size()")
     _W_GET_TP_WS.warn()
     return _tp_world_size()
 
 
 def get_model_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_world_size()")
     _W_GET_MP_WS.warn()
     return _tp_world_size()
 
@@ -415,12 +436,16 @@ def set_tensor_model_parallel_rank(rank: int) -> None:
 
 def get_tensor_model_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_rank()")
     _W_GET_TP_RANK.warn()
     return _tp_rank()
 
 
 def get_model_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_rank()")
     _W_GET_MP_RANK.warn()
     return _tp_rank()
 
@@ -428,6 +453,8 @@ def get_model_parallel_rank() -> int:
 def get_tensor_model_parallel_src_rank() -> int:
     """Global rank of TP rank 0 (DeepSpeed's consecutive-block formula when a size override is set)."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_src_rank()")
     _W_GET_TP_SRC.warn()
     if _state.tp_world_size_override is not None:
         local = _state.tp_world_size_override
@@ -438,6 +465,8 @@ def get_tensor_model_parallel_src_rank() -> int:
 
 def get_data_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_world_size()")
     _W_GET_DP_WS.warn()
     assert _state.dp_group is not None, "data parallel group is not initialized"
     return _state.dp_size
@@ -445,6 +474,8 @@ def get_data_parallel_world_size() -> int:
 
 def get_data_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_rank()")
     _W_GET_DP_RANK.warn()
     assert _state.dp_group is not None, "data parallel group is not initialized"
     return _state.dp_rank
@@ -687,6 +718,8 @@ _W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size", "mesh.size('tp')")
 def _get_max_expert_size() -> Optional[int]:
     """The largest ep size among the created expert groups (None if there are none)."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_size()")
     _W_MAX_SIZE.warn()
     return _max_expert_size()
 
@@ -698,12 +731,16 @@ def _max_expert_size() -> Optional[int]:
 
 def _get_max_expert_size_name() -> str:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_size_name()")
     _W_MAX_NAME.warn()
     return f"ep_size_{_max_expert_size()}"
 
 
 def _get_max_expert_parallel_group():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_parallel_group()")
     _W_MAX_GROUP.warn()
     return _expert_group(f"ep_size_{_max_expert_size()}")
 
@@ -728,6 +765,8 @@ _getframe = sys._getframe
 def _get_expert_parallel_group(group_name: str):
     """The expert parallel group ``group_name`` (``ep_size_N``) the caller rank belongs to."""
     # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_group()")
     if _W_EP_GROUP.budget:
         _W_EP_GROUP.probe(_getframe(1))
     try:
@@ -738,6 +777,8 @@ def _get_expert_parallel_group(group_name: str):
 
 def _get_expert_parallel_group_ranks(group_name: str):
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_group_ranks()")
     _W_EP_GROUP_RANKS.warn()
     assert group_name in _state.expert_parallel_group_ranks, "expert parallel group is not initialized"
     return _state.expert_parallel_group_ranks[group_name]
@@ -745,12 +786,16 @@ def _get_expert_parallel_group_ranks(group_name: str):
 
 def _get_expert_parallel_group_dict() -> dict:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_group_dict()")
     _W_EP_DICT.warn()
     return _state.expert_parallel_group
 
 
 def _get_expert_data_parallel_group(group_name: str):
     # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_group()")
     if _W_EDP_GROUP.budget:
         _W_EDP_GROUP.probe(_getframe(1))
     try:
@@ -761,6 +806,8 @@ def _get_expert_data_parallel_group(group_name: str):
 
 def _get_expert_data_parallel_group_ranks(group_name: str):
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_group_ranks()")
     _W_EDP_GROUP_RANKS.warn()
     assert group_name in _state.expert_data_parallel_group_ranks, "expert data parallel group is not initialized"
     return _state.expert_data_parallel_group_ranks[group_name]
@@ -768,12 +815,16 @@ def _get_expert_data_parallel_group_ranks(group_name: str):
 
 def _get_expert_data_parallel_group_dict() -> dict:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_group_dict()")
     _W_EDP_DICT.warn()
     return _state.expert_data_parallel_group
 
 
 def _get_expert_broadcast_src_rank(group_name: str) -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_broadcast_src_rank()")
     _W_EP_BCAST.warn()
     _assert_initialized()
     return dist.get_global_rank(_expert_data_group(group_name), 0)
@@ -781,6 +832,8 @@ def _get_expert_broadcast_src_rank(group_name: str) -> int:
 
 def _get_expert_parallel_world_size(group_name: str) -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_world_size()")
     _W_EP_WS.warn()
     _assert_initialized()
     return dist.get_world_size(group=_expert_group(group_name))
@@ -788,6 +841,8 @@ def _get_expert_parallel_world_size(group_name: str) -> int:
 
 def _get_expert_data_parallel_world_size(group_name: str) -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_world_size()")
     _W_EDP_WS.warn()
     _assert_initialized()
     return dist.get_world_size(group=_expert_data_group(group_name))
@@ -795,6 +850,8 @@ def _get_expert_data_parallel_world_size(group_name: str) -> int:
 
 def _get_expert_parallel_rank(group_name: str) -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_rank()")
     _W_EP_RANK.warn()
     _assert_initialized()
     return dist.get_rank(group=_expert_group(group_name))
@@ -803,6 +860,8 @@ def _get_expert_parallel_rank(group_name: str) -> int:
 def _get_expert_parallel_src_rank(group_name: str) -> int:
     """Global rank of EP rank 0 (DeepSpeed's formula assumed consecutive EP groups)."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_src_rank()")
     _W_EP_SRC.warn()
     _assert_initialized()
     return dist.get_global_rank(_expert_group(group_name), 0)
@@ -810,6 +869,8 @@ def _get_expert_parallel_src_rank(group_name: str) -> int:
 
 def _get_expert_data_parallel_rank(group_name: str) -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_rank()")
     _W_EDP_RANK.warn()
     _assert_initialized()
     return dist.get_rank(group=_expert_data_group(group_name))
@@ -817,6 +878,8 @@ def _get_expert_data_parallel_rank(group_name: str) -> int:
 
 def _get_expert_model_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_model_parallel_world_size()")
     _W_EXPERT_MP_WS.warn()
     return expert_tensor_parallel_world_size
 
@@ -934,6 +997,8 @@ def _dp_group():
 def _get_data_parallel_group():
     """The data parallel group the caller rank belongs to (mesh_device, bound mesh, mpu or world)."""
     # TODOV1: legacy shim (hot getter: bounded call-site probing, see compat.deprecation)
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_group()")
     if _W_DP_GROUP.budget:
         _W_DP_GROUP.probe(_getframe(1))
     if mpu is not None and mesh_device is None and not _state.bound_groups:
@@ -943,6 +1008,8 @@ def _get_data_parallel_group():
 
 def _get_data_parallel_group_ranks():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_group_ranks()")
     _W_DP_GROUP_RANKS.warn()
     _assert_initialized()
     if _state.bound_groups:
@@ -965,12 +1032,16 @@ def _dp_world_size():
 
 def _get_data_parallel_world_size():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_world_size()")
     _W_DP_WS.warn()
     return _dp_world_size()
 
 
 def _get_model_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_model_parallel_world_size()")
     _W_MP_WS.warn()
     if mpu is None or _is_sp_mpu(mpu):
         return 1
@@ -984,12 +1055,16 @@ def _dp_rank() -> int:
 
 def _get_data_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_rank()")
     _W_DP_RANK.warn()
     return _dp_rank()
 
 
 def _get_broadcast_src_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_broadcast_src_rank()")
     _W_BCAST.warn()
     _assert_initialized()
     return dist.get_global_rank(_sdp_group(), 0)
@@ -997,6 +1072,8 @@ def _get_broadcast_src_rank() -> int:
 
 def _get_sequence_parallel_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_world_size()")
     _W_SP_WS.warn()
     _assert_initialized()
     if mesh_device is not None:
@@ -1010,6 +1087,8 @@ def _get_sequence_parallel_world_size() -> int:
 
 def _get_sequence_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_rank()")
     _W_SP_RANK.warn()
     if mpu is not None and hasattr(mpu, "get_sequence_parallel_rank"):
         return mpu.get_sequence_parallel_rank()
@@ -1022,6 +1101,8 @@ def _get_sequence_parallel_rank() -> int:
 
 def _get_sequence_parallel_group():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_group()")
     _W_SP_GROUP.warn()
     if mpu is None or not hasattr(mpu, "get_sequence_parallel_group"):
         if mesh_device is not None:
@@ -1034,6 +1115,8 @@ def _get_sequence_parallel_group():
 
 def _get_sequence_data_parallel_world_size():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_world_size()")
     _W_SDP_WS.warn()
     if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_world_size"):
         return mpu.get_sequence_data_parallel_world_size()
@@ -1044,6 +1127,8 @@ def _get_sequence_data_parallel_world_size():
 
 def _get_sequence_data_parallel_rank() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_rank()")
     _W_SDP_RANK.warn()
     if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_rank"):
         return mpu.get_sequence_data_parallel_rank()
@@ -1062,27 +1147,68 @@ def _sdp_group():
 
 def _get_sequence_data_parallel_group():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_group()")
     _W_SDP_GROUP.warn()
     return _sdp_group()
 
 
 # --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
-_W_ZP_CREATE = _w(
-    "_create_zero_param_parallel_group",
-    "mesh_core.DeepSpeedDeviceMesh.build(dp_replicate=W // N, dp_shard=N): mesh.get_group('dp_shard')",
+# The right replacement depends on the mesh: on an HSDP mesh (dp_replicate x dp_shard) the hpZ
+# group *is* the dp_shard group (sp folded in when sp > 1); a dp-only mesh has no dim for it.
+_HPZ_ADVICE = (
+    "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} with "
+    "ZeRO-3 (the shim then sets zero_hpz_partition_size=N itself); then "
 )
-_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "mesh.get_group('dp_shard')")
-_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", "mesh.size('dp_shard') > 1")
-_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "mesh.get_rank('dp_shard')")
-_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", "mesh.size('dp_shard')")
-_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "mesh.get_group_ranks('dp_shard')")
+_W_ZP_CREATE = _w("_create_zero_param_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", _HPZ_ADVICE + "mesh.size('dp_replicate') > 1")
+_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", _HPZ_ADVICE + "mesh.get_rank(('dp_shard', 'sp'))")
+_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", _HPZ_ADVICE + "mesh.size(('dp_shard', 'sp'))")
+_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", _HPZ_ADVICE + "mesh.get_group_ranks(('dp_shard', 'sp'))")
+HPZ_DIMS = ("dp_shard", "sp")
+_HPZ_ATTR = "_compat_hpz_group"
+
+
+def is_hsdp(spec: MeshSpec) -> bool:
+    """The mesh replicates over ``dp_replicate`` (> 1) and declares the HSDP pair."""
+    return "dp" not in spec.names and spec.dim_size("dp_replicate") > 1
+
+
+def hpz_rank_lists(mesh: DeepSpeedDeviceMesh, group_size: int) -> list[list[int]]:
+    """hpZ groups of ``mesh``: its ``(dp_shard, sp)`` groups on an HSDP mesh, else blocks of
+    ``group_size`` consecutive members of each ZeRO group ``(dp, sp)`` (DeepSpeed's world blocks
+    on a dp-only world mesh, and always inside the ranks ZeRO partitions over)."""
+    spec = mesh.spec
+    zero_size = mesh.size(("dp", "sp"))
+    if is_hsdp(spec):
+        size = mesh.size(HPZ_DIMS)
+        if group_size != size:
+            raise MeshSpecError(
+                f"zero_hpz_partition_size={group_size} does not match {spec.describe()}: its hpZ group is "
+                f"dp_shard x sp = {size} ranks; set zero_hpz_partition_size to {size} or leave it out"
+            )
+        return mesh.get_all_group_ranks(HPZ_DIMS)
+    size = min(group_size, zero_size)
+    if zero_size % size:
+        raise MeshSpecError(
+            f"zero_hpz_partition_size={group_size} does not divide the ZeRO group size {zero_size} of "
+            f"{spec.describe()}; valid sizes divide {zero_size}"
+        )
+    return [g[i : i + size] for g in mesh.get_all_group_ranks(("dp", "sp")) for i in range(0, zero_size, size)]
 
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
-    """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout)."""
+    """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
+    with a bound mesh, that mesh's hpZ groups (see :func:`hpz_rank_lists`), kept per mesh."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()
+    mesh = bound_mesh()
+    if mesh is not None:
+        assert getattr(mesh, _HPZ_ATTR, None) is None, "ZeRO parameter intra parallel group is already initialized"
+        setattr(mesh, _HPZ_ATTR, _partition(hpz_rank_lists(mesh, group_size)))
+        return
     assert _state.zero_param_group is None, "ZeRO parameter intra parallel group is already initialized"
     world_size = dist.get_world_size()
     size = min(group_size, world_size)
@@ -1091,34 +1217,51 @@ def _create_zero_param_parallel_group(group_size: int) -> None:
     _state.zero_param_group = _partition(layout.groups("tp"))
 
 
+def _zero_param_group():
+    mesh = bound_mesh()
+    if mesh is not None:
+        return getattr(mesh, _HPZ_ATTR, None)
+    return _state.zero_param_group
+
+
 def _get_zero_param_intra_parallel_group():
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group()")
     _W_ZP_GROUP.warn()
-    return _state.zero_param_group
+    return _zero_param_group()
 
 
 def _zero_param_parallel_is_initialized():
     """DeepSpeed's check, returned as is: False when nothing is set, else None (never True)."""
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._zero_param_parallel_is_initialized()")
     _W_ZP_INIT.warn()
-    if _state.zero_param_group is None and _state.dp_group is None:
+    if _zero_param_group() is None and _state.dp_group is None:
         return False
     return None
 
 
 def _get_zero_param_intra_parallel_rank_in_mygroup() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_rank_in_mygroup()")
     _W_ZP_RANK.warn()
-    return dist.get_rank(group=_state.zero_param_group)
+    return dist.get_rank(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_world_size() -> int:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_world_size()")
     _W_ZP_WS.warn()
-    return dist.get_world_size(group=_state.zero_param_group)
+    return dist.get_world_size(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
     # TODOV1: legacy shim
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
     _W_ZP_RANKS.warn()
-    return dist.get_process_group_ranks(_state.zero_param_group)
+    return dist.get_process_group_ranks(_zero_param_group())

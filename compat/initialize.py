@@ -33,7 +33,7 @@ from mesh_core.config import load_config
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
-from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture
+from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register, unregister
 from .engine_spec import engine_spec
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,23 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     )
     if not pipeline and spec.dim_size("pp") > 1:
         raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")
+    if ds_dist.get_rank() not in spec.ranks:
+        raise MeshSpecError(
+            f"rank {ds_dist.get_rank()} is not one of the ranks of this engine's mesh {spec.describe()}; only "
+            "those ranks call deepspeed.initialize for this model (a sub-world engine), the others skip it, "
+            "e.g. `if dist.get_rank() in ranks: engine, *_ = deepspeed.initialize(...)`"
+        )
     # without an order / ranks in the config, a given mesh, grid or mpu keeps its own rank order
     order = any(key in (config.get("mesh") or {}) for key in ("order", "ranks"))
     if given_mesh is not None:
         _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=", order=order)
 
+    config = hsdp_zero_config(config, spec)
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
+    if engine_mpu is None and not pipeline and zero_stage(config) == 3 and _dp_is_not_world(spec):
+        # without an mpu, ZeRO-3 partitions the parameters over the whole world (zero.Init's default
+        # group) while its optimizer uses the engine's dp group: give it the mesh's dp group
+        engine_mpu = _mesh_mpu(mesh)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
@@ -121,8 +132,77 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     engine = result[0]
     engine.mesh_device = mesh
     setattr(engine, ENGINE_STATE_ATTR, capture())
+    _track(engine)
     logger.info("engine on %s", mesh.spec.describe())
     return result
+
+
+def _track(engine: Any) -> None:
+    """Count ``engine`` for the wrong-grid protection until its ``destroy()`` (see compat.engine_scope)."""
+    destroy = getattr(engine, "destroy", None)
+    if callable(destroy):
+
+        def destroy_and_forget(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return destroy(*args, **kwargs)
+            finally:
+                unregister(engine)
+
+        engine.destroy = destroy_and_forget
+    register(engine)
+
+
+def zero_stage(config: dict) -> int:
+    """The ZeRO stage a config asks for (``"zero_optimization": true`` is stage 1, as in deepspeed)."""
+    section = config.get("zero_optimization")
+    if isinstance(section, bool):
+        return int(section)
+    if isinstance(section, dict):
+        return int(section.get("stage", 0))
+    return 0
+
+
+def hsdp_zero_config(config: dict, spec: MeshSpec) -> dict:
+    """The config ZeRO needs for an HSDP mesh (``dp_replicate`` x ``dp_shard``), or ``config`` itself.
+
+    ZeRO-3 uses DeepSpeed's hpZ: parameters are gathered for compute within ``dp_shard`` (x ``sp``),
+    the secondary partition, while gradients are reduce-scattered (and so averaged across
+    ``dp_replicate``) over the whole ``(dp_replicate, dp_shard, sp)`` group ZeRO partitions over;
+    ``zero_hpz_partition_size`` is set to the dp_shard x sp size. ZeRO-1/2 have no replicate x
+    shard split in DeepSpeed 0.19.8 and raise. Pure: raises before any group is created.
+    """
+    from .groups import HPZ_DIMS, is_hsdp
+
+    stage = zero_stage(config)
+    if not is_hsdp(spec) or stage == 0:
+        return config
+    shard = spec.dim_size("dp_shard") * spec.dim_size("sp")
+    if stage in (1, 2) or shard == 1:
+        why = (
+            f"ZeRO stage {stage} partitions over the whole data-parallel group (DeepSpeed 0.19.8's hpZ "
+            "secondary partition, which keeps parameter gathers inside dp_shard, exists for ZeRO-3 only)"
+            if stage in (1, 2)
+            else "dp_shard x sp = 1 leaves ZeRO-3 nothing to shard inside a replica"
+        )
+        raise MeshSpecError(
+            f"{spec.describe()} with zero_optimization.stage={stage} is not supported: {why}. Use stage 3 "
+            f"with dp_shard > 1, or declare a flat data-parallel dim, e.g. {{\"mesh\": {{\"dp\": "
+            f"{spec.dim_size('dp')}}}}}, to shard over all {spec.dim_size('dp')} data-parallel ranks"
+        )
+    section = dict(config["zero_optimization"])
+    given = section.get("zero_hpz_partition_size", 1)
+    if given not in (1, shard):
+        raise MeshSpecError(
+            f"zero_optimization.zero_hpz_partition_size={given} does not match {spec.describe()}: its hpZ "
+            f"group is {' x '.join(HPZ_DIMS)} = {shard} ranks; set it to {shard} or leave it out"
+        )
+    section["zero_hpz_partition_size"] = shard
+    logger.info("HSDP %s: ZeRO-3 with zero_hpz_partition_size=%d", spec.describe(), shard)
+    return {**config, "zero_optimization": section}
+
+
+def _dp_is_not_world(spec: MeshSpec) -> bool:
+    return spec.dim_size("dp") * spec.dim_size("sp") != spec.world_size
 
 
 def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tuple[dict, Any]]:

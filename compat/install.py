@@ -233,6 +233,21 @@ def _route_pipe_engine(module: types.ModuleType) -> None:
         _wrap_in_place(module.PipelineEngine, name, engine_step_wrapper)
 
 
+def _route_comm(module: types.ModuleType) -> None:
+    # issue 11 (sub-world engines): world barriers inside a sub-world engine wait for its ranks only
+    from .engine_scope import barrier_wrapper
+
+    _patches.replace(module, "barrier", wrapt.FunctionWrapper(module.barrier, barrier_wrapper))
+
+
+def _route_zero_utils(module: types.ModuleType) -> None:
+    # issue 11 (sub-world engines): ZeRO-3's rank-0 trace check runs over the engine's own ranks
+    from .engine_scope import same_ints_wrapper
+
+    name = "assert_ints_same_as_other_ranks"
+    _patches.replace(module, name, wrapt.FunctionWrapper(getattr(module, name), same_ints_wrapper))
+
+
 def _route_initialize(module: types.ModuleType) -> None:
     from .initialize import initialize_wrapper
 
@@ -244,6 +259,8 @@ def _route_initialize(module: types.ModuleType) -> None:
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
 # hooks fire in this order too.
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
+    ("deepspeed.comm.comm", _route_comm),
+    ("deepspeed.runtime.zero.utils", _route_zero_utils),
     (GROUPS_MODULE, _route_groups),
     ("deepspeed.runtime.config", _route_config),
     (TOPOLOGY_MODULE, _route_topology),

@@ -1,21 +1,33 @@
 """``DeepSpeedDeviceMesh``: one model's process groups, on top of torch's ``DeviceMesh``.
 
-torch's ``DeviceMesh`` creates and owns the groups of every declared dim of size > 1. This class
-adds what DeviceMesh lacks: flattened groups over several dims (e.g. ``("dp", "sp")`` for ZeRO),
-expert-parallel (``ep``) and expert-data-parallel (``edp``) groups, pipeline p2p groups between
-adjacent stages, and sharing: a rank set that already has a communicator in this world (from this
-mesh, another mesh or DeviceMesh) is reused, never created twice.
+The mesh creates the groups of every declared dim of size > 1 and hands them to torch's
+``DeviceMesh`` (``DeviceMesh.from_group``), so DTensor / FSDP2 see an ordinary DeviceMesh that
+holds exactly these groups. It adds what DeviceMesh lacks: flattened groups over several dims
+(e.g. ``("dp", "sp")`` for ZeRO), expert-parallel (``ep``) and expert-data-parallel (``edp``)
+groups, pipeline p2p groups between adjacent stages, and sharing: a rank set that already has a
+communicator in this world (from this mesh or another) is reused, never created twice.
 
-Group creation is collective. Every rank of the world, members of the mesh or not, must build
-every mesh with the same spec and in the same order, and must request lazily created groups
+Creation is member-only (see :mod:`mesh_core.registry` for why the group names agree): a rank
+creates only the groups it belongs to, one call per group, so a mesh costs each rank O(number of
+dims) calls whatever the world size, and ranks outside a sub-world mesh never take part in it —
+they need not construct it at all (if they do, nothing is called and :attr:`is_member` is False).
+DeviceMesh does not create the groups itself: its ``__init__`` loops over every group of every dim
+on every rank (counter-named ``new_group``), which is the O(world) cost removed here and would
+force non-members into a sub-world mesh.
+
+Every *member* builds the mesh with the same spec, and requests lazily created groups
 (:meth:`ensure_group` / :meth:`get_group` of a not-yet-built combination, :meth:`expert_groups`
-of a new size) in the same order; ranks outside a sub-world mesh use :meth:`ensure_group`, which
-returns None for them instead of raising. The constructor creates groups in this fixed order:
+of a new size), in the same program order; for a non-member these return None without a call.
+The constructor requests this rank's groups in this fixed order (a global order on groups that
+every member follows, so the blocking rendezvous of overlapping groups cannot deadlock):
 
 1. the DeviceMesh dims of size > 1, outermost first;
 2. ``dp`` of an HSDP mesh (``dp_replicate`` × ``dp_shard``), then each ``flatten`` entry in order;
-3. when ``ep > 1``: the EP groups, then the EDP groups;
-4. when ``p2p_groups=True`` and ``pp > 1``: the p2p pairs, in rank order.
+3. when ``ep > 1``: the EP group, then the EDP group;
+4. when ``p2p_groups=True`` and ``pp > 1``: this rank's p2p pairs, in ascending order of the pair.
+
+Where the registry's typed rule picks ``split_group`` (NCCL-style backends bound to a device, whole
+world mesh), steps 1–3 are one collective ``split_group`` per partition on every rank instead.
 """
 from __future__ import annotations
 
@@ -30,7 +42,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh
 from .layout import Dims, MeshLayout
-from .registry import GroupRegistry, registry_for_world
+from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 
 logger = logging.getLogger(__name__)
@@ -79,9 +91,13 @@ class DeepSpeedDeviceMesh:
         self.rank = dist.get_rank()
         self.is_member = self.layout.contains(self.rank)
         flatten_keys = [self.layout.normalize(d) for d in flatten]  # validate before creating anything
-        if verify:  # ranks that disagree would hang in new_group; fail clearly instead
+        if verify and self.is_member:  # members that disagree would hang creating groups
             check_same_mesh(spec, flatten=flatten_keys, p2p_groups=p2p_groups, backend=backend)
         self._registry: GroupRegistry = registry_for_world()
+        self.creation_path = choose_creation_path(
+            CreationInputs.probe(backend, whole_world=spec.size == spec.world_size)
+        )
+        self._label = spec.describe()
         self._keys: list = []
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
         self._expert: dict[int, ExpertGroups] = {}
@@ -152,7 +168,8 @@ class DeepSpeedDeviceMesh:
     def get_group(self, dims: Dims) -> ProcessGroup:
         """This rank's group along ``dims`` (a dim, ``ep``/``edp``, or a tuple to flatten).
 
-        Collective the first time a combination outside the DeviceMesh dims is asked for.
+        Every member of the mesh calls it the first time a combination outside the DeviceMesh
+        dims is asked for (it creates this rank's group then).
         """
         group = self.ensure_group(dims)
         if group is None:
@@ -160,8 +177,8 @@ class DeepSpeedDeviceMesh:
         return group
 
     def ensure_group(self, dims: Dims) -> Optional[ProcessGroup]:
-        """Create the groups along ``dims`` if needed (collective: every rank of the world calls
-        it, members or not); returns this rank's group, or None outside the mesh."""
+        """This rank's group along ``dims``, created on first request (every member of the mesh
+        requests it in the same order); None outside the mesh, where nothing is called."""
         self._check_alive()
         key = self.layout.normalize(dims)
         if key in (("ep",), ("edp",)):
@@ -210,7 +227,8 @@ class DeepSpeedDeviceMesh:
         return self._p2p.get(tuple(sorted((self.rank, peer))))  # type: ignore[arg-type]
 
     def expert_groups(self, ep_size: Optional[int] = None) -> ExpertGroups:
-        """EP/EDP groups of ``ep_size`` (default: the spec's ep); collective the first time."""
+        """EP/EDP groups of ``ep_size`` (default: the spec's ep); every member of the mesh calls
+        it the first time a size is asked for (this rank's two groups are created then)."""
         self._check_alive()
         ep = self.spec.ep if ep_size is None else ep_size
         if ep not in self._expert:
@@ -256,44 +274,45 @@ class DeepSpeedDeviceMesh:
     # --- construction -------------------------------------------------------------------------
     def _build_device_mesh(self) -> Optional[DeviceMesh]:
         names = self.mesh_dim_names
-        partitions = [self.layout.groups(n) for n in names]
-        known = [any(self._registry.has(g, self.backend) for g in part) for part in partitions]
+        groups = [self._create((n,), self.layout) for n in names]
+        if not self.is_member:
+            return None
         mesh_tensor = torch.tensor(list(self.spec.ranks), dtype=torch.int).reshape(
             [self.spec.dim_size(n) for n in names]
         )
-        # DeviceMesh would create singleton dims with world-wide calls; the registry does it locally
-        if not any(known) and self.backend is None and mesh_tensor.numel() > 1:
-            # DeviceMesh creates the per-dim groups itself; record them so later meshes share them
-            mesh = DeviceMesh(self.device_type, mesh_tensor, mesh_dim_names=names)
-            for name, part in zip(names, partitions):
-                group = mesh.get_group(name) if self.is_member else None
-                self._keys += self._registry.adopt(part, group, self.backend)
-                self._registry.created += len(part) if len(part[0]) < self._registry.world_size else 0
-            return mesh if self.is_member else None
-        groups = [self._create(part) for part in partitions]
-        if not self.is_member:
-            return None
         return DeviceMesh.from_group(groups, self.device_type, mesh=mesh_tensor, mesh_dim_names=names)
 
     def _ensure_group(self, key: tuple[str, ...]) -> Optional[ProcessGroup]:
-        """This rank's group along normalised dims ``key``, creating the partition if needed."""
+        """This rank's group along normalised dims ``key``, created if needed."""
         if key in self._groups:
             return self._groups[key]
         if len(key) == 1 and key[0] in self.mesh_dim_names and self.device_mesh is not None:
-            return self.device_mesh.get_group(key[0]) if self.is_member else None
-        rank_lists = self.layout.groups(key) if key else [[r] for r in sorted(self.spec.ranks)]
-        group = self._groups[key] = self._create(rank_lists)
+            return self.device_mesh.get_group(key[0])
+        group = self._groups[key] = self._create(key, self.layout) if key else self._singleton()
         return group
 
-    def _create(self, rank_lists: Sequence[Sequence[int]]) -> Optional[ProcessGroup]:
-        group, keys = self._registry.partition(rank_lists, self.backend)
+    def _create(self, key: tuple[str, ...], layout: MeshLayout) -> Optional[ProcessGroup]:
+        """This rank's group along ``key`` of ``layout`` (member-only, or one split per partition)."""
+        asker = f"{self._label} dims={'x'.join(key)}"
+        if self.creation_path is CreationPath.SPLIT:
+            group, keys = self._registry.split(layout.groups(key), asker=asker)
+        elif not self.is_member:
+            return None
+        else:
+            ranks = layout.group_ranks(key, self.rank)
+            group, keys = self._registry.get(ranks, self.backend, asker=asker), [self._registry.key(ranks, self.backend)]
         self._keys += keys
         return group
 
+    def _singleton(self) -> Optional[ProcessGroup]:
+        if not self.is_member:
+            return None
+        self._keys.append(self._registry.key([self.rank], self.backend))
+        return self._registry.get([self.rank], self.backend, asker=f"{self._label} dims=()")
+
     def _build_expert_groups(self, layout: MeshLayout) -> ExpertGroups:
-        all_ep, all_edp = layout.groups("ep"), layout.groups("edp")
-        ep_group = self._create(all_ep)
-        edp_group = self._create(all_edp)
+        ep_group = self._create(("ep",), layout)
+        edp_group = self._create(("edp",), layout)
         mine = self.is_member
         return ExpertGroups(
             ep_size=layout.spec.ep,
@@ -301,19 +320,21 @@ class DeepSpeedDeviceMesh:
             edp_group=edp_group,
             ep_ranks=layout.group_ranks("ep", self.rank) if mine else [],
             edp_ranks=layout.group_ranks("edp", self.rank) if mine else [],
-            all_ep_ranks=all_ep,
-            all_edp_ranks=all_edp,
+            all_ep_ranks=layout.groups("ep"),
+            all_edp_ranks=layout.groups("edp"),
         )
 
     def _build_p2p_groups(self) -> None:
         self._p2p = {}
-        for pair in self.layout.p2p_pairs():
-            key = tuple(sorted(pair))
-            if key in self._p2p or key[0] == key[1]:
-                continue
-            group, keys = self._registry.partition([list(key)], self.backend)
-            self._keys += keys
-            self._p2p[key] = group  # type: ignore[index]
+        if not self.is_member:
+            return
+        pairs = {tuple(sorted(self.layout.p2p_pair(self.rank))), tuple(sorted(self.layout.p2p_pair(self._prev())))}
+        for key in sorted(p for p in pairs if p[0] != p[1]):  # ascending: a global order, no deadlock
+            self._keys.append(self._registry.key(key, self.backend))
+            self._p2p[key] = self._registry.get(key, self.backend, asker=f"{self._label} p2p")  # type: ignore[index]
+
+    def _prev(self) -> int:
+        return self.layout.stage_peer(self.rank, -1)
 
     def _check_alive(self) -> None:
         if self._destroyed:

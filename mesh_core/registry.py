@@ -1,85 +1,245 @@
-"""One communicator per (world, backend, rank set), shared by every mesh of that world.
+"""One communicator per (world, backend, rank set), created only by the ranks that belong to it.
 
-``torch.distributed.new_group`` is collective over the whole world: every rank must call it for
-every group, members or not, in the same order. The registry keeps that contract by creating a
-whole *partition* (a list of rank sets) at a time, in the order given, skipping the rank sets that
-already exist. Since every rank runs the same mesh code with the same specs, every rank skips the
-same sets, so the call sequence stays identical on all ranks. The one exception is a singleton
-group: only its member creates it (``use_local_synchronization``), since nobody else takes part.
+Member-only creation
+--------------------
+A rank needs only the communicators it is a member of, so the registry creates a group with
+``torch.distributed.new_group(ranks, use_local_synchronization=True)``: only the members call, and
+the rendezvous (gloo's full mesh, NCCL's unique id) goes through the store under a prefix equal to
+the group's name. Non-members issue nothing. A mesh dim therefore costs each rank one call
+(its own group), whatever the world size.
+
+Why the registry names groups itself (checked in torch 2.13's ``distributed_c10d.py``):
+
+- without local synchronization, ``_process_group_name`` names a group ``str(_world.group_count)``
+  and increments that counter; every rank of the world must make the call so the counters stay
+  equal. That is the O(groups) loop member-only creation removes;
+- with local synchronization the name is ``_hash_ranks_to_str(ranks)`` =
+  ``sha1("_".join(ranks) + "_" + str(len(_world.pg_names)))``. ``len(_world.pg_names)`` counts the
+  groups *this rank* has registered, and non-members never register a group, so two members of the
+  same rank set that belong to different numbers of other groups (a rank of a sub-world mesh and
+  one outside it; EP groups that span pipeline stages; compat's legacy groups) compute different
+  names, hence different store prefixes, and the creation hangs;
+- the counter is not touched by hashed (local) creations, so the world-collective, counter-named
+  creations other code still makes (DeviceMesh's own ``__init__``/``_flatten``, legacy DeepSpeed,
+  user code) keep agreeing across ranks after ours: every rank makes those calls, every rank
+  increments the counter.
+
+So the registry passes torch a name that is a function of the rank set alone:
+``mesh_core.<sha1(backend, ranks)>.<generation>`` where *generation* counts earlier creations of
+the same (backend, rank set) in this world (after :meth:`GroupRegistry.release` destroyed one);
+every member sees the same requests and releases for its rank set, so every member computes the
+same name. The name is injected by swapping ``distributed_c10d._process_group_name`` for the
+duration of one public ``new_group`` call, and the created group's ``group_name`` is checked
+afterwards, so a torch that stops using that hook fails loudly (:class:`GroupNamingError`) instead
+of hanging.
+
+``split_group`` (one collective call per partition, ``ncclCommSplit``) is used instead where the
+default group is bound to a device whose backend reports ``supports_splitting``, an accelerator is
+present, no other backend is requested and the mesh covers the whole world (split_group is
+collective over its parent, so a sub-world mesh would force its non-members to call):
+:func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`.
+
+Invariants the callers keep: identical rank sets share one communicator (the cache below); every
+member of a rank set issues its requests for it in the same order (meshes are built, and lazy
+groups requested, in the same program order on all their members), which also rules out the
+deadlock torch warns about for overlapping local groups. Each creation or reuse is logged at DEBUG
+with the rank set, the requester and its dims.
 
 Registries are kept per default process group (the "world"); a destroyed and re-initialised world
 gets a fresh one.
 """
 from __future__ import annotations
 
+import contextlib
+import enum
+import hashlib
 import logging
 import weakref
 from collections import Counter
-from typing import Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+from torch.distributed import distributed_c10d as c10d
 
 logger = logging.getLogger(__name__)
 
 RankKey = tuple[int, ...]
-_NOT_MEMBER = object()
+Key = tuple[Optional[str], RankKey]
+
+
+class GroupNamingError(RuntimeError):
+    """torch did not give a member-only group the name every member agreed on."""
+
+
+class CreationPath(enum.Enum):
+    """How a rank set's communicator is created."""
+
+    LOCAL = "new_group(use_local_synchronization=True), members only"
+    SPLIT = "split_group from the default group, one collective call per partition"
+    WORLD = "the default group itself (the rank set is the whole world)"
+
+
+@dataclass(frozen=True)
+class CreationInputs:
+    """What :func:`choose_creation_path` decides on (read from torch by :meth:`probe`)."""
+
+    bound_device: Optional[torch.device]  # the default group's bound_device_id
+    accelerator_available: bool
+    supports_splitting: bool  # the default group's backend for that device says so
+    backend_requested: Optional[str]  # None: the default group's backend
+    whole_world: bool  # the partition covers every rank of the world
+
+    @classmethod
+    def probe(cls, backend: Optional[str], whole_world: bool) -> "CreationInputs":
+        world = c10d._get_default_group()
+        device = getattr(world, "bound_device_id", None)
+        available = bool(torch.accelerator.is_available())
+        splitting = False
+        if device is not None and available:
+            try:
+                splitting = bool(getattr(world._get_backend(device), "supports_splitting", False))
+            except RuntimeError:  # no backend registered for that device type
+                splitting = False
+        return cls(device, available, splitting, backend, whole_world)
+
+
+def choose_creation_path(inputs: CreationInputs) -> CreationPath:
+    """SPLIT where torch's ``split_group`` can serve a whole-world partition, else LOCAL."""
+    if (
+        inputs.bound_device is not None
+        and inputs.accelerator_available
+        and inputs.supports_splitting
+        and inputs.backend_requested is None
+        and inputs.whole_world
+    ):
+        return CreationPath.SPLIT
+    return CreationPath.LOCAL
+
+
+def group_name_for(key: Key, generation: int = 0) -> str:
+    """The name every member of ``key``'s rank set gives its communicator (a function of the set)."""
+    backend, ranks = key
+    text = f"{backend or ''}|{','.join(map(str, ranks))}"
+    return f"mesh_core.{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()}.{generation}"
+
+
+@contextlib.contextmanager
+def _named(name: str) -> Iterator[None]:
+    original = c10d._process_group_name
+    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        c10d._process_group_name = original  # type: ignore[assignment]
+
+
+def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = None) -> ProcessGroup:
+    """Create the communicator for ``ranks`` (this rank among them) with only its members calling."""
+    with _named(name):
+        group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True)
+    if group is None or group.group_name != name:
+        got = None if group is None else group.group_name
+        raise GroupNamingError(
+            f"torch {torch.__version__} named the group of ranks {list(ranks)[:8]} {got!r}, not {name!r}; "
+            "member-only creation needs a name that depends on the rank set alone"
+        )
+    return group
 
 
 class GroupRegistry:
-    """Rank set → process group cache for one world, with reference counts for release."""
+    """This rank's rank set → process group cache for one world, with reference counts."""
 
     def __init__(self) -> None:
-        self._groups: dict[tuple[Optional[str], RankKey], object] = {}
+        self._groups: dict[Key, ProcessGroup] = {}
         self._refs: Counter = Counter()
-        self.created = 0  # new_group calls issued by this registry
+        self._generation: Counter = Counter()
+        self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
+        self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
 
     @staticmethod
-    def key(ranks: Iterable[int], backend: Optional[str] = None) -> tuple[Optional[str], RankKey]:
+    def key(ranks: Iterable[int], backend: Optional[str] = None) -> Key:
         return (backend, tuple(sorted(int(r) for r in ranks)))
 
     def has(self, ranks: Iterable[int], backend: Optional[str] = None) -> bool:
-        return self.key(ranks, backend) in self._groups
+        """Whether this rank holds a communicator for ``ranks`` (it must be a member)."""
+        key = self.key(ranks, backend)
+        return key in self._groups or self._is_world(key)
+
+    def get(self, ranks: Iterable[int], backend: Optional[str] = None, *, asker: str = "") -> Optional[ProcessGroup]:
+        """This rank's communicator for ``ranks``, created member-only on first request.
+
+        Returns None (and issues nothing) when this rank is not in ``ranks``. Every member must
+        request the same rank sets in the same order.
+        """
+        key = self.key(ranks, backend)
+        if self.rank not in key[1]:
+            return None
+        return self._acquire(key, asker)
 
     def partition(
-        self, rank_lists: Sequence[Sequence[int]], backend: Optional[str] = None
-    ) -> tuple[Optional[ProcessGroup], list[tuple[Optional[str], RankKey]]]:
-        """Create (or reuse) every group of a partition; return this rank's group and the keys.
+        self, rank_lists: Sequence[Sequence[int]], backend: Optional[str] = None, *, asker: str = ""
+    ) -> tuple[Optional[ProcessGroup], list[Key]]:
+        """This rank's group of a partition (the one list holding it), created member-only.
 
-        Collective: every rank of the world must call it with the same lists in the same order.
+        Returns the group (None outside every list) and the keys this rank now references.
         """
-        mine: Optional[ProcessGroup] = None
-        keys = []
         for ranks in rank_lists:
-            key = self.key(ranks, backend)
-            group = self._groups.get(key)
-            if group is None:
-                group = self._create(key)
+            if self.rank in ranks:
+                key = self.key(ranks, backend)
+                return self._acquire(key, asker), [key]
+        return None, []
+
+    def split(
+        self, rank_lists: Sequence[Sequence[int]], *, asker: str = ""
+    ) -> tuple[Optional[ProcessGroup], list[Key]]:
+        """Like :meth:`partition` via ``split_group`` (default backend, whole-world partition).
+
+        Collective over the world: every rank calls it with the same lists; one call covers the
+        partition's sets that no earlier split created.
+        """
+        keys = [self.key(r) for r in rank_lists]
+        new = [k for k in keys if k not in self._split_known and not self._is_world(k)]
+        mine = next((k for k in keys if self.rank in k[1]), None)
+        fresh: Optional[ProcessGroup] = None
+        if new:
+            self.created += 1
+            fresh = dist.split_group(split_ranks=[list(k[1]) for k in new])
+            self._split_known.update(new)
+        if mine is None:
+            return None, []
+        if fresh is not None:
+            if mine in self._groups:  # already held from a member-only creation: keep sharing it
+                dist.destroy_process_group(fresh)
             else:
-                self.reused += 1
-            self._refs[key] += 1
-            keys.append(key)
-            if group is not _NOT_MEMBER and self.rank in key[1]:
-                mine = group  # type: ignore[assignment]
-        return mine, keys
+                self._groups[mine] = fresh
+                self._generation[mine] += 1
+                self._refs[mine] += 1
+                self._log("created (split)", mine, asker)
+                return fresh, [mine]
+        # held already, or split earlier and released since: members fall back together
+        return self._acquire(mine, asker), [mine]
 
     def adopt(
         self, rank_lists: Sequence[Sequence[int]], group: Optional[ProcessGroup], backend: Optional[str] = None
-    ) -> list[tuple[Optional[str], RankKey]]:
-        """Record a partition some other creator (DeviceMesh) made; ``group`` is this rank's."""
-        keys = []
+    ) -> list[Key]:
+        """Record this rank's group of a partition some other creator made (``group``)."""
         for ranks in rank_lists:
-            key = self.key(ranks, backend)
-            if key not in self._groups:
-                self._groups[key] = group if (group is not None and self.rank in key[1]) else _NOT_MEMBER
-            self._refs[key] += 1
-            keys.append(key)
-        return keys
+            if self.rank in ranks:
+                key = self.key(ranks, backend)
+                if key not in self._groups and group is not None:
+                    self._groups[key] = group
+                    self._log("adopted", key, "")
+                self._refs[key] += 1
+                return [key]
+        return []
 
-    def release(self, keys: Iterable[tuple[Optional[str], RankKey]]) -> int:
+    def release(self, keys: Iterable[Key]) -> int:
         """Drop one reference per key; destroy groups nobody references. Returns groups destroyed."""
         destroyed = 0
         for key in keys:
@@ -88,10 +248,10 @@ class GroupRegistry:
                 continue
             del self._refs[key]
             group = self._groups.pop(key, None)
-            if group is None or group is _NOT_MEMBER or group is dist.GroupMember.WORLD:
+            if group is None or group is dist.GroupMember.WORLD:
                 continue
             if dist.is_initialized():
-                dist.destroy_process_group(group)  # type: ignore[arg-type]
+                dist.destroy_process_group(group)
                 destroyed += 1
         return destroyed
 
@@ -106,27 +266,44 @@ class GroupRegistry:
 
     @property
     def rank_sets(self) -> int:
-        """Distinct rank sets known to the registry (world-wide communicator count)."""
-        return len(self._groups)
+        """Distinct rank sets this rank holds a communicator for (the world counts once used)."""
+        return len(self._groups) + (1 if any(self._is_world(k) for k in self._refs) else 0)
 
-    def _create(self, key: tuple[Optional[str], RankKey]) -> object:
-        backend, ranks = key
-        if len(ranks) == self.world_size and backend is None:
-            group: object = dist.GroupMember.WORLD  # the default group already spans these ranks
-        elif len(ranks) == 1:
-            # a singleton needs no world-wide call: only its member creates it (hashed name, no
-            # store barrier beyond itself), so W singleton groups cost each rank one call, not W
-            if ranks[0] == self.rank:
-                self.created += 1
-                group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True)
-            else:
-                group = _NOT_MEMBER
-        else:
-            self.created += 1
-            created = dist.new_group(ranks=list(ranks), backend=backend)
-            group = created if self.rank in ranks else _NOT_MEMBER
-        self._groups[key] = group
+    # --- internals ----------------------------------------------------------------------------
+    def _is_world(self, key: Key) -> bool:
+        return key[0] is None and len(key[1]) == self.world_size
+
+    def _acquire(self, key: Key, asker: str) -> ProcessGroup:
+        self._refs[key] += 1
+        if key in self._groups:
+            return self._lookup(key, asker, False)
+        if self._is_world(key):
+            return dist.GroupMember.WORLD  # type: ignore[return-value]
+        name = group_name_for(key, self._generation[key])
+        self._generation[key] += 1
+        self.created += 1
+        group = self._groups[key] = new_member_group(key[1], name, key[0])
+        self._log("created", key, asker)
         return group
+
+    def _lookup(self, key: Key, asker: str, fresh: bool) -> ProcessGroup:
+        if not fresh:
+            self.reused += 1
+            self._log("reused", key, asker)
+        return self._groups[key]
+
+    def _log(self, what: str, key: Key, asker: str) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            ranks = key[1]
+            shown = list(ranks) if len(ranks) <= 8 else f"{list(ranks[:4])}..{ranks[-1]} ({len(ranks)} ranks)"
+            logger.debug(
+                "rank %d %s group ranks=%s backend=%s for %s",
+                self.rank,
+                what,
+                shown,
+                key[0] or "default",
+                asker or "?",
+            )
 
 
 _REGISTRIES: "weakref.WeakKeyDictionary[ProcessGroup, GroupRegistry]" = weakref.WeakKeyDictionary()
@@ -134,7 +311,7 @@ _REGISTRIES: "weakref.WeakKeyDictionary[ProcessGroup, GroupRegistry]" = weakref.
 
 def registry_for_world() -> GroupRegistry:
     """The registry of the current default process group (created on first use)."""
-    world = dist.distributed_c10d._get_default_group()
+    world = c10d._get_default_group()
     registry = _REGISTRIES.get(world)
     if registry is None:
         registry = _REGISTRIES[world] = GroupRegistry()

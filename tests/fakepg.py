@@ -49,23 +49,27 @@ def group_count() -> int:
 
 @contextlib.contextmanager
 def record_new_groups() -> Iterator[list[list[int]]]:
-    """Record the ``ranks`` of every collective ``new_group`` call made inside the block (all ranks'
-    view). Calls with ``use_local_synchronization=True`` involve only their members (the mesh uses
-    them for singleton groups) and are not recorded."""
+    """Record the ``ranks`` of every group-creation call this rank issues inside the block:
+    ``new_group`` (world-collective or member-only) and ``split_group`` (each split list)."""
     calls: list[list[int]] = []
     original = distributed_c10d.new_group
+    original_split = distributed_c10d.split_group
 
     def recording(ranks=None, *args, **kwargs):
-        if not kwargs.get("use_local_synchronization", False):
-            calls.append(sorted(ranks) if ranks is not None else list(range(dist.get_world_size())))
+        calls.append(sorted(ranks) if ranks is not None else list(range(dist.get_world_size())))
         return original(ranks, *args, **kwargs)
+
+    def recording_split(*args, **kwargs):
+        calls.extend(sorted(r) for r in kwargs.get("split_ranks") or args[1])
+        return original_split(*args, **kwargs)
 
     import torch.distributed.device_mesh as dm
 
     targets = [(distributed_c10d, "new_group"), (dist, "new_group"), (dm, "new_group")]
-    saved = [(mod, name, getattr(mod, name)) for mod, name in targets if hasattr(mod, name)]
+    split_targets = [(distributed_c10d, "split_group"), (dist, "split_group"), (dm, "split_group")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in targets + split_targets if hasattr(mod, name)]
     for mod, name, _ in saved:
-        setattr(mod, name, recording)
+        setattr(mod, name, recording if name == "new_group" else recording_split)
     try:
         yield calls
     finally:

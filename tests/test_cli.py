@@ -71,11 +71,14 @@ def test_counts_match_the_real_mesh_and_the_real_deepspeed(capsys):
             grid = PipelineParallelGrid(topology=topology(pp=2, tp=2, dp=4))
             groups.mpu = grid
             groups._create_expert_data_and_model_parallel(2, mpu=grid)
-    with fake_world(rank, world), record_new_groups() as mesh_calls:
-        DeepSpeedDeviceMesh(MeshSpec.build(world, pp=2, tp=2, ep=2))
+    per_rank_calls = {}
+    for r in range(world):  # member-only creation: each rank creates only its own groups
+        with fake_world(r, world), record_new_groups() as mesh_calls:
+            DeepSpeedDeviceMesh(MeshSpec.build(world, pp=2, tp=2, ep=2))
+        per_rank_calls[r] = mesh_calls
     assert comm["legacy"]["world"] == len(legacy_calls)
-    assert comm["mesh"]["world"] == len(mesh_calls)
-    assert comm["mesh"]["per_rank"] == sum(1 for g in mesh_calls if 0 in g)
+    assert comm["mesh"]["world"] == len({tuple(g) for calls in per_rank_calls.values() for g in calls if len(g) > 1})
+    assert comm["mesh"]["per_rank"] == len(per_rank_calls[0])
     rank_comm = show_json(["--rank", str(rank)], capsys)["communicators"]
     assert rank_comm["legacy"]["per_rank"] == sum(1 for g in legacy_calls if rank in g)
     assert rank_comm["mesh"]["per_rank"] == sum(1 for g in mesh_calls if rank in g)

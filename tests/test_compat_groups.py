@@ -60,7 +60,8 @@ def run_compat(rank, world, scenario, *, legacy_sets=(), **kwargs):
         try:
             view, calls = scenario(cgroups, ctopology, **kwargs)
             registry = registry_for_world()
-            missing = [s for s in legacy_sets if not registry.has(s)]
+            # member-only creation: this rank holds the legacy rank sets it belongs to
+            missing = [s for s in legacy_sets if rank in s and not registry.has(s)]
             return (view, calls, missing) if legacy_sets else (view, calls)
         finally:
             cgroups._release_process_group_references()
@@ -76,6 +77,7 @@ def assert_same(rank, world, scenario, **kwargs):
     assert ours == theirs
     assert missing == [] or missing == [full]
     assert {tuple(c) for c in compat_calls} <= legacy_sets
+    assert all(rank in c for c in compat_calls)  # member-only creation
     assert len(compat_calls) == len({tuple(c) for c in compat_calls})
     return ours, legacy_calls, compat_calls
 
@@ -477,7 +479,7 @@ def test_bind_mesh_serves_getters_from_the_mesh():
             mesh = DeepSpeedDeviceMesh(MeshSpec.build(16, pp=2, dp=2, sp=2, tp=2, ep=2))
             with record_new_groups() as calls:
                 cgroups.bind_mesh(mesh)
-            assert calls == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]  # (dp, sp) only
+            assert calls == [[0, 2, 4, 6]]  # rank 6's (dp, sp) group only
             assert cgroups.bound_mesh() is mesh
             assert cgroups.get_tensor_model_parallel_group() is mesh.get_group("tp")
             assert cgroups.get_data_parallel_group() is mesh.get_group("dp")
@@ -521,14 +523,15 @@ def test_init_tp_reuses_a_bound_mesh_with_innermost_tp():
 # --- fewer communicators, collective safety ---------------------------------------------------------
 def scenario_megatron_plus_autotp(groups, topology):
     """A (pipe=1, data=4, model=2) grid, AutoTP tp=2, MoE ep=2 and the world clone."""
-    start = group_count()
+    start = registry_for_world().created if groups is cgroups else group_count()
     with record_new_groups() as calls:
         groups.mpu = grid(topology, 1, 2, 4)
         groups._init_tp_mesh_device(2)
         groups._create_expert_and_data_parallel(2)
         groups._clone_world_group()
     grid_dp, tp_dp = groups.mpu.get_data_parallel_group(), groups.get_data_parallel_group()
-    return (ranks_of(grid_dp) == ranks_of(tp_dp), grid_dp is tp_dp, group_count() - start), calls
+    end = registry_for_world().created if groups is cgroups else group_count()
+    return (ranks_of(grid_dp) == ranks_of(tp_dp), grid_dp is tp_dp, end - start), calls
 
 
 def test_fewer_communicators_than_legacy_for_duplicate_rank_sets():
@@ -537,9 +540,9 @@ def test_fewer_communicators_than_legacy_for_duplicate_rank_sets():
     (same, shared, count), calls = run_compat(3, 8, scenario_megatron_plus_autotp)
     assert legacy_same and same and shared and not legacy_shared
     assert legacy_count == len(legacy_calls)
-    # compat serves the world clone as WORLD and creates singletons locally (no collective call)
-    distinct = {tuple(c) for c in legacy_calls if len(c) > 1} - {tuple(range(8))}
-    assert len(distinct) < len(legacy_calls)  # the config really has duplicates
+    # compat serves the world clone as WORLD and creates only rank 3's own groups
+    assert sum(1 for c in legacy_calls if 3 in c) > len({tuple(c) for c in legacy_calls if 3 in c})  # duplicates
+    distinct = {tuple(c) for c in legacy_calls if 3 in c} - {tuple(range(8))}
     assert count == len(calls) == len(distinct)
 
 
@@ -556,8 +559,12 @@ def test_group_creation_is_collective_safe():
             groups._create_model_parallel(4)
         return calls, calls
 
-    sequences = {tuple(map(tuple, run_compat(rank, 12, scenario)[0])) for rank in range(12)}
-    assert len(sequences) == 1
+    sequences = {rank: run_compat(rank, 12, scenario)[0] for rank in range(12)}
+    for a in sequences:  # member-only: any two ranks create the groups they share in the same order
+        assert sequences[a] and all(a in c for c in sequences[a])
+        for b in sequences:
+            both = [[c for c in sequences[r] if a in c and b in c] for r in (a, b)]
+            assert both[0] == both[1], (a, b)
 
 
 # --- deprecation warnings ------------------------------------------------------------------------

@@ -281,10 +281,16 @@ def test_mesh_mpu_and_mesh_from_mpu_are_collective_safe():
 
     def calls_on(rank):
         with fake_world(rank, 12):
+            user = MegatronStyleMPU(3, 2, 2)  # the user's own (world-collective) groups
             with record_new_groups() as calls:
-                user = MegatronStyleMPU(3, 2, 2)
                 mesh = mesh_from_mpu(user)
                 MeshMPU(mesh)
-            return tuple(map(tuple, calls))
+            return [list(c) for c in calls]
 
-    assert len({calls_on(rank) for rank in range(12)}) == 1
+    # member-only creation: any two ranks create the groups they share in the same order
+    sequences = {rank: calls_on(rank) for rank in range(12)}
+    for a in sequences:
+        assert all(a in c for c in sequences[a])
+        for b in sequences:
+            both = [[c for c in sequences[r] if a in c and b in c] for r in (a, b)]
+            assert both[0] == both[1], (a, b)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakepg import fake_world, group_count, record_new_groups
+from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
 from test_layout import dim_sets, specs
 
@@ -40,51 +40,61 @@ def test_groups_equal_layout_math(spec, rnd):
                 assert mesh.device_mesh.mesh.flatten().tolist() == list(spec.ranks)
 
 
+def shared_order(calls_a, calls_b, a, b):
+    """The rank sets holding both ranks, in the order each of them created them."""
+    both = lambda calls: [c for c in calls if a in c and b in c]  # noqa: E731
+    return both(calls_a), both(calls_b)
+
+
 @pytest.mark.parametrize("world", [8, 64, 1024])
-def test_every_rank_issues_the_same_creation_calls(world):
+def test_members_issue_the_same_calls_in_the_same_order(world):
+    """Each rank creates only its own groups; any two ranks create the groups they share in the
+    same order (so no rendezvous waits on a peer that is elsewhere)."""
     spec = MeshSpec.build(world, pp=2, tp=2, sp=2, ep=2)
-    sequences = []
-    for rank in sorted({0, 1, world // 2, world - 1}):
+    sequences = {}
+    for rank in sorted({0, 1, 2, world // 2, world // 2 + 1, world - 1}):
         with fake_world(rank, world), record_new_groups() as calls:
             DeepSpeedDeviceMesh(spec, flatten=[("dp", "sp"), ("pp", "tp")], p2p_groups=True)
             DeepSpeedDeviceMesh.build(ranks=range(world // 2, world), tp=2).ensure_group(("dp", "tp"))
-        sequences.append(calls)
-    assert all(seq == sequences[0] for seq in sequences)
+        assert all(rank in c for c in calls) and len({tuple(c) for c in calls}) == len(calls)
+        sequences[rank] = calls
+    for a in sequences:
+        for b in sequences:
+            mine, theirs = shared_order(sequences[a], sequences[b], a, b)
+            assert mine == theirs, (a, b)
     assert len(sequences[0]) > 0
 
 
 def test_identical_rank_sets_are_created_once():
-    with fake_world(3, 16):
-        before = group_count()
+    with fake_world(3, 16), record_new_groups() as calls:
         a = DeepSpeedDeviceMesh.build(pp=2, tp=2)
-        after_a = group_count()
-        # dims pp, dp, tp: 8 + 4 + 8 groups, none world-spanning
-        assert after_a - before == 16 // 2 + 16 // 4 + 16 // 2
+        # dims pp, dp, tp: rank 3's own groups only
+        assert calls == [[3, 11], [1, 3, 5, 7], [2, 3]]
         b = DeepSpeedDeviceMesh.build(pp=2, tp=2)
-        assert group_count() == after_a  # the same layout again: nothing new
+        assert len(calls) == 3  # the same layout again: nothing new
         assert a.get_group("tp") is b.get_group("tp")
         # a different layout over the same world shares what coincides: tp=2 groups, and its
         # dp=(pp x dp of a) groups equal a's flattened (pp, dp) groups
         a.get_group(("pp", "dp"))
-        n = group_count()
+        n = len(calls)
         c = DeepSpeedDeviceMesh.build(tp=2)
-        assert group_count() == n
+        assert len(calls) == n
         assert c.get_group("dp") is a.get_group(("pp", "dp"))
         # a sub-world mesh (the first pipeline stage of a) is made only of a's groups
         d = DeepSpeedDeviceMesh.build(ranks=range(0, 8), tp=2)
-        assert group_count() == n
-        assert d.get_group("tp") is a.get_group("tp") and d.get_group("dp") is a.get_group("dp")
-        # ... while tp=4 over ranks 8..15 needs its tp groups [8..11], [12..15] and dp groups
-        DeepSpeedDeviceMesh.build(ranks=range(8, 16), tp=4)
-        assert group_count() == n + 2 + 4
+        assert len(calls) == n
+        assert d.get_group("tp") is b.get_group("tp") and d.get_group("dp") is a.get_group("dp")
+        # ... while tp=4 over ranks 8..15 involves rank 3 in nothing
+        e = DeepSpeedDeviceMesh.build(ranks=range(8, 16), tp=4)
+        assert len(calls) == n and not e.is_member and e.ensure_group("tp") is None
+        assert len(calls) == n
 
 
 def test_world_spanning_group_reuses_the_default_group():
-    with fake_world(1, 8):
-        before = group_count()
+    with fake_world(1, 8), record_new_groups() as calls:
         mesh = DeepSpeedDeviceMesh.build(pp=2, flatten=[("pp", "dp")])
         assert mesh.get_group(("pp", "dp")) is dist.group.WORLD
-        assert group_count() - before == 4 + 2  # pp groups of 2, dp groups of 4
+        assert calls == [[1, 5], [0, 1, 2, 3]]  # this rank's pp and dp groups
 
 
 def test_size_one_dims_are_not_devicemesh_dims():

@@ -35,3 +35,16 @@ def test_rl_example_two_meshes_share_communicators(tmp_path):
     assert "communicators created for the reference model: 0" in out
     assert "[rank 3] actor tp [2, 3] dp [1, 3]; reference dp [0, 1, 2, 3]" in out
     assert out.count("parameters identical across ranks [") == 4
+
+
+def test_rl_three_layouts_transfer_weights_bit_for_bit(tmp_path):
+    """Actor tp=2 on ranks 0-1 and rollout dp=2 on ranks 2-3 (sub-world engines each half builds
+    alone) plus a dp=4 reference: every iteration the actor's weights reach the rollout exactly."""
+    out = run_example("rl_actor_rollout.py", tmp_path)
+    assert "[rank 0] actor MeshSpec(dp=1, tp=2; ranks 0..1 of world 4); rollout None;" in out
+    assert "[rank 3] actor None; rollout MeshSpec(dp=2; ranks 2..3 of world 4); reference MeshSpec(dp=4;" in out
+    for step in range(2):
+        for rank in (2, 3):
+            assert (f"[rank {rank}] step {step}: received 420 elements in 7 messages; weights changed; "
+                    "rollout weights identical to the actor's (bit for bit)") in out
+        assert f"step {step}: actor trained on 16 rollouts" in out

@@ -400,7 +400,8 @@ def test_two_models_get_their_own_meshes_and_share_identical_rank_sets(shim, wor
         loss = engine(torch.randn(2, 4)).sum()
         engine.backward(loss)
         engine.step()
-        assert compat_groups.bound_mesh() is rm  # the last engine built, as with legacy deepspeed
+        # two layouts alive: outside the steps no grid is served (issue 11, wrong-grid protection)
+        assert compat_groups.bound_mesh() is None and compat_groups._WRONG_GRID is not None
     assert seen[0] is am and seen[1] is rm
     assert reference.seq_data_parallel_group is rm.get_group(("dp", "sp"))
     assert actor.seq_data_parallel_group is am.get_group("dp")
@@ -490,7 +491,7 @@ def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, wo
         engine._save_checkpoint = lambda *_, **__: seen.append(compat_groups._get_data_parallel_rank())
         engine.save_checkpoint(str(tmp_path))
     assert seen == [0, RANK]
-    assert compat_groups.bound_mesh() is reference.mesh_device  # the previous state is back
+    assert compat_groups.bound_mesh() is None  # the previous state is back: two layouts, none served (issue 11)
 
 
 def test_the_engine_mesh_runs_on_the_default_groups_device(shim, world, monkeypatch):
