@@ -17,8 +17,9 @@ Systems, alternating within each repetition:
 Per system: creation calls rank 0 issues, distinct rank sets among them, communicators rank 0
 belongs to, redundancy (calls / distinct sets), median wall time of the repetitions, tracemalloc
 peak (Python allocations; c10d's C++ objects are not traced) and the ratios of calls and time to
-mesh_core. A system whose projected time at a layout exceeds ``--budget`` seconds (from its
-calls-per-second at the previous layout) is skipped there, with the reason printed.
+mesh_core. Each build is stopped after ``--budget`` seconds (SIGALRM) and a system whose time at a
+layout, extrapolated from its smaller layouts, exceeds the budget is not started there; both print
+the reason in place of the figures. The wall time is measured untraced (tracemalloc slows builds).
 
     python bench/bench_peers.py [--repeat 3] [--budget 60] [--worlds 1024,8192,65536]
 """
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import signal
 import statistics
 import time
 import tracemalloc
@@ -118,20 +121,37 @@ def availability() -> dict[str, str]:
     return missing
 
 
-def run_once(name: str, world: int, *, trace: bool) -> dict[str, Any]:
+class OverBudget(Exception):
+    """One build ran past the time budget (raised from SIGALRM inside the build)."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise OverBudget()
+
+
+def run_once(name: str, world: int, *, trace: bool, budget: float = 0.0) -> dict[str, Any]:
+    """One build of ``name`` in a fresh fake world; stopped (``OverBudget``) after ``budget`` s."""
     build, teardown, ds_comm = SYSTEMS[name]
     with fake_world(RANK, world, deepspeed_comm=ds_comm), quiet(), record_new_groups() as calls:
         gc.collect()
         if trace:
             tracemalloc.start()
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, budget)
         start = time.perf_counter()
-        build(world)
-        elapsed = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1] if trace else None
-        if trace:
-            tracemalloc.stop()
-        if teardown is not None:
-            teardown()
+        try:
+            build(world)
+            elapsed = time.perf_counter() - start
+        except OverBudget:
+            raise OverBudget(f"stopped at the {budget:g} s budget ({len(calls)} creation calls issued by then)")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            peak = tracemalloc.get_traced_memory()[1] if trace else None
+            if trace:
+                tracemalloc.stop()
+            if teardown is not None:
+                teardown()
     sets = {tuple(c) for c in calls}
     return {
         "calls": len(calls),
@@ -157,28 +177,43 @@ def main() -> None:
     for name, reason in skipped.items():
         print(f"{name}: not measured: {reason}")
     names = [n for n in SYSTEMS if n not in skipped]
-    rate: dict[str, float] = {}  # seconds per creation call, from the previous layout
+    history: dict[str, list[tuple[int, float]]] = {n: [] for n in names}  # (W, median s) measured
     rows = []
+    for name in names:  # warm-up: lazy imports and first-call caches stay out of the figures
+        run_once(name, worlds[0], trace=False)
     for world in worlds:
         results: dict[str, dict[str, Any]] = {}
         walls: dict[str, list[float]] = {n: [] for n in names}
-        for name in names:  # a first, traced run (peak memory, counts) per system
-            last = rate.get(name)
-            if last is not None and results.get("mesh_core"):
-                projected = last * world  # calls grow ~ linearly with W for the looping systems
-                if projected > args.budget:
-                    skipped_reason = f"skipped: projected {projected:.0f} s > budget {args.budget:.0f} s"
-                    results[name] = {"skip": skipped_reason}
-                    print(f"W={world} {name}: {skipped_reason} (from W={world // 8}'s time per rank)")
-                    continue
-            results[name] = run_once(name, world, trace=True)
-        for rep in range(args.repeat):  # alternating untraced runs for the wall time
+        for rep in range(args.repeat):  # alternating untraced runs: counts and wall time
             for name in names:
-                if "skip" in results[name]:
+                if rep == 0:
+                    projected = _projected(history[name], world)
+                    if projected is not None and projected > args.budget:
+                        reason = f"not run: projected {projected:.0f} s > budget {args.budget:.0f} s"
+                        results[name] = {"skip": reason}
+                        print(f"W={world:,} {name}: {reason} (extrapolated from its smaller layouts)", flush=True)
+                        continue
+                if "skip" in results.get(name, {}) or (rep and sum(walls[name]) > args.budget):
                     continue
-                if rep and sum(walls[name]) > args.budget:
+                try:
+                    res = run_once(name, world, trace=False, budget=args.budget)
+                except OverBudget as err:
+                    if rep == 0:
+                        results[name] = {"skip": str(err)}
+                        print(f"W={world:,} {name}: {err}", flush=True)
                     continue
-                walls[name].append(run_once(name, world, trace=False)["wall"])
+                results.setdefault(name, res)
+                walls[name].append(res["wall"])
+        for name in names:  # one traced run for the peak memory, where it fits the budget
+            res = results[name]
+            if "skip" in res:
+                continue
+            if 3 * statistics.median(walls[name]) > args.budget:  # tracemalloc slows builds ~2-3x
+                continue
+            try:
+                res["peak"] = run_once(name, world, trace=True, budget=args.budget)["peak"]
+            except OverBudget:
+                pass
         ours = results["mesh_core"]
         ours_wall = statistics.median(walls["mesh_core"])
         for name in names:
@@ -187,8 +222,8 @@ def main() -> None:
             if "skip" in res:
                 rows.append([label, name, "-", "-", "-", "-", "-", "-", res["skip"], "-"])
                 continue
-            wall = statistics.median(walls[name]) if walls[name] else res["wall"]
-            rate[name] = wall / world
+            wall = statistics.median(walls[name])
+            history[name].append((world, wall))
             rows.append(
                 [
                     label,
@@ -198,28 +233,43 @@ def main() -> None:
                     res["member"],
                     f"{res['calls'] / max(res['distinct'], 1):.2f}",
                     f"{wall * 1000:.1f}",
-                    f"{res['peak'] / MiB:.2f}",
+                    f"{res['peak'] / MiB:.2f}" if res.get("peak") is not None else "not traced",
                     f"{res['calls'] / max(ours['calls'], 1):.1f}x",
                     f"{wall / ours_wall:.1f}x",
                 ]
             )
-        print(f"W={world:,} done", flush=True)
+        print(table(HEADERS, rows[-len(names):]), flush=True)  # this layout's rows as they come
     print()
-    headers = [
-        "layout",
-        "system",
-        "calls/rank",
-        "distinct sets",
-        "member of",
-        "redundancy",
-        "median ms",
-        "peak MiB",
-        "calls vs mesh_core",
-        "time vs mesh_core",
-    ]
-    print(table(headers, rows))
+    print(table(HEADERS, rows))
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
+
+
+def _projected(points: list[tuple[int, float]], world: int) -> Optional[float]:
+    """Seconds one run at ``world`` would take, extrapolating the growth seen so far (a power law
+    through the last two layouts; linear in W with only one)."""
+    if not points:
+        return None
+    if len(points) == 1:
+        (w1, t1) = points[0]
+        return t1 * world / w1
+    (w1, t1), (w2, t2) = points[-2:]
+    exponent = max(1.0, math.log(max(t2, 1e-9) / max(t1, 1e-9)) / math.log(w2 / w1))
+    return t2 * (world / w2) ** exponent
+
+
+HEADERS = [
+    "layout",
+    "system",
+    "calls/rank",
+    "distinct sets",
+    "member of",
+    "redundancy",
+    "median ms",
+    "peak MiB",
+    "calls vs mesh_core",
+    "time vs mesh_core",
+]
 
 
 if __name__ == "__main__":
