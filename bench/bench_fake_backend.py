@@ -5,7 +5,8 @@ for (pp, dp, tp, ep). Legacy, for the same layout: ``PipelineParallelGrid(
 PipeModelDataParallelTopology(pp, tp, dp))`` then the expert groups
 (``groups._create_expert_data_and_model_parallel(ep, mpu=grid)`` when tp > 1, which keeps tp lanes
 apart as the mesh does; ``_create_expert_and_data_parallel(ep, pp_size=pp)`` otherwise).
-Per rank: ``new_group`` calls (every rank makes all of them), communicators it belongs to, wall
+Per rank: ``new_group`` calls (legacy: every rank makes all of them; new: member-only, one per group
+the rank belongs to), communicators it belongs to, wall
 time of creation (best of 3) and tracemalloc peak (Python allocations only; c10d's C++ group objects
 are not traced), each in a fresh world; then new/legacy ratios.
 
@@ -75,7 +76,7 @@ def run(full: bool) -> list[dict[str, Any]]:
         for rank in (0, world - 1):
             new = measure(build_new(spec), rank, world, deepspeed_comm=False)
             legacy = measure(build_legacy(sizes["pp"], sizes["tp"], dp, sizes["ep"]), rank, world, deepspeed_comm=True)
-            formulas_hold = new["calls"] == mesh_count(spec, rank=rank).new_group_calls and legacy["calls"] == sum(
+            formulas_hold = new["calls"] == mesh_count(spec, rank=rank).per_rank and legacy["calls"] == sum(
                 c.new_group_calls for c in legacy_counts(spec)
             )
             shape = ",".join(f"{n}={v}" for n, v in spec.shape.items()) + f",ep={spec.ep}"

@@ -21,6 +21,7 @@ import numpy as np
 from .config import spec_from_config
 from .layout import MeshLayout
 from .legacy_counts import legacy_counts, mesh_count
+from .plan import creation_plan, format_plan
 from .spec import MESH_DIMS, MeshSpec, MeshSpecError
 
 # The built-in example shown by a bare ``mesh show``.
@@ -112,6 +113,8 @@ def build_report(
     report["coordinates"] = [_coordinate_row(layout, r, gpus_per_node) for r in coordinate_ranks]
     report["coordinates_complete"] = full
     report["communicators"] = _communicators(spec, spec.ranks[0] if rank is None else rank)
+    # issue 12: the member-only creation plan (calls per rank, eager vs lazy groups)
+    report["plan"] = creation_plan(spec, flatten=mesh_flatten(spec), rank=rank).to_dict()
     if rank is not None:
         report["rank_view"] = rank_view(layout, rank, gpus_per_node)
     return report
@@ -213,6 +216,8 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
     else:
         lines += ["", *_format_groups(report, show_all), "", *_format_coordinates(report, show_all)]
     lines += ["", *_format_communicators(report["communicators"])]
+    if "plan" in report:  # issue 12
+        lines += ["", *format_plan(report["plan"])]
     return "\n".join(lines)
 
 

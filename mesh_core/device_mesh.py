@@ -32,7 +32,7 @@ world mesh), steps 1–3 are one collective ``split_group`` per partition on eve
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -57,8 +57,17 @@ class ExpertGroups:
     edp_group: Optional[ProcessGroup]
     ep_ranks: list[int]
     edp_ranks: list[int]
-    all_ep_ranks: list[list[int]]
-    all_edp_ranks: list[list[int]]
+    layout: MeshLayout = field(repr=False, compare=False)
+
+    @property
+    def all_ep_ranks(self) -> list[list[int]]:
+        """Every EP group of the mesh (computed on access: O(world size))."""
+        return self.layout.groups("ep")
+
+    @property
+    def all_edp_ranks(self) -> list[list[int]]:
+        """Every EDP group of the mesh (computed on access: O(world size))."""
+        return self.layout.groups("edp")
 
 
 class DeepSpeedDeviceMesh:
@@ -277,7 +286,12 @@ class DeepSpeedDeviceMesh:
         groups = [self._create((n,), self.layout) for n in names]
         if not self.is_member:
             return None
-        mesh_tensor = torch.tensor(list(self.spec.ranks), dtype=torch.int).reshape(
+        ranks = self.spec.ranks
+        if isinstance(ranks, range):
+            flat = torch.arange(ranks.start, ranks.stop, dtype=torch.int)
+        else:
+            flat = torch.tensor(ranks, dtype=torch.int)
+        mesh_tensor = flat.reshape(
             [self.spec.dim_size(n) for n in names]
         )
         return DeviceMesh.from_group(groups, self.device_type, mesh=mesh_tensor, mesh_dim_names=names)
@@ -320,8 +334,7 @@ class DeepSpeedDeviceMesh:
             edp_group=edp_group,
             ep_ranks=layout.group_ranks("ep", self.rank) if mine else [],
             edp_ranks=layout.group_ranks("edp", self.rank) if mine else [],
-            all_ep_ranks=layout.groups("ep"),
-            all_edp_ranks=layout.groups("edp"),
+            layout=layout,
         )
 
     def _build_p2p_groups(self) -> None:

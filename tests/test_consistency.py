@@ -99,3 +99,32 @@ def test_disagreeing_ranks_all_raise_instead_of_hanging(tmp_path):
         assert "p2p_groups: 'True' on rank 0; 'False' on ranks 1..3" in p2p_error
         assert "dims:" not in p2p_error
         assert outcome["unverified"] == 4
+
+
+def test_sub_world_check_names_missing_members(monkeypatch):
+    """A member whose peers build another mesh (or none) gets a clear error after the timeout,
+    not a hang; agreeing members pass; a member with other dims is named."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d
+
+    import mesh_core.consistency as consistency
+
+    store = dist.HashStore()
+    monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
+    with fake_world(1, 8):
+        spec = MeshSpec.build(8, ranks=[1, 2], tp=2)
+        with pytest.raises(MeshSpecError, match="only 1 of the 2 ranks"):
+            consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=0.2))
+        # rank 2's description, as if it had arrived first with other dims, then rank 1 checks
+        other = MeshSpec.build(8, ranks=[1, 2], dp=2)
+        prefix = f"{consistency.STORE_PREFIX}/"
+        counts = consistency._CHECKS[c10d._get_default_group()]
+        set_id = next(iter(counts))
+        key = f"{prefix}{set_id}/{counts[set_id]}"
+        mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(mesh_fields(other)))
+        store.set(f"{key}/fields/2", json.dumps(mesh_fields(other)))
+        store.add(f"{key}/digest/{mine}", 1)
+        store.add(f"{key}/arrived", 1)
+        with pytest.raises(MeshSpecError, match="dims: 'dp=1, tp=2' on rank 1; 'dp=2' on rank 2"):
+            consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=5))

@@ -30,7 +30,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     meshes.append(DeepSpeedDeviceMesh.build(ranks=[3, 1], tp=2))  # a sub-world mesh
     for mesh in meshes:
         for dims in DIMS:
-            group = mesh.ensure_group(dims)  # collective: every rank takes part
+            group = mesh.ensure_group(dims)  # members create their group; non-members get None, no call
             if not mesh.is_member:
                 continue
             value = torch.tensor([float(rank + 1)])
