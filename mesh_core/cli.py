@@ -159,12 +159,14 @@ def _communicators(spec: MeshSpec, rank: int) -> dict[str, Any]:
             "builder": f"DeepSpeedDeviceMesh(flatten={[list(f) for f in flatten]})",
             "world": ours.new_group_calls,
             "per_rank": ours.per_rank,
+            "calls_on_rank": ours.per_rank,  # member-only creation: one call per own group
             "reused": ours.reused,
         },
         "legacy": {
             "version": "deepspeed 0.19.8",
             "world": legacy_world,
             "per_rank": legacy_rank,
+            "calls_on_rank": legacy_world,  # collective new_group: every rank issues every call
             "builders": [
                 {"builder": c.builder, "world": c.new_group_calls, "per_rank": c.per_rank, "formula": c.formula}
                 for c in legacy
@@ -274,9 +276,15 @@ def _format_communicators(comm: dict[str, Any]) -> list[str]:
     mesh, legacy = comm["mesh"], comm["legacy"]
     rows = [
         ("communicators (new_group calls)", "this mesh", legacy["version"], "new/legacy"),
-        ("  in the world", mesh["world"], legacy["world"], _ratio_text(comm["ratio_world"])),
+        ("  created in the world", mesh["world"], legacy["world"], _ratio_text(comm["ratio_world"])),
         (
-            f"  per rank (rank {comm['rank']})",
+            f"  calls issued by rank {comm['rank']}",
+            mesh["calls_on_rank"],
+            legacy["calls_on_rank"],
+            _ratio_text(_ratio(mesh["calls_on_rank"], legacy["calls_on_rank"])),
+        ),
+        (
+            f"  communicators rank {comm['rank']} is in",
             mesh["per_rank"],
             legacy["per_rank"],
             _ratio_text(comm["ratio_per_rank"]),

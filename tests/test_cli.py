@@ -82,6 +82,9 @@ def test_counts_match_the_real_mesh_and_the_real_deepspeed(capsys):
     rank_comm = show_json(["--rank", str(rank)], capsys)["communicators"]
     assert rank_comm["legacy"]["per_rank"] == sum(1 for g in legacy_calls if rank in g)
     assert rank_comm["mesh"]["per_rank"] == sum(1 for g in mesh_calls if rank in g)
+    # calls each rank issues: legacy's collective new_group makes every rank call every group
+    assert rank_comm["legacy"]["calls_on_rank"] == len(legacy_calls)
+    assert rank_comm["mesh"]["calls_on_rank"] == len(per_rank_calls[rank])
 
 
 @pytest.mark.deepspeed
