@@ -283,7 +283,8 @@ class PipelineParallelGrid:
         own_mesh = getattr(topology, "mesh", None) if topology is not None else None
         if mesh is None and isinstance(own_mesh, DeepSpeedDeviceMesh):
             mesh = own_mesh
-        if mesh is not None and own_mesh is mesh:
+        on_own_mesh = mesh is not None and own_mesh is mesh
+        if on_own_mesh:
             self._topo = topology
         elif mesh is not None:
             mesh_topo = topology_from_mesh(mesh)
@@ -297,7 +298,7 @@ class PipelineParallelGrid:
         else:
             self._topo = default_topology(self.world_size)
         # validates before any group exists (a mesh topology is its mesh's spec)
-        spec = mesh.spec if own_mesh is mesh else mesh_spec_for(self._topo, self.world_size)
+        spec = mesh.spec if on_own_mesh else mesh_spec_for(self._topo, self.world_size)
         if topology is not None:
             logger.debug("Using topology: %s", topology)
         if process_group is not None:
