@@ -50,3 +50,35 @@ def test_a_rank_outside_the_mesh_is_refused_before_any_group(runs):
         assert "is not one of the ranks of MeshSpec(pp=2" in res["non_member_error"]
         assert "skip its PipelineModule and deepspeed.initialize" in res["non_member_error"]
         assert res["groups_after_refusal"]
+
+
+# --- AutoTP engines on disjoint halves (tests/e2e/subworld_autotp.py) -------------------------------
+@pytest.fixture(scope="module")
+def autotp(tmp_path_factory):
+    halves = torchrun("subworld_autotp.py", str(tmp_path_factory.mktemp("swtp")), "halves", timeout=300)
+    legacy = torchrun("subworld_autotp.py", str(tmp_path_factory.mktemp("swtp_legacy")), "legacy", timeout=300,
+                      world=2)
+    return [r["autotp"] for r in halves], [r["autotp"] for r in legacy]
+
+
+def test_autotp_engines_on_disjoint_halves_shard_over_their_half(autotp):
+    halves, _ = autotp
+    for rank, res in enumerate(halves):
+        half = [0, 1] if rank < 2 else [2, 3]
+        report = res["A" if rank < 2 else "B"]
+        assert report["mesh"] == f"MeshSpec(dp=1, tp=2; ranks {half[0]}..{half[1]} of world 4)"
+        assert report["tp_group"] == half and report["dp_group"] == [rank]
+        assert (report["up_type"], report["down_type"]) == ("LinearLayer", "LinearAllreduce")
+        assert report["up_shape"] == [8, 8]  # 16 x 8 column-split over 2 ranks
+        assert all(set(g) <= set(half) for g in res["groups"]), res["groups"]
+
+
+def test_autotp_sub_world_losses_equal_legacy_deepspeed(autotp):
+    halves, legacy = autotp
+    for rank, res in enumerate(halves):
+        name = "A" if rank < 2 else "B"
+        ours, theirs = res[name], legacy[rank % 2][name]
+        assert ours["losses"] == theirs["losses"]  # bit for bit: same sharding, same collectives
+        assert ours["up_shape"] == theirs["up_shape"] and theirs["tp_group"] == [0, 1]
+        assert ours["losses"][0] == pytest.approx(res["reference"][0], rel=1e-6)  # unsharded model, step 1
+    assert halves[0]["A"]["losses"] != halves[2]["B"]["losses"]
