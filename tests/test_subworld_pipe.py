@@ -82,3 +82,36 @@ def test_autotp_sub_world_losses_equal_legacy_deepspeed(autotp):
         assert ours["up_shape"] == theirs["up_shape"] and theirs["tp_group"] == [0, 1]
         assert ours["losses"][0] == pytest.approx(res["reference"][0], rel=1e-6)  # unsharded model, step 1
     assert halves[0]["A"]["losses"] != halves[2]["B"]["losses"]
+
+
+# --- MeshTopology on a fake 8-rank world (no processes) ---------------------------------------------
+def test_mesh_topology_answers_in_the_meshs_global_ranks():
+    """A sub-world mesh in a non-identity rank order: the topology, and the compat grid built on it,
+    agree with the mesh layout for every rank; a non-member is refused before any group."""
+    from fakepg import fake_world, record_new_groups
+
+    from compat.subworld_pipe import MeshTopology, mesh_topology
+    from compat.topology import PipelineParallelGrid
+    from mesh_core import MeshSpec, MeshSpecError
+
+    spec = MeshSpec.build(8, ranks=[7, 6, 5, 4], pp=2, dp=2)
+    with fake_world(5, 8):
+        topo = mesh_topology(spec)
+        assert isinstance(topo, MeshTopology) and topo.get_axis_names() == ["pipe", "data"]
+        layout = topo.mesh.layout
+        for r in spec.ranks:
+            coord = layout.coordinate(r)
+            assert topo.get_coord(r) == topo.ProcessCoord(pipe=coord["pp"], data=coord["dp"])
+            assert topo.get_rank(pipe=coord["pp"], data=coord["dp"]) == r
+        assert sorted(map(sorted, topo.get_axis_comm_lists("pipe"))) == sorted(map(sorted, layout.groups("pp")))
+        assert sorted(topo.mapping.values()) == [4, 5, 6, 7]
+        with pytest.raises(ValueError, match="rank 0 not found"):
+            topo.get_coord(0)
+        grid = PipelineParallelGrid(topology=topo)
+        assert grid.mesh is topo.mesh and grid.pp_group == layout.group_ranks("pp", 5)
+        assert grid.stage_to_global(1 - grid.get_stage_id()) == layout.stage_peer(5, 1)
+        assert grid.dp_group == layout.group_ranks("dp", 5) and grid._is_grid_valid()
+    with fake_world(0, 8), record_new_groups() as calls:
+        with pytest.raises(MeshSpecError, match="rank 0 is not one of the ranks of MeshSpec"):
+            mesh_topology(spec)
+        assert calls == []
