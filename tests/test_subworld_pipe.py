@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "e2e"))
 from runner import torchrun  # noqa: E402
@@ -38,11 +39,17 @@ def test_no_rank_ever_joins_a_group_of_the_other_half(runs):
 
 def test_losses_equal_the_unpipelined_model(runs):
     for res in runs:
-        assert len(res["losses"]) == 3 and len(set(res["losses"])) == 3
+        assert len(res["losses"]) == 4 and len(set(res["losses"])) == 4
         assert res["losses"] == pytest.approx(res["reference"], rel=1e-6, abs=1e-6)
     assert runs[0]["losses"] == runs[1]["losses"] and runs[2]["losses"] == runs[3]["losses"]
     assert runs[0]["losses"] != runs[2]["losses"]  # two different models
     assert runs[2]["tied_identical"] and runs[3]["tied_identical"]
+
+
+def test_a_whole_world_engine_coexists_with_the_pipelines(runs):
+    for res in runs:  # the pipelines' last step (checked above) ran interleaved with its step
+        assert res["world_zero_group"] == [0, 1, 2, 3]
+        assert torch.equal(res["world_weight"], runs[0]["world_weight"])
 
 
 def test_a_rank_outside_the_mesh_is_refused_before_any_group(runs):

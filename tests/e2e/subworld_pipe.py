@@ -3,7 +3,8 @@
 Ranks 0-1 build a 2-stage pipeline of model A, ranks 2-3 a 2-stage pipeline of model B (with a weight
 tied between its first and last stage), each half constructing its PipelineModule with
 ``topology=compat.mesh_topology({"ranks": half, "pp": 2})`` and calling ``deepspeed.initialize`` for
-its own model only. Reference: every rank also trains the same model unpipelined in plain torch
+its own model only; then a whole-world ZeRO-1 engine joins, its step interleaved with the pipelines'
+last step. Reference: every rank also trains the same model unpipelined in plain torch
 (same per-layer seeds, same data, same SGD), so the pipeline's losses must equal it.
 
 usage: subworld_pipe.py OUT_DIR
@@ -25,7 +26,7 @@ import deepspeed  # noqa: E402
 from deepspeed.runtime import utils as ds_utils  # noqa: E402
 from deepspeed.runtime.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: E402
 
-STEPS, MICRO, GAS, WIDTH, SEED = 3, 2, 2, 8, 1234
+STEPS, MICRO, GAS, WIDTH, SEED = 4, 2, 2, 8, 1234
 CFG = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "steps_per_print": 10**6,
        "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
 
@@ -121,8 +122,24 @@ def main(out_dir: str) -> None:
         topo_mapping=sorted(module.topology().mapping.values()),
     )
     losses = []
-    for step in batches(model):
+    steps = batches(model)
+    for step in steps[:-1]:
         losses.append(float(engine.train_batch(data_iter=iter(step))))
+    report["groups"] = all_group_ranks()  # before the whole-world engine below
+    # a whole-world engine beside the two pipelines; its step and the pipeline's last one interleave
+    torch.manual_seed(0)
+    net = torch.nn.Linear(WIDTH, WIDTH)
+    world_cfg = {**CFG, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
+                 "zero_allow_untested_optimizer": True}
+    world, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=world_cfg)
+    x = torch.randn(MICRO, WIDTH, generator=torch.Generator().manual_seed(3))
+    world_loss = world(x).pow(2).mean()
+    world.backward(world_loss)
+    losses.append(float(engine.train_batch(data_iter=iter(steps[-1]))))
+    world.step()
+    report["world_dp_group"] = ranks(world.mpu.get_data_parallel_group()) if world.mpu is not None else None
+    report["world_zero_group"] = ranks(world.optimizer.dp_process_group)
+    report["world_weight"] = net.weight.detach().clone()
     report["losses"] = losses
     if model == "B":  # the tied weight stays identical on both stages
         weight = module.tied_modules["tied"].weight.detach().clone()
@@ -130,7 +147,6 @@ def main(out_dir: str) -> None:
         peer_group = module.tied_comms["tied"]["group"]
         dist.broadcast(other, src=half[0], group=peer_group)
         report["tied_identical"] = torch.equal(weight, other)
-    report["groups"] = all_group_ranks()
     dump(out_dir, rank, {"pipe": report})
     shutdown()
 
