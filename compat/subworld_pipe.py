@@ -136,7 +136,10 @@ class _MeshComm:
             return self._world  # the module's "world": the mesh's ranks
         outside = [r for r in ranks if not self._mesh.layout.contains(r)]
         if outside:
-            raise MeshSpecError(f"group {ranks} of a pipeline on {self._mesh.spec.describe()} has ranks {outside} outside it")
+            raise MeshSpecError(
+                f"group {ranks} of a pipeline on {self._mesh.spec.describe()} has ranks {outside} outside it; "
+                f"valid ranks are {list(self._mesh.spec.ranks)[:8]}"
+            )
         # tied-weight groups: created by their members only (None elsewhere, where it is never used)
         return registry_for_world().get(ranks, asker=f"{self._mesh.spec.describe()} tied weights")
 
