@@ -24,15 +24,18 @@ from . import deprecation, groups, mpu, topology
 from .deprecation import LegacyAPIDeprecationWarning, warn_legacy
 from .engine_scope import WrongGridError, use_engine
 from .mpu import MeshMPU, mesh_from_mpu
+from .subworld_pipe import MeshTopology, mesh_topology  # issue 11: sub-world pipelines
 
 __all__ = [
     "LegacyAPIDeprecationWarning",
     "MeshMPU",
+    "MeshTopology",
     "WrongGridError",
     "deprecation",
     "groups",
     "install",
     "mesh_from_mpu",
+    "mesh_topology",
     "mpu",
     "topology",
     "uninstall",

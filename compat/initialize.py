@@ -82,6 +82,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     )
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
+    config = _with_topology_mesh(config, topology)  # issue 11: a sub-world pipeline states its ranks
     spec = engine_spec(
         config,
         world_size,
@@ -226,6 +227,23 @@ def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
     if not isinstance(model, PipelineModule):
         return False, None, None
     return True, model.mpu(), model.topology()
+
+
+def _with_topology_mesh(config: dict, topology: Any) -> dict:
+    """``config`` whose ``"mesh"`` section gets the ranks (and order) of a :class:`MeshTopology`'s mesh
+    when it names none (issue 11: ``PipelineModule(topology=compat.mesh_topology(mesh))``)."""
+    from .subworld_pipe import MeshTopology
+
+    if not isinstance(topology, MeshTopology):
+        return config
+    section = config.get("mesh")
+    section = dict(section) if isinstance(section, dict) else {}
+    if "ranks" in section:
+        return config
+    spec = topology.mesh.spec
+    section["ranks"] = list(spec.ranks)
+    section.setdefault("order", list(spec.names))
+    return {**config, "mesh": section}
 
 
 def _moe_ep_sizes(model: Any) -> list[int]:

@@ -248,6 +248,13 @@ def _route_zero_utils(module: types.ModuleType) -> None:
     _patches.replace(module, name, wrapt.FunctionWrapper(getattr(module, name), same_ints_wrapper))
 
 
+def _route_pipe_module(module: types.ModuleType) -> None:
+    # issue 11 (sub-world pipelines): PipelineModule(topology=compat.mesh_topology(mesh)) is built on the mesh
+    from .subworld_pipe import make_pipeline_module_init_wrapper
+
+    _wrap_in_place(module.PipelineModule, "__init__", make_pipeline_module_init_wrapper(module))
+
+
 def _route_initialize(module: types.ModuleType) -> None:
     from .initialize import initialize_wrapper
 
@@ -266,6 +273,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     (TOPOLOGY_MODULE, _route_topology),
     ("deepspeed.runtime.engine", _route_engine),
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
+    ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),
 ]
 

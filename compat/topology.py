@@ -279,7 +279,14 @@ class PipelineParallelGrid:
         _W_GRID.warn()
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        if mesh is not None:
+        # issue 11: a topology built on a (sub-world) mesh (compat.mesh_topology) brings its mesh
+        own_mesh = getattr(topology, "mesh", None) if topology is not None else None
+        if mesh is None and isinstance(own_mesh, DeepSpeedDeviceMesh):
+            mesh = own_mesh
+        on_own_mesh = mesh is not None and own_mesh is mesh
+        if on_own_mesh:
+            self._topo = topology
+        elif mesh is not None:
             mesh_topo = topology_from_mesh(mesh)
             if topology is not None and _layout_key(mesh_spec_for(topology, self.world_size)) != _layout_key(mesh.spec):
                 raise MeshSpecError(
@@ -290,7 +297,8 @@ class PipelineParallelGrid:
             self._topo = topology
         else:
             self._topo = default_topology(self.world_size)
-        spec = mesh_spec_for(self._topo, self.world_size)  # validates before any group exists
+        # validates before any group exists (a mesh topology is its mesh's spec)
+        spec = mesh.spec if on_own_mesh else mesh_spec_for(self._topo, self.world_size)
         if topology is not None:
             logger.debug("Using topology: %s", topology)
         if process_group is not None:
@@ -340,7 +348,7 @@ class PipelineParallelGrid:
         return self.mesh.layout.p2p_pairs()
 
     def _is_grid_valid(self) -> bool:
-        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == dist.get_world_size()
+        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == self.mesh.spec.size
 
     def stage_to_global(self, stage_id: int, **kwargs: int) -> int:
         """Rank of this rank's coordinate with ``pipe=stage_id`` (and other axes from ``kwargs``)."""
