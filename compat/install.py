@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import wrapt
 
+from . import group_trace
 from .install_patches import PatchSet
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ ENV_VAR = "DS_MESH"
 DEEPSPEED_SITES = r"deepspeed(\.|$)"
 _TRUE = {"1", "true", "yes", "on"}
 
+COMM_MODULE = "deepspeed.comm.comm"
 GROUPS_MODULE = "deepspeed.utils.groups"
 TOPOLOGY_MODULE = "deepspeed.runtime.pipe.topology"
 TOPOLOGY_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid")
@@ -70,6 +72,8 @@ def install() -> None:
             return
         _active = True
         _quiet_deepspeed_call_sites(True)
+        group_trace.enable()
+        group_trace.set_shim_active(True)
         if not _hooks_registered:
             _hooks_registered = True
             for module_name, applier in _APPLIERS:
@@ -93,6 +97,8 @@ def uninstall() -> None:
         _active = False
         _patches.restore()
         _quiet_deepspeed_call_sites(False)
+        group_trace.set_shim_active(False)
+        group_trace.disable()
         logger.debug("compat uninstalled")
 
 
@@ -159,6 +165,19 @@ def _owner_name(owner: Any) -> str:
 
 
 # --- appliers, one per target module ------------------------------------------------------------
+def _route_comm(module: types.ModuleType) -> None:
+    """``deepspeed.comm.new_group`` → the world's registry; ``get_all_ranks_from_group`` bounded for
+    the world group (see :mod:`compat.comm_routes`)."""
+    from . import comm_routes
+
+    comm_routes.bind_legacy(module.get_all_ranks_from_group)
+    _patches.replace(module, "new_group", comm_routes.new_group)
+    _patches.replace(module, "get_all_ranks_from_group", comm_routes.get_all_ranks_from_group)
+    package = sys.modules.get("deepspeed.comm")
+    if package is not None:  # the package's star-import copies, when it finished importing already
+        _patches.rebind_copies()
+
+
 def _route_groups(module: types.ModuleType) -> None:
     from . import groups as compat_groups
 
@@ -236,6 +255,7 @@ def _route_initialize(module: types.ModuleType) -> None:
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
 # hooks fire in this order too.
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
+    (COMM_MODULE, _route_comm),
     (GROUPS_MODULE, _route_groups),
     ("deepspeed.runtime.config", _route_config),
     (TOPOLOGY_MODULE, _route_topology),
