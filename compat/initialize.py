@@ -29,7 +29,9 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
-from mesh_core.config import load_config
+
+from .config_loading import load_deepspeed_config
+from .layout_config import config_call_for_mesh, with_autotp_from_mesh
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
@@ -100,6 +102,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
 
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
+    config = with_autotp_from_mesh(config, spec.dim_size("tp"), mpu=mpu, given_mesh=given_mesh, pipeline=pipeline)
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
     if "args" in call:
@@ -137,7 +140,7 @@ def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tupl
         for name in ("deepspeed_config", "deepscale_config"):
             if hasattr(args, name):
                 setattr(args, name, None)
-    return load_config(config), args
+    return load_deepspeed_config(config), args  # deepspeed's own loader (HJSON, base64, duplicate keys)
 
 
 def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
@@ -229,6 +232,4 @@ def config_init_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001
     if mesh is None:
         return wrapped(*args, **kwargs)
     call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
-    if call.get("mpu") is None and call.get("mesh_device") is None:
-        call["mesh_device"] = mesh
-    return wrapped(**call)
+    return wrapped(**config_call_for_mesh(call, mesh))  # legacy batch sizing, AutoSP's sp (layout_config)
