@@ -7,10 +7,11 @@
   ``1`` keeps the tp dim for groups only, for a model that does its own tensor parallelism), when
   an ``mpu`` or ``mesh=`` is given (the model is then tensor-parallel already) or for a
   ``PipelineModule``.
-- Batch sizing (:func:`config_call_for_mesh`): without an mpu, deepspeed 0.19.8 sizes
+- Batch sizing (:func:`config_call_for_mesh`): with AutoTP and no mpu, deepspeed 0.19.8 sizes
   ``train_batch_size = micro * gas * world_size`` with ``world_size = world / sequence_parallel_size``
-  — the tp ranks count, AutoTP or not. The shim keeps that rule (it sized by the mesh's dp before,
-  which broke AutoTP configs legacy accepts: ``16 != 4 * 1 * 2``, or a silently different gas).
+  — the tp ranks count. The shim keeps that rule for AutoTP (it sized by the mesh's dp before,
+  which broke AutoTP configs legacy accepts: ``16 != 4 * 1 * 2``, or a silently different gas);
+  other meshes are sized by their dp, as deepspeed sizes its own ``mesh_device``.
 - AutoSP reads ``sequence_parallel_size`` from the engine's config dict
   (``compile/custom_ops/sp_dp_registry.py``); the shim consumes that key into the mesh, so it is
   put back into the dict deepspeed's config keeps, with the mesh's sp size.
@@ -54,11 +55,20 @@ def config_call_for_mesh(call: dict[str, Any], mesh: Any) -> dict[str, Any]:
     if sp > 1 and isinstance(config, dict) and config.get("sequence_parallel_size") in (None, 1):
         # AutoSP (and deepspeed's own batch rule) read the sp size from the config dict
         call["config"] = dict(config, sequence_parallel_size=sp)
-    if _dim(mesh, "tp") > 1:
-        # legacy sizes batches over world / sequence_parallel_size: tp ranks count (see docstring)
+    if _autotp_size(call.get("config")) > 1:
+        # legacy AutoTP sizes batches over world / sequence_parallel_size: tp ranks count (see docstring)
         return call
     call["mesh_device"] = mesh
     return call
+
+
+def _autotp_size(config: Any) -> int:
+    tensor_parallel = config.get("tensor_parallel") if isinstance(config, dict) else None
+    size = tensor_parallel.get("autotp_size") if isinstance(tensor_parallel, dict) else None
+    try:
+        return int(size or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _dim(mesh: Any, name: str) -> int:

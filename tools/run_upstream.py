@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="legacy,shim", help="comma list of legacy,shim")
     parser.add_argument("--parallel", action="store_true", help="run the legacy and shim passes side by side")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression")
+    parser.add_argument("--prebuild", action="store_true", help="JIT-build the CPU ops first (default with full)")
+    parser.add_argument("--from-logs", action="store_true", help="only tabulate the run already in --out")
     parser.add_argument("--markdown", type=Path, help="also write the table as markdown here")
     args = parser.parse_args(argv)
 
@@ -41,11 +43,15 @@ def main(argv=None) -> int:
     needs_extras = any(f in runner.FULL_FILES and f not in runner.FAST_FILES for f in files)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     start = time.monotonic()
-    rows, summary = runner.main_run(
-        files, tree=args.tree or runner.default_tree(), env_dir=args.env or runner.env_dir_default(), out_dir=args.out.resolve(),
-        jobs=args.jobs, timeout=args.timeout, fp32=not args.no_fp32, extras=needs_extras and not args.no_extras,
-        modes=modes, keyword=args.keyword, parallel=args.parallel, log=lambda msg: print(msg, flush=True),
-    )
+    if args.from_logs:
+        rows, summary = runner.from_logs(args.out.resolve())
+    else:
+        rows, summary = runner.main_run(
+            files, tree=args.tree or runner.default_tree(), env_dir=args.env or runner.env_dir_default(),
+            out_dir=args.out.resolve(), jobs=args.jobs, timeout=args.timeout, fp32=not args.no_fp32,
+            extras=needs_extras and not args.no_extras, modes=modes, keyword=args.keyword, parallel=args.parallel,
+            prebuild=args.prebuild or (args.subset == "full"), log=lambda msg: print(msg, flush=True),
+        )
     print(runner.format_table(rows, summary))
     if args.markdown:
         args.markdown.write_text(runner.format_table(rows, summary, markdown=True) + "\n", encoding="utf-8")

@@ -278,13 +278,38 @@ def start_mode(
         proc.wait()
         fh.close()
         seconds = time.monotonic() - start
-        outcomes = parse_junit(xml) if xml.exists() else {}
+        outcomes = parse_junit(xml) if xml.exists() else parse_log(log_path)
         if mode == "shim" and outcomes and not probe.exists():
             raise RuntimeError(f"the shim run never installed the shim (no {probe}); see {log_path}")
         log(f"[{mode}] {len(outcomes)} tests in {seconds:.0f}s (pytest exit {proc.returncode}); log: {log_path}")
         return RunResult(mode, seconds, outcomes, proc.returncode, log_path)
 
     return wait
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOG_LINE = re.compile(r"^(\S+\.py::\S+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_LOG_OUTCOME = {"PASSED": PASSED, "XPASS": PASSED, "FAILED": FAILED, "ERROR": ERROR, "SKIPPED": SKIPPED,
+                "XFAIL": SKIPPED}
+
+
+def nodeid_to_junit(nodeid: str) -> str:
+    """``unit/a/test_b.py::C::t[x]`` → ``unit.a.test_b.C::t[x]`` (the junit report's id)."""
+    path, *rest = nodeid.split("::")
+    module = path[: -len(".py")].replace("/", ".")
+    *classes, name = rest
+    return f"{'.'.join([module, *classes])}::{name}"
+
+
+def parse_log(path: Path) -> dict[str, str]:
+    """``{test id: outcome}`` from a (possibly cut-off) verbose pytest log: for runs stopped early."""
+    outcomes: dict[str, str] = {}
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = _ANSI.sub("", raw).strip()
+        line = re.sub(r"^\[gw\d+\]\s+\[\s*\d+%\]\s+", "", line)  # xdist prefix
+        for match in re.finditer(r"(\S+\.py::\S+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", line):
+            outcomes[nodeid_to_junit(match.group(1))] = _LOG_OUTCOME[match.group(2)]
+    return outcomes
 
 
 def parse_junit(path: Path) -> dict[str, str]:
@@ -390,15 +415,29 @@ def write_json(path: Path, rows: Sequence[Row], summary: Summary, files: Sequenc
     }, indent=1), encoding="utf-8")
 
 
+def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
+    """The table of an earlier (or stopped) run from its junit XML, else its logs; times unknown (0)."""
+    found = {}
+    for mode in MODES:
+        xml, log = out_dir / f"{mode}.xml", out_dir / f"{mode}.log"
+        found[mode] = parse_junit(xml) if xml.exists() else (parse_log(log) if log.exists() else {})
+    legacy, shim = found["legacy"], found["shim"]
+    both = set(legacy) & set(shim)  # a stopped run: only the tests both passes reached
+    rows = compare({t: legacy[t] for t in both}, {t: shim[t] for t in both})
+    return rows, summarize(rows, 0.0, 0.0)
+
+
 def main_run(
     files: Iterable[str], *, tree: Path, env_dir: Path, out_dir: Path, jobs: int, timeout: int, fp32: bool,
-    extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False, log=print,
+    extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False,
+    prebuild: bool = False, log=print,
 ) -> tuple[list[Row], Summary]:
     out_dir.mkdir(parents=True, exist_ok=True)
     python = ensure_env(env_dir, extras=extras, log=log)
     work = out_dir / "tree"
     selected = prepare_tree(tree, work, list(files), fp32=fp32)
-    prebuild_ops(python, log=log)
+    if prebuild:
+        prebuild_ops(python, log=log)
     if parallel:  # both modes side by side (each its own port range); timings then include the other's load
         waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)
                  for m in modes}
