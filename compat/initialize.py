@@ -35,6 +35,7 @@ from .layout_config import config_call_for_mesh, with_autotp_from_mesh
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
+from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture
 from .engine_spec import engine_spec
 
@@ -123,6 +124,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _pending.reset(token)
     engine = result[0]
     engine.mesh_device = mesh
+    mark_owned(engine, mesh, given=given_mesh, grid=grid, mpu=mpu)  # engine.destroy() releases it
     setattr(engine, ENGINE_STATE_ATTR, capture())
     logger.info("engine on %s", mesh.spec.describe())
     return result

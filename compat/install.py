@@ -237,6 +237,13 @@ def _route_engine(module: types.ModuleType) -> None:
         _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
 
 
+def _route_engine_destroy(module: types.ModuleType) -> None:
+    """``engine.destroy()`` also releases the mesh the shim built for the engine (compat.engine_release)."""
+    from .engine_release import destroy_wrapper
+
+    _wrap_in_place(module.DeepSpeedEngine, "destroy", destroy_wrapper)
+
+
 def _route_pipe_engine(module: types.ModuleType) -> None:
     from .engine_scope import engine_step_wrapper
 
@@ -260,6 +267,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.config", _route_config),
     (TOPOLOGY_MODULE, _route_topology),
     ("deepspeed.runtime.engine", _route_engine),
+    ("deepspeed.runtime.engine", _route_engine_destroy),
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
     ("deepspeed", _route_initialize),
 ]
