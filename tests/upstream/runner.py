@@ -154,8 +154,9 @@ def fp32_source(text: str) -> Optional[str]:
     return out
 
 
-def prepare_tree(source: Path, work: Path, files: Sequence[str], *, fp32: bool) -> list[str]:
-    """Copy the tree to ``work`` (patched); returns the test files to run, variants included."""
+def prepare_tree(source: Path, work: Path, files: Sequence[str], *, fp32: bool, fp32_only: bool = False) -> list[str]:
+    """Copy the tree to ``work`` (patched); returns the test files to run, variants included
+    (``fp32_only``: a file's variant instead of the file, where it has one)."""
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(source, work, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
@@ -175,13 +176,13 @@ def prepare_tree(source: Path, work: Path, files: Sequence[str], *, fp32: bool) 
     for rel in files:
         if not (work / rel).exists():
             raise FileNotFoundError(f"{rel} is not in {source}")
-        selected.append(rel)
-        if fp32:
-            variant = fp32_source((work / rel).read_text(encoding="utf-8"))
-            if variant is not None:
-                target = rel[: -len(".py")] + FP32_SUFFIX + ".py"
-                (work / target).write_text(variant, encoding="utf-8")
-                selected.append(target)
+        variant = fp32_source((work / rel).read_text(encoding="utf-8")) if (fp32 or fp32_only) else None
+        if variant is None or not fp32_only:
+            selected.append(rel)
+        if variant is not None:
+            target = rel[: -len(".py")] + FP32_SUFFIX + ".py"
+            (work / target).write_text(variant, encoding="utf-8")
+            selected.append(target)
     return selected
 
 
@@ -430,12 +431,12 @@ def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
 def main_run(
     files: Iterable[str], *, tree: Path, env_dir: Path, out_dir: Path, jobs: int, timeout: int, fp32: bool,
     extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False,
-    prebuild: bool = False, log=print,
+    prebuild: bool = False, fp32_only: bool = False, log=print,
 ) -> tuple[list[Row], Summary]:
     out_dir.mkdir(parents=True, exist_ok=True)
     python = ensure_env(env_dir, extras=extras, log=log)
     work = out_dir / "tree"
-    selected = prepare_tree(tree, work, list(files), fp32=fp32)
+    selected = prepare_tree(tree, work, list(files), fp32=fp32, fp32_only=fp32_only)
     if prebuild:
         prebuild_ops(python, log=log)
     if parallel:  # both modes side by side (each its own port range); timings then include the other's load
