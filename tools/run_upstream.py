@@ -43,14 +43,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     files = list(args.files) or list(runner.FULL_FILES if args.subset == "full" else runner.FAST_FILES)
-    needs_extras = any(f in runner.FULL_FILES and f not in runner.FAST_FILES for f in files)
+    tree = args.tree or runner.default_tree()
+    needs_extras = runner.needs_transformers(tree, files)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     start = time.monotonic()
     if args.from_logs:
         rows, summary = runner.from_logs(args.out.resolve())
     else:
         rows, summary = runner.main_run(
-            files, tree=args.tree or runner.default_tree(), env_dir=args.env or runner.env_dir_default(),
+            files, tree=tree, env_dir=args.env or runner.env_dir_default(),
             out_dir=args.out.resolve(), jobs=args.jobs, timeout=args.timeout, fp32=not args.no_fp32,
             extras=needs_extras and not args.no_extras, modes=modes, keyword=args.keyword, parallel=args.parallel,
             prebuild=args.prebuild or (args.subset == "full"), fp32_only=args.fp32_only, log=lambda msg: print(msg, flush=True),
