@@ -6,11 +6,13 @@ that another mesh or a legacy call site still holds stay alive). A mesh the call
 (``mesh=``, a ``PipelineModule``'s grid) or one made around the caller's groups (``mpu=``) is
 theirs and is left alone. If the
 module-wide legacy getters (:mod:`compat.groups`) were serving that mesh, they are unbound, so no
-later call gets a destroyed communicator.
+later call gets a destroyed communicator. Only an explicit ``engine.destroy()`` releases: the one
+deepspeed's ``__del__`` makes at garbage collection is left alone (see :func:`_called_from_finalizer`).
 """
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -43,5 +45,20 @@ def release(engine: Any) -> bool:
 def destroy_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
     """wrapt wrapper for ``DeepSpeedEngine.destroy``: deepspeed's teardown, then the mesh's."""
     result = wrapped(*args, **kwargs)
-    release(instance)
+    if not _called_from_finalizer():
+        release(instance)
     return result
+
+
+def _called_from_finalizer() -> bool:
+    """``DeepSpeedEngine.__del__`` calls ``destroy()`` whenever the collector runs, at different
+    moments on different ranks; releasing shared groups then would desynchronise the ranks' group
+    registries, so only an explicit ``engine.destroy()`` (same program point on every rank) does."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
