@@ -58,7 +58,8 @@ def main(argv=None) -> int:
         )
     print(runner.format_table(rows, summary))
     if args.markdown:
-        args.markdown.write_text(runner.format_table(rows, summary, markdown=True) + "\n", encoding="utf-8")
+        args.markdown.write_text(runner.per_file_table(rows) + "\n\n" + runner.format_table(rows, summary, markdown=True)
+                                 + "\n", encoding="utf-8")
     print(f"total {time.monotonic() - start:.0f}s; results: {args.out / 'results.json'}")
     if not rows:
         return 2

@@ -403,6 +403,19 @@ def format_table(rows: Sequence[Row], summary: Summary, *, markdown: bool = Fals
     return "\n".join(lines)
 
 
+def per_file_table(rows: Sequence[Row]) -> str:
+    """Markdown: per test file, tests / pass both ways / fail both ways / regressions / fixed."""
+    files: dict[str, list[Row]] = {}
+    for row in rows:
+        files.setdefault(row.test.split("::")[0].rsplit(".Test", 1)[0], []).append(row)
+    lines = ["| file | tests | pass both | not passing both | regressions | fixed by the shim |", "|---|---|---|---|---|---|"]
+    for name, group in sorted(files.items()):
+        both = sum(r.legacy == PASSED and r.shim == PASSED for r in group)
+        lines.append(f"| `{name}` | {len(group)} | {both} | {sum(r.legacy != PASSED and r.shim != PASSED for r in group)} "
+                     f"| {sum(r.regression for r in group)} | {sum(r.fixed for r in group)} |")
+    return "\n".join(lines)
+
+
 def summary_line(s: Summary) -> str:
     def fmt(c: dict[str, int]) -> str:
         return ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
