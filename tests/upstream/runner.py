@@ -236,7 +236,9 @@ def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[st
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ds_mesh_torch_ext")),
     )
     path = [str(REPO), str(PLUGIN_DIR)]
-    env["DS_MESH_UPSTREAM_PORT_BASE"] = str(PORT_BASES.get(mode, 29500))
+    # two runners side by side: DS_MESH_UPSTREAM_PORT_OFFSET moves one of them (e.g. 3000)
+    offset = int(os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0"))
+    env["DS_MESH_UPSTREAM_PORT_BASE"] = str(PORT_BASES.get(mode, 29500) + offset)
     if mode == "shim":
         env["DS_MESH"] = "1"
         path.insert(0, str(SITE_HOOK_DIR))
