@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from mesh_core import MESH_DIMS, MeshSpec, MeshSpecError
-from mesh_core.config import MESH_SECTION_KEYS, legacy_sizes
+from mesh_core.config import MESH_SECTION_KEYS, check_section_values, legacy_sizes
 
 SECTION_SOURCE = "config 'mesh' section"
 AUTO = "auto"
@@ -61,6 +61,7 @@ def section_of(config: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     unknown = sorted(set(section) - MESH_SECTION_KEYS)
     if unknown:
         raise MeshSpecError(f"unknown key(s) {unknown} in config 'mesh'; valid keys are {sorted(MESH_SECTION_KEYS)}")
+    check_section_values(section)  # look-alike values ("false", "0123", -1) are errors, not silent readings
     return dict(section)
 
 
@@ -78,7 +79,8 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
         return None
 
     found = {
-        "tp": probe("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size"),
+        # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_world_size
+        "tp": probe("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size", "get_model_parallel_world_size"),
         "pp": probe("get_pipeline_model_parallel_world_size", "get_pipe_parallel_world_size"),
         "sp": probe("get_sequence_parallel_world_size"),
         "dp": None if hasattr(mpu, "initialize_sequence_parallel") else probe("get_data_parallel_world_size"),

@@ -29,10 +29,13 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
-from mesh_core.config import load_config
+
+from .config_loading import load_deepspeed_config
+from .layout_config import config_call_for_mesh, with_autotp_from_mesh
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
+from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register, unregister
 from .engine_spec import engine_spec
 
@@ -112,6 +115,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         # group) while its optimizer uses the engine's dp group: give it the mesh's dp group
         engine_mpu = _mesh_mpu(mesh)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
+    config = with_autotp_from_mesh(config, spec.dim_size("tp"), mpu=mpu, given_mesh=given_mesh, pipeline=pipeline)
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
     if "args" in call:
@@ -132,6 +136,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _pending.reset(token)
     engine = result[0]
     engine.mesh_device = mesh
+    mark_owned(engine, mesh, given=given_mesh, grid=grid, mpu=mpu)  # engine.destroy() releases it
     setattr(engine, ENGINE_STATE_ATTR, capture())
     _track(engine)
     logger.info("engine on %s", mesh.spec.describe())
@@ -218,7 +223,7 @@ def _resolve_config(args: Any, config: Any, config_params: Any) -> Optional[tupl
         for name in ("deepspeed_config", "deepscale_config"):
             if hasattr(args, name):
                 setattr(args, name, None)
-    return load_config(config), args
+    return load_deepspeed_config(config), args  # deepspeed's own loader (HJSON, base64, duplicate keys)
 
 
 def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
@@ -327,6 +332,4 @@ def config_init_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001
     if mesh is None:
         return wrapped(*args, **kwargs)
     call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
-    if call.get("mpu") is None and call.get("mesh_device") is None:
-        call["mesh_device"] = mesh
-    return wrapped(**call)
+    return wrapped(**config_call_for_mesh(call, mesh))  # legacy batch sizing, AutoSP's sp (layout_config)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import wrapt
 
+from . import group_trace
 from .install_patches import PatchSet
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ ENV_VAR = "DS_MESH"
 DEEPSPEED_SITES = r"deepspeed(\.|$)"
 _TRUE = {"1", "true", "yes", "on"}
 
+COMM_MODULE = "deepspeed.comm.comm"
 GROUPS_MODULE = "deepspeed.utils.groups"
 TOPOLOGY_MODULE = "deepspeed.runtime.pipe.topology"
 TOPOLOGY_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid")
@@ -70,7 +72,9 @@ def install() -> None:
             return
         _active = True
         _quiet_deepspeed_call_sites(True)
-        _logging_tree().install()  # issue 13: DeepSpeed's logging as one tree (compat/logging_tree.py)
+        _logging_tree().install()  # DeepSpeed's logging as one tree (compat/logging_tree.py)
+        group_trace.enable()
+        group_trace.set_shim_active(True)
         if not _hooks_registered:
             _hooks_registered = True
             for module_name, applier in _APPLIERS:
@@ -95,6 +99,8 @@ def uninstall() -> None:
         _patches.restore()
         _quiet_deepspeed_call_sites(False)
         _logging_tree().uninstall()
+        group_trace.set_shim_active(False)
+        group_trace.disable()
         logger.debug("compat uninstalled")
 
 
@@ -167,6 +173,19 @@ def _owner_name(owner: Any) -> str:
 
 
 # --- appliers, one per target module ------------------------------------------------------------
+def _route_comm(module: types.ModuleType) -> None:
+    """``deepspeed.comm.new_group`` → the world's registry; ``get_all_ranks_from_group`` bounded for
+    the world group (see :mod:`compat.comm_routes`)."""
+    from . import comm_routes
+
+    comm_routes.bind_legacy(module.get_all_ranks_from_group)
+    _patches.replace(module, "new_group", comm_routes.new_group)
+    _patches.replace(module, "get_all_ranks_from_group", comm_routes.get_all_ranks_from_group)
+    package = sys.modules.get("deepspeed.comm")
+    if package is not None:  # the package's star-import copies, when it finished importing already
+        _patches.rebind_copies()
+
+
 def _route_groups(module: types.ModuleType) -> None:
     from . import groups as compat_groups
 
@@ -226,6 +245,13 @@ def _route_engine(module: types.ModuleType) -> None:
         _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
 
 
+def _route_engine_destroy(module: types.ModuleType) -> None:
+    """``engine.destroy()`` also releases the mesh the shim built for the engine (compat.engine_release)."""
+    from .engine_release import destroy_wrapper
+
+    _wrap_in_place(module.DeepSpeedEngine, "destroy", destroy_wrapper)
+
+
 def _route_pipe_engine(module: types.ModuleType) -> None:
     from .engine_scope import engine_step_wrapper
 
@@ -233,7 +259,7 @@ def _route_pipe_engine(module: types.ModuleType) -> None:
         _wrap_in_place(module.PipelineEngine, name, engine_step_wrapper)
 
 
-def _route_comm(module: types.ModuleType) -> None:
+def _route_comm_barrier(module: types.ModuleType) -> None:
     # issue 11 (sub-world engines): world barriers inside a sub-world engine wait for its ranks only
     from .engine_scope import barrier_wrapper
 
@@ -266,12 +292,14 @@ def _route_initialize(module: types.ModuleType) -> None:
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
 # hooks fire in this order too.
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
-    ("deepspeed.comm.comm", _route_comm),
+    (COMM_MODULE, _route_comm),
+    (COMM_MODULE, _route_comm_barrier),
     ("deepspeed.runtime.zero.utils", _route_zero_utils),
     (GROUPS_MODULE, _route_groups),
     ("deepspeed.runtime.config", _route_config),
     (TOPOLOGY_MODULE, _route_topology),
     ("deepspeed.runtime.engine", _route_engine),
+    ("deepspeed.runtime.engine", _route_engine_destroy),
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
     ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),

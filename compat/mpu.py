@@ -220,7 +220,8 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
     if not hasattr(mpu, "get_data_parallel_group"):
         raise MeshSpecError(f"mpu {what} has no get_data_parallel_group(); it is not a Megatron-style mpu")
     found["dp"] = mpu.get_data_parallel_group()
-    for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group"):
+    # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_group (get_model_parallel_group last)
+    for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group", "get_model_parallel_group"):
         if hasattr(mpu, name):
             found["tp"] = getattr(mpu, name)()
             break

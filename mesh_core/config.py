@@ -46,6 +46,41 @@ def _size(value: Any, source: str) -> int:
     return size
 
 
+def check_section_values(section: Mapping[str, Any]) -> None:
+    """Reject values in the ``"mesh"`` section that only look right (a JSON string where a boolean
+    or list belongs, a negative or fractional size), naming the key and what to write instead."""
+    for key, value in section.items():
+        where = f"config 'mesh.{key}'={value!r}"
+        if key in MESH_DIMS or key == "ep":
+            if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+                continue
+            if isinstance(value, bool):
+                raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\"), not a boolean")
+            if isinstance(value, float):
+                raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\")")
+            if isinstance(value, int) and value < 1:
+                raise MeshSpecError(
+                    f"{where} is not valid; a size is a positive integer — write \"auto\" to infer this dim"
+                )
+            if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+                raise MeshSpecError(f"{where} is a string; write the number {value.strip()} without quotes")
+        elif key == "data_before_expert":
+            if not isinstance(value, bool):
+                raise MeshSpecError(f"{where} is not valid; write true or false (a JSON boolean, no quotes)")
+        elif key == "ranks":
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise MeshSpecError(f"{where} is not valid; write a list of global ranks, e.g. [0, 1, 2, 3]")
+            bad = [r for r in value if isinstance(r, bool) or not isinstance(r, int)]
+            if bad:
+                raise MeshSpecError(f"{where} holds {bad[:4]}; every rank is an integer, e.g. [0, 1, 2, 3]")
+        elif key == "order":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise MeshSpecError(f"{where} is not valid; write a list of dim names, e.g. [\"pp\", \"dp\", \"tp\"]")
+            bad = [d for d in value if not isinstance(d, str)]
+            if bad:
+                raise MeshSpecError(f"{where} holds {bad[:4]}; every entry is a dim name such as \"dp\"")
+
+
 def legacy_sizes(
     config: Mapping[str, Any], *, num_stages: Optional[int] = None, ep_size: Optional[int] = None
 ) -> dict[str, tuple[int, str]]:
@@ -92,6 +127,7 @@ def spec_from_config(
     unknown = sorted(set(section) - MESH_SECTION_KEYS)
     if unknown:
         raise MeshSpecError(f"unknown key(s) {unknown} in config 'mesh'; valid keys are {sorted(MESH_SECTION_KEYS)}")
+    check_section_values(section)
     sizes = {k: v for k, v in section.items() if k in MESH_DIMS}
     for dim, (value, source) in inferred.items():
         declared = section.get(dim)
@@ -109,6 +145,6 @@ def spec_from_config(
         order=section.get("order"),
         ranks=section.get("ranks", ranks),
         ep=_size(ep, "config 'mesh.ep'"),
-        data_before_expert=bool(section.get("data_before_expert", False)),
+        data_before_expert=section.get("data_before_expert", False),
         **sizes,
     )

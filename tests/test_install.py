@@ -310,7 +310,8 @@ def test_config_file_from_args_with_mesh_section(shim, world, tmp_path):
     import deepspeed
 
     path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps(tiny_config(mesh={"tp": 2})))
+    # autotp_size 1: tp groups only (a plain Linear has no AutoTP policy; mesh.tp alone enables AutoTP)
+    path.write_text(json.dumps(tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1})))
     args = argparse.Namespace(deepspeed_config=str(path), local_rank=RANK)
     engine = deepspeed.initialize(args=args, model=torch.nn.Linear(4, 4))[0]
     assert engine.mesh_device.spec.shape == {"dp": 2, "tp": 2}
@@ -382,7 +383,8 @@ def test_two_models_get_their_own_meshes_and_share_identical_rank_sets(shim, wor
 
     from compat import groups as compat_groups
 
-    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}))[0]
+    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4),
+                                 config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
     before = group_count()
     reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"dp": 2, "sp": 2}))[0]
     am, rm = actor.mesh_device, reference.mesh_device
@@ -481,7 +483,8 @@ def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, wo
 
     from compat import groups as compat_groups
 
-    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}))[0]
+    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4),
+                                 config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
     reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config())[0]
     assert actor.mesh_device.get_rank("dp") == 0 and reference.mesh_device.get_rank("dp") == RANK
     assert actor.get_data_parallel_rank() == 0 and reference.get_data_parallel_rank() == RANK
@@ -502,7 +505,7 @@ def test_the_engine_mesh_runs_on_the_default_groups_device(shim, world, monkeypa
     import compat.initialize as compat_initialize
 
     monkeypatch.setattr(compat_initialize, "default_device_type", lambda: "meta")
-    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}))[0]
+    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
     assert engine.mesh_device.device_type == "meta"
     assert engine.mesh_device.device_mesh.device_type == "meta"
 

@@ -1,0 +1,169 @@
+"""Group-creation tracer on real jobs, legacy vs shim (strict mode), 4 gloo ranks; see common.py.
+
+Jobs: ``pipe_tied`` (PipelineModule pp=2 x dp=2 with a tied layer), ``ulysses`` (ALST: deepspeed's
+``parallel_state_sp`` sp=2 as mpu), ``zero3_hpz`` (ZeRO-3 + hpZ 2), ``moe`` (ep=2), ``autotp``
+(``tensor_parallel.autotp_size`` 2). Each job runs legacy (shim uninstalled) and shimmed with
+``DS_MESH_STRICT=1`` (a group created outside mesh_core raises); every torch group creation is
+traced. Per rank it dumps: the rank sets legacy created, the creations under the shim (with
+whether they came from mesh_core), which of legacy's rank sets (holding this rank) the shim's
+registry serves, and the losses. Usage: ``torchrun --nproc_per_node 4 trace_jobs.py OUT [JOBS]``.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import common
+
+STEPS = 2
+
+
+def _train(engine, seed: int, dim: int = 8) -> list[float]:
+    gen = torch.Generator().manual_seed(50 + seed)
+    losses = []
+    for _ in range(STEPS):
+        x = torch.randn(4, dim, generator=gen)
+        loss = torch.nn.functional.mse_loss(engine(x), x.sum(dim=1, keepdim=True).expand(-1, engine(x).shape[-1]))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _config(**extra) -> dict:
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    cfg.update(extra)
+    return cfg
+
+
+def job_pipe_tied(rank: int):
+    import deepspeed
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    torch.manual_seed(0)
+    layers = [TiedLayerSpec("emb", torch.nn.Linear, 8, 8), LayerSpec(torch.nn.ReLU), LayerSpec(torch.nn.Linear, 8, 8),
+              LayerSpec(torch.nn.ReLU), TiedLayerSpec("emb", torch.nn.Linear, 8, 8)]
+    model = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    config = _config(train_batch_size=8, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    gen = torch.Generator().manual_seed(100 + rank % 2)
+
+    def data():
+        while True:
+            x = torch.randn(2, 8, generator=gen)
+            yield x, x.flip(1)
+
+    it = data()
+    return engine, [engine.train_batch(data_iter=it).item() for _ in range(STEPS)]
+
+
+def job_ulysses(rank: int):
+    import deepspeed
+    import deepspeed.runtime.sequence_parallel.parallel_state_sp as sp_mpu
+
+    sp_mpu._release_sequence_parallel_groups()
+    sp_mpu.initialize_sequence_parallel(2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=sp_mpu,
+                                      config=_config(zero_optimization={"stage": 1}))
+    return engine, _train(engine, rank)
+
+
+def job_zero3_hpz(rank: int):
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    config = _config(zero_optimization={"stage": 3, "zero_hpz_partition_size": 2})
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine, _train(engine, rank)
+
+
+def job_moe(rank: int):
+    import deepspeed
+    from deepspeed.moe.layer import MoE
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 8)
+            self.moe = MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2, k=1, min_capacity=0)
+            self.out = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.out(self.moe(torch.relu(self.inp(x)))[0])
+
+    torch.manual_seed(0)
+    model = Model()
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "p"})
+    optimizer = torch.optim.Adam(groups, lr=1e-2)
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 10**6}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    torch.manual_seed(300 + rank)
+    return engine, _train(engine, rank)
+
+
+def job_autotp(rank: int):
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    specs = [{"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
+             {"patterns": [r".*2\.weight$"], "partition_type": "row"}]
+    config = _config(tensor_parallel={"autotp_size": 2, "partition_config": {"use_default_specs": False,
+                                                                             "layer_specs": specs}},
+                     zero_optimization={"stage": 1})
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine, _train(engine, rank // 2)  # the tp group [2k, 2k+1] sees the same data
+
+
+JOBS = {"pipe_tied": job_pipe_tied, "ulysses": job_ulysses, "zero3_hpz": job_zero3_hpz, "moe": job_moe,
+        "autotp": job_autotp}
+
+
+def run(job: str, shim: bool, rank: int) -> dict:
+    from compat import group_trace
+    from mesh_core import registry_for_world
+
+    common.set_mode(shim)
+    if shim:
+        os.environ[group_trace.STRICT_ENV] = "1"
+    try:
+        with group_trace.trace() as events:
+            engine, losses = JOBS[job](rank)
+    finally:
+        os.environ.pop(group_trace.STRICT_ENV, None)
+    result = {
+        "losses": losses,
+        "created": [(list(e.ranks), e.inside_mesh_core, e.site) for e in events],
+    }
+    if shim:
+        registry = registry_for_world()
+        result["registry_has"] = registry.has
+    engine.destroy()
+    dist.barrier()
+    return result
+
+
+def main() -> None:
+    out_dir, jobs = sys.argv[1], sys.argv[2:] or list(JOBS)
+    rank = common.init_world()
+    results = {}
+    for job in jobs:
+        legacy = run(job, False, rank)
+        shim = run(job, True, rank)
+        has = shim.pop("registry_has")
+        world = dist.get_world_size()
+        mine = sorted({tuple(r) for r, _, _ in legacy["created"] if rank in r})
+        shim["served"] = {str(list(r)): (len(r) == world or has(list(r))) for r in mine}
+        results[job] = {"legacy": legacy, "shim": shim}
+    common.dump(out_dir, rank, results)
+
+
+if __name__ == "__main__":
+    main()
+    common.shutdown()
