@@ -44,7 +44,12 @@ def release(engine: Any) -> bool:
 
 def destroy_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
     """wrapt wrapper for ``DeepSpeedEngine.destroy``: deepspeed's teardown, then the mesh's."""
-    result = wrapped(*args, **kwargs)
+    from .engine_scope import unregister
+
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        unregister(instance)  # no longer counted by the wrong-grid protection
     if not _called_from_finalizer():
         release(instance)
     return result

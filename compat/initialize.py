@@ -36,7 +36,7 @@ from .layout_config import config_call_for_mesh, with_autotp_from_mesh
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
-from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register, unregister
+from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
 from .engine_spec import engine_spec
 
 logger = logging.getLogger(__name__)
@@ -144,17 +144,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
 
 
 def _track(engine: Any) -> None:
-    """Count ``engine`` for the wrong-grid protection until its ``destroy()`` (see compat.engine_scope)."""
-    destroy = getattr(engine, "destroy", None)
-    if callable(destroy):
-
-        def destroy_and_forget(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return destroy(*args, **kwargs)
-            finally:
-                unregister(engine)
-
-        engine.destroy = destroy_and_forget
+    """Count ``engine`` for the wrong-grid protection until its ``destroy()`` (see compat.engine_scope;
+    the ``DeepSpeedEngine.destroy`` wrapper of compat.engine_release forgets it)."""
     register(engine)
 
 
