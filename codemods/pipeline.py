@@ -14,6 +14,7 @@ from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
+from .portable import parse_error, requote
 from .topology import TopologyCommand
 
 # Order matters: the topology codemod turns grids into meshes that the initialize codemod then
@@ -78,4 +79,11 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         done, flagged = counters(context)
         sites.update(done)
         todos.update(flagged)
-    return Migration(tree.code, +sites, +todos)
+    code = tree.code
+    if code != source:
+        tree = requote(tree, code)
+        code = tree.code
+        problem = parse_error(code)
+        if problem is not None and parse_error(source) is None:
+            raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
+    return Migration(code, +sites, +todos)
