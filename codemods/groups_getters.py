@@ -2,7 +2,7 @@
 
 ``groups.get_data_parallel_group()`` becomes ``<mesh>.get_group("dp")``, where ``<mesh>`` is
 ``self.mesh_device`` inside an engine subclass, ``<engine>.mesh_device`` after
-``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``default_mesh()``.
+``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``current_mesh()``.
 """
 from __future__ import annotations
 
@@ -99,6 +99,10 @@ MANUAL: dict[str, str] = {
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
+EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
+EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_parallel"}
+# calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
+TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
 
@@ -158,7 +162,40 @@ class GroupsGettersCommand(MigrationCommand):
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         self._module_node = node
-        return super().visit_Module(node)
+        result = super().visit_Module(node)
+        self._experts_blocked = self._expert_blocker(node)
+        return result
+
+    def _expert_blocker(self, module: cst.Module) -> Optional[str]:
+        """Why no expert site of this file may be rewritten (None: all may).
+
+        Legacy expert groups live in one name-keyed table that the builder fills and the getters
+        read, so a file's expert sites move to the mesh together or not at all (a getter on the mesh
+        after a legacy builder, or the reverse, would read groups nobody built). And a builder
+        called without ``mp_size`` ignores TP and SP (consecutive EP ranks over the world, per pipe
+        stage): the mesh's ``expert_groups(N)`` agrees only while the mesh the file runs on has no
+        TP / SP, which a file that builds AutoTP groups or an engine cannot promise."""
+        calls = [c for c in find_all(module, cst.Call) if self.could_be(c.func, EXPERT_RELATED)]
+        for call in calls:
+            fname = self.function_of(call.func)
+            if fname is None:
+                continue
+            if has_star_args(call):
+                return f"groups.{fname}(*args)"
+            if fname in EXPERT and expert_size(call) is None:
+                return f"groups.{fname} with an expert-group name that is not a literal 'ep_size_N'"
+            if fname in EXPERT_MANUAL:
+                return f"groups.{fname} has no mesh equivalent"
+            if fname == "_create_expert_and_data_parallel":
+                ep = arg_by(call, 0, "expert_parallel_size_")
+                if ep is None or len(call.args) != 1 or not isinstance(self.parent(call), cst.Expr):
+                    return "the expert groups are built with options (mp_size, pp_size, data-before-expert) or their result is used"
+        if any(self.could_be(c.func, TP_SOURCES) for c in find_all(module, cst.Call)):
+            return (
+                "this file also builds TP groups or an engine, and legacy expert groups built without mp_size ignore "
+                "TP/SP while <mesh>.expert_groups(N) splits the data ranks of each TP lane"
+            )
+        return None
 
     def function_of(self, node: cst.CSTNode) -> Optional[str]:
         if not self.could_be(node, ALL_FUNCTIONS):
@@ -183,6 +220,10 @@ class GroupsGettersCommand(MigrationCommand):
             self.keep_comments(original_node)
             self.record(KIND)
             return cst.parse_expression(WORLD)
+        if fname in EXPERT_RELATED and self._experts_blocked:
+            self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
+                      "see MIGRATION.md 'Expert groups'")
+            return updated_node
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-import torch
 import torch.distributed as dist
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
 
 from .device import default_device_type
 
