@@ -164,6 +164,9 @@ class GroupsGettersCommand(MigrationCommand):
         self._module_node = node
         result = super().visit_Module(node)
         self._experts_blocked = self._expert_blocker(node)
+        self._builds_autotp = any(
+            self.could_be(c.func, INIT_TP) and self.function_of(c.func) in INIT_TP for c in find_all(node, cst.Call)
+        )
         return result
 
     def _expert_blocker(self, module: cst.Module) -> Optional[str]:
@@ -214,6 +217,11 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
         if fname in SIMPLE and not original_node.args:
+            if fname.startswith("_") and self._builds_autotp:
+                self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
+                          "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
+                          "torch.distributed.group.WORLD for the world")
+                return updated_node
             return self._rewrite(original_node, SIMPLE[fname])
         if fname == "_clone_world_group" and not original_node.args:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")

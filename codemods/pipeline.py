@@ -15,6 +15,7 @@ from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
 from .portable import parse_error, requote
+from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
 
 # Order matters: the topology codemod turns grids into meshes that the initialize codemod then
@@ -80,6 +81,9 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         sites.update(done)
         todos.update(flagged)
     code = tree.code
+    if code != source and needs_runtime(source, code, sites):
+        tree = add_runtime(tree)
+        code = tree.code
     if code != source:
         tree = requote(tree, code)
         code = tree.code

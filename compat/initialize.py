@@ -29,6 +29,7 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import set_default_mesh
 from mesh_core.config import load_config
 
 from .device import default_device_type
@@ -120,6 +121,9 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _pending.reset(token)
     engine = result[0]
     engine.mesh_device = mesh
+    # as legacy's process-global groups.mpu: migrated code with no engine at hand (current_mesh())
+    # sees the mesh of the engine built last (MIGRATION.md, "The model's mesh")
+    set_default_mesh(mesh)
     setattr(engine, ENGINE_STATE_ATTR, capture())
     logger.info("engine on %s", mesh.spec.describe())
     return result
