@@ -164,9 +164,7 @@ class GroupsGettersCommand(MigrationCommand):
         self._module_node = node
         result = super().visit_Module(node)
         self._experts_blocked = self._expert_blocker(node)
-        self._builds_autotp = any(
-            self.could_be(c.func, INIT_TP) and self.function_of(c.func) in INIT_TP for c in find_all(node, cst.Call)
-        )
+        self._builds_autotp = any(self._sets_tp_mesh(c) for c in find_all(node, cst.Call))
         return result
 
     def _expert_blocker(self, module: cst.Module) -> Optional[str]:
@@ -193,7 +191,7 @@ class GroupsGettersCommand(MigrationCommand):
                 ep = arg_by(call, 0, "expert_parallel_size_")
                 if ep is None or len(call.args) != 1 or not isinstance(self.parent(call), cst.Expr):
                     return "the expert groups are built with options (mp_size, pp_size, data-before-expert) or their result is used"
-        if any(self.could_be(c.func, TP_SOURCES) for c in find_all(module, cst.Call)):
+        if any(self._sets_tp_mesh(c) or self.could_be(c.func, TP_SOURCES - frozenset(INIT_TP)) for c in find_all(module, cst.Call)):
             return (
                 "this file also builds TP groups or an engine, and legacy expert groups built without mp_size ignore "
                 "TP/SP while <mesh>.expert_groups(N) splits the data ranks of each TP lane"
@@ -228,7 +226,7 @@ class GroupsGettersCommand(MigrationCommand):
             self.keep_comments(original_node)
             self.record(KIND)
             return cst.parse_expression(WORLD)
-        if fname in EXPERT_RELATED and self._experts_blocked:
+        if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
             return updated_node
@@ -275,6 +273,16 @@ class GroupsGettersCommand(MigrationCommand):
                 return None
             return f"{code(self.model_mesh(call))}.expert_groups({code(ep.value)})"
         return None
+
+    def _sets_tp_mesh(self, call: cst.Call) -> bool:
+        """``call`` builds AutoTP groups (``_init_tp_mesh_device(N)``, N not a literal 1) or sets a
+        default mesh (what the first rewrites to, so that a second run decides the same)."""
+        if self.could_be(call.func, {"set_default_mesh", "use_mesh"}):
+            return True
+        if not (self.could_be(call.func, INIT_TP) and self.function_of(call.func) in INIT_TP):
+            return False
+        tp = arg_by(call, 0, "tensor_model_parallel_size")
+        return not (tp is not None and isinstance(tp.value, cst.Integer) and tp.value.value == "1")
 
     # --- star imports: the names they bind cannot be resolved --------------------------------
     def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:
