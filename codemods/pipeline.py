@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
 from .base import MigrationCommand, counters, identifiers
+from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
@@ -49,8 +50,12 @@ def migrate_code(
     module: Optional[str] = None,
     package: Optional[str] = None,
     codemods: Sequence[Type[MigrationCommand]] = CODEMODS,
+    comm_to_torch: bool = False,
 ) -> Migration:
-    """Run ``codemods`` over ``source``; raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    """Run ``codemods`` over ``source`` (plus the opt-in ``deepspeed.comm`` → ``torch.distributed``
+    codemod with ``comm_to_torch``); raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    if comm_to_torch and CommToTorchCommand not in codemods:
+        codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
     source = source[len(bom):]
     migration = _migrate(source, filename, module, package, codemods)

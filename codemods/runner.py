@@ -77,7 +77,7 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> FileReport:
+def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to_torch: bool = False) -> FileReport:
     """Migrate one file; errors (unreadable, unparsable) are reported, never raised."""
     report = FileReport(path)
     file = Path(path)
@@ -85,7 +85,7 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
         with open(file, encoding="utf-8", newline="") as fh:
             source = fh.read()
         module, package = module_and_package(file)
-        result = migrate_code(source, filename=path, module=module, package=package)
+        result = migrate_code(source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch)
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
         return report
@@ -117,7 +117,7 @@ def _lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def _migrate_star(args: tuple[str, bool, bool]) -> FileReport:
+def _migrate_star(args: tuple[str, bool, bool, bool]) -> FileReport:
     return migrate_file(*args)
 
 
@@ -129,11 +129,12 @@ def run(
     want_diff: bool = False,
     on_report: Optional[Callable[[FileReport], None]] = None,
     progress: Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]] = None,
+    comm_to_torch: bool = False,
 ) -> Summary:
     """Migrate ``paths`` with ``jobs`` worker processes; ``on_report`` sees reports in ``paths`` order."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs} is not valid; it must be at least 1")
-    tasks = [(str(p), write, want_diff) for p in paths]
+    tasks = [(str(p), write, want_diff, comm_to_torch) for p in paths]
     summary = Summary()
     if jobs == 1 or len(tasks) <= 1:
         reports: Iterable[FileReport] = map(_migrate_star, tasks)
