@@ -163,7 +163,10 @@ def _engine_mesh(
 ) -> tuple[EngineMesh, Any]:
     """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
     if given is not None:
-        return as_engine_mesh(given), (None if mpu is None else _mesh_mpu(as_engine_mesh(given)))
+        mesh = as_engine_mesh(given)
+        # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
+        # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
+        return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
     if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
         _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid", order=order)
         return as_engine_mesh(grid.mesh), None
