@@ -103,6 +103,7 @@ EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert
 EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_parallel"}
 # calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
+_PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
 
@@ -163,8 +164,9 @@ class GroupsGettersCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         self._module_node = node
         result = super().visit_Module(node)
+        self._calls = [c for c in find_all(node, cst.Call) if self.could_be(c.func, _PLANNING_NAMES)]
         self._experts_blocked = self._expert_blocker(node)
-        self._builds_autotp = any(self._sets_tp_mesh(c) for c in find_all(node, cst.Call))
+        self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         return result
 
     def _expert_blocker(self, module: cst.Module) -> Optional[str]:
@@ -176,7 +178,7 @@ class GroupsGettersCommand(MigrationCommand):
         called without ``mp_size`` ignores TP and SP (consecutive EP ranks over the world, per pipe
         stage): the mesh's ``expert_groups(N)`` agrees only while the mesh the file runs on has no
         TP / SP, which a file that builds AutoTP groups or an engine cannot promise."""
-        calls = [c for c in find_all(module, cst.Call) if self.could_be(c.func, EXPERT_RELATED)]
+        calls = [c for c in self._calls if self.could_be(c.func, EXPERT_RELATED)]
         for call in calls:
             fname = self.function_of(call.func)
             if fname is None:
@@ -191,7 +193,7 @@ class GroupsGettersCommand(MigrationCommand):
                 ep = arg_by(call, 0, "expert_parallel_size_")
                 if ep is None or len(call.args) != 1 or not isinstance(self.parent(call), cst.Expr):
                     return "the expert groups are built with options (mp_size, pp_size, data-before-expert) or their result is used"
-        if any(self._sets_tp_mesh(c) or self.could_be(c.func, TP_SOURCES - frozenset(INIT_TP)) for c in find_all(module, cst.Call)):
+        if any(self._sets_tp_mesh(c) or self.could_be(c.func, TP_SOURCES - frozenset(INIT_TP)) for c in self._calls):
             return (
                 "this file also builds TP groups or an engine, and legacy expert groups built without mp_size ignore "
                 "TP/SP while <mesh>.expert_groups(N) splits the data ranks of each TP lane"
