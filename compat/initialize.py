@@ -100,6 +100,10 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=", order=order)
 
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
+    if engine_mpu is None and not pipeline and _stated_tp(config) > 1:
+        # legacy code said tp through an mpu (a grid, Megatron's parallel_state); the engine reads model
+        # parallelism only from an mpu, so a config "mesh" with tp > 1 gets one (what mpu=grid became)
+        engine_mpu = _mesh_mpu(mesh)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
     call["config"] = {k: v for k, v in config.items() if k not in CONSUMED_KEYS}
     call.pop("config_params", None)
@@ -183,6 +187,15 @@ def _engine_mesh(
         _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
         return mesh, _mesh_mpu(mesh)
     return EngineMesh(spec, device_type=default_device_type()), None
+
+
+def _stated_tp(config: dict) -> int:
+    """The tp of the config's "mesh" section when AutoTP does not own it (else 1)."""
+    section = config.get("mesh") or {}
+    if not isinstance(section, dict) or (config.get("tensor_parallel") or {}).get("autotp_size"):
+        return 1
+    tp = section.get("tp", 1)
+    return tp if isinstance(tp, int) else 1
 
 
 def _sequence_parallel_mesh(spec: MeshSpec, sp_module: Any) -> EngineMesh:

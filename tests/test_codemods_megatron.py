@@ -55,3 +55,19 @@ def test_megatron_sample_trains_the_same_after_migration(tmp_path):
     legacy, new = _run(tmp_path, "legacy.py"), _run(tmp_path, "migrated.py")
     assert len(legacy) == 4
     assert new == legacy
+
+
+ENGINES = Path(__file__).parent / "fixtures" / "codemods" / "engines"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("name", sorted(p.name for p in ENGINES.glob("*.py")))
+def test_engine_script_trains_the_same_after_migration(name, tmp_path):
+    m = migrate_code((ENGINES / name).read_text())
+    assert m.sites and not m.todos and "compat.install()" in m.code
+    shutil.copy(ENGINES / name, tmp_path / "legacy.py")
+    (tmp_path / "migrated.py").write_text(m.code)
+    legacy, new = _run(tmp_path, "legacy.py"), _run(tmp_path, "migrated.py")
+    assert len(legacy) == 4
+    assert new == legacy
