@@ -86,7 +86,8 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         sites.update(done)
         todos.update(flagged)
     code = tree.code
-    if code != source and needs_runtime(source, code, sites):
+    in_deepspeed = bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
+    if code != source and not in_deepspeed and needs_runtime(source, code, sites):  # library code never installs
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
