@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# one world mesh per default process group (a new init_process_group gets a new one)
-_world_meshes: dict[int, "DeepSpeedDeviceMesh"] = {}
+# the world mesh of the current default process group (a new init_process_group gets a new one);
+# the group object itself is kept so that identity, not a reusable id(), decides
+_world_mesh: list = [None, None]  # [default group, mesh]
 
 
 def current_mesh() -> "DeepSpeedDeviceMesh":
@@ -36,13 +37,11 @@ def current_mesh() -> "DeepSpeedDeviceMesh":
             "torch.distributed.init_process_group (or deepspeed.init_distributed) first"
         )
     world = dist.group.WORLD
-    key = id(world)
-    mesh = _world_meshes.get(key)
-    if mesh is None or getattr(mesh, "_destroyed", False):
+    group, mesh = _world_mesh
+    if group is not world or mesh is None or getattr(mesh, "_destroyed", False):
         from .device_mesh import DeepSpeedDeviceMesh
 
-        _world_meshes.clear()  # a previous default group is gone
         mesh = DeepSpeedDeviceMesh.build(dp=dist.get_world_size(), verify=False)
-        _world_meshes[key] = mesh
+        _world_mesh[:] = [world, mesh]
         logger.info("no default mesh is set; using the data-parallel world mesh %s", mesh.spec.describe())
     return mesh
