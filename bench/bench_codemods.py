@@ -9,6 +9,7 @@ must still compile (``compileall``); ``--idempotent`` also checks that a second 
 from __future__ import annotations
 
 import argparse
+import ast
 import compileall
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -61,6 +63,41 @@ def migrate(tree: Path, jobs: int, *extra: str) -> tuple[float, int, dict]:
     return seconds, done.returncode, json.loads(lines[-1])
 
 
+def family_sites(tree: Path) -> Counter:
+    """Legacy process-group call sites by family (ast scan; a site is a call):
+    groups (``deepspeed.utils.groups`` functions), mpu (``<...mpu...>.get_*()``), bwc (``bwc_*()``),
+    grid (grid methods on an object whose name mentions ``grid``), comm (``deepspeed.comm`` thin
+    wrappers through a ``dist`` / ``comm`` alias)."""
+    from codemods import grid_api
+    from codemods.groups_getters import ALL_FUNCTIONS
+
+    counts: Counter = Counter()
+    for path in tree.rglob("*.py"):
+        try:
+            module = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        if any(part in ("groups.py", "topology.py") for part in (path.name,)) and path.parent.name in ("utils", "pipe"):
+            continue  # the modules that define the legacy APIs
+        for node in ast.walk(module):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            owner = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+            if name is None:
+                continue
+            if name in ALL_FUNCTIONS and ("groups" in owner or not owner):
+                counts["groups"] += 1
+            elif name.startswith("bwc_"):
+                counts["bwc"] += 1
+            elif name.startswith("get_") and "mpu" in owner.lower():
+                counts["mpu"] += 1
+            elif name in grid_api.METHODS and "grid" in owner.lower():
+                counts["grid"] += 1
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
@@ -71,8 +108,11 @@ def main() -> int:
         tree = Path(tmp) / "deepspeed"
         shutil.copytree(installed_deepspeed(), tree, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         files = sorted(str(p) for p in tree.rglob("*.py"))
+        before = family_sites(tree)
         floor = floor_seconds(files, args.jobs)
+        os.environ["CODEMODS_CACHE_DIR"] = str(Path(tmp) / "cache")  # a cold cache: the migration does all the work
         seconds, rc, summary = migrate(tree, args.jobs)
+        after = family_sites(tree)
         compiled = compileall.compile_dir(str(tree), quiet=2, workers=args.jobs)
         print(f"deepspeed tree: {len(files)} .py files, migrate --jobs {args.jobs}: {seconds:.1f} s (rc={rc})")
         print(f"floor (libcst parse+print, {args.jobs} processes): {floor:.1f} s; ratio migrate/floor: {seconds / floor:.2f}x")
@@ -80,10 +120,24 @@ def main() -> int:
         print("sites rewritten: " + ", ".join(f"{k}={v}" for k, v in summary["sites_rewritten"].items()))
         print("sites left with TODOV1: " + ", ".join(f"{k}={v}" for k, v in summary["sites_todo"].items()))
         print(f"compileall of the migrated tree: {'ok' if compiled else 'FAILED'}")
+        print("legacy call sites by family (before -> left after migration; rewritten %):")
+        for family in sorted(before):
+            done = before[family] - after.get(family, 0)
+            print(f"  {family}: {before[family]} -> {after.get(family, 0)} ({100 * done / before[family]:.0f}% rewritten)")
+        total_before, total_after = sum(before.values()), sum(after.values())
+        print(f"  all: {total_before} -> {total_after} ({100 * (total_before - total_after) / max(total_before, 1):.0f}% rewritten)")
+        imported = subprocess.run(
+            [sys.executable, "-c", "import deepspeed, deepspeed.runtime.engine, deepspeed.moe.layer, deepspeed.runtime.pipe.engine; print(deepspeed.__file__)"],
+            capture_output=True, text=True, cwd=tmp, env=dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{REPO}"),
+        )
+        print(f"import of the migrated copy: {'ok ' + imported.stdout.strip() if imported.returncode == 0 else 'FAILED ' + imported.stderr[-300:]}")
         ok = bool(compiled) and rc == 0
         if args.idempotent:
             again, rc2, second = migrate(tree, args.jobs, "--check")
-            print(f"second run (--check): {again:.1f} s, would change {second['files_changed']} files (rc={rc2})")
+            print(f"second run (--check): {again:.1f} s, would change {second['files_changed']} files (rc={rc2}); "
+                  f"migration/check: {seconds / again:.1f}x")
+            cold, rc3, third = migrate(tree, args.jobs, "--check", "--no-cache")
+            print(f"--check --no-cache (parses every file): {cold:.1f} s, would change {third['files_changed']} files")
             ok = ok and rc2 == 0
     return 0 if ok else 1
 

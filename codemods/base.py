@@ -234,7 +234,7 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         engine = self.engine_in_scope(node)
         if engine is not None:
             return cst.Attribute(value=cst.Name(engine), attr=cst.Name("mesh_device"))
-        return cst.Call(func=cst.parse_expression(self.mesh_ref("default_mesh")))
+        return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
 
     def scope_of(self, node: cst.CSTNode) -> Optional[Scope]:
         try:

@@ -2,7 +2,7 @@
 
 ``groups.get_data_parallel_group()`` becomes ``<mesh>.get_group("dp")``, where ``<mesh>`` is
 ``self.mesh_device`` inside an engine subclass, ``<engine>.mesh_device`` after
-``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``default_mesh()``.
+``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``current_mesh()``.
 """
 from __future__ import annotations
 
@@ -99,6 +99,11 @@ MANUAL: dict[str, str] = {
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
+EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
+EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_parallel"}
+# calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
+TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
+_PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
 
@@ -158,7 +163,42 @@ class GroupsGettersCommand(MigrationCommand):
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         self._module_node = node
-        return super().visit_Module(node)
+        result = super().visit_Module(node)
+        self._calls = [c for c in find_all(node, cst.Call) if self.could_be(c.func, _PLANNING_NAMES)]
+        self._experts_blocked = self._expert_blocker(node)
+        self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
+        return result
+
+    def _expert_blocker(self, module: cst.Module) -> Optional[str]:
+        """Why no expert site of this file may be rewritten (None: all may).
+
+        Legacy expert groups live in one name-keyed table that the builder fills and the getters
+        read, so a file's expert sites move to the mesh together or not at all (a getter on the mesh
+        after a legacy builder, or the reverse, would read groups nobody built). And a builder
+        called without ``mp_size`` ignores TP and SP (consecutive EP ranks over the world, per pipe
+        stage): the mesh's ``expert_groups(N)`` agrees only while the mesh the file runs on has no
+        TP / SP, which a file that builds AutoTP groups or an engine cannot promise."""
+        calls = [c for c in self._calls if self.could_be(c.func, EXPERT_RELATED)]
+        for call in calls:
+            fname = self.function_of(call.func)
+            if fname is None:
+                continue
+            if has_star_args(call):
+                return f"groups.{fname}(*args)"
+            if fname in EXPERT and expert_size(call) is None:
+                return f"groups.{fname} with an expert-group name that is not a literal 'ep_size_N'"
+            if fname in EXPERT_MANUAL:
+                return f"groups.{fname} has no mesh equivalent"
+            if fname == "_create_expert_and_data_parallel":
+                ep = arg_by(call, 0, "expert_parallel_size_")
+                if ep is None or len(call.args) != 1 or not isinstance(self.parent(call), cst.Expr):
+                    return "the expert groups are built with options (mp_size, pp_size, data-before-expert) or their result is used"
+        if any(self._sets_tp_mesh(c) or self.could_be(c.func, TP_SOURCES - frozenset(INIT_TP)) for c in self._calls):
+            return (
+                "this file also builds TP groups or an engine, and legacy expert groups built without mp_size ignore "
+                "TP/SP while <mesh>.expert_groups(N) splits the data ranks of each TP lane"
+            )
+        return None
 
     def function_of(self, node: cst.CSTNode) -> Optional[str]:
         if not self.could_be(node, ALL_FUNCTIONS):
@@ -177,12 +217,21 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
         if fname in SIMPLE and not original_node.args:
+            if fname.startswith("_") and self._builds_autotp:
+                self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
+                          "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
+                          "torch.distributed.group.WORLD for the world")
+                return updated_node
             return self._rewrite(original_node, SIMPLE[fname])
         if fname == "_clone_world_group" and not original_node.args:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
             self.keep_comments(original_node)
             self.record(KIND)
             return cst.parse_expression(WORLD)
+        if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
+            self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
+                      "see MIGRATION.md 'Expert groups'")
+            return updated_node
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:
@@ -226,6 +275,16 @@ class GroupsGettersCommand(MigrationCommand):
                 return None
             return f"{code(self.model_mesh(call))}.expert_groups({code(ep.value)})"
         return None
+
+    def _sets_tp_mesh(self, call: cst.Call) -> bool:
+        """``call`` builds AutoTP groups (``_init_tp_mesh_device(N)``, N not a literal 1) or sets a
+        default mesh (what the first rewrites to, so that a second run decides the same)."""
+        if self.could_be(call.func, {"set_default_mesh", "use_mesh"}):
+            return True
+        if not (self.could_be(call.func, INIT_TP) and self.function_of(call.func) in INIT_TP):
+            return False
+        tp = arg_by(call, 0, "tensor_model_parallel_size")
+        return not (tp is not None and isinstance(tp.value, cst.Integer) and tp.value.value == "1")
 
     # --- star imports: the names they bind cannot be resolved --------------------------------
     def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:

@@ -81,9 +81,10 @@ class InitializeCommand(MigrationCommand):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self._dict_entries: dict[int, str] = {}
+        self._dict_entries: dict[int, list[str]] = {}
         self._call_drops: dict[int, tuple[list[int], list[str]]] = {}
         self._call_flags: dict[int, list[tuple[str, str]]] = {}
+        self._from_mpu: dict[int, tuple[str, None]] = {}  # id(mpu= Arg) -> how to wrap it
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
@@ -118,12 +119,17 @@ class InitializeCommand(MigrationCommand):
         if mpu is not None:
             sizes = self._mpu_sizes(mpu)
             if sizes is None:
-                self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
+                if mesh_param is None and self._plan_from_mpu(node, mpu):
+                    mpu = None
+                else:
+                    self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
             else:
                 entries += sizes
                 drops.append(mpu)
                 kinds.append(KIND_MPU)
         if not drops:
+            return
+        if not entries:  # only mpu= -> mesh=from_mpu(...), planned above
             return
         target = self.config_dict(node)
         if target is None:
@@ -134,9 +140,65 @@ class InitializeCommand(MigrationCommand):
             for kind in kinds:
                 self._defer(node, kind, 'the config already has a "mesh" section; merge {' + ", ".join(entries) + "} into it")
             return
-        self._dict_entries[id(target)] = '"mesh": {' + ", ".join(entries) + "}"
+        added = ['"mesh": {' + ", ".join(entries) + "}"]
+        if any(e.startswith('"tp": ') and e != '"tp": 1' for e in entries):
+            # under the mesh runtime a "mesh" tp alone turns on AutoTP sharding; the legacy mpu only
+            # named tp groups (the model does its own TP): autotp_size 0 keeps it that way
+            if "tensor_parallel" in dict_keys(target):
+                for kind in kinds:
+                    self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + '} and set "tensor_parallel": '
+                                '{"autotp_size": 0} unless AutoTP should shard the model, then drop mpu=')
+                return
+            added.append('"tensor_parallel": {"autotp_size": 0}')
+        self._dict_entries[id(target)] = added
         self._call_drops[id(node)] = ([id(a) for a in drops], kinds)
         return
+
+    def _plan_from_mpu(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """``mpu=X`` whose layout is only known at run time → ``mesh=DeepSpeedDeviceMesh.from_mpu(X)``
+        (the mesh adopts X's groups). ``X if cond else None`` keeps its condition; a name that may be
+        None is guarded. A local ``PipelineParallelGrid`` is left to the grid rules."""
+        if arg.keyword is None or arg_by(call, None, "mesh") is not None:
+            return False
+        value = arg.value
+        if isinstance(value, cst.IfExp):
+            none_branch = [b for b in (value.body, value.orelse) if isinstance(b, cst.Name) and b.value == "None"]
+            mpu_branch = [b for b in (value.body, value.orelse) if not (isinstance(b, cst.Name) and b.value == "None")]
+            if len(none_branch) != 1 or not self._runtime_mpu(mpu_branch[0]):
+                return False
+            self._from_mpu[id(arg)] = ("ifexp", None)
+            return True
+        if not self._runtime_mpu(value):
+            return False
+        self._from_mpu[id(arg)] = ("guard" if not self._never_none(value) else "plain", None)
+        return True
+
+    def _runtime_mpu(self, value: cst.BaseExpression) -> bool:
+        """A name or attribute chain that is not a local grid / mesh / the groups module."""
+        node = value
+        while isinstance(node, cst.Attribute):
+            node = node.value
+        if not isinstance(node, cst.Name):
+            return False
+        names = self.legacy_names(value)
+        if ln.GROUPS in names or any(n.startswith("mesh_core") for n in names):
+            return False
+        if isinstance(value, cst.Name):
+            bound = self.bound_value(value)
+            if isinstance(bound, cst.Call) and (ln.GRID in self.legacy_names(bound.func)
+                                                or any(n.startswith("mesh_core") for n in self.legacy_names(bound.func))):
+                return False
+        return True
+
+    def _never_none(self, value: cst.BaseExpression) -> bool:
+        """``value`` names an imported module (a Megatron ``parallel_state``)."""
+        if not isinstance(value, cst.Name):
+            return False
+        scope = self.scope_of(value)
+        if scope is None:
+            return False
+        bindings = scope.assignments[value.value]
+        return bool(bindings) and all(isinstance(getattr(b, "node", None), (cst.Import, cst.ImportFrom)) for b in bindings)
 
     def _mesh_param_sizes(self, arg: cst.Arg) -> Optional[list[str]]:
         if arg.keyword is None:
@@ -181,8 +243,26 @@ class InitializeCommand(MigrationCommand):
             return set()
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
-        entry = self._dict_entries.get(id(original_node))
-        return with_entry(updated_node, entry) if entry else updated_node
+        for entry in self._dict_entries.get(id(original_node), ()):
+            updated_node = with_entry(updated_node, entry)
+        return updated_node
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        plan = self._from_mpu.get(id(original_node))
+        if plan is None:
+            return updated_node
+        self.record(KIND_MPU)
+        mesh_class = self.mesh_ref("DeepSpeedDeviceMesh")
+        value = updated_node.value
+        if plan[0] == "ifexp":
+            assert isinstance(value, cst.IfExp)
+            wrap = lambda b: b if isinstance(b, cst.Name) and b.value == "None" else cst.parse_expression(f"{mesh_class}.from_mpu({code(b)})")  # noqa: E731
+            new = value.with_changes(body=wrap(value.body), orelse=wrap(value.orelse))
+        elif plan[0] == "guard":
+            new = cst.parse_expression(f"None if {code(value)} is None else {mesh_class}.from_mpu({code(value)})")
+        else:
+            new = cst.parse_expression(f"{mesh_class}.from_mpu({code(value)})")
+        return updated_node.with_changes(keyword=cst.Name("mesh"), value=new)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         planned = self._call_drops.get(id(original_node))

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Iterable, Iterator, Optional, Sequence
 
+from .cache import FixedPoints
 from .files import discover
 from .runner import FileReport, Summary, run
 
@@ -26,6 +27,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching GLOB")
     parser.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching GLOB")
+    parser.add_argument(
+        "--comm-to-torch", action="store_true",
+        help="also rewrite deepspeed.comm thin wrappers to torch.distributed (kill-switch, backend-specific and "
+        "different-semantics sites get TODOV1)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true",
+        help="do not skip files already migrated by these codemods (cache in $CODEMODS_CACHE_DIR)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -78,7 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     show_bar = not args.no_progress and sys.stderr.isatty() and len(paths) > 20
     start = time.perf_counter()
     summary = run(
-        paths, jobs=args.jobs, write=write, want_diff=args.diff, on_report=on_report, progress=_progress_bar(show_bar)
+        paths, jobs=args.jobs, write=write, want_diff=args.diff, on_report=on_report, progress=_progress_bar(show_bar),
+        comm_to_torch=args.comm_to_torch,
+        cache=None if args.no_cache else FixedPoints(args.comm_to_torch),
     )
     seconds = time.perf_counter() - start
     if args.json:

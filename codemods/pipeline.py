@@ -9,11 +9,14 @@ import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
 from .base import MigrationCommand, counters, identifiers
+from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
+from .portable import parse_error, requote
+from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
 
 # Order matters: the topology codemod turns grids into meshes that the initialize codemod then
@@ -47,8 +50,12 @@ def migrate_code(
     module: Optional[str] = None,
     package: Optional[str] = None,
     codemods: Sequence[Type[MigrationCommand]] = CODEMODS,
+    comm_to_torch: bool = False,
 ) -> Migration:
-    """Run ``codemods`` over ``source``; raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    """Run ``codemods`` over ``source`` (plus the opt-in ``deepspeed.comm`` → ``torch.distributed``
+    codemod with ``comm_to_torch``); raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    if comm_to_torch and CommToTorchCommand not in codemods:
+        codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
     source = source[len(bom):]
     migration = _migrate(source, filename, module, package, codemods)
@@ -78,4 +85,15 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         done, flagged = counters(context)
         sites.update(done)
         todos.update(flagged)
-    return Migration(tree.code, +sites, +todos)
+    code = tree.code
+    in_deepspeed = bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
+    if code != source and not in_deepspeed and needs_runtime(source, code, sites):  # library code never installs
+        tree = add_runtime(tree)
+        code = tree.code
+    if code != source:
+        tree = requote(tree, code)
+        code = tree.code
+        problem = parse_error(code)
+        if problem is not None and parse_error(source) is None:
+            raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
+    return Migration(code, +sites, +todos)

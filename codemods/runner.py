@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import libcst as cst
 
 from .files import module_and_package
+from .cache import FixedPoints, content_hash
 from .pipeline import migrate_code
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ class FileReport:
     todos: Counter = field(default_factory=Counter)
     error: Optional[str] = None
     diff: Optional[str] = None
+    fixed: Optional[str] = None  # content hash of the migrated code (a fixed point of the migration)
+    cached: bool = False
 
 
 @dataclass
@@ -40,8 +43,10 @@ class Summary:
     errors: list[tuple[str, str]] = field(default_factory=list)
     sites: Counter = field(default_factory=Counter)
     todos: Counter = field(default_factory=Counter)
+    reports: list = field(default_factory=list, repr=False)
 
     def add(self, report: FileReport) -> None:
+        self.reports.append(report)
         self.scanned += 1
         self.changed += report.changed
         self.sites.update(report.sites)
@@ -77,7 +82,7 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> FileReport:
+def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to_torch: bool = False) -> FileReport:
     """Migrate one file; errors (unreadable, unparsable) are reported, never raised."""
     report = FileReport(path)
     file = Path(path)
@@ -85,7 +90,7 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
         with open(file, encoding="utf-8", newline="") as fh:
             source = fh.read()
         module, package = module_and_package(file)
-        result = migrate_code(source, filename=path, module=module, package=package)
+        result = migrate_code(source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch)
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
         return report
@@ -98,6 +103,7 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False) -> File
         return report
     report.sites, report.todos = result.sites, result.todos
     report.changed = result.code != source
+    report.fixed = content_hash(result.code)
     if report.changed and want_diff:
         lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
         # a last line without a newline gets the marker patch tools expect (and no glued next line)
@@ -117,7 +123,7 @@ def _lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def _migrate_star(args: tuple[str, bool, bool]) -> FileReport:
+def _migrate_star(args: tuple[str, bool, bool, bool]) -> FileReport:
     return migrate_file(*args)
 
 
@@ -129,12 +135,33 @@ def run(
     want_diff: bool = False,
     on_report: Optional[Callable[[FileReport], None]] = None,
     progress: Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]] = None,
+    comm_to_torch: bool = False,
+    cache: Optional[FixedPoints] = None,
 ) -> Summary:
     """Migrate ``paths`` with ``jobs`` worker processes; ``on_report`` sees reports in ``paths`` order."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs} is not valid; it must be at least 1")
-    tasks = [(str(p), write, want_diff) for p in paths]
+    tasks = [(str(p), write, want_diff, comm_to_torch) for p in paths]
     summary = Summary()
+    known: dict[int, FileReport] = {}
+    if cache is not None:  # files already migrated by these codemods need no parse
+        for index, path in enumerate(paths):
+            digest = _file_hash(path)
+            todos = cache.get(digest) if digest is not None else None
+            if todos is not None:
+                known[index] = FileReport(str(path), todos=Counter(todos), fixed=digest, cached=True)
+    if known:
+        pending = [i for i in range(len(tasks)) if i not in known]
+        inner = run(
+            [paths[i] for i in pending], jobs=jobs, write=write, want_diff=want_diff, comm_to_torch=comm_to_torch,
+            on_report=None, progress=progress, cache=None,
+        )
+        merged: dict[int, FileReport] = dict(known)
+        for i, report in zip(pending, inner.reports):
+            merged[i] = report
+        summary = _collect([merged[i] for i in range(len(tasks))], len(tasks), Summary(), on_report, None)
+        _remember(cache, summary.reports)
+        return summary
     if jobs == 1 or len(tasks) <= 1:
         reports: Iterable[FileReport] = map(_migrate_star, tasks)
         summary = _collect(reports, len(tasks), summary, on_report, progress)
@@ -148,7 +175,24 @@ def run(
             for index, report in zip(order, stream):
                 done[index] = report
         summary = _collect(done, len(tasks), summary, on_report, None)
+    if cache is not None:
+        _remember(cache, summary.reports)
     return summary
+
+
+def _file_hash(path) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            return content_hash(fh.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _remember(cache: FixedPoints, reports) -> None:
+    for report in reports:
+        if report.fixed is not None and not report.error and not report.cached:
+            cache.add(report.fixed, dict(report.todos))
+    cache.save()
 
 
 def _size(path: str) -> int:

@@ -29,6 +29,7 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import set_default_mesh
 
 from .config_loading import load_deepspeed_config
 from .layout_config import config_call_for_mesh, with_autotp_from_mesh
@@ -110,9 +111,13 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
 
     config = hsdp_zero_config(config, spec)
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
-    if engine_mpu is None and not pipeline and zero_stage(config) == 3 and _dp_is_not_world(spec):
-        # without an mpu, ZeRO-3 partitions the parameters over the whole world (zero.Init's default
-        # group) while its optimizer uses the engine's dp group: give it the mesh's dp group
+    if engine_mpu is None and not pipeline and (
+        _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))
+    ):
+        # legacy code said tp through an mpu (a grid, Megatron's parallel_state); the engine reads model
+        # parallelism only from an mpu, so a config "mesh" with tp > 1 that AutoTP does not own gets one
+        # (what mpu=grid became). Without an mpu, ZeRO-3 partitions the parameters over the whole world
+        # (zero.Init's default group) while its optimizer uses the engine's dp group: give it the mesh's.
         engine_mpu = _mesh_mpu(mesh)
     # the layout keys are consumed into the mesh; left in, deepspeed would build a torch mesh too
     config = with_autotp_from_mesh(config, spec.dim_size("tp"), mpu=mpu, given_mesh=given_mesh, pipeline=pipeline)
@@ -137,6 +142,9 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     engine = result[0]
     engine.mesh_device = mesh
     mark_owned(engine, mesh, given=given_mesh, grid=grid, mpu=mpu)  # engine.destroy() releases it
+    # as legacy's process-global groups.mpu: migrated code with no engine at hand (current_mesh())
+    # sees the mesh of the engine built last (MIGRATION.md, "The model's mesh")
+    set_default_mesh(mesh)
     setattr(engine, ENGINE_STATE_ATTR, capture())
     _track(engine)
     logger.info("engine on %s", mesh.spec.describe())
@@ -253,7 +261,10 @@ def _engine_mesh(
 ) -> tuple[EngineMesh, Any]:
     """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
     if given is not None:
-        return as_engine_mesh(given), (None if mpu is None else _mesh_mpu(as_engine_mesh(given)))
+        mesh = as_engine_mesh(given)
+        # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
+        # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
+        return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
     if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
         _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid", order=order)
         return as_engine_mesh(grid.mesh), None
@@ -270,6 +281,20 @@ def _engine_mesh(
         _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
         return mesh, _mesh_mpu(mesh)
     return EngineMesh(spec, device_type=default_device_type()), None
+
+
+def _stated_tp(config: dict) -> int:
+    """The tp of the config's "mesh" section when AutoTP does not own it (else 1): the config says
+    ``"tensor_parallel": {"autotp_size": 0}`` (or 1) beside it, the model does its own TP (what the
+    codemods write for ``mpu=grid``); without it, ``with_autotp_from_mesh`` hands tp to AutoTP."""
+    section = config.get("mesh") or {}
+    tensor_parallel = config.get("tensor_parallel")
+    if not isinstance(section, dict) or not isinstance(tensor_parallel, dict):
+        return 1
+    if tensor_parallel.get("autotp_size") not in (0, 1):
+        return 1
+    tp = section.get("tp", 1)
+    return tp if isinstance(tp, int) else 1
 
 
 def _sequence_parallel_mesh(spec: MeshSpec, sp_module: Any) -> EngineMesh:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-import torch
 import torch.distributed as dist
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
 
 from .device import default_device_type
 
@@ -234,10 +233,6 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
     return {dim: g for dim, g in found.items() if g is not None}
 
 
-def _ranks_of(group: Any) -> list[int]:
-    return sorted(dist.get_process_group_ranks(group))
-
-
 def mesh_from_mpu(mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True) -> DeepSpeedDeviceMesh:
     """A mesh reproducing ``mpu``'s groups (dp, tp, pp and sp where the mpu has them).
 
@@ -250,72 +245,9 @@ def mesh_from_mpu(mpu: Any, *, device_type: Optional[str] = None, check_agreemen
     """
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError("torch.distributed is not initialised; initialise it before mesh_from_mpu")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    groups = _mpu_groups(mpu)
-    spec: Optional[MeshSpec] = None
-    try:
-        spec = _infer_spec(groups, world, rank)
-        problem = None
-    except MeshSpecError as err:
-        problem = err
-    if check_agreement and world > 1:
-        # every rank takes part before anyone raises, so a rank-local mismatch cannot hang the others
-        _check_agreement(spec, problem)
-    if problem is not None:
-        raise problem
-    assert spec is not None
-    layout = MeshLayout(spec)
-    registry = registry_for_world()
-    for dim, group in groups.items():
-        registry.adopt(layout.groups(dim), group)
-    logger.debug("mesh_from_mpu: %s from %s", spec.describe(), type(mpu).__name__)
-    return DeepSpeedDeviceMesh(spec, device_type=device_type or default_device_type())
-
-
-def _infer_spec(groups: dict[str, Any], world: int, rank: int) -> MeshSpec:
-    ranks = {dim: _ranks_of(g) for dim, g in groups.items()}
-    sizes = {dim: len(r) for dim, r in ranks.items()}
-    strides = {}
-    for dim, r in ranks.items():
-        if len(r) > 1:
-            step = r[1] - r[0]
-            if any(b - a != step for a, b in zip(r, r[1:])):
-                raise MeshSpecError(
-                    f"the mpu's {dim} group {r} is not evenly strided, so its groups are not a row-major mesh"
-                )
-            strides[dim] = step
-    order = sorted(strides, key=lambda d: -strides[d])
-    order += [d for d in MPU_DIMS if d not in order]
-    try:
-        spec = MeshSpec.build(world, order=order, **{d: sizes.get(d, 1) for d in MPU_DIMS})
-    except MeshSpecError as err:
-        raise MeshSpecError(
-            f"the mpu's group sizes {sizes} do not form a mesh over world_size={world}: {err}"
-        ) from None
-    layout = MeshLayout(spec)
-    for dim, r in ranks.items():
-        expected = layout.group_ranks(dim, rank)
-        if sorted(expected) != r:
-            raise MeshSpecError(
-                f"the mpu's {dim} group {r} on rank {rank} differs from {expected}, the {dim} group of "
-                f"{spec.describe()}; the mpu's groups are not a row-major mesh"
-            )
-    return spec
-
-
-def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> None:
-    if spec is None or problem is not None:
-        code = [-1] * (2 * len(MPU_DIMS))
-    else:
-        code = [spec.dim_size(d) for d in MPU_DIMS] + [spec.names.index(d) for d in MPU_DIMS]
-    # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
-    device = dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
-    low = torch.tensor(code, dtype=torch.int64, device=device)
-    high = low.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    if problem is None and not torch.equal(low, high):
-        raise MeshSpecError(
-            f"ranks inferred different meshes from the mpu (this rank: {spec.describe() if spec else None}); "
-            "its groups are not a row-major mesh"
-        )
+    _mpu_groups(mpu)  # the compat-specific checks (the Ulysses module is not an mpu here)
+    mesh = DeepSpeedDeviceMesh.from_mpu(  # type: ignore[attr-defined]
+        mpu, device_type=device_type or default_device_type(), check_agreement=check_agreement
+    )
+    logger.debug("mesh_from_mpu: %s from %s", mesh.spec.describe(), type(mpu).__name__)
+    return mesh

@@ -352,3 +352,10 @@ class DeepSpeedDeviceMesh:
     def _check_alive(self) -> None:
         if self._destroyed:
             raise MeshSpecError(f"{self!r} was destroyed")
+
+
+# A mesh from existing process groups (an mpu, explicit groups): see from_groups.py.
+from . import from_groups as _from_groups  # noqa: E402 (it needs the class defined above)
+
+DeepSpeedDeviceMesh.from_groups = classmethod(_from_groups.from_groups)  # type: ignore[attr-defined]
+DeepSpeedDeviceMesh.from_mpu = classmethod(_from_groups.from_mpu)  # type: ignore[attr-defined]

@@ -75,10 +75,10 @@ def test_groups_getter_rewrites_lettered_and_underscore():
         c = groups._get_expert_parallel_rank("ep_size_8")
         """,
     )
-    assert 'a = default_mesh().get_group("tp")' in code
-    assert 'b = default_mesh().size(("dp", "sp"))' in code
-    assert "c = default_mesh().expert_groups(8).ep_ranks.index(default_mesh().rank)" in code
-    assert "from mesh_core import default_mesh" in code
+    assert 'a = current_mesh().get_group("tp")' in code
+    assert 'b = current_mesh().size(("dp", "sp"))' in code
+    assert "c = current_mesh().expert_groups(8).ep_ranks.index(current_mesh().rank)" in code
+    assert "from mesh_core import current_mesh" in code
     assert context.scratch["codemods.sites"]["groups getter"] == 3
 
 
@@ -94,7 +94,7 @@ def test_groups_getter_ignores_unrelated_and_relative_imports_resolve():
         module="deepspeed.moe.thing",
         package="deepspeed.moe",
     )
-    assert 'x = default_mesh().get_rank("dp")' in code
+    assert 'x = current_mesh().get_rank("dp")' in code
     assert "y = other._get_data_parallel_rank()" in code
 
 
@@ -278,17 +278,17 @@ def test_engine_class_itself_and_relative_subclass_use_self_mesh_device():
     "source",
     [
         # a parameter named like the accessor the codemod adds
-        "from deepspeed.utils import groups\ndef f(default_mesh):\n    return groups.get_data_parallel_group()\n",
+        "from deepspeed.utils import groups\ndef f(current_mesh):\n    return groups.get_data_parallel_group()\n",
         # a module-level binding of the same name (an import, an assignment)
-        "from foo import default_mesh\nfrom deepspeed.utils import groups\nx = groups.get_data_parallel_group()\ny = default_mesh(3)\n",
-        "from deepspeed.utils import groups\ndefault_mesh = 5\nx = groups.get_data_parallel_group()\n",
+        "from foo import current_mesh\nfrom deepspeed.utils import groups\nx = groups.get_data_parallel_group()\ny = current_mesh(3)\n",
+        "from deepspeed.utils import groups\ncurrent_mesh = 5\nx = groups.get_data_parallel_group()\n",
     ],
 )
 def test_added_accessor_never_rebinds_or_hits_a_user_name(source):
     out = migrate_code(source).code
-    assert 'mesh_core.default_mesh().get_group("dp")' in out
-    assert "import mesh_core\n" in out and "from mesh_core import default_mesh" not in out
-    assert source.count("default_mesh") == out.count("default_mesh") - 1  # the user's own uses are untouched
+    assert 'mesh_core.current_mesh().get_group("dp")' in out
+    assert "import mesh_core\n" in out and "from mesh_core import current_mesh" not in out
+    assert source.count("current_mesh") == out.count("current_mesh") - 1  # the user's own uses are untouched
     compile(out, "<shadow>", "exec")
     assert migrate_code(out).code == out
 
@@ -315,7 +315,7 @@ def test_engine_shadowed_by_a_comprehension_variable_is_not_used():
         "    return [groups.get_data_parallel_group() for engine in range(3)]\n"
     )
     out = migrate_code(source).code
-    assert '[default_mesh().get_group("dp") for engine in range(3)]' in out
+    assert '[current_mesh().get_group("dp") for engine in range(3)]' in out
     out = migrate_code(source.replace("for engine in", "for i in")).code
     assert '[engine.mesh_device.get_group("dp") for i in range(3)]' in out
 
@@ -324,7 +324,7 @@ def test_byte_order_mark_is_kept():
     source = "\ufefffrom deepspeed.utils import groups  # c\r\nx = groups.get_data_parallel_group()\r\n"
     out = migrate_code(source).code
     assert out.startswith("\ufeff") and out.count("\ufeff") == 1
-    assert 'x = default_mesh().get_group("dp")\r\n' in out
+    assert 'x = current_mesh().get_group("dp")\r\n' in out
     assert migrate_code(out).code == out
 
 

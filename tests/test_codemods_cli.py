@@ -16,7 +16,7 @@ from codemods.pipeline import migrate_code
 
 REPO = Path(__file__).resolve().parent.parent
 LEGACY = "from deepspeed.utils import groups\n\nx = groups.get_data_parallel_group()  # keep\n"
-MIGRATED = 'from mesh_core import default_mesh\n\nx = default_mesh().get_group("dp")  # keep\n'
+MIGRATED = 'from mesh_core import current_mesh\n\nx = current_mesh().get_group("dp")  # keep\n'
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_diff_writes_nothing(tree, capsys):
     assert rc == 0
     assert (tree / "pkg" / "train.py").read_text() == LEGACY
     assert "-x = groups.get_data_parallel_group()  # keep" in out
-    assert '+x = default_mesh().get_group("dp")  # keep' in out
+    assert '+x = current_mesh().get_group("dp")  # keep' in out
 
 
 def test_check_exit_status(tree):

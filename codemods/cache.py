@@ -1,0 +1,76 @@
+"""Which file contents are already migrated (fixed points of the migration), so that ``--check`` and
+a rerun skip them without parsing.
+
+The migration is idempotent (tested), so a file whose content is the output of a migration, or a
+file the migration left unchanged, needs no work while the codemods are the same. The cache is a set
+of content hashes per *fingerprint*: a hash of the codemods' own source and the options that change
+the output (``--comm-to-torch``). It lives in ``$CODEMODS_CACHE_DIR`` (default
+``~/.cache/ds-mesh-codemods``); ``--no-cache`` turns it off.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+_PACKAGE = Path(__file__).resolve().parent
+_MAX_ENTRIES = 200_000
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def fingerprint(comm_to_torch: bool) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    digest.update(b"comm_to_torch" if comm_to_torch else b"")
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CODEMODS_CACHE_DIR") or Path.home() / ".cache" / "ds-mesh-codemods")
+
+
+class FixedPoints:
+    """The cached content hashes for one fingerprint."""
+
+    def __init__(self, comm_to_torch: bool = False, directory: Optional[Path] = None) -> None:
+        self.path = (directory or cache_dir()) / f"fixed-{fingerprint(comm_to_torch)}.json"
+        self.known: dict[str, dict[str, int]] = {}  # digest -> the TODOV1 sites it carries, by kind
+        self.dirty = False
+        try:
+            loaded = json.loads(self.path.read_text())
+            if isinstance(loaded, dict):
+                self.known = loaded
+        except (OSError, ValueError):
+            pass
+
+    def get(self, digest: str) -> Optional[dict[str, int]]:
+        return self.known.get(digest)
+
+    def add(self, digest: str, todos: dict[str, int]) -> None:
+        if digest not in self.known:
+            self.known[digest] = dict(todos)
+            self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            entries = dict(list(self.known.items())[-_MAX_ENTRIES:])
+            fd, tmp = tempfile.mkstemp(prefix=".fixed.", dir=self.path.parent)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(entries, fh)
+            os.replace(tmp, self.path)
+        except OSError as err:  # a cache that cannot be written only costs time
+            logger.warning("cannot write the codemods cache %s: %s", self.path, err)

@@ -1,0 +1,39 @@
+"""Run a realistic legacy script with the real deepspeed 0.19.8 and its migrated version with the
+mesh runtime, as one rank of a fake-backend world, and collect the ``OUT`` lines each prints."""
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+from fakepg import fake_world
+
+SCRIPTS = Path(__file__).parent / "fixtures" / "codemods" / "scripts"
+
+
+def run_fake(source: str, rank: int, world: int, *, legacy: bool) -> list[str]:
+    """The ``OUT`` lines ``source`` prints as ``rank`` of ``world`` (an exception is a line too)."""
+    from mesh_core import set_default_mesh
+
+    _reset_legacy_groups()
+    out = io.StringIO()
+    try:
+        with fake_world(rank, world, deepspeed_comm=legacy), contextlib.redirect_stdout(out):
+            try:
+                exec(compile(source, "<script>", "exec"), {"__name__": "__main__"})
+            except Exception as err:  # noqa: BLE001 (what the script raised is part of its output)
+                print(f"OUT raised {type(err).__name__}: {err}")
+    finally:
+        set_default_mesh(None)
+    return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
+
+
+def _reset_legacy_groups() -> None:
+    """Legacy ``deepspeed.utils.groups`` keeps name-keyed tables across process groups; a run as
+    another rank must not see the previous rank's groups (reloading re-runs its top level in place)."""
+    import importlib
+    import sys
+
+    module = sys.modules.get("deepspeed.utils.groups")
+    if module is not None:
+        importlib.reload(module)

@@ -1,0 +1,79 @@
+"""``DeepSpeedDeviceMesh.from_mpu`` / ``from_groups`` and ``current_mesh`` on the fake backend."""
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakepg import fake_world
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, current_mesh, use_mesh
+
+
+class _Mpu:
+    """A Megatron-style mpu over the groups of ``mesh`` (what parallel_state would hold)."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def get_data_parallel_group(self):
+        return self.mesh.get_group("dp")
+
+    def get_tensor_model_parallel_group(self):
+        return self.mesh.get_group("tp")
+
+    def get_pipeline_model_parallel_group(self):
+        return self.mesh.get_group("pp")
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    sizes=st.sampled_from([(1, 8, 1), (2, 2, 2), (1, 4, 2), (2, 4, 1), (4, 1, 2), (2, 1, 4)]),
+    order=st.sampled_from([("pp", "dp", "tp"), ("pp", "tp", "dp"), ("tp", "pp", "dp")]),
+    rank=st.integers(0, 7),
+)
+def test_from_mpu_reproduces_the_mpus_groups(sizes, order, rank):
+    pp, dp, tp = sizes
+    with fake_world(rank, 8):
+        source = DeepSpeedDeviceMesh(MeshSpec.build(8, order=list(order), pp=pp, dp=dp, tp=tp))
+        mesh = DeepSpeedDeviceMesh.from_mpu(_Mpu(source))
+        for dim in ("pp", "dp", "tp"):
+            assert mesh.get_group_ranks(dim) == source.get_group_ranks(dim), dim
+            assert mesh.size(dim) == source.size(dim)
+        mesh.destroy()
+        source.destroy()
+
+
+def test_from_groups_takes_rank_lists_and_rejects_groups_that_are_not_a_mesh():
+    with fake_world(5, 8):
+        mesh = DeepSpeedDeviceMesh.from_groups(tp=[4, 5], dp=[1, 3, 5, 7])
+        assert mesh.spec.dim_size("tp") == 2 and mesh.get_group_ranks("dp") == [1, 3, 5, 7]
+        mesh.destroy()
+        with pytest.raises(MeshSpecError, match="not evenly strided"):
+            DeepSpeedDeviceMesh.from_groups(dp=[1, 5, 7])
+        with pytest.raises(MeshSpecError, match="does not contain this rank"):
+            DeepSpeedDeviceMesh.from_groups(tp=[0, 1])
+        with pytest.raises(MeshSpecError, match="unknown dims"):
+            DeepSpeedDeviceMesh.from_groups(xx=[5])
+
+
+def test_from_mpu_rejects_an_object_that_is_not_an_mpu():
+    with fake_world(0, 4):
+        with pytest.raises(MeshSpecError, match="not a Megatron-style mpu"):
+            DeepSpeedDeviceMesh.from_mpu(object())
+
+
+def test_current_mesh_is_the_default_else_the_world_data_parallel_mesh():
+    with fake_world(3, 8):
+        world = current_mesh()
+        assert world.spec.describe().startswith("MeshSpec(dp=8")
+        assert world.get_group_ranks("dp") == list(range(8)) and world.size("sp") == 1
+        assert world.expert_groups(2).ep_ranks == [2, 3]  # legacy E+D over the world
+        assert current_mesh() is world
+        tp = DeepSpeedDeviceMesh.build(tp=2)
+        with use_mesh(tp):
+            assert current_mesh() is tp
+        assert current_mesh() is world
+        tp.destroy()
+    with pytest.raises(MeshSpecError, match="not initialised"):
+        current_mesh()
