@@ -219,11 +219,16 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
     if not hasattr(mpu, "get_data_parallel_group"):
         raise MeshSpecError(f"mpu {what} has no get_data_parallel_group(); it is not a Megatron-style mpu")
     found["dp"] = mpu.get_data_parallel_group()
-    # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_group (get_model_parallel_group last)
-    for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group", "get_model_parallel_group"):
+    # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_group; get_model_parallel_group
+    # last and only when the mpu reports a model-parallel size > 1 (mpus whose size is 1 often hand
+    # back the world group there: deepspeed's own DummyMPU does)
+    for name in ("get_tensor_model_parallel_group", "get_slice_parallel_group"):
         if hasattr(mpu, name):
             found["tp"] = getattr(mpu, name)()
             break
+    else:
+        if hasattr(mpu, "get_model_parallel_group") and int(getattr(mpu, "get_model_parallel_world_size", lambda: 1)()) > 1:
+            found["tp"] = mpu.get_model_parallel_group()
     for name in ("get_pipeline_model_parallel_group", "get_pipe_parallel_group"):
         if hasattr(mpu, name):
             found["pp"] = getattr(mpu, name)()
