@@ -78,12 +78,16 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
                 return int(getattr(mpu, name)())
         return None
 
+    ulysses = hasattr(mpu, "initialize_sequence_parallel")  # DeepSpeed's parallel_state_sp module
+    tp_getters = ["get_tensor_model_parallel_world_size", "get_slice_parallel_world_size"]
+    if not ulysses:  # parallel_state_sp aliases get_model_parallel_* to its sp getters: it has no tp
+        tp_getters.append("get_model_parallel_world_size")
     found = {
         # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_world_size
-        "tp": probe("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size", "get_model_parallel_world_size"),
+        "tp": probe(*tp_getters),
         "pp": probe("get_pipeline_model_parallel_world_size", "get_pipe_parallel_world_size"),
         "sp": probe("get_sequence_parallel_world_size"),
-        "dp": None if hasattr(mpu, "initialize_sequence_parallel") else probe("get_data_parallel_world_size"),
+        "dp": None if ulysses else probe("get_data_parallel_world_size"),
     }
     return {dim: size for dim, size in found.items() if size is not None}
 

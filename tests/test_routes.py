@@ -20,7 +20,7 @@ import torch.distributed as dist
 from fakepg import fake_world
 
 import compat.install as installer
-from compat import comm_routes, group_trace
+from compat import comm_routes, group_trace, use_engine
 from compat.config_loading import DeepSpeedConfigFileError, load_deepspeed_config
 from mesh_core import MeshSpecError, registry_for_world, spec_from_config
 
@@ -105,17 +105,19 @@ def test_get_all_ranks_from_group_on_every_group_the_shim_hands_out(world, shim)
         "mesh dp": mesh.get_group("dp"), "mesh sp": mesh.get_group("sp"), "mesh (dp, sp)": mesh.get_group(("dp", "sp")),
         "world clone": ds_dist.new_group(range(WORLD)),
     }
-    for name in dir(groups):  # every legacy getter that hands out a group, called as deepspeed calls it
-        getter = getattr(groups, name)
-        if "group" not in name or not name.lstrip("_").startswith("get") or not callable(getter):
-            continue
-        try:
-            value = getter()
-        except Exception:  # noqa: BLE001 - getters that need arguments or a state this mesh lacks
-            continue
-        for key, group in (value.items() if isinstance(value, dict) else [("", value)]):
-            if isinstance(group, dist.ProcessGroup):
-                handed[f"groups.{name}{key and f'[{key}]'}"] = group
+    # the engine in scope, as inside its step: engines other tests left alive may have other layouts
+    with use_engine(engine):
+        for name in dir(groups):  # every legacy getter that hands out a group, called as deepspeed calls it
+            getter = getattr(groups, name)
+            if "group" not in name or not name.lstrip("_").startswith("get") or not callable(getter):
+                continue
+            try:
+                value = getter()
+            except Exception:  # noqa: BLE001 - getters that need arguments or a state this mesh lacks
+                continue
+            for key, group in (value.items() if isinstance(value, dict) else [("", value)]):
+                if isinstance(group, dist.ProcessGroup):
+                    handed[f"groups.{name}{key and f'[{key}]'}"] = group
     assert len(handed) > 10
     for name, group in handed.items():
         if group is None:
