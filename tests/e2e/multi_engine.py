@@ -49,8 +49,10 @@ class GlobalGridModel(torch.nn.Module):
 def part_grid(rank: int, out: dict) -> None:
     torch.manual_seed(0)
     a_model, b_model = GlobalGridModel(), GlobalGridModel()
-    cfg_a = {**BASE, "mesh": {"tp": 2}}  # tp groups [0,1] [2,3]
-    cfg_b = {**BASE, "mesh": {"tp": 2, "order": ["tp", "dp"]}}  # tp groups [0,2] [1,3]
+    # the model does its own TP over the legacy getter's group: autotp_size 0 keeps AutoTP off
+    no_autotp = {"tensor_parallel": {"autotp_size": 0}}
+    cfg_a = {**BASE, **no_autotp, "mesh": {"tp": 2}}  # tp groups [0,1] [2,3]
+    cfg_b = {**BASE, **no_autotp, "mesh": {"tp": 2, "order": ["tp", "dp"]}}  # tp groups [0,2] [1,3]
     a, *_ = deepspeed.initialize(model=a_model, model_parameters=a_model.parameters(), config=cfg_a)
     # one engine: the getters serve it outside its steps, as legacy did
     out["single_engine_tp"] = ranks(groups.get_tensor_model_parallel_group())
