@@ -80,7 +80,8 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
 
     found = {
         # the order of deepspeed.utils.bwc.bwc_tensor_model_parallel_world_size
-        "tp": probe("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size", "get_model_parallel_world_size"),
+        "tp": probe("get_tensor_model_parallel_world_size", "get_slice_parallel_world_size")
+        or (None if hasattr(mpu, "initialize_sequence_parallel") else probe("get_model_parallel_world_size")),
         "pp": probe("get_pipeline_model_parallel_world_size", "get_pipe_parallel_world_size"),
         "sp": probe("get_sequence_parallel_world_size"),
         "dp": None if hasattr(mpu, "initialize_sequence_parallel") else probe("get_data_parallel_world_size"),
