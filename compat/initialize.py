@@ -32,7 +32,7 @@ from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, 
 from mesh_core import set_default_mesh
 
 from .config_loading import load_deepspeed_config
-from .layout_config import config_call_for_mesh, with_autotp_from_mesh
+from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
@@ -69,6 +69,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     if model is None or resolved is None:
         return wrapped(*args, **kwargs)  # deepspeed reports the missing model / config itself
     config, ds_args = resolved
+    config = with_tp_model_init(config, mpu=mpu, mesh_param=mesh_param)  # tp_model_init's tp in the mesh
 
     if mpu is not None:
         _warn_user("deepspeed.initialize(mpu=...)", "the config 'mesh' section (or mesh=)")

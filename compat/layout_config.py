@@ -44,6 +44,25 @@ def with_autotp_from_mesh(
     return dict(config, tensor_parallel=dict(tensor_parallel or {}, autotp_size=tp))
 
 
+def with_tp_model_init(config: dict[str, Any], *, mpu: Any, mesh_param: Any) -> dict[str, Any]:
+    """``config`` with the tp size ``deepspeed.tp_model_init(model, tp_size=N)`` recorded, as
+    deepspeed's ``merge_tp_model_init_into_config`` will set it inside ``initialize`` (so the mesh
+    is built with that tp): only when it will auto-create the TP groups (no tp_group, mpu or
+    mesh_param) and the config states no ``autotp_size``."""
+    try:
+        from deepspeed.runtime.tensor_parallel import init_utils
+    except ImportError:
+        return config
+    recorded = getattr(init_utils, "_TP_MODEL_INIT_ARGS", None)
+    if not recorded or recorded.get("tp_group") is not None or mpu is not None or mesh_param is not None:
+        return config
+    tp_size = int(recorded.get("tp_size") or 1)
+    tensor_parallel = config.get("tensor_parallel")
+    if tp_size <= 1 or (isinstance(tensor_parallel, dict) and tensor_parallel.get("autotp_size") is not None):
+        return config
+    return dict(config, tensor_parallel=dict(tensor_parallel or {}, autotp_size=tp_size))
+
+
 def config_call_for_mesh(call: dict[str, Any], mesh: Any) -> dict[str, Any]:
     """The ``DeepSpeedConfig.__init__`` arguments (bound by name) for an engine built on ``mesh``
     inside ``deepspeed.initialize``; an mpu or mesh_device already given is left alone."""
