@@ -57,7 +57,11 @@ EXPERT: dict[str, str] = {
 
 _EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
 _MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
-_HPZ = "ZeRO++ hpZ groups are not mesh dims; pass zero_hpz_partition_size in the config or build the groups yourself"
+_HPZ = (
+    "on a mesh declaring dp_replicate x dp_shard (config \"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N} "
+    "with ZeRO-3; the shim then sets zero_hpz_partition_size=N) the hpZ group is <mesh>.get_group((\"dp_shard\", "
+    "\"sp\")); a dp-only mesh has no hpZ dim: keep zero_hpz_partition_size in the config"
+)
 _INIT_TP = (
     "build the mesh once with set_default_mesh(DeepSpeedDeviceMesh.build(tp=N)) (or config \"mesh\": {\"tp\": N}); "
     "its groups are <mesh>.get_group(\"dp\") and <mesh>.get_group(\"tp\")"
