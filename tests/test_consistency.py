@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 
 import pytest
+from spawn import run_ranks
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
@@ -80,15 +79,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.multiprocess
 def test_disagreeing_ranks_all_raise_instead_of_hanging(tmp_path):
-    ctx = mp.start_processes(
-        _worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    run_ranks(
+        _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+        hang="the mismatch hung instead of raising",
     )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"ranks still running after {TIMEOUT_S} s: the mismatch hung instead of raising")
     for rank in range(WORLD):
         outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert outcome["same"] == ([0, 1] if rank < 2 else [2, 3])

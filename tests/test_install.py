@@ -32,18 +32,6 @@ RANK, WORLD = 1, 4
 
 
 @pytest.fixture
-def shim():
-    """The shim installed for one test, uninstalled after."""
-    import deepspeed  # noqa: F401
-
-    installer.install()
-    try:
-        yield installer
-    finally:
-        installer.uninstall()
-
-
-@pytest.fixture
 def world(monkeypatch):
     """Rank RANK of a fake world of WORLD with deepspeed.comm on top (deepspeed needs LOCAL_RANK)."""
     monkeypatch.setenv("LOCAL_RANK", str(RANK))

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
+from spawn import run_ranks
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 WORLD = 4
 TIMEOUT_S = 180
@@ -72,15 +71,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.multiprocess
 def test_member_only_groups_work_end_to_end(tmp_path):
-    ctx = mp.start_processes(
-        _worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    run_ranks(
+        _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+        hang="member-only creation hung",
     )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"ranks still running after {TIMEOUT_S} s: member-only creation hung")
     for rank in range(WORLD):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["shared_tp"] and out["shared_dp"]

@@ -37,17 +37,6 @@ def world(monkeypatch):
         yield
 
 
-@pytest.fixture
-def shim():
-    import deepspeed  # noqa: F401
-
-    installer.install()
-    try:
-        yield installer
-    finally:
-        installer.uninstall()
-
-
 def tiny_config(**extra) -> dict:
     return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
             "steps_per_print": 10**6, **extra}
