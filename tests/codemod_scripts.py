@@ -33,7 +33,15 @@ def _reset_legacy_groups() -> None:
     another rank must not see the previous rank's groups (reloading re-runs its top level in place)."""
     import importlib
     import sys
+    import types
 
     module = sys.modules.get("deepspeed.utils.groups")
     if module is not None:
+        functions = {
+            name: value for name, value in vars(module).items()
+            if isinstance(value, types.FunctionType) and value.__module__ == module.__name__
+        }
         importlib.reload(module)
+        # reload made new function objects in the same globals; keep the originals, so copies other
+        # modules made with `from ... import` (deepspeed.utils' star import) stay the same objects
+        vars(module).update(functions)
