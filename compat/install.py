@@ -32,7 +32,7 @@ from typing import Any, Callable
 import wrapt
 
 from . import group_trace
-from .install_patches import PatchSet
+from .install_patches import ImportRoutes, PatchSet
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +60,12 @@ PIPE_ENGINE_STEP_METHODS = ("train_batch", "eval_batch")
 _lock = threading.RLock()
 _patches = PatchSet(packages=("deepspeed",))
 _active = False
-_hooks_registered = False
 
 
 # --- public API ---------------------------------------------------------------------------------
 def install() -> None:
     """Route ``deepspeed`` (imported now or later) onto the mesh; a second call does nothing."""
-    global _active, _hooks_registered
+    global _active
     with _lock:
         if _active:
             return
@@ -75,15 +74,7 @@ def install() -> None:
         _logging_tree().install()  # DeepSpeed's logging as one tree (compat/logging_tree.py)
         group_trace.enable()
         group_trace.set_shim_active(True)
-        if not _hooks_registered:
-            _hooks_registered = True
-            for module_name, applier in _APPLIERS:
-                # fires at once for modules already imported, else right after their import
-                wrapt.register_post_import_hook(_hook(applier), module_name)
-        else:
-            for module_name, applier in _APPLIERS:
-                if module_name in sys.modules:
-                    _apply(applier, sys.modules[module_name])
+        _routes.activate()
         if "deepspeed" in sys.modules:
             _patches.rebind_copies()  # copies made by modules imported before this call
         logger.debug("compat installed (deepspeed imported: %s)", "deepspeed" in sys.modules)
@@ -145,23 +136,6 @@ def _logging_tree() -> types.ModuleType:
 
 
 # --- hook plumbing ------------------------------------------------------------------------------
-def _hook(applier: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
-    def on_import(module: types.ModuleType) -> None:
-        with _lock:
-            if _active:
-                _apply(applier, module)
-
-    return on_import
-
-
-def _apply(applier: Callable[[types.ModuleType], None], module: types.ModuleType) -> None:
-    key = f"{applier.__name__}:{module.__name__}"
-    if key in _patches.done:
-        return
-    _patches.done.add(key)
-    applier(module)
-
-
 def _wrap_in_place(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
     _patches.replace(owner, name, wrapt.FunctionWrapper(owner.__dict__[name], wrapper))
 
@@ -304,6 +278,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),
 ]
+_routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
 
 
 class _CallableModule(types.ModuleType):

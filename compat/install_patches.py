@@ -79,3 +79,50 @@ class PatchSet:
                     namespace[attr] = new(patch)
                     count += 1
         return count
+
+
+Applier = Callable[[types.ModuleType], None]
+
+
+class ImportRoutes:
+    """Appliers keyed by module name, each run once per ``patches``: at once for modules already
+    imported, else right after their import (wrapt post-import hooks, registered once), and only
+    while ``is_active()``."""
+
+    def __init__(
+        self, patches: PatchSet, appliers: list[tuple[str, Applier]], lock: Any, is_active: Callable[[], bool]
+    ) -> None:
+        self._patches = patches
+        self._appliers = appliers
+        self._lock = lock
+        self._is_active = is_active
+        self._registered = False
+
+    def activate(self) -> None:
+        """Apply every applier whose module is imported, and arrange for the others (call when active)."""
+        import wrapt
+
+        if not self._registered:
+            self._registered = True
+            for module_name, applier in self._appliers:
+                # fires at once for modules already imported, else right after their import
+                wrapt.register_post_import_hook(self._hook(applier), module_name)
+            return
+        for module_name, applier in self._appliers:
+            if module_name in sys.modules:
+                self.apply(applier, sys.modules[module_name])
+
+    def apply(self, applier: Applier, module: types.ModuleType) -> None:
+        key = f"{applier.__name__}:{module.__name__}"
+        if key in self._patches.done:
+            return
+        self._patches.done.add(key)
+        applier(module)
+
+    def _hook(self, applier: Applier) -> Applier:
+        def on_import(module: types.ModuleType) -> None:
+            with self._lock:
+                if self._is_active():
+                    self.apply(applier, module)
+
+        return on_import

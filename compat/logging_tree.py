@@ -39,7 +39,7 @@ from typing import Any, Mapping, Optional
 
 import wrapt
 
-from .install_patches import PatchSet
+from .install_patches import ImportRoutes, PatchSet
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ _WARNING_TAG = re.compile(r"^\s*(\x1b\[[0-9;]*m)?\s*\[WARNING\]\s*(\x1b\[[0-9;]*
 _lock = threading.RLock()
 _patches = PatchSet(packages=("deepspeed",))
 _active = False
-_hooks_registered = False
 _swapped: list[tuple[logging.Logger, type]] = []  # (logger, its class before install)
 _injected: list[types.ModuleType] = []  # op-builder modules given a module-level ``print``
 _root_state: Optional[tuple[int, bool, list[logging.Handler]]] = None
@@ -441,12 +440,13 @@ _APPLIERS = [
     ("deepspeed.launcher.launch", _route_launcher(warn=False)),
     ("deepspeed", _route_deepspeed),
 ]
+_routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
 
 
 # --- install / uninstall ------------------------------------------------------------------------
 def install() -> None:
     """Make DeepSpeed's logging one tree (now for imported modules, at import for the rest)."""
-    global _active, _hooks_registered, _root_state, _handler
+    global _active, _root_state, _handler
     with _lock:
         if _active:
             return
@@ -458,14 +458,7 @@ def install() -> None:
             root.addHandler(_handler)
             root.propagate = False
         apply_levels()
-        if not _hooks_registered:
-            _hooks_registered = True
-            for name, applier in _APPLIERS:
-                wrapt.register_post_import_hook(_hook(applier), name)
-        else:
-            for name, applier in _APPLIERS:
-                if name in sys.modules:
-                    _apply(applier, sys.modules[name])
+        _routes.activate()
 
 
 def uninstall() -> None:
@@ -500,17 +493,3 @@ def is_installed() -> bool:
     return _active
 
 
-def _hook(applier):
-    def on_import(module: types.ModuleType) -> None:
-        with _lock:
-            if _active:
-                _apply(applier, module)
-
-    return on_import
-
-
-def _apply(applier, module: types.ModuleType) -> None:
-    key = f"{applier.__name__}:{module.__name__}"
-    if key not in _patches.done:
-        _patches.done.add(key)
-        applier(module)
