@@ -21,3 +21,15 @@ def shim():
         yield installer
     finally:
         installer.uninstall()
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Rank 1 of a fake world of 4 with deepspeed.comm on top (deepspeed needs LOCAL_RANK)."""
+    from fakepg import FAKE_RANK, FAKE_WORLD, fake_world
+
+    monkeypatch.setenv("LOCAL_RANK", str(FAKE_RANK))
+    monkeypatch.setenv("RANK", str(FAKE_RANK))
+    monkeypatch.setenv("WORLD_SIZE", str(FAKE_WORLD))
+    with fake_world(FAKE_RANK, FAKE_WORLD, deepspeed_comm=True):
+        yield

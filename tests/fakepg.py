@@ -13,6 +13,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+FAKE_RANK, FAKE_WORLD = 1, 4  # the conftest `world` fixture: this rank of a fake world of this size
+
 
 @contextlib.contextmanager
 def fake_world(rank: int, world_size: int, *, deepspeed_comm: bool = False) -> Iterator[None]:

@@ -281,16 +281,8 @@ def test_a_reader_closing_the_pipe_early_is_no_traceback():
 def test_picture_title_fits_in_the_picture(argv, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    saved = []
-    real_savefig = Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        saved.append(fig)
-        return real_savefig(fig, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    saved = saved_figures(monkeypatch)
     code, _, err = run(["show", *argv, "--png", str(tmp_path / "m.png")], capsys)
     assert code == 0, err
     (fig,) = saved

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import wrapt
 
-from fakepg import fake_world, group_count
+from fakepg import FAKE_RANK, FAKE_WORLD, fake_world, group_count
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import compat.install as installer
@@ -28,17 +28,7 @@ from mesh_core import MeshSpecError
 
 pytestmark = pytest.mark.deepspeed
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RANK, WORLD = 1, 4
-
-
-@pytest.fixture
-def world(monkeypatch):
-    """Rank RANK of a fake world of WORLD with deepspeed.comm on top (deepspeed needs LOCAL_RANK)."""
-    monkeypatch.setenv("LOCAL_RANK", str(RANK))
-    monkeypatch.setenv("RANK", str(RANK))
-    monkeypatch.setenv("WORLD_SIZE", str(WORLD))
-    with fake_world(RANK, WORLD, deepspeed_comm=True):
-        yield
+RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture
 
 
 def snapshot_deepspeed() -> dict[str, dict[str, object]]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fakepg import fake_world
+from fakepg import FAKE_RANK, FAKE_WORLD
 
 import compat.install as installer
 from compat import comm_routes, group_trace, use_engine
@@ -25,16 +25,7 @@ from compat.config_loading import DeepSpeedConfigFileError, load_deepspeed_confi
 from mesh_core import MeshSpecError, registry_for_world, spec_from_config
 
 pytestmark = pytest.mark.deepspeed
-RANK, WORLD = 1, 4
-
-
-@pytest.fixture
-def world(monkeypatch):
-    monkeypatch.setenv("LOCAL_RANK", str(RANK))
-    monkeypatch.setenv("RANK", str(RANK))
-    monkeypatch.setenv("WORLD_SIZE", str(WORLD))
-    with fake_world(RANK, WORLD, deepspeed_comm=True):
-        yield
+RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture
 
 
 def tiny_config(**extra) -> dict:
