@@ -120,3 +120,27 @@ def test_site_hook_installs_the_shim_in_a_fresh_interpreter(tmp_path):
     plain = subprocess.run([sys.executable, "-c", code], env=runner.run_env("legacy", timeout=60),
                            capture_output=True, text=True, check=True)
     assert plain.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_a_hung_test_is_found_and_later_rounds_are_merged(tmp_path):
+    """A hang ends the pytest session; the runner finds the test it cut off and merges the rounds."""
+    first = (
+        "unit/a/test_x.py::TestA::test_one \x1b[32mPASSED\x1b[0m [ 50%]\n"
+        "unit/a/test_x.py::TestA::test_two some output of the test\n"
+        "more output\n"
+        "INTERNALERROR> Failed: Timeout (>600.0s) from pytest-timeout.\n"
+    )
+    (tmp_path / "shim.log").write_text(first)
+    finished, hung = runner.finished_and_hung(tmp_path / "shim.log")
+    assert finished == ["unit/a/test_x.py::TestA::test_one"]
+    assert hung == "unit/a/test_x.py::TestA::test_two"
+    (tmp_path / "shim.r1.log").write_text("unit/a/test_x.py::test_three FAILED [100%]\n= 1 failed =\n")
+    assert runner.finished_and_hung(tmp_path / "shim.r1.log") == (["unit/a/test_x.py::test_three"], None)
+    assert runner.mode_outcomes(tmp_path, "shim") == {
+        "unit.a.test_x.TestA::test_one": runner.PASSED,
+        "unit.a.test_x.TestA::test_two": runner.HUNG,
+        "unit.a.test_x::test_three": runner.FAILED,
+    }
+    # the last round of a stopped run: its in-flight test is not called hung
+    (tmp_path / "shim.r1.log").unlink()
+    assert runner.mode_outcomes(tmp_path, "shim") == {"unit.a.test_x.TestA::test_one": runner.PASSED}

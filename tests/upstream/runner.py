@@ -25,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -259,39 +260,68 @@ def run_mode(
     return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)()
 
 
+MAX_ROUNDS = 20  # restarts after a hung test ended a pytest session
+HUNG = "hung"
+
+
 def start_mode(
     python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
     jobs: int, timeout: int, keyword: Optional[str] = None, log=print,
 ):
-    """Start one mode's pytest run; returns a callable that waits for it and gives its RunResult."""
-    xml = out_dir / f"{mode}.xml"
-    log_path = out_dir / f"{mode}.log"
+    """Start one mode's run; returns a callable that waits for it and gives its RunResult.
+
+    A test that hangs ends the whole pytest session (pytest-timeout's INTERNALERROR under
+    ``--forked``, or the harness's own ``pytest.exit``), so the run goes on in rounds: the hung test
+    is recorded as ``hung`` and the next round deselects it and every test that already finished.
+    Round r > 0 writes ``<mode>.r<r>.log`` / ``.xml``.
+    """
     probe = out_dir / f"{mode}.probe"
-    for p in (xml, probe):
-        p.unlink(missing_ok=True)
-    cmd = [
+    probe.unlink(missing_ok=True)
+    for stale in [*out_dir.glob(f"{mode}.xml"), *out_dir.glob(f"{mode}.log"), *out_dir.glob(f"{mode}.r*.*")]:
+        stale.unlink()
+    base = [
         str(python), "-m", "pytest", *files, "--forked", "-p", "no:cacheprovider", "-p", "ds_mesh_upstream", "-m", MARKERS,
-        f"--timeout={timeout}", f"--junitxml={xml}", "-q", "-rN", "--durations=0", "--color=no",
+        f"--timeout={timeout}", "-q", "-rN", "--durations=0", "--color=no",
     ]
     if jobs > 1:
-        cmd += ["-n", str(jobs)]
+        base += ["-n", str(jobs)]
     if keyword:
-        cmd += ["-k", keyword]
-    log(f"[{mode}] {' '.join(cmd[1:])}")
+        base += ["-k", keyword]
+    log(f"[{mode}] {' '.join(base[1:])}")
     start = time.monotonic()
-    fh = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe), stdout=fh,
-                            stderr=subprocess.STDOUT)
+    result: dict[str, RunResult] = {}
+
+    def rounds() -> None:
+        outcomes: dict[str, str] = {}
+        skip: list[str] = []
+        returncode = 0
+        for number in range(MAX_ROUNDS):
+            suffix = "" if number == 0 else f".r{number}"
+            xml, log_path = out_dir / f"{mode}{suffix}.xml", out_dir / f"{mode}{suffix}.log"
+            cmd = [*base, f"--junitxml={xml}", *(f"--deselect={nodeid}" for nodeid in skip)]
+            with open(log_path, "w", encoding="utf-8") as fh:
+                returncode = subprocess.run(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe),
+                                            stdout=fh, stderr=subprocess.STDOUT).returncode
+            outcomes.update(parse_junit(xml) if xml.exists() else parse_log(log_path))
+            finished, hung = finished_and_hung(log_path)
+            if hung is None:
+                break
+            log(f"[{mode}] {hung} hung (pytest exit {returncode}); round {number + 1} goes on without it")
+            outcomes[nodeid_to_junit(hung)] = HUNG
+            skip += [*finished, hung]
+        seconds = time.monotonic() - start
+        log(f"[{mode}] {len(outcomes)} tests in {seconds:.0f}s (pytest exit {returncode}); log: {out_dir / mode}.log")
+        result["run"] = RunResult(mode, seconds, outcomes, returncode, out_dir / f"{mode}.log")
+
+    thread = threading.Thread(target=rounds, name=f"upstream-{mode}", daemon=True)
+    thread.start()
 
     def wait() -> RunResult:
-        proc.wait()
-        fh.close()
-        seconds = time.monotonic() - start
-        outcomes = parse_junit(xml) if xml.exists() else parse_log(log_path)
-        if mode == "shim" and outcomes and not probe.exists():
-            raise RuntimeError(f"the shim run never installed the shim (no {probe}); see {log_path}")
-        log(f"[{mode}] {len(outcomes)} tests in {seconds:.0f}s (pytest exit {proc.returncode}); log: {log_path}")
-        return RunResult(mode, seconds, outcomes, proc.returncode, log_path)
+        thread.join()
+        run = result["run"]
+        if mode == "shim" and run.outcomes and not probe.exists():
+            raise RuntimeError(f"the shim run never installed the shim (no {probe}); see {run.log}")
+        return run
 
     return wait
 
@@ -319,6 +349,25 @@ def parse_log(path: Path) -> dict[str, str]:
         for match in re.finditer(r"(\S+\.py::\S+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", line):
             outcomes[nodeid_to_junit(match.group(1))] = _LOG_OUTCOME[match.group(2)]
     return outcomes
+
+
+_TEST_START = re.compile(r"^(?:\[gw\d+\]\s+)?(\S+\.py::\S+)")
+
+
+def finished_and_hung(path: Path) -> tuple[list[str], Optional[str]]:
+    """Node ids of a verbose log with an outcome, and the test that started last without one (the
+    one a hang cut off), or None when every started test finished."""
+    finished: list[str] = []
+    started: Optional[str] = None
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = _ANSI.sub("", raw).strip()
+        for match in re.finditer(r"(\S+\.py::\S+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", line):
+            finished.append(match.group(1))
+        start = _TEST_START.match(line)
+        if start:
+            started = start.group(1)
+    hung = started if started is not None and started not in finished else None
+    return finished, hung
 
 
 def parse_junit(path: Path) -> dict[str, str]:
@@ -437,12 +486,26 @@ def write_json(path: Path, rows: Sequence[Row], summary: Summary, files: Sequenc
     }, indent=1), encoding="utf-8")
 
 
+def mode_outcomes(out_dir: Path, mode: str) -> dict[str, str]:
+    """One mode's outcomes over all its rounds (junit XML where written, else the log); a test that
+    ended a round which has a successor is ``hung``."""
+    logs = sorted(out_dir.glob(f"{mode}.r*.log"), key=lambda p: int(p.name.split(".r")[1].split(".")[0]))
+    logs = [out_dir / f"{mode}.log", *logs]
+    outcomes: dict[str, str] = {}
+    for number, log in enumerate(logs):
+        if not log.exists():
+            continue
+        xml = log.with_suffix(".xml")
+        outcomes.update(parse_junit(xml) if xml.exists() else parse_log(log))
+        _, hung = finished_and_hung(log)
+        if hung is not None and number + 1 < len(logs):
+            outcomes[nodeid_to_junit(hung)] = HUNG
+    return outcomes
+
+
 def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
     """The table of an earlier (or stopped) run from its junit XML, else its logs; times unknown (0)."""
-    found = {}
-    for mode in MODES:
-        xml, log = out_dir / f"{mode}.xml", out_dir / f"{mode}.log"
-        found[mode] = parse_junit(xml) if xml.exists() else (parse_log(log) if log.exists() else {})
+    found = {mode: mode_outcomes(out_dir, mode) for mode in MODES}
     legacy, shim = found["legacy"], found["shim"]
     both = set(legacy) & set(shim)  # a stopped run: only the tests both passes reached
     rows = compare({t: legacy[t] for t in both}, {t: shim[t] for t in both})
