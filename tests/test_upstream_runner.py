@@ -144,3 +144,38 @@ def test_a_hung_test_is_found_and_later_rounds_are_merged(tmp_path):
     # the last round of a stopped run: its in-flight test is not called hung
     (tmp_path / "shim.r1.log").unlink()
     assert runner.mode_outcomes(tmp_path, "shim") == {"unit.a.test_x.TestA::test_one": runner.PASSED}
+
+
+def test_a_session_that_never_exits_after_its_summary_is_killed(tmp_path):
+    """pytest can print its summary and then wait forever on a hung test's forked child."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "shim.log"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('child', child.pid, flush=True)\n"
+        "print('==== 1 failed, 8 passed in 943.15s (0:15:43) ====', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        returncode = runner.wait_for_session(proc, log, grace=1)
+    assert returncode != 0  # killed, not finished
+    import time
+    from pathlib import Path
+
+    child_pid = int(log.read_text().split("child ")[1].split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # a killed child may stay a zombie until its new parent reaps it
+        try:
+            state = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the session's child process {child_pid} outlived it")

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -260,6 +261,34 @@ def run_mode(
     return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)()
 
 
+_SESSION_END = re.compile(r"^=+ .* in [0-9.]+s( \(\S+\))? =+$")
+END_GRACE_SECONDS = 60
+
+
+def wait_for_session(proc: "subprocess.Popen[bytes]", log_path: Path, *, grace: float = END_GRACE_SECONDS) -> int:
+    """Wait for a pytest process; once its log shows the session's last line, give it ``grace``
+    seconds, then kill its whole process group (a hung test's forked child and its workers can keep
+    the session from exiting forever)."""
+    ended_at: Optional[float] = None
+    while proc.poll() is None:
+        time.sleep(2)
+        if ended_at is None:
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+            if any(_SESSION_END.match(_ANSI.sub("", line).strip()) for line in tail.splitlines()):
+                ended_at = time.monotonic()
+        elif time.monotonic() - ended_at > grace:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    try:  # leftovers of the session (forked children, pool workers) never outlive it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.returncode
+
+
 MAX_ROUNDS = 20  # restarts after a hung test ended a pytest session
 HUNG = "hung"
 
@@ -300,8 +329,9 @@ def start_mode(
             xml, log_path = out_dir / f"{mode}{suffix}.xml", out_dir / f"{mode}{suffix}.log"
             cmd = [*base, f"--junitxml={xml}", *(f"--deselect={nodeid}" for nodeid in skip)]
             with open(log_path, "w", encoding="utf-8") as fh:
-                returncode = subprocess.run(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe),
-                                            stdout=fh, stderr=subprocess.STDOUT).returncode
+                proc = subprocess.Popen(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe),
+                                        stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                returncode = wait_for_session(proc, log_path)
             outcomes.update(parse_junit(xml) if xml.exists() else parse_log(log_path))
             finished, hung = finished_and_hung(log_path)
             if hung is None:
