@@ -2,7 +2,9 @@
 
 Jobs: ``pipe_tied`` (PipelineModule pp=2 x dp=2 with a tied layer), ``ulysses`` (ALST: deepspeed's
 ``parallel_state_sp`` sp=2 as mpu), ``zero3_hpz`` (ZeRO-3 + hpZ 2), ``moe`` (ep=2), ``autotp``
-(``tensor_parallel.autotp_size`` 2). Each job runs legacy (shim uninstalled) and shimmed with
+(``tensor_parallel.autotp_size`` 2), ``hybrid`` / ``hybrid_z3`` (DeepSpeedHybridEngine with
+``inference_tp_size`` 2 and no mpu, ZeRO-1 / ZeRO-3; needs transformers), ``hybrid_policy`` (the
+same with a GPT-2, whose inference kernels do not exist on CPU: the error is the result). Each job runs legacy (shim uninstalled) and shimmed with
 ``DS_MESH_STRICT=1`` (a group created outside mesh_core raises); every torch group creation is
 traced. Per rank it dumps: the rank sets legacy created, the creations under the shim (with
 whether they came from mesh_core), which of legacy's rank sets (holding this rank) the shim's
@@ -121,8 +123,84 @@ def job_autotp(rank: int):
     return engine, _train(engine, rank // 2)  # the tp group [2k, 2k+1] sees the same data
 
 
+def _tiny_qwen2():
+    import transformers
+
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32))
+
+
+def _hybrid_config(zero_stage: int, inference_tp_size: int) -> dict:
+    return _config(train_micro_batch_size_per_gpu=2, zero_optimization={"stage": zero_stage},
+                   hybrid_engine={"enabled": True, "inference_tp_size": inference_tp_size, "max_out_tokens": 32})
+
+
+def _hybrid(rank: int, zero_stage: int, inference_tp_size: int = 2):
+    """DeepSpeedHybridEngine on a tiny Qwen2 (transformers, built from a config): train, eval +
+    generate (rollout), train again. Qwen2 has no DeepSpeed inference policy, so the engine takes
+    the native generate() path, the only one that runs on CPU (the policy path loads inference
+    kernels that do not exist for the CPU accelerator). Without mpu, inference_tp_size > 1 makes
+    the engine create its inference TP groups (runtime/hybrid_engine.py:399)."""
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = _tiny_qwen2()
+    config = _hybrid_config(zero_stage, inference_tp_size)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    assert type(engine).__name__ == "DeepSpeedHybridEngine", type(engine)
+    gen = torch.Generator().manual_seed(400 + rank)
+    batches = [torch.randint(0, 64, (2, 8), generator=gen) for _ in range(STEPS + 1)]
+    losses = []
+
+    def train_step(ids):
+        engine.train()
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+
+    for ids in batches[:STEPS]:
+        train_step(ids)
+    engine.eval()
+    with torch.no_grad():
+        eval_loss = engine(input_ids=batches[0], labels=batches[0]).loss.item()
+        generated = engine.module.generate(batches[0][:, :4], max_new_tokens=4, do_sample=False)
+    train_step(batches[STEPS])
+    mp_group = None if engine.mp_group is None else common.ranks(engine.mp_group)
+    return engine, losses, {"eval_loss": eval_loss, "generated": generated.tolist(), "mp_group": mp_group}
+
+
+def job_hybrid(rank: int):
+    return _hybrid(rank, zero_stage=1)
+
+
+def job_hybrid_z3(rank: int):
+    return _hybrid(rank, zero_stage=3)
+
+
+def job_hybrid_policy(rank: int):
+    """A model with a DeepSpeed inference policy (GPT-2): the hybrid engine builds inference
+    containers, whose kernels the CPU accelerator lacks. Records the error and where it is raised."""
+    import traceback
+
+    import deepspeed
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16,
+                                                                 n_layer=2, n_head=2))
+    try:
+        deepspeed.initialize(model=model, model_parameters=model.parameters(), config=_hybrid_config(1, 2))
+    except Exception as err:  # noqa: BLE001 - the error is the result
+        frames = traceback.extract_tb(err.__traceback__)
+        sites = [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno}" for f in frames]
+        return None, [], {"error": f"{type(err).__name__}: {err}", "sites": sites}
+    return None, [], {"error": None, "sites": []}
+
+
 JOBS = {"pipe_tied": job_pipe_tied, "ulysses": job_ulysses, "zero3_hpz": job_zero3_hpz, "moe": job_moe,
-        "autotp": job_autotp}
+        "autotp": job_autotp, "hybrid": job_hybrid, "hybrid_z3": job_hybrid_z3, "hybrid_policy": job_hybrid_policy}
 
 
 def run(job: str, shim: bool, rank: int) -> dict:
@@ -134,17 +212,19 @@ def run(job: str, shim: bool, rank: int) -> dict:
         os.environ[group_trace.STRICT_ENV] = "1"
     try:
         with group_trace.trace() as events:
-            engine, losses = JOBS[job](rank)
+            engine, losses, *extra = JOBS[job](rank)
     finally:
         os.environ.pop(group_trace.STRICT_ENV, None)
     result = {
         "losses": losses,
         "created": [(list(e.ranks), e.inside_mesh_core, e.site) for e in events],
+        **(extra[0] if extra else {}),
     }
     if shim:
         registry = registry_for_world()
         result["registry_has"] = registry.has
-    engine.destroy()
+    if engine is not None:
+        engine.destroy()
     dist.barrier()
     return result
 
