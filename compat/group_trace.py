@@ -63,7 +63,9 @@ def _package_dir(name: str) -> str:
 
 def _inspect_stack() -> tuple[bool, str]:
     mesh_dir = _package_dir("mesh_core")
-    skip = (_package_dir("torch"), _package_dir("compat"), mesh_dir, os.path.dirname(contextlib.__file__) + os.sep)
+    # deepspeed.comm's wrappers are not the asker either: the site is the deepspeed line calling them
+    skip = (_package_dir("torch"), _package_dir("compat"), mesh_dir, os.path.dirname(contextlib.__file__) + os.sep,
+            _package_dir("deepspeed.comm"))
     inside, site = False, "?"
     frame = sys._getframe(2)
     while frame is not None:

@@ -32,7 +32,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,7 +90,9 @@ class GroupsState:
     zero_param_group: Any = None
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
-    tp_source: Optional[tuple[Any, Any]] = None  # (mesh, (tp dims, dp dims)) of _init_tp_*, kept under a binding
+    # what _init_tp_* set up, kept under a binding: (mesh, (tp dims, dp dims)), or (None, ExplicitTP)
+    # when a replaced deepspeed.comm function built the groups
+    tp_source: Optional[tuple[Any, Any]] = None
 
 
 _state = GroupsState()
@@ -121,6 +123,45 @@ def __getattr__(name: str) -> Any:
     if getter is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getter(_state)
+
+
+def _set_tp_global(value: Any, dp: bool) -> None:
+    state = _state
+    if value is None:
+        if dp:
+            state.dp_group = None
+        else:
+            state.tp_group, state.tp_source = None, None
+        return
+    try:  # a real group: its size and this rank's place in it, as DeepSpeed's getters would ask torch
+        size, rank = dist.get_world_size(value), dist.get_rank(value)
+        first = min(dist.get_process_group_ranks(value))
+    except (RuntimeError, ValueError, TypeError, AttributeError):
+        size, rank, first = 0, 0, 0
+    if dp:
+        state.dp_group, state.dp_size, state.dp_rank = value, size, rank
+    else:
+        state.tp_group, state.tp_size, state.tp_rank, state.tp_src = value, size, rank, first
+
+
+_LEGACY_SETTERS = {
+    "_TENSOR_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
+    "_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
+    "_DATA_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=True),
+    "_WORLD_GROUP": lambda v: setattr(_state, "world_group", v),
+    "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE": lambda v: setattr(_state, "tp_world_size_override", v),
+    "_MPU_TENSOR_MODEL_PARALLEL_RANK": lambda v: setattr(_state, "tp_rank_override", v),
+}
+
+
+def set_legacy_global(name: str, value: Any) -> bool:
+    """Write one of DeepSpeed's private module globals into the state (``groups._DATA_PARALLEL_GROUP =
+    None`` resets the DP group, as in DeepSpeed); False for a name that is not writable this way."""
+    setter = _LEGACY_SETTERS.get(name)
+    if setter is None:
+        return False
+    setter(value)
+    return True
 
 
 def _w(name: str, replacement: str, *, hot: bool = False):
@@ -166,8 +207,27 @@ def bound_mesh() -> Optional[DeepSpeedDeviceMesh]:
     return _state.mesh if _state.mesh_is_bound else None
 
 
-def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Optional[tuple[Any, Any]]) -> None:
+@dataclass(frozen=True)
+class ExplicitTP:
+    """TP / DP groups built by a replaced ``deepspeed.comm`` function (see :func:`bind_legacy_comm`),
+    with the (data_parallel, tensor_parallel) layout's sizes and ranks."""
+
+    tp_group: Any
+    dp_group: Any
+    tp_size: int
+    tp_rank: int
+    tp_src: int
+    dp_size: int
+    dp_rank: int
+
+
+def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Any) -> None:
     state = _state
+    if isinstance(dims, ExplicitTP):
+        state.tp_group, state.dp_group = dims.tp_group, dims.dp_group
+        state.tp_size, state.tp_rank, state.tp_src = dims.tp_size, dims.tp_rank, dims.tp_src
+        state.dp_size, state.dp_rank = dims.dp_size, dims.dp_rank
+        return
     if mesh is None or dims is None:
         state.tp_group = state.dp_group = None
         return
@@ -286,6 +346,43 @@ def _forget_destroyed(group: Any) -> None:
         registry_for_world().forget(group)
 
 
+# --- deepspeed.comm as deepspeed.utils.groups sees it ------------------------------------------
+# DeepSpeed's TP/DP builders look up ``dist.get_world_size`` / ``get_rank`` / ``new_group`` /
+# ``initialize_mesh_device`` on ``deepspeed.comm`` at call time. Code that replaces one of them
+# (DeepSpeed's own unit tests do, with fakes that need no process group) expects its replacement to
+# be called in DeepSpeed's order; the installer binds that module here. Every function that is still
+# deepspeed's own (or the shim's route) stays unused: the groups come from the mesh.
+_legacy_comm: Any = None
+
+
+def bind_legacy_comm(comm: Any) -> None:
+    """Remember ``deepspeed.comm`` (None: forget it, e.g. when the shim is uninstalled)."""
+    global _legacy_comm
+    _legacy_comm = comm
+
+
+def _replaced_comm(name: str) -> Optional[Callable[..., Any]]:
+    """``deepspeed.comm.<name>`` if code outside deepspeed.comm and compat replaced it, else None."""
+    if _legacy_comm is None:
+        return None
+    fn = getattr(_legacy_comm, name, None)
+    module = getattr(fn, "__module__", None) or ""
+    own = (_legacy_comm.__name__, __name__.split(".")[0])  # deepspeed.comm's own, or the shim's route
+    if fn is None or any(module == m or module.startswith(m + ".") for m in own):
+        return None
+    return fn
+
+
+def _comm_world_size() -> int:
+    fn = _replaced_comm("get_world_size")
+    return fn() if fn is not None else dist.get_world_size()
+
+
+def _comm_rank() -> int:
+    fn = _replaced_comm("get_rank")
+    return fn() if fn is not None else dist.get_rank()
+
+
 # --- tensor / data parallel (AutoTP, "lettered" API) -------------------------------------------
 _W_TP_NEW_GROUP = _w("_init_tp_groups_with_new_group", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
 _W_TP_MESH = _w("_init_tp_mesh_device", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
@@ -312,7 +409,11 @@ def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_par
     """Build (or re-build) the TP/DP groups of a (data_parallel, tensor_parallel) layout."""
     # TODOV1: legacy shim
     _W_TP_NEW_GROUP.warn()
-    world_size = dist.get_world_size()
+    return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
+
+
+def _tp_groups_by_new_group(tensor_model_parallel_size: int, data_parallel_size: Optional[int]):
+    world_size = _comm_world_size()
     _divisible(world_size, tensor_model_parallel_size)
     if data_parallel_size is None:
         data_parallel_size = world_size // tensor_model_parallel_size
@@ -321,7 +422,35 @@ def _init_tp_groups_with_new_group(tensor_model_parallel_size: int = 1, data_par
             f"data_parallel_size ({data_parallel_size}) * tensor_model_parallel_size "
             f"({tensor_model_parallel_size}) must equal world_size ({world_size})"
         )
+    new_group = _replaced_comm("new_group")
+    if new_group is not None:
+        return _adopt_explicit_tp(_legacy_new_group_layout(new_group, world_size, tensor_model_parallel_size,
+                                                           data_parallel_size))
     return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
+
+
+def _legacy_new_group_layout(new_group: Callable[..., Any], world_size: int, tp: int, dp: int) -> ExplicitTP:
+    # DeepSpeed's calls, in its order: every DP rank set (tp-strided), then every TP block
+    rank = _comm_rank()
+    dp_group = tp_group = None
+    for tensor_rank in range(tp):
+        ranks = list(range(tensor_rank, world_size, tp))
+        group = new_group(ranks)
+        if rank in ranks:
+            dp_group = group
+    for data_rank in range(dp):
+        ranks = list(range(data_rank * tp, (data_rank + 1) * tp))
+        group = new_group(ranks)
+        if rank in ranks:
+            tp_group = group
+    assert dp_group is not None, "data parallel group is not initialized"
+    assert tp_group is not None, "tensor parallel group is not initialized"
+    return _explicit_tp(tp_group, dp_group, rank, tp, dp)
+
+
+def _explicit_tp(tp_group: Any, dp_group: Any, rank: int, tp: int, dp: int) -> ExplicitTP:
+    return ExplicitTP(tp_group, dp_group, tp_size=tp, tp_rank=rank % tp, tp_src=rank - rank % tp, dp_size=dp,
+                      dp_rank=rank // tp)
 
 
 def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
@@ -331,8 +460,19 @@ def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
     return _state.dp_group, _state.tp_group
 
 
+def _adopt_explicit_tp(record: ExplicitTP):
+    _state.tp_source = (None, record)
+    _set_tp_groups(None, record)
+    return _state.dp_group, _state.tp_group
+
+
 def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size: Optional[int] = None):
-    """TP/DP groups of a (data_parallel, tensor_parallel) mesh; None if TP groups already exist."""
+    """TP/DP groups of a (data_parallel, tensor_parallel) mesh; None if TP groups already exist.
+
+    DeepSpeed's control flow: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or a DeviceMesh split error take the
+    ``new_group`` path. The groups come from the mesh unless code replaced ``deepspeed.comm``'s
+    ``new_group`` / ``initialize_mesh_device`` (then those are called as DeepSpeed calls them).
+    """
     # TODOV1: legacy shim
     _W_TP_MESH.warn()
     if _state.tp_group is not None:
@@ -344,8 +484,24 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
             )
         return None
     if data_parallel_size is None:
-        data_parallel_size = dist.get_world_size() // tensor_model_parallel_size
-    return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
+        data_parallel_size = _comm_world_size() // tensor_model_parallel_size
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        logger.debug("TORCH_DISTRIBUTED_DEBUG=DETAIL: TP groups by the new_group path")
+        return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
+    initialize_mesh_device = _replaced_comm("initialize_mesh_device")
+    if initialize_mesh_device is None:
+        return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
+    try:
+        mesh_device = initialize_mesh_device((data_parallel_size, tensor_model_parallel_size),
+                                             ("data_parallel", "tensor_parallel"))
+    except RuntimeError as exc:
+        if _DEVICE_MESH_SPLIT_UNSUPPORTED not in str(exc):
+            raise
+        logger.debug("DeviceMesh splitting unsupported: TP groups by the new_group path")
+        return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
+    return _adopt_explicit_tp(
+        _explicit_tp(mesh_device.get_group(mesh_dim="tensor_parallel"), mesh_device.get_group(mesh_dim="data_parallel"),
+                     _comm_rank(), tensor_model_parallel_size, data_parallel_size))
 
 
 _W_GET_TP_GROUP = _w("get_tensor_model_parallel_group", "mesh.get_group('tp')")

@@ -274,8 +274,9 @@ def _engine_mesh(
             _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
             return as_engine_mesh(mpu.mesh), mpu
         if hasattr(mpu, "initialize_sequence_parallel"):  # DeepSpeed's Ulysses parallel_state_sp module
-            mesh = _sequence_parallel_mesh(spec, mpu)
-            return mesh, _mesh_mpu(mesh)
+            # (issue 9) the engine keeps the module: DeepSpeed branches on its shape (no DP group: ZeRO-3
+            # partitions over the world, parameter_offload.py:267), and its groups are the mesh's now
+            return _sequence_parallel_mesh(spec, mpu), mpu
         from .mpu import mesh_from_mpu
 
         mesh = as_engine_mesh(mesh_from_mpu(mpu))

@@ -88,6 +88,8 @@ def uninstall() -> None:
             return
         _active = False
         _patches.restore()
+        if "compat.groups" in sys.modules:  # compat.groups on its own no longer follows deepspeed.comm
+            sys.modules["compat.groups"].bind_legacy_comm(None)
         _quiet_deepspeed_call_sites(False)
         _logging_tree().uninstall()
         group_trace.set_shim_active(False)
@@ -163,6 +165,8 @@ def _route_comm(module: types.ModuleType) -> None:
 def _route_groups(module: types.ModuleType) -> None:
     from . import groups as compat_groups
 
+    # legacy's module-level `dist` (deepspeed.comm): replacements of its functions are honoured
+    compat_groups.bind_legacy_comm(getattr(module, "dist", None))
     missing = []
     for name, value in list(vars(module).items()):
         if not isinstance(value, types.FunctionType) or value.__module__ != module.__name__:
@@ -189,7 +193,13 @@ def _forwarding_module_class(target: types.ModuleType, names: list[str]) -> type
     """A ModuleType subclass whose ``names`` read and write ``target``'s attributes."""
 
     def forward(name: str) -> property:
-        return property(lambda self: getattr(target, name), lambda self, value: setattr(target, name, value))
+        def write(self: Any, value: Any) -> None:
+            # DeepSpeed's private globals are views of compat's state: write through to it
+            set_legacy = getattr(target, "set_legacy_global", None)
+            if set_legacy is None or not set_legacy(name, value):
+                setattr(target, name, value)
+
+        return property(lambda self: getattr(target, name), write)
 
     namespace = {name: forward(name) for name in names}
     namespace["__doc__"] = f"module state forwarded to {target.__name__}: {', '.join(names)}"
