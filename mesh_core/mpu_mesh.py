@@ -32,6 +32,7 @@ Dims on an ``MpuMesh`` follow DeepSpeed's probe order (``deepspeed/utils/bwc.py`
 """
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from typing import Any, Optional, Sequence, Union
@@ -118,6 +119,13 @@ class MpuMesh:
         return list(dist.get_process_group_ranks(self.get_group(key)))
 
 
+def _forget(ref: "weakref.ref[Any]", key: int, views: dict) -> None:
+    """Drop the view of a collected mpu (``views`` bound early: this may run at interpreter exit)."""
+    entry = views.get(key)
+    if entry is not None and entry[0] is ref:
+        del views[key]
+
+
 def mesh_of(mpu: Any) -> Optional[Any]:
     """The mesh to query for ``mpu``: None for None, a ``DeepSpeedDeviceMesh`` itself, the mesh an
     object exposes as ``__deepspeed_mesh__``, else the (cached) :class:`MpuMesh` over ``mpu``."""
@@ -136,7 +144,7 @@ def mesh_of(mpu: Any) -> Optional[Any]:
         return cached[1]
     view = MpuMesh(mpu)
     try:
-        ref = weakref.ref(mpu, lambda _ref, key=key: _views.pop(key, None) if _views.get(key, (None,))[0] is _ref else None)
+        ref = weakref.ref(mpu, functools.partial(_forget, key=key, views=_views))
     except TypeError:  # not weak-referenceable: a view costs nothing to rebuild
         return view
     _views[key] = (ref, view)
