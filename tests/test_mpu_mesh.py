@@ -402,3 +402,61 @@ def test_only_deepspeed_modules_are_rewritten_and_bwc_itself_is_not():
 def test_other_receivers_are_left_alone():
     source = "import deepspeed\n\ndef f(self, grid, chunks, i):\n    return grid.get_data_parallel_group(), chunks[i].get_gpu_chunk(), self.compute.get_data_parallel_rank()\n"
     assert migrate(source).code == source
+
+
+# --- hypothesis: receivers, argument forms and surroundings ------------------------------------------
+RECEIVERS = {  # how the site reaches the mpu -> (setup statements, receiver expression)
+    "param": ("", "mpu"),
+    "self": ("holder = types.SimpleNamespace(mpu=mpu)\n", "holder.mpu"),
+    "groups": ("groups.mpu = mpu\n", "groups.mpu"),
+    "global": ("global_state.mpu = mpu\n", "global_state.mpu"),
+}
+SURROUNDINGS = {  # {expr} inside ... -> a body computing `value`
+    "plain": "value = {expr}\n",
+    "lambda": "value = (lambda: {expr})()\n",
+    "comprehension": "value = [{expr} for _ in range(2)][0]\n",
+    "nested": "def inner():\n    return {expr}\nvalue = inner()\n",
+    "call_argument": "value = str({expr})\n",
+    "keyword_argument": "value = dict(v={expr})['v']\n",
+    "condition": "value = 'yes' if {expr} is not None else 'no'\n",
+}
+
+
+def snippet(rule: tuple[str, str], receiver: str, surrounding: str, keyword: bool) -> str:
+    setup, expr = RECEIVERS[receiver]
+    if rule[0] == "getter":
+        call = f"{expr}.{rule[1]}()"
+    else:
+        call = f"{rule[1]}(mpu={expr})" if keyword else f"{rule[1]}({expr})"
+    body = setup + SURROUNDINGS[surrounding].format(expr=call) + "return value\n"
+    indented = "".join("    " + line + "\n" for line in body.splitlines())
+    imports = "import types\nfrom deepspeed.utils import groups\nfrom deepspeed.utils.bwc import *\n"
+    names = "from deepspeed.utils.bwc import " + ", ".join(sorted(BWC)) + "\n"
+    return imports.replace("from deepspeed.utils.bwc import *\n", names) + (
+        "global_state = types.SimpleNamespace(mpu=None)\n\n\ndef site(mpu):\n" + indented
+    )
+
+
+@settings(max_examples=2, deadline=None)
+@given(data=st.data())
+def test_hypothesis_surroundings_compute_what_legacy_computes(data):
+    cases = data.draw(st.lists(st.tuples(st.sampled_from(RULES), st.sampled_from(sorted(RECEIVERS)),
+                                         st.sampled_from(sorted(SURROUNDINGS)), st.booleans()), min_size=10, max_size=10))
+    world, pp, tp = data.draw(LAYOUTS)
+    rank = data.draw(st.integers(0, world - 1))
+    compiled = []
+    for rule, receiver, surrounding, keyword in cases:
+        legacy = snippet(rule, receiver, surrounding, keyword)
+        migrated = migrate_code(legacy, module=MODULE, package="deepspeed.runtime")
+        assert migrated.sites.get("mpu/bwc call") == 1 and not migrated.todos.get("mpu/bwc call"), (legacy, migrated)
+        compiled.append((load(legacy), load(migrated.code), (rule, receiver, surrounding, keyword)))
+    with fake_world(rank, world, deepspeed_comm=True):
+        mpus = build_mpus(pp, tp)
+        for legacy, migrated, case in compiled:
+            for kind, mpu in mpus.items():
+                want = outcome(legacy.site, mpu)
+                if want[0] == "ok":
+                    got = outcome(migrated.site, mpu)
+                    assert got[0] == "ok" and same(want[1], got[1]), (case, kind, want, got)
+        if "parallel_state_sp" in mpus:
+            mpus["parallel_state_sp"]._release_sequence_parallel_groups()
