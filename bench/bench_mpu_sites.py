@@ -35,8 +35,8 @@ def sites(tree: Path) -> list[tuple[str, str, int, str, bool]]:
     """(family, file, line, code, TODOV1 on the statement's lines) of every mpu / bwc site left."""
     found = []
     for path in sorted(tree.rglob("*.py")):
-        if path.name == "bwc.py" and path.parent.name == "utils":
-            continue
+        if path.name in ("groups.py", "topology.py", "bwc.py") and path.parent.name in ("utils", "pipe"):
+            continue  # the modules that define the legacy APIs, as in family_sites
         text = path.read_text(encoding="utf-8")
         lines = text.splitlines()
         for node in ast.walk(ast.parse(text)):
