@@ -85,3 +85,4 @@ def test_migrated_copy_trains_like_the_installed_package(copy, tmp_path):
             assert_bit_identical(want[mode], got[mode], f"rank {rank} {mode}")
             assert (got[mode]["dp"], got[mode]["mp"], got[mode]["optimizer"]) == (
                 want[mode]["dp"], want[mode]["mp"], want[mode]["optimizer"])
+            assert want[mode]["mpu_queries"] == 0 and got[mode]["mpu_queries"] > 0, mode  # the migrated sites ran

@@ -14,6 +14,19 @@ import torch.distributed as dist
 import common
 
 STEPS = 3
+QUERIES = [0]  # MpuMesh queries answered (a migrated package asks mesh_of; the installed one never)
+
+
+def count_queries() -> None:
+    from mesh_core.mpu_mesh import MpuMesh
+
+    original = MpuMesh._call
+
+    def counted(self, dims, what):
+        QUERIES[0] += 1
+        return original(self, dims, what)
+
+    MpuMesh._call = counted
 
 
 class TestMPU:
@@ -118,13 +131,15 @@ def run(mode: str, rank: int) -> dict:
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
+    queries, QUERIES[0] = QUERIES[0], 0
     return {"losses": losses, "params": common.params_of(engine.module), "dp": engine.dp_world_size,
-            "mp": engine.mp_world_size, "optimizer": type(engine.optimizer).__name__}
+            "mp": engine.mp_world_size, "optimizer": type(engine.optimizer).__name__, "mpu_queries": queries}
 
 
 def main() -> None:
     out_dir = sys.argv[1]
     rank = common.init_world()
+    count_queries()
     import deepspeed
 
     results = {"deepspeed": deepspeed.__file__, **{mode: run(mode, rank) for mode in ("test_mpu", "megatron", "pipe")}}
