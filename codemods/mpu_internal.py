@@ -80,7 +80,7 @@ BWC: dict[str, tuple[str, str]] = {
     "bwc_pipeline_parallel_group": ('get_group("pp")', "None"),
 }
 
-_NO_PARENS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.Return, cst.Expr)
+_NO_PARENS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.Return, cst.Expr, cst.DictElement, cst.Element)
 
 
 def code(node: cst.CSTNode) -> str:
