@@ -14,6 +14,7 @@ import compileall
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,9 +64,14 @@ def migrate(tree: Path, jobs: int, *extra: str) -> tuple[float, int, dict]:
     return seconds, done.returncode, json.loads(lines[-1])
 
 
+# an mpu receiver: ``mpu``, ``self.mpu``, ``groups.mpu`` (not ``x[q_compute_idx]``, not ``mesh_of(mpu)``)
+_MPU = re.compile(r"(?<![A-Za-z0-9])mpu(?![A-Za-z0-9])", re.IGNORECASE)
+
+
 def family_sites(tree: Path) -> Counter:
     """Legacy process-group call sites by family (ast scan; a site is a call):
-    groups (``deepspeed.utils.groups`` functions), mpu (``<...mpu...>.get_*()``), bwc (``bwc_*()``),
+    groups (``deepspeed.utils.groups`` functions), mpu (``<mpu>.get_*()`` on a name or attribute
+    ``mpu``), bwc (``bwc_*()``),
     grid (grid methods on an object whose name mentions ``grid``), comm (``deepspeed.comm`` thin
     wrappers through a ``dist`` / ``comm`` alias)."""
     from codemods import grid_api
@@ -77,8 +83,8 @@ def family_sites(tree: Path) -> Counter:
             module = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        if any(part in ("groups.py", "topology.py") for part in (path.name,)) and path.parent.name in ("utils", "pipe"):
-            continue  # the modules that define the legacy APIs
+        if any(part in ("groups.py", "topology.py", "bwc.py") for part in (path.name,)) and path.parent.name in ("utils", "pipe"):
+            continue  # the modules that define the legacy APIs (utils/bwc.py defines the bwc_* helpers)
         for node in ast.walk(module):
             if not isinstance(node, ast.Call):
                 continue
@@ -91,7 +97,7 @@ def family_sites(tree: Path) -> Counter:
                 counts["groups"] += 1
             elif name.startswith("bwc_"):
                 counts["bwc"] += 1
-            elif name.startswith("get_") and "mpu" in owner.lower():
+            elif name.startswith("get_") and isinstance(getattr(func, "value", None), (ast.Name, ast.Attribute)) and _MPU.search(owner):
                 counts["mpu"] += 1
             elif name in grid_api.METHODS and "grid" in owner.lower():
                 counts["grid"] += 1

@@ -15,6 +15,7 @@ from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
+from .mpu_internal import MpuInternalCommand
 from .portable import parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
@@ -25,6 +26,7 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
     GroupsGettersCommand,
     TopologyCommand,
     InitializeCommand,
+    MpuInternalCommand,
     MpuCallsCommand,
     LegacyImportsCommand,
 )

@@ -125,6 +125,11 @@ class MeshMPU:
     def __repr__(self) -> str:
         return f"MeshMPU({self.mesh!r})"
 
+    @property
+    def __deepspeed_mesh__(self) -> DeepSpeedDeviceMesh:
+        """The mesh, for ``mesh_core.mesh_of`` (migrated DeepSpeed code queries it directly)."""
+        return self.mesh
+
     def get_global_rank(self) -> int:
         return self.mesh.rank
 

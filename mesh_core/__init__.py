@@ -10,6 +10,7 @@ from .current import current_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
 from .layout import MeshLayout
+from .mpu_mesh import MpuMesh, mesh_of
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 
@@ -22,8 +23,10 @@ __all__ = [
     "MeshLayout",
     "MeshSpec",
     "MeshSpecError",
+    "MpuMesh",
     "current_mesh",
     "default_mesh",
+    "mesh_of",
     "registry_for_world",
     "set_default_mesh",
     "spec_from_config",
