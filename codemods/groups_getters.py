@@ -110,6 +110,31 @@ TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
+# Inside DeepSpeed's own package a getter reads the groups state of the engine being built or
+# stepped. The mesh runtime makes that engine's mesh current (mesh_core.use_mesh) while it builds
+# and around its entry points, so these modules, whose group reads run only there (engine, pipeline
+# engine, the ZeRO / BF16 optimizers it builds and steps), read it as ``model_mesh(self)`` inside
+# an engine and ``current_mesh()`` elsewhere. Anywhere else in DeepSpeed a read may run before any
+# engine exists (AutoTP, MoE layers, tp_model_init, utilities), where legacy answers from state the
+# mesh does not hold (the AutoTP mesh, the world): those sites are left with a TODOV1.
+ENGINE_SCOPED_MODULES = frozenset(
+    {
+        "deepspeed.runtime.engine",
+        "deepspeed.runtime.pipe.engine",
+        "deepspeed.runtime.zero.stage_1_and_2",
+        "deepspeed.runtime.zero.stage3",
+        "deepspeed.runtime.bf16_optimizer",
+    }
+)
+_OUTSIDE_ENGINE = (
+    "this DeepSpeed module may run before any engine exists (or outside one), where legacy groups answer "
+    "from the AutoTP / mpu / world state rather than an engine's mesh: pass the model's mesh in and call {call}"
+)
+
+
+def in_deepspeed(module: Optional[str]) -> bool:
+    return bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
+
 
 def _star_exports(module: str) -> frozenset:
     """The legacy names ``from <module> import *`` binds (public names; the re-exports of
@@ -221,6 +246,10 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
         if fname in SIMPLE and not original_node.args:
+            if self._outside_engine():
+                call = SIMPLE[fname].format(mesh="<mesh>")
+                self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=call))
+                return updated_node
             if fname.startswith("_") and self._builds_autotp:
                 self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
                           "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
@@ -236,18 +265,40 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
             return updated_node
+        if fname in EXPERT and self._outside_engine():
+            self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
+            return updated_node
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:
                 self.flag(KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)")
                 return updated_node
             return self._rewrite(original_node, EXPERT[fname], n=code(size))
-        replacement = self._statement_call(original_node, fname)
+        replacement = None if self._outside_engine(also_scoped=True) else self._statement_call(original_node, fname)
         if replacement is not None:
             self.record(KIND)
             return cst.parse_expression(replacement)
         self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
         return updated_node
+
+    def _outside_engine(self, also_scoped: bool = False) -> bool:
+        """This file is part of DeepSpeed and its reads may run outside an engine's scope (with
+        ``also_scoped``: any DeepSpeed module, for builders that must stay legacy there)."""
+        module = self.context.full_module_name
+        if not in_deepspeed(module):
+            return False
+        return also_scoped or module not in ENGINE_SCOPED_MODULES
+
+    def model_mesh(self, node: cst.CSTNode) -> cst.BaseExpression:
+        """Inside DeepSpeed: ``model_mesh(self)`` in an engine (its ``mesh_device`` is None until
+        ``deepspeed.initialize`` returns), else ``current_mesh()``; see ENGINE_SCOPED_MODULES."""
+        if not in_deepspeed(self.context.full_module_name):
+            return super().model_mesh(node)
+        scope = self.scope_of(node)
+        owner = self._engine_self(scope) if scope is not None else None
+        if owner is not None and not self._rebound_in_comprehension(node, owner):
+            return cst.parse_expression(f"{self.mesh_ref('model_mesh')}({owner})")
+        return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
 
     def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
         self.keep_comments(call)

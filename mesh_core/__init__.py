@@ -6,7 +6,7 @@
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
 """
 from .config import spec_from_config
-from .current import current_mesh
+from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
 from .layout import MeshLayout
@@ -24,6 +24,7 @@ __all__ = [
     "MeshSpecError",
     "current_mesh",
     "default_mesh",
+    "model_mesh",
     "registry_for_world",
     "set_default_mesh",
     "spec_from_config",
