@@ -10,6 +10,7 @@ from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
 from .layout import MeshLayout
+from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 
@@ -22,9 +23,11 @@ __all__ = [
     "MeshLayout",
     "MeshSpec",
     "MeshSpecError",
+    "PipelineTopology",
     "current_mesh",
     "default_mesh",
     "model_mesh",
+    "pipeline_topology",
     "registry_for_world",
     "set_default_mesh",
     "spec_from_config",
