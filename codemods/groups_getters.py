@@ -187,6 +187,8 @@ class GroupsGettersCommand(MigrationCommand):
             "from deepspeed import utils",
             "from compat",
             "import compat",
+            "groups._",
+            "groups.get_",
         ),
     )
 
@@ -240,6 +242,10 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
             return updated_node
         fname = self.function_of(original_node.func)
+        if fname is None and self._on_groups_parameter(original_node.func):
+            self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
+                      "in) cannot be followed statically; pass the model's mesh instead and call it (see MIGRATION.md)")
+            return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
         if has_star_args(original_node):
@@ -299,6 +305,19 @@ class GroupsGettersCommand(MigrationCommand):
         if owner is not None and not self._rebound_in_comprehension(node, owner):
             return cst.parse_expression(f"{self.mesh_ref('model_mesh')}({owner})")
         return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
+
+    def _on_groups_parameter(self, func: cst.BaseExpression) -> bool:
+        """``func`` is ``groups.<legacy function>`` where ``groups`` is a function parameter (flagged,
+        never rewritten: what is passed in is unknown). ``groups.mpu.get_*()`` is the mpu codemods'."""
+        if not isinstance(func, cst.Attribute) or func.attr.value not in ALL_FUNCTIONS:
+            return False
+        receiver = func.value
+        if not (isinstance(receiver, cst.Name) and receiver.value == "groups"):
+            return False
+        scope = self.scope_of(receiver)
+        if scope is None:
+            return False
+        return any(isinstance(getattr(a, "node", None), cst.Param) for a in scope.assignments["groups"])
 
     def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
         self.keep_comments(call)
