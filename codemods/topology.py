@@ -330,9 +330,10 @@ class TopologyCommand(MigrationCommand):
         if len(bindings) != 1 or self.top_level_assign(target, scope) is not parent:
             return False
         refs = [r.node for b in bindings for r in b.references]
-        return bool(refs) and all(
-            isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r)) for r in refs
-        )
+        module_args = [r for r in refs if isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r))]
+        # a grid this run turns into a mesh no longer reads the topology
+        converted = [r for r in refs if isinstance(self.parent(r), cst.Arg) and id(self.parent(self.parent(r))) in self._converted_grids]
+        return bool(module_args) and len(module_args) + len(converted) == len(refs)
 
     def _reaches_pipeline_module(self, call: cst.Call) -> bool:
         """Some use of ``call``'s value (inline, or through the name it is assigned to) is a
