@@ -97,17 +97,18 @@ def rewrite_use(mesh: str, attribute: cst.Attribute, call: Optional[cst.Call]) -
 
 
 def _stage_to_global(mesh: str, call: cst.Call) -> Optional[str]:
+    stage: list[str] = []
     args = []
     for arg in call.args:
         if arg.star:
             return None
-        if arg.keyword is None:
-            args.append(code(arg.value))
+        if arg.keyword is None or arg.keyword.value == "stage_id":
+            stage.append(code(arg.value))
             continue
         dim = AXIS_TO_DIM.get(arg.keyword.value)
         if dim is None or dim == "pp":
             return None
         args.append(f"{dim}={code(arg.value)}")
-    if len([a for a in call.args if a.keyword is None]) != 1:
+    if len(stage) != 1:
         return None
-    return f"{mesh}.stage_to_global({', '.join(args)})"
+    return f"{mesh}.stage_to_global({', '.join(stage + args)})"

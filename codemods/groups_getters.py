@@ -110,6 +110,31 @@ TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
 
+# Inside DeepSpeed's own package a getter reads the groups state of the engine being built or
+# stepped. The mesh runtime makes that engine's mesh current (mesh_core.use_mesh) while it builds
+# and around its entry points, so these modules, whose group reads run only there (engine, pipeline
+# engine, the ZeRO / BF16 optimizers it builds and steps), read it as ``model_mesh(self)`` inside
+# an engine and ``current_mesh()`` elsewhere. Anywhere else in DeepSpeed a read may run before any
+# engine exists (AutoTP, MoE layers, tp_model_init, utilities), where legacy answers from state the
+# mesh does not hold (the AutoTP mesh, the world): those sites are left with a TODOV1.
+ENGINE_SCOPED_MODULES = frozenset(
+    {
+        "deepspeed.runtime.engine",
+        "deepspeed.runtime.pipe.engine",
+        "deepspeed.runtime.zero.stage_1_and_2",
+        "deepspeed.runtime.zero.stage3",
+        "deepspeed.runtime.bf16_optimizer",
+    }
+)
+_OUTSIDE_ENGINE = (
+    "this DeepSpeed module may run before any engine exists (or outside one), where legacy groups answer "
+    "from the AutoTP / mpu / world state rather than an engine's mesh: pass the model's mesh in and call {call}"
+)
+
+
+def in_deepspeed(module: Optional[str]) -> bool:
+    return bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
+
 
 def _star_exports(module: str) -> frozenset:
     """The legacy names ``from <module> import *`` binds (public names; the re-exports of
@@ -162,6 +187,8 @@ class GroupsGettersCommand(MigrationCommand):
             "from deepspeed import utils",
             "from compat",
             "import compat",
+            "groups._",
+            "groups.get_",
         ),
     )
 
@@ -215,12 +242,20 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
             return updated_node
         fname = self.function_of(original_node.func)
+        if fname is None and self._on_groups_parameter(original_node.func):
+            self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
+                      "in) cannot be followed statically; pass the model's mesh instead and call it (see MIGRATION.md)")
+            return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
         if fname in SIMPLE and not original_node.args:
+            if self._outside_engine():
+                call = SIMPLE[fname].format(mesh="<mesh>")
+                self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=call))
+                return updated_node
             if fname.startswith("_") and self._builds_autotp:
                 self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
                           "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
@@ -236,18 +271,53 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
             return updated_node
+        if fname in EXPERT and self._outside_engine():
+            self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
+            return updated_node
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:
                 self.flag(KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)")
                 return updated_node
             return self._rewrite(original_node, EXPERT[fname], n=code(size))
-        replacement = self._statement_call(original_node, fname)
+        replacement = None if self._outside_engine(also_scoped=True) else self._statement_call(original_node, fname)
         if replacement is not None:
             self.record(KIND)
             return cst.parse_expression(replacement)
         self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
         return updated_node
+
+    def _outside_engine(self, also_scoped: bool = False) -> bool:
+        """This file is part of DeepSpeed and its reads may run outside an engine's scope (with
+        ``also_scoped``: any DeepSpeed module, for builders that must stay legacy there)."""
+        module = self.context.full_module_name
+        if not in_deepspeed(module):
+            return False
+        return also_scoped or module not in ENGINE_SCOPED_MODULES
+
+    def model_mesh(self, node: cst.CSTNode) -> cst.BaseExpression:
+        """Inside DeepSpeed: ``model_mesh(self)`` in an engine (its ``mesh_device`` is None until
+        ``deepspeed.initialize`` returns), else ``current_mesh()``; see ENGINE_SCOPED_MODULES."""
+        if not in_deepspeed(self.context.full_module_name):
+            return super().model_mesh(node)
+        scope = self.scope_of(node)
+        owner = self._engine_self(scope) if scope is not None else None
+        if owner is not None and not self._rebound_in_comprehension(node, owner):
+            return cst.parse_expression(f"{self.mesh_ref('model_mesh')}({owner})")
+        return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
+
+    def _on_groups_parameter(self, func: cst.BaseExpression) -> bool:
+        """``func`` is ``groups.<legacy function>`` where ``groups`` is a function parameter (flagged,
+        never rewritten: what is passed in is unknown). ``groups.mpu.get_*()`` is the mpu codemods'."""
+        if not isinstance(func, cst.Attribute) or func.attr.value not in ALL_FUNCTIONS:
+            return False
+        receiver = func.value
+        if not (isinstance(receiver, cst.Name) and receiver.value == "groups"):
+            return False
+        scope = self.scope_of(receiver)
+        if scope is None:
+            return False
+        return any(isinstance(getattr(a, "node", None), cst.Param) for a in scope.assignments["groups"])
 
     def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
         self.keep_comments(call)

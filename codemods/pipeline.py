@@ -11,6 +11,7 @@ from libcst.codemod import CodemodContext, SkipFile
 from .base import MigrationCommand, counters, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
+from .grid_internal import GridInternalCommand
 from .groups_getters import GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
@@ -24,6 +25,7 @@ from .topology import TopologyCommand
 # moves into the config; the mpu codemod sees what is left; imports are cleaned up last.
 CODEMODS: tuple[Type[MigrationCommand], ...] = (
     GroupsGettersCommand,
+    GridInternalCommand,
     TopologyCommand,
     InitializeCommand,
     MpuInternalCommand,

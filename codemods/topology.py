@@ -18,6 +18,18 @@ from . import legacy_names as ln
 from .base import MigrationCommand, arg_by, find_all, has_star_args
 
 KIND_GRID = "grid construction"
+KIND_PIPE_TOPOLOGY = "pipeline topology"
+_PIPE_TOPOLOGY_TODO = (
+    "topology kept: hand PipelineModule(topology=mesh_core.pipeline_topology(pp=, dp=, tp=)) (tp= only for "
+    "PipeModelDataParallelTopology; the same axes and answers, pure rank math)"
+)
+PIPELINE_MODULES = frozenset(
+    {"deepspeed.pipe.PipelineModule", "deepspeed.runtime.pipe.PipelineModule", "deepspeed.runtime.pipe.module.PipelineModule"}
+)
+PIPE_TOPOLOGY_ARGS = {  # legacy class -> its parameters (in order) -> pipeline_topology's keywords
+    ln.PIPE_MODEL_DATA_TOPOLOGY: (("num_pp", "pp"), ("num_mp", "tp"), ("num_dp", "dp")),
+    ln.PIPE_DATA_TOPOLOGY: (("num_pp", "pp"), ("num_dp", "dp")),
+}
 KIND_USE = "grid method/attribute"
 DEFAULT_ORDER = ("pp", "dp", "tp")
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
@@ -232,6 +244,23 @@ class TopologyCommand(MigrationCommand):
         elif (
             kind is not None
             and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
+            and self._only_pipeline_module_topology(original_node)
+        ):
+            replacement = self._pipeline_topology(kind, original_node)
+            if replacement is not None:
+                self.keep_comments(original_node)
+                self.record(KIND_PIPE_TOPOLOGY)
+                return replacement
+            self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + " with plain arguments")
+        elif (
+            kind is not None
+            and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
+            and self._reaches_pipeline_module(original_node)
+        ):
+            self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + "; bind it once and use that name only as the argument")
+        elif (
+            kind is not None
+            and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
             and not self._feeds_pipeline_module(original_node)
         ):
             self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
@@ -265,6 +294,68 @@ class TopologyCommand(MigrationCommand):
                 carried = []
             out.append(stmt)
         return out
+
+    def _pipeline_topology(self, kind: str, call: cst.Call) -> Optional[cst.Call]:
+        """``pipeline_topology(pp=..., [tp=...,] dp=...)`` with the legacy arguments in their order
+        (so they are evaluated in the same order), or None for other argument shapes."""
+        params = PIPE_TOPOLOGY_ARGS.get(kind)
+        if params is None or has_star_args(call) or len(call.args) != len(params):
+            return None
+        names = [name for name, _ in params]
+        keywords = dict(params)
+        args = []
+        for position, arg in enumerate(call.args):
+            name = arg.keyword.value if arg.keyword is not None else names[position]
+            if name not in keywords:
+                return None
+            args.append(cst.Arg(keyword=cst.Name(keywords.pop(name)), value=arg.value,
+                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                                comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg))
+        if keywords:
+            return None
+        func = cst.parse_expression(self.mesh_ref("pipeline_topology"))
+        return call.with_changes(func=func, args=args)
+
+    def _only_pipeline_module_topology(self, call: cst.Call) -> bool:
+        """``call`` is only ever the ``topology`` of a ``PipelineModule``: passed inline, or bound
+        once to a name whose every use is that argument."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Arg):
+            return self._is_pipeline_module_topology_arg(parent)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+            return False
+        target = parent.targets[0].target
+        scope = self.scope_of(target)
+        bindings = scope.assignments[target.value] if scope is not None else ()
+        if len(bindings) != 1 or self.top_level_assign(target, scope) is not parent:
+            return False
+        refs = [r.node for b in bindings for r in b.references]
+        module_args = [r for r in refs if isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r))]
+        # a grid this run turns into a mesh no longer reads the topology
+        converted = [r for r in refs if isinstance(self.parent(r), cst.Arg) and id(self.parent(self.parent(r))) in self._converted_grids]
+        return bool(module_args) and len(module_args) + len(converted) == len(refs)
+
+    def _reaches_pipeline_module(self, call: cst.Call) -> bool:
+        """Some use of ``call``'s value (inline, or through the name it is assigned to) is a
+        ``PipelineModule`` topology argument."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Arg):
+            return self._is_pipeline_module_topology_arg(parent)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+            return False
+        target = parent.targets[0].target
+        scope = self.scope_of(target)
+        refs = [r.node for b in (scope.assignments[target.value] if scope is not None else ()) for r in b.references]
+        return any(isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r)) for r in refs)
+
+    def _is_pipeline_module_topology_arg(self, arg: cst.Arg) -> bool:
+        call = self.parent(arg)
+        if not isinstance(call, cst.Call) or arg.star or not self.legacy_names(call.func) & PIPELINE_MODULES:
+            return False
+        if arg.keyword is not None:
+            return arg.keyword.value == "topology"
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return not has_star_args(call) and len(positional) > 2 and positional[2] is arg
 
     def _feeds_pipeline_module(self, call: cst.Call) -> bool:
         """A topology passed (inline or through a name) to ``PipelineModule(topology=...)`` stays."""

@@ -64,13 +64,29 @@ def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
         return
     previous = capture()
     if previous == state:
-        yield
+        with _default_mesh(state.mesh):
+            yield
         return
     activate(state)
     try:
-        yield
+        with _default_mesh(state.mesh):
+            yield
     finally:
         activate(previous)
+
+
+@contextlib.contextmanager
+def _default_mesh(mesh: Any) -> Iterator[None]:
+    """issue 10b: mesh_core's default mesh follows the bound groups state inside an engine's scope,
+    so migrated DeepSpeed code (``current_mesh()``) reads the mesh the legacy getters would serve;
+    the default the user had is restored exactly (a context token, not a copy)."""
+    from mesh_core import DeepSpeedDeviceMesh, use_mesh
+
+    if not isinstance(mesh, DeepSpeedDeviceMesh):
+        yield
+        return
+    with use_mesh(mesh):
+        yield
 
 
 _scope_meshes: list = []  # meshes of the engines whose entry points are running, innermost last

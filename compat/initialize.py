@@ -29,7 +29,7 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
-from mesh_core import set_default_mesh
+from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config
 from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
@@ -134,7 +134,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     activate(GroupsState(mesh, None, None))
     token = _pending.set(mesh)
     try:
-        result = wrapped(**call)
+        with use_mesh(mesh):  # issue 10b: current_mesh() inside the engine's construction is its mesh
+            result = wrapped(**call)
     except BaseException:
         activate(previous)
         raise

@@ -6,11 +6,12 @@
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
 """
 from .config import spec_from_config
-from .current import current_mesh
+from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
 from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of
+from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 
@@ -24,9 +25,12 @@ __all__ = [
     "MeshSpec",
     "MeshSpecError",
     "MpuMesh",
+    "PipelineTopology",
     "current_mesh",
     "default_mesh",
     "mesh_of",
+    "model_mesh",
+    "pipeline_topology",
     "registry_for_world",
     "set_default_mesh",
     "spec_from_config",

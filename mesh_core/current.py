@@ -45,3 +45,17 @@ def current_mesh() -> "DeepSpeedDeviceMesh":
         _world_mesh[:] = [world, mesh]
         logger.info("no default mesh is set; using the data-parallel world mesh %s", mesh.spec.describe())
     return mesh
+
+
+def model_mesh(owner: object) -> "DeepSpeedDeviceMesh":
+    """The mesh of the model ``owner`` (an engine) serves: its ``mesh_device`` once that is a
+    :class:`DeepSpeedDeviceMesh` (the mesh runtime sets it when ``deepspeed.initialize`` returns),
+    else :func:`current_mesh` (while the engine is being built, the runtime makes its mesh current).
+
+    What migrated DeepSpeed engine code calls where it used to call ``deepspeed.utils.groups``."""
+    from .device_mesh import DeepSpeedDeviceMesh
+
+    mesh = getattr(owner, "mesh_device", None)
+    if isinstance(mesh, DeepSpeedDeviceMesh):
+        return mesh
+    return current_mesh()

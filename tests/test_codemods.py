@@ -91,8 +91,8 @@ def test_groups_getter_ignores_unrelated_and_relative_imports_resolve():
         x = groups._get_data_parallel_rank()
         y = other._get_data_parallel_rank()
         """,
-        module="deepspeed.moe.thing",
-        package="deepspeed.moe",
+        module="deepspeed.runtime.bf16_optimizer",  # DeepSpeed code that runs in an engine's scope (issue 10b)
+        package="deepspeed.runtime",
     )
     assert 'x = current_mesh().get_rank("dp")' in code
     assert "y = other._get_data_parallel_rank()" in code
@@ -259,18 +259,19 @@ def test_grid_passed_as_mpu_with_a_config_file_is_kept():
     assert 'mpu=grid)  # TODOV1:' in code
 
 
-def test_engine_class_itself_and_relative_subclass_use_self_mesh_device():
+def test_engine_class_itself_and_relative_subclass_use_model_mesh_of_self():
+    # issue 10b: not self.mesh_device, which is None while deepspeed.initialize builds the engine
     engine_module = "class DeepSpeedEngine(Module):\n    def f(self):\n        return groups._get_data_parallel_group()\n"
     code = migrate_code(
         "from deepspeed.utils import groups\n" + engine_module, module="deepspeed.runtime.engine", package="deepspeed.runtime"
     ).code
-    assert 'return self.mesh_device.get_group("dp")' in code
+    assert 'return model_mesh(self).get_group("dp")' in code
     pipe = (
         "from deepspeed.utils import groups\nfrom ..engine import DeepSpeedEngine\n"
         "class PipelineEngine(DeepSpeedEngine):\n    def f(me):\n        return groups.get_data_parallel_rank()\n"
     )
     code = migrate_code(pipe, module="deepspeed.runtime.pipe.engine", package="deepspeed.runtime.pipe").code
-    assert 'return me.mesh_device.get_rank("dp")' in code
+    assert 'return model_mesh(me).get_rank("dp")' in code
 
 
 # --- adversarial inputs ---------------------------------------------------------------------------
