@@ -195,7 +195,7 @@ def prepare_tree(source: Path, work: Path, files: Sequence[str], *, fp32: bool, 
 PREBUILT_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder")
 
 
-def prebuild_ops(python: Path, *, log=print) -> None:
+def prebuild_ops(python: Path, *, log=print, deepspeed: Optional[Path] = None) -> None:
     """JIT-build the CPU ops the tests load, once, so that per-test timings exclude compilation."""
     code = (
         "from deepspeed.accelerator import get_accelerator\n"
@@ -206,7 +206,7 @@ def prebuild_ops(python: Path, *, log=print) -> None:
         "        print(name, 'not built:', exc)\n"
     )
     start = time.monotonic()
-    proc = subprocess.run([str(python), "-c", code], env=run_env("legacy", timeout=60), capture_output=True, text=True)
+    proc = subprocess.run([str(python), "-c", code], env=run_env("legacy", timeout=60, deepspeed=deepspeed), capture_output=True, text=True)
     log(f"CPU ops ready in {time.monotonic() - start:.0f}s" + (f" ({proc.stdout.strip()})" if proc.stdout.strip() else ""))
 
 
@@ -220,7 +220,23 @@ class RunResult:
     log: Path
 
 
-def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[str, str]:
+def deepspeed_package(path: Path) -> Path:
+    """``path`` checked to be a ``deepspeed`` package directory (e.g. a migrated copy); resolved."""
+    path = Path(path).resolve()
+    if path.name != "deepspeed" or not (path / "__init__.py").is_file():
+        raise ValueError(f"--deepspeed {str(path)!r} is not a deepspeed package directory; pass the directory "
+                         "named 'deepspeed' that holds __init__.py (e.g. <copy>/deepspeed)")
+    return path
+
+
+def run_env(
+    mode: str, *, timeout: int, probe: Optional[Path] = None, deepspeed: Optional[Path] = None,
+    deepspeed_probe: Optional[Path] = None, port_offset: int = 0,
+) -> dict[str, str]:
+    """The environment of one pytest run. ``deepspeed``: a deepspeed package directory to test
+    instead of the installed one (its parent goes first on ``PYTHONPATH``; its JIT-built ops get
+    their own ``TORCH_EXTENSIONS_DIR`` beside it, as their include paths differ from the installed
+    package's). ``deepspeed_probe``: a file the pytest process appends ``deepspeed.__file__`` to."""
     env = dict(os.environ)
     env.pop("DS_MESH", None)
     env.pop("PYTEST_ADDOPTS", None)
@@ -236,8 +252,14 @@ def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[st
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ds_mesh_torch_ext")),
     )
     path = [str(REPO), str(PLUGIN_DIR)]
+    if deepspeed is not None:
+        deepspeed = deepspeed_package(deepspeed)
+        path.insert(0, str(deepspeed.parent))
+        env["TORCH_EXTENSIONS_DIR"] = str(deepspeed.parent / ".torch_extensions")
+    if deepspeed_probe is not None:
+        env["DS_MESH_UPSTREAM_DEEPSPEED_PROBE"] = str(deepspeed_probe)
     # two runners side by side: DS_MESH_UPSTREAM_PORT_OFFSET moves one of them (e.g. 3000)
-    offset = int(os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0"))
+    offset = int(os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0")) + port_offset
     env["DS_MESH_UPSTREAM_PORT_BASE"] = str(PORT_BASES.get(mode, 29500) + offset)
     if mode == "shim":
         env["DS_MESH"] = "1"
@@ -254,20 +276,43 @@ def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[st
 
 def run_mode(
     python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print,
+    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ) -> RunResult:
-    return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)()
+    return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                      deepspeed=deepspeed, port_offset=port_offset)()
+
+
+def imported_deepspeed(probe: Path) -> list[str]:
+    """The distinct ``deepspeed.__file__`` values the run's pytest processes recorded."""
+    if not probe.exists():
+        return []
+    return sorted({line.strip() for line in probe.read_text(encoding="utf-8").splitlines() if line.strip()})
+
+
+def check_deepspeed(found: Sequence[str], expected: Optional[Path], where: Path) -> None:
+    """Raise unless the run imported deepspeed, and only from ``expected`` when one is given."""
+    if not found:
+        raise RuntimeError(f"the run never recorded which deepspeed it imported (no probe lines); see {where}")
+    if expected is not None:
+        wrong = [f for f in found if Path(f).resolve().parent != deepspeed_package(expected)]
+        if wrong:
+            raise RuntimeError(f"the run imported deepspeed from {wrong[0]}, not from {expected}; see {where}")
 
 
 def start_mode(
     python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print,
+    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ):
-    """Start one mode's pytest run; returns a callable that waits for it and gives its RunResult."""
+    """Start one mode's pytest run; returns a callable that waits for it and gives its RunResult.
+    ``deepspeed``: test that deepspeed package directory instead of the installed one (checked:
+    the run fails if its pytest processes imported deepspeed from anywhere else)."""
     xml = out_dir / f"{mode}.xml"
     log_path = out_dir / f"{mode}.log"
     probe = out_dir / f"{mode}.probe"
-    for p in (xml, probe):
+    ds_probe = out_dir / f"{mode}.deepspeed"
+    for p in (xml, probe, ds_probe):
         p.unlink(missing_ok=True)
     cmd = [
         str(python), "-m", "pytest", *files, "--forked", "-p", "no:cacheprovider", "-p", "ds_mesh_upstream", "-m", MARKERS,
@@ -280,8 +325,9 @@ def start_mode(
     log(f"[{mode}] {' '.join(cmd[1:])}")
     start = time.monotonic()
     fh = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe), stdout=fh,
-                            stderr=subprocess.STDOUT)
+    env = run_env(mode, timeout=timeout, probe=probe, deepspeed=deepspeed, deepspeed_probe=ds_probe,
+                  port_offset=port_offset)
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT)
 
     def wait() -> RunResult:
         proc.wait()
@@ -290,6 +336,10 @@ def start_mode(
         outcomes = parse_junit(xml) if xml.exists() else parse_log(log_path)
         if mode == "shim" and outcomes and not probe.exists():
             raise RuntimeError(f"the shim run never installed the shim (no {probe}); see {log_path}")
+        found = imported_deepspeed(ds_probe)
+        if outcomes:
+            check_deepspeed(found, deepspeed, log_path)
+        log(f"[{mode}] deepspeed imported from {', '.join(found) or '(not recorded)'}")
         log(f"[{mode}] {len(outcomes)} tests in {seconds:.0f}s (pytest exit {proc.returncode}); log: {log_path}")
         return RunResult(mode, seconds, outcomes, proc.returncode, log_path)
 
@@ -452,20 +502,25 @@ def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
 def main_run(
     files: Iterable[str], *, tree: Path, env_dir: Path, out_dir: Path, jobs: int, timeout: int, fp32: bool,
     extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False,
-    prebuild: bool = False, fp32_only: bool = False, log=print,
+    prebuild: bool = False, fp32_only: bool = False, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ) -> tuple[list[Row], Summary]:
+    """Run ``files`` in ``modes``; ``deepspeed``: against that deepspeed package directory instead of
+    the installed one; ``port_offset``: moves every stream's ports (runs side by side)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     python = ensure_env(env_dir, extras=extras, log=log)
     work = out_dir / "tree"
     selected = prepare_tree(tree, work, list(files), fp32=fp32, fp32_only=fp32_only)
     if prebuild:
-        prebuild_ops(python, log=log)
+        prebuild_ops(python, log=log, deepspeed=deepspeed)
     if parallel:  # both modes side by side (each its own port range); timings then include the other's load
-        waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)
+        waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                               deepspeed=deepspeed, port_offset=port_offset)
                  for m in modes}
         results = {m: wait() for m, wait in waits.items()}
     else:
-        results = {m: run_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)
+        results = {m: run_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                               deepspeed=deepspeed, port_offset=port_offset)
                    for m in modes}
     legacy = results.get("legacy")
     shim = results.get("shim")
