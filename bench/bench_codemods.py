@@ -4,7 +4,14 @@ There is no legacy implementation to compare with, so the ratio printed is again
 plain libcst parse + print of the same files with the same number of processes. The migrated tree
 must still compile (``compileall``); ``--idempotent`` also checks that a second run changes nothing.
 
-    python bench/bench_codemods.py [--jobs 2] [--idempotent]
+``--upstream`` then runs DeepSpeed's own tests (the CI fast subset, fp32 variants; ``--moe-tp`` adds
+``unit/v1/moe/test_moe_tp.py``) with the mesh runtime (shim) twice, side by side, through the
+upstream runner (tests/upstream/runner.py): against the installed deepspeed and against the
+migrated copy (kept in ``--upstream-out``), and prints per test whether the outcomes are equal.
+``--migrated DIR`` compares an already migrated copy (``DIR/deepspeed``) without timing a migration.
+
+    python bench/bench_codemods.py [--jobs 2] [--idempotent] [--upstream [--moe-tp] [--upstream-out DIR]]
+    python bench/bench_codemods.py --migrated out/upstream-migrated/copy --upstream
 """
 from __future__ import annotations
 
@@ -104,11 +111,81 @@ def family_sites(tree: Path) -> Counter:
     return counts
 
 
+UPSTREAM_PORT_OFFSETS = {"installed": 4000, "migrated": 6000}  # away from a default runner's ports
+
+
+def upstream_runner():
+    sys.path.insert(0, str(REPO / "tests"))
+    from upstream import runner
+
+    return runner
+
+
+def compare_upstream(copy: Path, out: Path, *, moe_tp: bool, timeout: int, log=print) -> bool:
+    """DeepSpeed's tests with the shim against the installed deepspeed and against ``copy`` (a
+    migrated ``deepspeed`` package directory), side by side; prints per test whether the outcomes
+    are equal. True when every test ran both ways with equal outcomes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runner = upstream_runner()
+    files = list(runner.FAST_FILES) + (["unit/v1/moe/test_moe_tp.py"] if moe_tp else [])
+    tree = runner.default_tree()
+    env_dir = runner.env_dir_default()
+    runner.ensure_env(env_dir, extras=runner.needs_transformers(tree, files), log=log)
+
+    def one(name: str, deepspeed):
+        return runner.main_run(
+            files, tree=tree, env_dir=env_dir, out_dir=out / name, jobs=1, timeout=timeout, fp32=False,
+            extras=runner.needs_transformers(tree, files), modes=["shim"], fp32_only=True, prebuild=True,
+            deepspeed=deepspeed, port_offset=UPSTREAM_PORT_OFFSETS[name], log=lambda msg: log(f"[{name}] {msg}"),
+        )
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        installed_run = pool.submit(one, "installed", None)
+        migrated_run = pool.submit(one, "migrated", copy)
+        installed_rows, installed_summary = installed_run.result()
+        migrated_rows, migrated_summary = migrated_run.result()
+    seconds = time.perf_counter() - start
+    installed = {r.test: r.shim for r in installed_rows}
+    migrated = {r.test: r.shim for r in migrated_rows}
+    tests = sorted(set(installed) | set(migrated))
+    width = max([len(t) for t in tests] + [4])
+    print(f"upstream tests with the mesh runtime: installed deepspeed vs migrated copy ({copy})")
+    print(f"{'test':<{width}}  {'installed':<9}  {'migrated':<9}  equal")
+    differ = []
+    for test in tests:
+        a, b = installed.get(test, runner.MISSING), migrated.get(test, runner.MISSING)
+        print(f"{test:<{width}}  {a:<9}  {b:<9}  {'yes' if a == b else 'NO'}")
+        if a != b:
+            differ.append(test)
+    passed = sum(installed.get(t) == migrated.get(t) == runner.PASSED for t in tests)
+    print(f"upstream: {len(tests)} tests, {len(tests) - len(differ)} equal outcomes ({passed} pass both), "
+          f"{len(differ)} differ; installed {installed_summary.shim_seconds:.0f} s, migrated "
+          f"{migrated_summary.shim_seconds:.0f} s, side by side {seconds:.0f} s")
+    for test in differ:
+        print(f"  differs: {test}: installed {installed.get(test, runner.MISSING)}, migrated {migrated.get(test, runner.MISSING)}")
+    return bool(tests) and not differ
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--idempotent", action="store_true", help="run a second time with --check")
+    parser.add_argument("--upstream", action="store_true",
+                        help="compare DeepSpeed's tests (shim) on the installed package and on the migrated copy")
+    parser.add_argument("--moe-tp", action="store_true", help="with --upstream: add unit/v1/moe/test_moe_tp.py (fp32)")
+    parser.add_argument("--upstream-out", type=Path, default=REPO / "out" / "upstream-migrated",
+                        help="with --upstream: where the migrated copy, logs and junit XML go")
+    parser.add_argument("--timeout", type=int, default=1200, help="with --upstream: per-test timeout in seconds")
+    parser.add_argument("--migrated", type=Path, metavar="DIR",
+                        help="only --upstream, on the migrated copy DIR/deepspeed (no migration timed)")
     args = parser.parse_args()
+    if args.migrated is not None:
+        if not args.upstream:
+            parser.error("--migrated only applies with --upstream")
+        return 0 if compare_upstream(args.migrated.resolve() / "deepspeed", args.upstream_out.resolve(),
+                                     moe_tp=args.moe_tp, timeout=args.timeout) else 1
 
     with tempfile.TemporaryDirectory(prefix="bench_codemods_") as tmp:
         tree = Path(tmp) / "deepspeed"
@@ -145,6 +222,13 @@ def main() -> int:
             cold, rc3, third = migrate(tree, args.jobs, "--check", "--no-cache")
             print(f"--check --no-cache (parses every file): {cold:.1f} s, would change {third['files_changed']} files")
             ok = ok and rc2 == 0
+        if args.upstream:
+            copy = args.upstream_out.resolve() / "copy"
+            if copy.exists():
+                shutil.rmtree(copy)
+            shutil.copytree(tree, copy / "deepspeed", ignore=shutil.ignore_patterns("__pycache__"))
+            ok = compare_upstream(copy / "deepspeed", args.upstream_out.resolve(), moe_tp=args.moe_tp,
+                                  timeout=args.timeout) and ok
     return 0 if ok else 1
 
 

@@ -23,6 +23,7 @@ from libcst.metadata import (
 )
 
 from . import legacy_names as ln
+from .metadata import LazyMetadata, lazy
 
 SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
@@ -67,7 +68,7 @@ class _Frame:
         return statement.with_changes(leading_lines=[*statement.leading_lines, *lines])
 
 
-class MigrationCommand(VisitorBasedCodemodCommand):
+class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
     """Base of every migration codemod.
 
     Subclasses call :meth:`legacy_names` to resolve a node, :meth:`record` for each rewritten site,
@@ -93,6 +94,10 @@ class MigrationCommand(VisitorBasedCodemodCommand):
         return names is None or all(names & group for group in cls.IDENTIFIERS)
 
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
+
+    def _instantiate_and_run(self, transform, tree: cst.Module) -> cst.Module:
+        # the import visitors run after the codemod: with metadata resolved on first use, no copy
+        return super()._instantiate_and_run(lazy(transform), tree)
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -420,6 +425,33 @@ def find_all(tree: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
     finder = _Finder(types)
     tree.visit(finder)
     return finder.found
+
+
+_BLOCKS = ("body", "handlers", "orelse", "finalbody", "cases")
+
+
+def import_statements(tree: cst.CSTNode) -> list[Union[cst.Import, cst.ImportFrom]]:
+    """Every ``import`` / ``from ... import`` statement in ``tree``, in source order, found through
+    statement blocks only (an import is a statement), without visiting expressions."""
+    found: list[Union[cst.Import, cst.ImportFrom]] = []
+
+    def walk(node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            found.append(node)
+            return
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseExpression)):
+            return
+        for name in _BLOCKS:
+            value = getattr(node, name, None)
+            if isinstance(value, cst.CSTNode):
+                walk(value)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    if isinstance(child, cst.CSTNode):
+                        walk(child)
+
+    walk(tree)
+    return found
 
 
 def identifiers(source: str) -> Optional[set[str]]:

@@ -8,7 +8,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.helpers import get_full_name_for_node
 
 from . import legacy_names as ln
-from .base import MigrationCommand
+from .base import MigrationCommand, import_statements
 
 
 def is_legacy(qualified: str) -> bool:
@@ -20,6 +20,17 @@ class LegacyImportsCommand(MigrationCommand):
     CLEANUP = True
     DESCRIPTION = "remove unused imports of deepspeed.utils.groups / the pipe topology (and compat)"
     MARKERS = (("import", ),)
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        # Only import statements matter and this codemod changes none itself (the removal pass
+        # runs after it): visit those, not the whole tree.
+        self.visit_Module(tree)
+        for node in import_statements(tree):
+            if isinstance(node, cst.Import):
+                self.visit_Import(node)
+            else:
+                self.visit_ImportFrom(node)
+        return tree
 
     def _unused(self, alias: cst.ImportAlias) -> bool:
         """No reference to the name ``alias`` binds (checked here so that the costly removal

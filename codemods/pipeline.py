@@ -1,6 +1,8 @@
 """The migration as one function over source code: every codemod, in order, on one file."""
 from __future__ import annotations
 
+import ast
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Type
@@ -33,8 +35,10 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
     LegacyImportsCommand,
 )
 
-# A file can only reach a legacy API through an import that names one of these.
+# A file can only reach a legacy API through an import that names one of these, or through a
+# relative import (inside deepspeed: ``from .. import comm as dist``).
 _MARKERS = ("deepspeed", "compat", "groups", "topology")
+_RELATIVE_IMPORT = re.compile(r"\bfrom\s*\.")
 
 
 @dataclass
@@ -67,15 +71,31 @@ def migrate_code(
     return migration
 
 
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
 def _migrate(source, filename, module, package, codemods) -> Migration:
-    tree = cst.parse_module(source)
-    if not any(marker in source for marker in _MARKERS):
+    # A file no codemod can change is only checked to parse (with the fast ``ast`` parser; libcst's
+    # parser then reports one that does not). Cleanup codemods need another codemod's rewrite first.
+    if not any(marker in source for marker in _MARKERS) and not _RELATIVE_IMPORT.search(source):
+        if not _parses(source):
+            cst.parse_module(source)
         return Migration(source, skipped="no legacy import")
+    names = identifiers(source)
+    if names is None:
+        cst.parse_module(source)
     if module in DEFINING_MODULES:
         return Migration(source, skipped=f"{module} defines legacy APIs")
+    if not any(not c.CLEANUP and c.may_apply(source, names) for c in codemods):
+        return Migration(source, skipped="no codemod applies")
+    tree = cst.parse_module(source)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    names = identifiers(source)
     for command_class in codemods:
         if not command_class.may_apply(source, names):
             continue

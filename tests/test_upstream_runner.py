@@ -179,3 +179,29 @@ def test_a_session_that_never_exits_after_its_summary_is_killed(tmp_path):
         time.sleep(0.2)
     else:
         raise AssertionError(f"the session's child process {child_pid} outlived it")
+
+
+def test_an_alternate_deepspeed_location_goes_first_and_is_checked(tmp_path):
+    copy = tmp_path / "copy" / "deepspeed"
+    copy.mkdir(parents=True)
+    (copy / "__init__.py").write_text("__version__ = 'copy'\n")
+    probe = tmp_path / "ds.probe"
+    env = runner.run_env("shim", timeout=60, deepspeed=copy, deepspeed_probe=probe, port_offset=6000)
+    path = env["PYTHONPATH"].split(os.pathsep)
+    assert path.index(str(copy.parent)) < path.index(str(runner.REPO))
+    assert env["TORCH_EXTENSIONS_DIR"].startswith(str(copy.parent))  # its own JIT builds
+    assert int(env["DS_MESH_UPSTREAM_PORT_BASE"]) == runner.PORT_BASES["shim"] + 6000 + int(
+        os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0"))
+    # the plugin's probe, as a pytest process of the run records it
+    code = ("import sys; sys.path.insert(0, %r); import ds_mesh_upstream as p; p._record_deepspeed()"
+            % str(runner.PLUGIN_DIR))
+    subprocess.run([sys.executable, "-c", code], env=dict(env, DS_MESH=""), check=True, cwd=tmp_path)
+    found = runner.imported_deepspeed(probe)
+    assert found == [str(copy / "__init__.py")]
+    runner.check_deepspeed(found, copy, tmp_path)
+    with pytest.raises(RuntimeError, match="not from"):
+        runner.check_deepspeed(["/elsewhere/deepspeed/__init__.py"], copy, tmp_path)
+    with pytest.raises(RuntimeError, match="never recorded"):
+        runner.check_deepspeed([], None, tmp_path)
+    with pytest.raises(ValueError, match="not a deepspeed package directory"):
+        runner.run_env("shim", timeout=60, deepspeed=tmp_path)

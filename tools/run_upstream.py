@@ -40,6 +40,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prebuild", action="store_true", help="JIT-build the CPU ops first (default with full)")
     parser.add_argument("--from-logs", action="store_true", help="only tabulate the run already in --out")
     parser.add_argument("--markdown", type=Path, help="also write the table as markdown here")
+    parser.add_argument("--deepspeed", type=Path, default=None, metavar="DIR",
+                        help="test this deepspeed package directory (e.g. a migrated copy, <copy>/deepspeed) instead "
+                             "of the installed one; the run fails if its tests import deepspeed from elsewhere")
+    parser.add_argument("--port-offset", type=int, default=0, help="move every stream's master ports (runs side by side)")
     args = parser.parse_args(argv)
 
     files = list(args.files) or list(runner.FULL_FILES if args.subset == "full" else runner.FAST_FILES)
@@ -55,6 +59,7 @@ def main(argv=None) -> int:
             out_dir=args.out.resolve(), jobs=args.jobs, timeout=args.timeout, fp32=not args.no_fp32,
             extras=needs_extras and not args.no_extras, modes=modes, keyword=args.keyword, parallel=args.parallel,
             prebuild=args.prebuild or (args.subset == "full"), fp32_only=args.fp32_only, log=lambda msg: print(msg, flush=True),
+            deepspeed=args.deepspeed, port_offset=args.port_offset,
         )
     print(runner.format_table(rows, summary))
     if args.markdown:

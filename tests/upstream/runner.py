@@ -197,7 +197,7 @@ def prepare_tree(source: Path, work: Path, files: Sequence[str], *, fp32: bool, 
 PREBUILT_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder")
 
 
-def prebuild_ops(python: Path, *, log=print) -> None:
+def prebuild_ops(python: Path, *, log=print, deepspeed: Optional[Path] = None) -> None:
     """JIT-build the CPU ops the tests load, once, so that per-test timings exclude compilation."""
     code = (
         "from deepspeed.accelerator import get_accelerator\n"
@@ -208,7 +208,7 @@ def prebuild_ops(python: Path, *, log=print) -> None:
         "        print(name, 'not built:', exc)\n"
     )
     start = time.monotonic()
-    proc = subprocess.run([str(python), "-c", code], env=run_env("legacy", timeout=60), capture_output=True, text=True)
+    proc = subprocess.run([str(python), "-c", code], env=run_env("legacy", timeout=60, deepspeed=deepspeed), capture_output=True, text=True)
     log(f"CPU ops ready in {time.monotonic() - start:.0f}s" + (f" ({proc.stdout.strip()})" if proc.stdout.strip() else ""))
 
 
@@ -222,7 +222,23 @@ class RunResult:
     log: Path
 
 
-def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[str, str]:
+def deepspeed_package(path: Path) -> Path:
+    """``path`` checked to be a ``deepspeed`` package directory (e.g. a migrated copy); resolved."""
+    path = Path(path).resolve()
+    if path.name != "deepspeed" or not (path / "__init__.py").is_file():
+        raise ValueError(f"--deepspeed {str(path)!r} is not a deepspeed package directory; pass the directory "
+                         "named 'deepspeed' that holds __init__.py (e.g. <copy>/deepspeed)")
+    return path
+
+
+def run_env(
+    mode: str, *, timeout: int, probe: Optional[Path] = None, deepspeed: Optional[Path] = None,
+    deepspeed_probe: Optional[Path] = None, port_offset: int = 0,
+) -> dict[str, str]:
+    """The environment of one pytest run. ``deepspeed``: a deepspeed package directory to test
+    instead of the installed one (its parent goes first on ``PYTHONPATH``; its JIT-built ops get
+    their own ``TORCH_EXTENSIONS_DIR`` beside it, as their include paths differ from the installed
+    package's). ``deepspeed_probe``: a file the pytest process appends ``deepspeed.__file__`` to."""
     env = dict(os.environ)
     env.pop("DS_MESH", None)
     env.pop("PYTEST_ADDOPTS", None)
@@ -238,8 +254,14 @@ def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[st
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ds_mesh_torch_ext")),
     )
     path = [str(REPO), str(PLUGIN_DIR)]
+    if deepspeed is not None:
+        deepspeed = deepspeed_package(deepspeed)
+        path.insert(0, str(deepspeed.parent))
+        env["TORCH_EXTENSIONS_DIR"] = str(deepspeed.parent / ".torch_extensions")
+    if deepspeed_probe is not None:
+        env["DS_MESH_UPSTREAM_DEEPSPEED_PROBE"] = str(deepspeed_probe)
     # two runners side by side: DS_MESH_UPSTREAM_PORT_OFFSET moves one of them (e.g. 3000)
-    offset = int(os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0"))
+    offset = int(os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0")) + port_offset
     env["DS_MESH_UPSTREAM_PORT_BASE"] = str(PORT_BASES.get(mode, 29500) + offset)
     if mode == "shim":
         env["DS_MESH"] = "1"
@@ -256,9 +278,28 @@ def run_env(mode: str, *, timeout: int, probe: Optional[Path] = None) -> dict[st
 
 def run_mode(
     python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print,
+    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ) -> RunResult:
-    return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)()
+    return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                      deepspeed=deepspeed, port_offset=port_offset)()
+
+
+def imported_deepspeed(probe: Path) -> list[str]:
+    """The distinct ``deepspeed.__file__`` values the run's pytest processes recorded."""
+    if not probe.exists():
+        return []
+    return sorted({line.strip() for line in probe.read_text(encoding="utf-8").splitlines() if line.strip()})
+
+
+def check_deepspeed(found: Sequence[str], expected: Optional[Path], where: Path) -> None:
+    """Raise unless the run imported deepspeed, and only from ``expected`` when one is given."""
+    if not found:
+        raise RuntimeError(f"the run never recorded which deepspeed it imported (no probe lines); see {where}")
+    if expected is not None:
+        wrong = [f for f in found if Path(f).resolve().parent != deepspeed_package(expected)]
+        if wrong:
+            raise RuntimeError(f"the run imported deepspeed from {wrong[0]}, not from {expected}; see {where}")
 
 
 _SESSION_END = re.compile(r"^=+ .* in [0-9.]+s( \(\S+\))? =+$")
@@ -295,17 +336,22 @@ HUNG = "hung"
 
 def start_mode(
     python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print,
+    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ):
     """Start one mode's run; returns a callable that waits for it and gives its RunResult.
 
     A test that hangs ends the whole pytest session (pytest-timeout's INTERNALERROR under
     ``--forked``, or the harness's own ``pytest.exit``), so the run goes on in rounds: the hung test
     is recorded as ``hung`` and the next round deselects it and every test that already finished.
-    Round r > 0 writes ``<mode>.r<r>.log`` / ``.xml``.
+    Round r > 0 writes ``<mode>.r<r>.log`` / ``.xml``. ``deepspeed``: test that deepspeed package
+    directory instead of the installed one (checked: the run fails if its pytest processes imported
+    deepspeed from anywhere else).
     """
     probe = out_dir / f"{mode}.probe"
-    probe.unlink(missing_ok=True)
+    ds_probe = out_dir / f"{mode}.deepspeed"
+    for p in (probe, ds_probe):
+        p.unlink(missing_ok=True)
     for stale in [*out_dir.glob(f"{mode}.xml"), *out_dir.glob(f"{mode}.log"), *out_dir.glob(f"{mode}.r*.*")]:
         stale.unlink()
     base = [
@@ -318,6 +364,8 @@ def start_mode(
         base += ["-k", keyword]
     log(f"[{mode}] {' '.join(base[1:])}")
     start = time.monotonic()
+    env = run_env(mode, timeout=timeout, probe=probe, deepspeed=deepspeed, deepspeed_probe=ds_probe,
+                  port_offset=port_offset)
     result: dict[str, RunResult] = {}
 
     def rounds() -> None:
@@ -329,8 +377,8 @@ def start_mode(
             xml, log_path = out_dir / f"{mode}{suffix}.xml", out_dir / f"{mode}{suffix}.log"
             cmd = [*base, f"--junitxml={xml}", *(f"--deselect={nodeid}" for nodeid in skip)]
             with open(log_path, "w", encoding="utf-8") as fh:
-                proc = subprocess.Popen(cmd, cwd=work, env=run_env(mode, timeout=timeout, probe=probe),
-                                        stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
                 returncode = wait_for_session(proc, log_path)
             outcomes.update(parse_junit(xml) if xml.exists() else parse_log(log_path))
             finished, hung = finished_and_hung(log_path)
@@ -351,6 +399,10 @@ def start_mode(
         run = result["run"]
         if mode == "shim" and run.outcomes and not probe.exists():
             raise RuntimeError(f"the shim run never installed the shim (no {probe}); see {run.log}")
+        found = imported_deepspeed(ds_probe)
+        if run.outcomes:
+            check_deepspeed(found, deepspeed, run.log)
+        log(f"[{mode}] deepspeed imported from {', '.join(found) or '(not recorded)'}")
         return run
 
     return wait
@@ -545,20 +597,25 @@ def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
 def main_run(
     files: Iterable[str], *, tree: Path, env_dir: Path, out_dir: Path, jobs: int, timeout: int, fp32: bool,
     extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False,
-    prebuild: bool = False, fp32_only: bool = False, log=print,
+    prebuild: bool = False, fp32_only: bool = False, log=print, deepspeed: Optional[Path] = None,
+    port_offset: int = 0,
 ) -> tuple[list[Row], Summary]:
+    """Run ``files`` in ``modes``; ``deepspeed``: against that deepspeed package directory instead of
+    the installed one; ``port_offset``: moves every stream's ports (runs side by side)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     python = ensure_env(env_dir, extras=extras, log=log)
     work = out_dir / "tree"
     selected = prepare_tree(tree, work, list(files), fp32=fp32, fp32_only=fp32_only)
     if prebuild:
-        prebuild_ops(python, log=log)
+        prebuild_ops(python, log=log, deepspeed=deepspeed)
     if parallel:  # both modes side by side (each its own port range); timings then include the other's load
-        waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)
+        waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                               deepspeed=deepspeed, port_offset=port_offset)
                  for m in modes}
         results = {m: wait() for m, wait in waits.items()}
     else:
-        results = {m: run_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log)
+        results = {m: run_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
+                               deepspeed=deepspeed, port_offset=port_offset)
                    for m in modes}
     legacy = results.get("legacy")
     shim = results.get("shim")
