@@ -273,6 +273,12 @@ def run(job: str, shim: bool, rank: int) -> dict:
     from mesh_core import registry_for_world
 
     common.set_mode(shim)
+    import deepspeed.utils.groups as legacy_groups
+
+    # a real job is one engine per process; here jobs share one, and legacy's engine leaves its mpu in
+    # the process-global groups.mpu (engine.py:2122): the Ulysses job's parallel_state_sp would make
+    # the next MoE job drop tokens over its sp size as "tensor parallel"
+    legacy_groups.mpu = None
     if shim:
         os.environ[group_trace.STRICT_ENV] = "1"
     try:
