@@ -53,6 +53,12 @@ def mpu_groups(mpu: Any) -> dict[str, Any]:
             if hasattr(mpu, name):
                 found[dim] = getattr(mpu, name)()
                 break
+    # DeepSpeed's bwc order ends with get_model_parallel_group: an mpu with only the model-parallel
+    # getters (DeepSpeed's own test MPU, old Megatron) states its tp there; taken only for a size > 1
+    # (mpus of size 1 often hand back the world group there: DeepSpeed's DummyMPU does)
+    if "tp" not in found and hasattr(mpu, "get_model_parallel_group"):
+        if int(getattr(mpu, "get_model_parallel_world_size", lambda: 1)()) > 1:
+            found["tp"] = mpu.get_model_parallel_group()
     return {dim: g for dim, g in found.items() if g is not None}
 
 

@@ -77,3 +77,30 @@ def test_current_mesh_is_the_default_else_the_world_data_parallel_mesh():
         tp.destroy()
     with pytest.raises(MeshSpecError, match="not initialised"):
         current_mesh()
+
+
+class _ModelParallelOnlyMpu:
+    """DeepSpeed's own test MPU (tests/unit/...): only get_model_parallel_* and the dp getters."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def get_data_parallel_group(self):
+        return self.mesh.get_group("dp")
+
+    def get_model_parallel_group(self):
+        return self.mesh.get_group("tp")
+
+    def get_model_parallel_world_size(self):
+        return self.mesh.size("tp")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_from_mpu_reads_tp_from_the_model_parallel_getters_last(tp):
+    """bwc order ends with get_model_parallel_*: without it the test MPU's dp=2 over 4 ranks raised."""
+    with fake_world(1, 4):
+        source = DeepSpeedDeviceMesh(MeshSpec.build(4, order=["dp", "tp"], dp=4 // tp, tp=tp))
+        mesh = DeepSpeedDeviceMesh.from_mpu(_ModelParallelOnlyMpu(source))
+        assert mesh.size("tp") == tp and mesh.get_group_ranks("dp") == source.get_group_ranks("dp")
+        mesh.destroy()
+        source.destroy()
