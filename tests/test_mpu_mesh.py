@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from codemods.mpu_internal import BWC, GETTERS, MANUAL
 from codemods.pipeline import migrate_code
 from compat import group_trace
+from e2e.simple_mpu import DSTestMPU  # DeepSpeed's test MPU, shared with the e2e scripts
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MpuMesh, mesh_of
 
@@ -117,46 +118,7 @@ def load(code: str) -> types.ModuleType:
 
 
 # --- the mpu kinds DeepSpeed meets at run time -----------------------------------------------------
-class DSTestMPU:
-    """DeepSpeed's own test MPU (tests/unit/v1/moe/test_moe_tp.py, 0.19.8), verbatim: only
-    get_model_parallel_* and get_data_parallel_*."""
 
-    def __init__(self, tp_world_size):
-        import deepspeed
-
-        self.rank = deepspeed.comm.get_rank()
-        self.world_size = deepspeed.comm.get_world_size()
-        self.tp_world_size = tp_world_size
-
-        for i in range(0, self.world_size, tp_world_size):
-            ranks = range(i, i + tp_world_size)
-            group = deepspeed.comm.new_group(ranks)
-            if self.rank in ranks:
-                self.tp_group = group
-
-        for i in range(0, tp_world_size):
-            ranks = range(i, self.world_size, tp_world_size)
-            group = deepspeed.comm.new_group(ranks)
-            if self.rank in ranks:
-                self.dp_group = group
-
-    def get_model_parallel_rank(self):
-        return self.rank % self.tp_world_size
-
-    def get_model_parallel_world_size(self):
-        return self.tp_world_size
-
-    def get_data_parallel_rank(self):
-        return self.rank // self.tp_world_size
-
-    def get_data_parallel_world_size(self):
-        return self.world_size // self.tp_world_size
-
-    def get_data_parallel_group(self):
-        return self.dp_group
-
-    def get_model_parallel_group(self):
-        return self.tp_group
 
 
 class MegatronMPU:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import common
+from simple_mpu import DSTestMPU
 
 STEPS = 3
 QUERIES = [0]  # MpuMesh queries answered (a migrated package asks mesh_of; the installed one never)
@@ -29,42 +30,7 @@ def count_queries() -> None:
     MpuMesh._call = counted
 
 
-class TestMPU:
-    """tests/unit/v1/moe/test_moe_tp.py's MPU (0.19.8)."""
-
-    def __init__(self, tp_world_size):
-        self.rank, self.world_size, self.tp_world_size = dist.get_rank(), dist.get_world_size(), tp_world_size
-        for i in range(0, self.world_size, tp_world_size):
-            ranks = range(i, i + tp_world_size)
-            group = dist.new_group(ranks)
-            if self.rank in ranks:
-                self.tp_group = group
-        for i in range(0, tp_world_size):
-            ranks = range(i, self.world_size, tp_world_size)
-            group = dist.new_group(ranks)
-            if self.rank in ranks:
-                self.dp_group = group
-
-    def get_model_parallel_rank(self):
-        return self.rank % self.tp_world_size
-
-    def get_model_parallel_world_size(self):
-        return self.tp_world_size
-
-    def get_data_parallel_rank(self):
-        return self.rank // self.tp_world_size
-
-    def get_data_parallel_world_size(self):
-        return self.world_size // self.tp_world_size
-
-    def get_data_parallel_group(self):
-        return self.dp_group
-
-    def get_model_parallel_group(self):
-        return self.tp_group
-
-
-class MegatronMPU(TestMPU):
+class MegatronMPU(DSTestMPU):
     """The same layout with Megatron's newer getter names (tensor / pipeline / data)."""
 
     def get_tensor_model_parallel_rank(self):
@@ -118,7 +84,7 @@ def run(mode: str, rank: int) -> dict:
         data = batches(engine.grid.get_data_parallel_id())
         losses = [engine.train_batch(data_iter=data).item() for _ in range(STEPS)]
     else:
-        mpu = TestMPU(2) if mode == "test_mpu" else MegatronMPU(2)
+        mpu = DSTestMPU(2) if mode == "test_mpu" else MegatronMPU(2)
         model = torch.nn.Sequential(*layers())
         zero = 1 if mode == "test_mpu" else 0
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=mpu,
