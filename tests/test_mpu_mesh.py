@@ -120,7 +120,6 @@ def load(code: str) -> types.ModuleType:
 # --- the mpu kinds DeepSpeed meets at run time -----------------------------------------------------
 
 
-
 class MegatronMPU:
     """Megatron-LM ``parallel_state``-style mpu: ranks ordered tp (fastest), dp, pp; model parallel
     is tp x pp; no group-ranks getter."""
