@@ -316,17 +316,25 @@ class TopologyCommand(MigrationCommand):
         func = cst.parse_expression(self.mesh_ref("pipeline_topology"))
         return call.with_changes(func=func, args=args)
 
+    def _bound_name(self, call: cst.Call):
+        """``(name, scope, bindings)`` when ``call`` is assigned to one plain name, else None."""
+        parent = self.parent(call)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+            return None
+        target = parent.targets[0].target
+        scope = self.scope_of(target)
+        return target, scope, (scope.assignments[target.value] if scope is not None else ())
+
     def _only_pipeline_module_topology(self, call: cst.Call) -> bool:
         """``call`` is only ever the ``topology`` of a ``PipelineModule``: passed inline, or bound
         once to a name whose every use is that argument."""
         parent = self.parent(call)
         if isinstance(parent, cst.Arg):
             return self._is_pipeline_module_topology_arg(parent)
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+        bound = self._bound_name(call)
+        if bound is None:
             return False
-        target = parent.targets[0].target
-        scope = self.scope_of(target)
-        bindings = scope.assignments[target.value] if scope is not None else ()
+        target, scope, bindings = bound
         if len(bindings) != 1 or self.top_level_assign(target, scope) is not parent:
             return False
         refs = [r.node for b in bindings for r in b.references]
@@ -341,11 +349,10 @@ class TopologyCommand(MigrationCommand):
         parent = self.parent(call)
         if isinstance(parent, cst.Arg):
             return self._is_pipeline_module_topology_arg(parent)
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+        bound = self._bound_name(call)
+        if bound is None:
             return False
-        target = parent.targets[0].target
-        scope = self.scope_of(target)
-        refs = [r.node for b in (scope.assignments[target.value] if scope is not None else ()) for r in b.references]
+        refs = [r.node for b in bound[2] for r in b.references]
         return any(isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r)) for r in refs)
 
     def _is_pipeline_module_topology_arg(self, arg: cst.Arg) -> bool:
