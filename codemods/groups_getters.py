@@ -55,6 +55,26 @@ EXPERT: dict[str, str] = {
     "_get_expert_parallel_src_rank": "{mesh}.expert_groups({n}).ep_ranks[0]",
 }
 
+# Inside DeepSpeed's engine-scoped modules (ENGINE_SCOPED_MODULES) the expert getters read the
+# name-keyed groups the MoE layers / the engine built; the model's mesh serves that table by name
+# (the mesh runtime mirrors every legacy expert builder into it), so any name expression is exact.
+_NAMED = "{mesh}.expert_groups_named({name})"
+NAMED_EXPERT: dict[str, str] = {
+    "_get_expert_parallel_group": _NAMED + ".ep_group",
+    "_get_expert_parallel_group_ranks": _NAMED + ".ep_ranks",
+    "_get_expert_data_parallel_group": _NAMED + ".edp_group",
+    "_get_expert_data_parallel_group_ranks": _NAMED + ".edp_ranks",
+    "_get_expert_parallel_world_size": "torch.distributed.get_world_size(" + _NAMED + ".ep_group)",
+    "_get_expert_data_parallel_world_size": "torch.distributed.get_world_size(" + _NAMED + ".edp_group)",
+    "_get_expert_parallel_rank": "torch.distributed.get_rank(" + _NAMED + ".ep_group)",
+    "_get_expert_data_parallel_rank": "torch.distributed.get_rank(" + _NAMED + ".edp_group)",
+    "_get_expert_broadcast_src_rank": "torch.distributed.get_global_rank(" + _NAMED + ".edp_group, 0)",
+}
+NAMED_NO_ARGS: dict[str, str] = {
+    "_get_max_expert_size_name": "{mesh}.largest_expert_groups_name()",
+    "_get_max_expert_parallel_group": "{mesh}.expert_groups_named({mesh}.largest_expert_groups_name()).ep_group",
+}
+
 _EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
 _MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
 _HPZ = (
@@ -267,6 +287,10 @@ class GroupsGettersCommand(MigrationCommand):
             self.keep_comments(original_node)
             self.record(KIND)
             return cst.parse_expression(WORLD)
+        if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and self._engine_scoped():
+            named = self._named_expert(original_node, updated_node, fname)
+            if named is not None:
+                return named
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
@@ -286,6 +310,23 @@ class GroupsGettersCommand(MigrationCommand):
             return cst.parse_expression(replacement)
         self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
         return updated_node
+
+    def _engine_scoped(self) -> bool:
+        module = self.context.full_module_name
+        return in_deepspeed(module) and module in ENGINE_SCOPED_MODULES
+
+    def _named_expert(self, call: cst.Call, updated: cst.Call, fname: str) -> Optional[cst.BaseExpression]:
+        """An expert getter read from the model's mesh by group name (None: the call's form has no
+        exact equivalent, e.g. extra arguments). The name is taken from ``updated`` (its own legacy
+        calls already rewritten)."""
+        if fname in NAMED_NO_ARGS:
+            return self._rewrite(call, NAMED_NO_ARGS[fname]) if not call.args else None
+        arg = arg_by(updated, 0, "group_name")
+        if arg is None or len(updated.args) != 1:
+            return None
+        if "torch.distributed" in NAMED_EXPERT[fname]:
+            AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
+        return self._rewrite(call, NAMED_EXPERT[fname], name=code(arg.value))
 
     def _outside_engine(self, also_scoped: bool = False) -> bool:
         """This file is part of DeepSpeed and its reads may run outside an engine's scope (with

@@ -37,7 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core.default import _current as _current_mesh
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -200,6 +201,8 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if mesh.spec.ep > 1:
         expert = mesh.expert_groups()
         _store_expert(f"ep_size_{mesh.spec.ep}", expert.ep_group, expert.ep_ranks, expert.edp_group, expert.edp_ranks)
+    for name in list(state.expert_parallel_group):  # groups legacy builders made before this binding
+        _mirror_expert(mesh, name)
 
 
 def bound_mesh() -> Optional[DeepSpeedDeviceMesh]:
@@ -671,6 +674,25 @@ def _store_expert(name: str, ep_group: Any, ep_ranks: Any, edp_group: Any, edp_r
     if edp_group is not None:
         state.expert_data_parallel_group[name] = edp_group
         state.expert_data_parallel_group_ranks[name] = edp_ranks
+    for mesh in {id(m): m for m in (bound_mesh(), _current_mesh.get()) if m is not None}.values():
+        _mirror_expert(mesh, name)
+
+
+def _mirror_expert(mesh: DeepSpeedDeviceMesh, name: str) -> None:
+    """Serve the legacy table's expert groups ``name`` from ``mesh`` too, so that migrated DeepSpeed
+    code (``model_mesh(self).expert_groups_named(name)``) reads exactly what the legacy getters read."""
+    state = _state
+    if name not in state.expert_parallel_group or name not in state.expert_data_parallel_group:
+        return
+    size = name[len("ep_size_"):]
+    groups = ExpertGroups(
+        ep_size=int(size) if size.isdigit() else 0,
+        ep_group=state.expert_parallel_group[name],
+        edp_group=state.expert_data_parallel_group[name],
+        ep_ranks=state.expert_parallel_group_ranks[name],
+        edp_ranks=state.expert_data_parallel_group_ranks[name],
+    )
+    mesh.register_expert_groups(name, groups)
 
 
 def _as_range(ranks: list[int]) -> range:

@@ -8,7 +8,7 @@
 from .config import spec_from_config
 from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
-from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
+from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
 from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of
 from .pipe_topology import PipelineTopology, pipeline_topology
@@ -20,6 +20,8 @@ __all__ = [
     "MESH_DIMS",
     "DeepSpeedDeviceMesh",
     "ExpertGroups",
+    "ExpertGroupsNotBuilt",
+    "expert_groups_name",
     "GroupRegistry",
     "MeshLayout",
     "MeshSpec",

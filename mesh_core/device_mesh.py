@@ -48,6 +48,11 @@ from .spec import MeshSpec, MeshSpecError
 logger = logging.getLogger(__name__)
 
 
+def expert_groups_name(ep_size: Optional[int]) -> str:
+    """The name DeepSpeed's MoE layers give the expert groups of ``ep_size``: ``ep_size_<N>``."""
+    return f"ep_size_{ep_size}"
+
+
 @dataclass(frozen=True)
 class ExpertGroups:
     """EP and EDP groups for one expert-parallel size (this rank's groups and all rank lists)."""
@@ -55,19 +60,29 @@ class ExpertGroups:
     ep_size: int
     ep_group: Optional[ProcessGroup]
     edp_group: Optional[ProcessGroup]
-    ep_ranks: list[int]
-    edp_ranks: list[int]
-    layout: MeshLayout = field(repr=False, compare=False)
+    ep_ranks: Sequence[int]
+    edp_ranks: Sequence[int]
+    layout: Optional[MeshLayout] = field(default=None, repr=False, compare=False)  # None: registered lists
 
     @property
     def all_ep_ranks(self) -> list[list[int]]:
         """Every EP group of the mesh (computed on access: O(world size))."""
-        return self.layout.groups("ep")
+        return self._layout().groups("ep")
 
     @property
     def all_edp_ranks(self) -> list[list[int]]:
         """Every EDP group of the mesh (computed on access: O(world size))."""
-        return self.layout.groups("edp")
+        return self._layout().groups("edp")
+
+    def _layout(self) -> MeshLayout:
+        if self.layout is None:
+            raise MeshSpecError(f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout")
+        return self.layout
+
+
+class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
+    """No expert groups are registered under a name (an AssertionError too, as DeepSpeed's
+    "expert parallel group is not initialized")."""
 
 
 class DeepSpeedDeviceMesh:
@@ -110,6 +125,7 @@ class DeepSpeedDeviceMesh:
         self._keys: list = []
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
         self._expert: dict[int, ExpertGroups] = {}
+        self._named_expert: dict[str, ExpertGroups] = {}  # DeepSpeed's MoE group names -> groups
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
 
@@ -121,6 +137,7 @@ class DeepSpeedDeviceMesh:
             self._ensure_group(dims)
         if spec.ep > 1:
             self._expert[spec.ep] = self._build_expert_groups(self.layout)
+            self._named_expert.setdefault(expert_groups_name(spec.ep), self._expert[spec.ep])
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
@@ -253,7 +270,40 @@ class DeepSpeedDeviceMesh:
             except MeshSpecError as err:
                 raise MeshSpecError(f"ep_size={ep} is not valid for {self.spec.describe()}: {err}") from None
             self._expert[ep] = self._build_expert_groups(MeshLayout(spec))
+            self._named_expert.setdefault(expert_groups_name(ep), self._expert[ep])
         return self._expert[ep]
+
+    # --- expert groups by the name MoE layers use ("ep_size_N") ------------------------------
+    def register_expert_groups(self, name: str, groups: ExpertGroups) -> ExpertGroups:
+        """Serve ``groups`` under ``name`` (the first registration of a name wins, as DeepSpeed's
+        builders skip a name that exists); returns what ``name`` serves. :meth:`expert_groups`
+        registers each size it builds as ``ep_size_<N>``. Creates nothing."""
+        if not isinstance(name, str) or not name:
+            raise MeshSpecError(f"an expert group name is a non-empty string like 'ep_size_4', got {name!r}")
+        return self._named_expert.setdefault(name, groups)
+
+    def expert_groups_named(self, name: str) -> ExpertGroups:
+        """The expert groups registered under ``name``; creates nothing, raises
+        :class:`ExpertGroupsNotBuilt` (naming the registered names) if there are none."""
+        try:
+            return self._named_expert[name]
+        except (KeyError, TypeError):
+            known = ", ".join(sorted(self._named_expert)) or "none"
+            raise ExpertGroupsNotBuilt(
+                f"no expert groups named {name!r} on {self._label} (registered: {known}); build them with "
+                "expert_groups(N) or a MoE layer first"
+            ) from None
+
+    def expert_group_names(self) -> list[str]:
+        """The names expert groups are registered under, in registration order."""
+        return list(self._named_expert)
+
+    def largest_expert_groups_name(self) -> str:
+        """``ep_size_<N>`` for the largest N registered (DeepSpeed's ``_get_max_expert_size_name``:
+        ``ep_size_None`` when there is none)."""
+        prefix = expert_groups_name("")
+        sizes = [int(n[len(prefix):]) for n in self._named_expert if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        return expert_groups_name(max(sizes) if sizes else None)
 
     @property
     def registry(self) -> GroupRegistry:
@@ -268,6 +318,7 @@ class DeepSpeedDeviceMesh:
         self._keys.clear()
         self._groups.clear()
         self._expert.clear()
+        self._named_expert.clear()
         self.device_mesh = None
         return destroyed
 
