@@ -71,6 +71,8 @@ NAMED_EXPERT: dict[str, str] = {
     "_get_expert_broadcast_src_rank": "torch.distributed.get_global_rank(" + _NAMED + ".edp_group, 0)",
 }
 NAMED_NO_ARGS: dict[str, str] = {
+    "_get_expert_parallel_group_dict": "{mesh}.named_expert_parallel_groups()",
+    "_get_expert_data_parallel_group_dict": "{mesh}.named_expert_data_parallel_groups()",
     "_get_max_expert_size_name": "{mesh}.largest_expert_groups_name()",
     "_get_max_expert_parallel_group": "{mesh}.expert_groups_named({mesh}.largest_expert_groups_name()).ep_group",
 }
@@ -144,6 +146,7 @@ ENGINE_SCOPED_MODULES = frozenset(
         "deepspeed.runtime.zero.stage_1_and_2",
         "deepspeed.runtime.zero.stage3",
         "deepspeed.runtime.bf16_optimizer",
+        "deepspeed.runtime.base_optimizer",  # the ZeRO optimizers' base: its reads run in their steps / checkpoints
     }
 )
 _OUTSIDE_ENGINE = (

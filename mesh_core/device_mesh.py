@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -126,6 +127,8 @@ class DeepSpeedDeviceMesh:
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
         self._expert: dict[int, ExpertGroups] = {}
         self._named_expert: dict[str, ExpertGroups] = {}  # DeepSpeed's MoE group names -> groups
+        self._named_ep: dict[str, Optional[ProcessGroup]] = {}  # the same, per kind (live views)
+        self._named_edp: dict[str, Optional[ProcessGroup]] = {}
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
 
@@ -137,7 +140,7 @@ class DeepSpeedDeviceMesh:
             self._ensure_group(dims)
         if spec.ep > 1:
             self._expert[spec.ep] = self._build_expert_groups(self.layout)
-            self._named_expert.setdefault(expert_groups_name(spec.ep), self._expert[spec.ep])
+            self.register_expert_groups(expert_groups_name(spec.ep), self._expert[spec.ep])
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
@@ -270,7 +273,7 @@ class DeepSpeedDeviceMesh:
             except MeshSpecError as err:
                 raise MeshSpecError(f"ep_size={ep} is not valid for {self.spec.describe()}: {err}") from None
             self._expert[ep] = self._build_expert_groups(MeshLayout(spec))
-            self._named_expert.setdefault(expert_groups_name(ep), self._expert[ep])
+            self.register_expert_groups(expert_groups_name(ep), self._expert[ep])
         return self._expert[ep]
 
     # --- expert groups by the name MoE layers use ("ep_size_N") ------------------------------
@@ -280,7 +283,18 @@ class DeepSpeedDeviceMesh:
         registers each size it builds as ``ep_size_<N>``. Creates nothing."""
         if not isinstance(name, str) or not name:
             raise MeshSpecError(f"an expert group name is a non-empty string like 'ep_size_4', got {name!r}")
-        return self._named_expert.setdefault(name, groups)
+        if name not in self._named_expert:
+            self._named_expert[name] = groups
+            self._named_ep[name], self._named_edp[name] = groups.ep_group, groups.edp_group
+        return self._named_expert[name]
+
+    def named_expert_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
+        """A live read-only view ``{name: this rank's EP group}`` of the registered expert groups."""
+        return MappingProxyType(self._named_ep)
+
+    def named_expert_data_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
+        """A live read-only view ``{name: this rank's EDP group}`` of the registered expert groups."""
+        return MappingProxyType(self._named_edp)
 
     def expert_groups_named(self, name: str) -> ExpertGroups:
         """The expert groups registered under ``name``; creates nothing, raises
@@ -319,6 +333,8 @@ class DeepSpeedDeviceMesh:
         self._groups.clear()
         self._expert.clear()
         self._named_expert.clear()
+        self._named_ep.clear()
+        self._named_edp.clear()
         self.device_mesh = None
         return destroyed
 

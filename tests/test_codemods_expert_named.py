@@ -38,6 +38,8 @@ class DeepSpeedEngine:
                 groups._get_expert_data_parallel_rank(group_name),
                 groups._get_expert_broadcast_src_rank(group_name),
             ]
+        out["dicts"] = [dict(groups._get_expert_parallel_group_dict()),
+                        dict(groups._get_expert_data_parallel_group_dict())]
         largest = groups._get_max_expert_size_name()
         out["largest"] = [largest, groups._get_max_expert_parallel_group(),
                           groups._get_expert_parallel_rank(groups._get_max_expert_size_name())]
@@ -104,6 +106,7 @@ def test_every_expert_getter_of_the_engine_is_rewritten_to_the_mesh_by_name():
     assert "groups._" not in code and "TODOV1" not in code, code
     assert "model_mesh(self).expert_groups_named(group_name).ep_group" in code
     assert "model_mesh(self).largest_expert_groups_name()" in code
+    assert "dict(model_mesh(self).named_expert_data_parallel_groups())" in code
     assert "model_mesh(self).expert_groups_named(model_mesh(self).largest_expert_groups_name())" in code
 
 
@@ -187,8 +190,12 @@ def test_mesh_serves_expert_groups_by_name(world):
         mesh.expert_groups_named("ep_size_2")
     with pytest.raises(AssertionError):  # DeepSpeed's "expert parallel group is not initialized" type
         mesh.expert_groups_named("ep_size_2")
+    ep_view, edp_view = mesh.named_expert_parallel_groups(), mesh.named_expert_data_parallel_groups()
     two = mesh.expert_groups(2)
     assert mesh.expert_groups_named("ep_size_2") is two
+    assert dict(ep_view) == {"ep_size_2": two.ep_group} and dict(edp_view) == {"ep_size_2": two.edp_group}  # live
+    with pytest.raises(TypeError):
+        ep_view["ep_size_8"] = None  # read-only
     other = ExpertGroups(ep_size=2, ep_group=None, edp_group=None, ep_ranks=[1], edp_ranks=[1])
     assert mesh.register_expert_groups("ep_size_2", other) is two  # the first registration wins
     assert mesh.register_expert_groups("ep_size_4", other) is other
@@ -199,4 +206,4 @@ def test_mesh_serves_expert_groups_by_name(world):
     with pytest.raises(MeshSpecError, match="non-empty string"):
         mesh.register_expert_groups("", other)
     mesh.destroy()
-    assert mesh.expert_group_names() == []
+    assert mesh.expert_group_names() == [] and not ep_view
