@@ -37,8 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
-from mesh_core.default import _current as _current_mesh
+from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -674,8 +673,15 @@ def _store_expert(name: str, ep_group: Any, ep_ranks: Any, edp_group: Any, edp_r
     if edp_group is not None:
         state.expert_data_parallel_group[name] = edp_group
         state.expert_data_parallel_group_ranks[name] = edp_ranks
-    for mesh in {id(m): m for m in (bound_mesh(), _current_mesh.get()) if m is not None}.values():
+    for mesh in {id(m): m for m in (bound_mesh(), _default_or_none()) if m is not None}.values():
         _mirror_expert(mesh, name)
+
+
+def _default_or_none() -> Optional[DeepSpeedDeviceMesh]:
+    try:
+        return default_mesh()
+    except MeshSpecError:
+        return None
 
 
 def _mirror_expert(mesh: DeepSpeedDeviceMesh, name: str) -> None:
