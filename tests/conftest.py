@@ -33,3 +33,14 @@ def world(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(FAKE_WORLD))
     with fake_world(FAKE_RANK, FAKE_WORLD, deepspeed_comm=True):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _forget_engines():
+    """Engines a test built under the shim do not outlive it: compat's wrong-grid protection counts
+    live engines, so one left registered would change what a later test's legacy getters serve."""
+    yield
+    scope = sys.modules.get("compat.engine_scope")
+    if scope is not None and scope._engines:
+        scope._engines.clear()
+        scope.settle()
