@@ -47,11 +47,12 @@ class _Shared:
     """What is reused across the codemods of one file: per tree object (by identity, the object
     kept alive here so that its id is not reused), its metadata wrapper and its node list."""
 
-    __slots__ = ("wrappers", "nodes")
+    __slots__ = ("wrappers", "nodes", "statements")
 
     def __init__(self) -> None:
         self.wrappers: list[tuple[cst.Module, "LazyMetadataWrapper"]] = []
         self.nodes: list[tuple[cst.Module, list[cst.CSTNode]]] = []
+        self.statements: list = []
 
     def wrapper_for(self, module: cst.Module) -> Optional["LazyMetadataWrapper"]:
         for tree, wrapper in self.wrappers:
@@ -298,6 +299,67 @@ class _Hooks:
 _HOOKS: dict[type, Optional[_Hooks]] = {}
 
 
+_PRUNE: dict[type, frozenset] = {}
+
+
+def prune_unless(codemod_class: type, names) -> None:
+    """Declare that ``codemod_class``'s hooks do nothing inside a statement that names none of
+    ``names`` (nor an import alias of one of them, nor a star import): such statements are not
+    visited (libcst would rebuild every node in them to the same code)."""
+    _PRUNE[codemod_class] = frozenset(names)
+
+
+class _Statements:
+    """For one tree: the identifiers (``Name`` values) under each statement, and which statements
+    hold a star import. One walk, shared by the codemods that get this tree."""
+
+    __slots__ = ("names", "stars")
+
+    def __init__(self, module: cst.Module) -> None:
+        names: dict[cst.CSTNode, set[str]] = {}
+        stars: set = set()
+        outer: dict[cst.CSTNode, Optional[cst.CSTNode]] = {}
+        statement_type, name_type, node_type = cst.BaseStatement, cst.Name, cst.CSTNode
+        stack: list[tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(module, None)]
+        while stack:
+            node, statement = stack.pop()
+            if isinstance(node, statement_type):
+                names[node] = set()
+                outer[node] = statement
+                statement = node
+            elif statement is not None:
+                if isinstance(node, name_type):
+                    names[statement].add(node.value)
+                elif isinstance(node, cst.ImportStar):
+                    stars.add(statement)
+            for field_name in _fields(type(node)):
+                value = getattr(node, field_name)
+                if isinstance(value, node_type):
+                    stack.append((value, statement))
+                elif isinstance(value, (tuple, list)):
+                    stack.extend((child, statement) for child in value if isinstance(child, node_type))
+        for statement in reversed(list(names)):  # inner statements were met after their outer one
+            parent = outer[statement]
+            if parent is not None:
+                names[parent] |= names[statement]
+                if statement in stars:
+                    stars.add(parent)
+        self.names, self.stars = names, stars
+
+
+def statements(module: cst.Module) -> _Statements:
+    shared = _SHARED.get()
+    if shared is None:
+        return _Statements(module)
+    for tree, found in shared.statements:
+        if tree is module:
+            return found
+    found = _Statements(module)
+    del shared.statements[:-3]
+    shared.statements.append((module, found))
+    return found
+
+
 class LazyMetadata:
     """Mixin for a libcst ``Codemod``: its metadata comes from a :class:`LazyMetadataWrapper`
     (shared within :func:`sharing`), and a node whose children are unchanged stays the same
@@ -311,12 +373,33 @@ class LazyMetadata:
             _HOOKS[cls] = _Hooks.of(self)
         return _HOOKS[cls]
 
+    _pruning: Optional[tuple[frozenset, "_Statements"]] = None
+    _pruned: Optional[cst.CSTNode] = None
+
     def on_visit(self, node):
         hooks = self._hooks()
         if hooks is None:
             return super().on_visit(node)
+        pruning = self._pruning
+        if pruning is not None and isinstance(node, cst.BaseStatement):
+            triggers, found = pruning
+            below = found.names.get(node)
+            if below is not None and node not in found.stars and triggers.isdisjoint(below):
+                self._pruned = node
+                return False
         visit = hooks.visit(type(node))
-        return visit is None or visit(self, node) is not False
+        result = visit is None or visit(self, node) is not False
+        if isinstance(node, cst.Module) and type(self) in _PRUNE:
+            self._start_pruning(node)
+        return result
+
+    def _start_pruning(self, module: cst.Module) -> None:
+        names = _PRUNE[type(self)]
+        aliases = getattr(self, "_import_aliases", None)
+        if aliases is None:
+            return
+        triggers = names | {alias for alias, name in aliases.items() if name in names}
+        self._pruning = (triggers, statements(module))
 
     def on_visit_attribute(self, node, attribute) -> None:
         hooks = self._hooks()
@@ -331,6 +414,9 @@ class LazyMetadata:
     def on_leave(self, original_node, updated_node=None):
         if updated_node is None:  # a visitor, not a transformer
             return super().on_leave(original_node)
+        if original_node is self._pruned:  # not visited: neither its hooks nor its children
+            self._pruned = None
+            return original_node
         hooks = self._hooks()
         if hooks is None:
             result = super().on_leave(original_node, updated_node)

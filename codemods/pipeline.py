@@ -13,13 +13,13 @@ from libcst.codemod import CodemodContext, SkipFile
 from .base import MigrationCommand, counters, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
-from .metadata import sharing
+from .metadata import prune_unless, sharing
 from .grid_internal import GridInternalCommand
-from .groups_getters import GroupsGettersCommand
+from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
-from .mpu_internal import MpuInternalCommand
+from .mpu_internal import BWC, MpuInternalCommand
 from .portable import parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
@@ -35,6 +35,12 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
     MpuCallsCommand,
     LegacyImportsCommand,
 )
+
+# These codemods' hooks act only at a node that names one of these identifiers (a call or reference
+# whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
+# import, so statements without any are not visited (codemods.metadata.prune_unless).
+prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | {"getattr"})
+prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # A file can only reach a legacy API through an import that names one of these, or through a
 # relative import (inside deepspeed: ``from .. import comm as dist``).
