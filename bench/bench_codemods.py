@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -52,19 +53,34 @@ def roundtrip(path: str) -> bool:
         return False
 
 
-def floor_seconds(files: list[str], jobs: int) -> float:
-    start = time.perf_counter()
+def floor_seconds(files: list[str], jobs: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of a libcst parse + print of ``files`` in ``jobs`` processes."""
+    start, cpu = time.perf_counter(), children_cpu()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(roundtrip, files, chunksize=8))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, children_cpu() - cpu
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (and theirs) so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+LAST_CPU = {"seconds": 0.0}  # CPU time of the last migrate() run (the CLI and its workers)
 
 
 def migrate(tree: Path, jobs: int, *extra: str) -> tuple[float, int, dict]:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "codemods.migrate", "--jobs", str(jobs), "--json", "--no-progress", *extra, str(tree)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     seconds = time.perf_counter() - start
+    LAST_CPU["seconds"] = children_cpu() - cpu
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise SystemExit(f"migrate failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
@@ -192,13 +208,18 @@ def main() -> int:
         shutil.copytree(installed_deepspeed(), tree, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         files = sorted(str(p) for p in tree.rglob("*.py"))
         before = family_sites(tree)
-        floor = floor_seconds(files, args.jobs)
+        floor, floor_cpu = floor_seconds(files, args.jobs)
         os.environ["CODEMODS_CACHE_DIR"] = str(Path(tmp) / "cache")  # a cold cache: the migration does all the work
+        load_before = load()
         seconds, rc, summary = migrate(tree, args.jobs)
+        migrate_cpu = LAST_CPU["seconds"]
+        load_after = load()
         after = family_sites(tree)
         compiled = compileall.compile_dir(str(tree), quiet=2, workers=args.jobs)
         print(f"deepspeed tree: {len(files)} .py files, migrate --jobs {args.jobs}: {seconds:.1f} s (rc={rc})")
         print(f"floor (libcst parse+print, {args.jobs} processes): {floor:.1f} s; ratio migrate/floor: {seconds / floor:.2f}x")
+        print(f"CPU time (user+sys, all processes): migrate {migrate_cpu:.1f} s, floor {floor_cpu:.1f} s "
+              f"(ratio {migrate_cpu / max(floor_cpu, 1e-9):.2f}x); {load_before} before, {load_after} after the migration")
         print(f"files scanned: {summary['files_scanned']}, changed: {summary['files_changed']}, parse errors: {summary['parse_errors']}")
         print("sites rewritten: " + ", ".join(f"{k}={v}" for k, v in summary["sites_rewritten"].items()))
         print("sites left with TODOV1: " + ", ".join(f"{k}={v}" for k, v in summary["sites_todo"].items()))
@@ -217,10 +238,15 @@ def main() -> int:
         ok = bool(compiled) and rc == 0
         if args.idempotent:
             again, rc2, second = migrate(tree, args.jobs, "--check")
-            print(f"second run (--check): {again:.1f} s, would change {second['files_changed']} files (rc={rc2}); "
-                  f"migration/check: {seconds / again:.1f}x")
+            again_cpu = LAST_CPU["seconds"]
+            print(f"second run (--check): {again:.1f} s, CPU {again_cpu:.1f} s, would change {second['files_changed']} files "
+                  f"(rc={rc2}); migration/check: {seconds / again:.1f}x wall, {migrate_cpu / max(again_cpu, 1e-9):.1f}x CPU")
             cold, rc3, third = migrate(tree, args.jobs, "--check", "--no-cache")
-            print(f"--check --no-cache (parses every file): {cold:.1f} s, would change {third['files_changed']} files")
+            cold_cpu = LAST_CPU["seconds"]
+            print(f"--check --no-cache (parses every file): {cold:.1f} s, CPU {cold_cpu:.1f} s, would change "
+                  f"{third['files_changed']} files (rc={rc3}); migration/check: {seconds / cold:.1f}x wall, "
+                  f"{migrate_cpu / max(cold_cpu, 1e-9):.1f}x CPU ({load()})")
+            ok = ok and rc3 == 0
             ok = ok and rc2 == 0
         if args.upstream:
             copy = args.upstream_out.resolve() / "copy"

@@ -23,7 +23,7 @@ from libcst.metadata import (
 )
 
 from . import legacy_names as ln
-from .metadata import LazyMetadata, lazy
+from .metadata import LazyMetadata, lazy, preorder
 
 SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
@@ -422,6 +422,9 @@ class _Finder(cst.CSTVisitor):
 
 def find_all(tree: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
     """Every node of ``types`` in ``tree``, in source order (for planning before rewriting)."""
+    nodes = preorder(tree) if isinstance(tree, cst.Module) else None  # one walk per tree and file
+    if nodes is not None:
+        return [node for node in nodes if isinstance(node, types)]
     finder = _Finder(types)
     tree.visit(finder)
     return finder.found

@@ -6,22 +6,103 @@ codemod visits the first node. On a large file that no rule touches (most of dee
 that is most of the migration's time: the codemods only ask for metadata at candidate sites. The
 values are the same: a provider is resolved by libcst itself on the same module, only later, and
 the parent map equals ``ParentNodeProvider``'s (tested).
+
+Within :func:`sharing` (one file's migration), a codemod that changes nothing hands the next one the
+very tree it got (unchanged subtrees keep their identity, see :meth:`LazyMetadata.on_leave`), and
+the metadata resolved on that tree (scopes, qualified names, positions, parents) and its list of
+nodes (:func:`preorder`) are reused instead of being computed once per codemod. Metadata describes
+one immutable tree object, so it stays valid for as long as that object is the tree.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
+from types import FunctionType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider
+from libcst.matchers import MatcherDecoratableTransformer
+from libcst.matchers._visitors import _gather_matchers
+from libcst._metadata_dependent import LazyValue
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
 
 logger = logging.getLogger(__name__)
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(node_type: type) -> tuple[str, ...]:
+    names = _FIELDS.get(node_type)
+    if names is None:
+        names = _FIELDS[node_type] = tuple(f.name for f in dataclasses.fields(node_type))
+    return names
+
+
+class _Shared:
+    """What is reused across the codemods of one file: per tree object (by identity, the object
+    kept alive here so that its id is not reused), its metadata wrapper and its node list."""
+
+    __slots__ = ("wrappers", "nodes", "statements")
+
+    def __init__(self) -> None:
+        self.wrappers: list[tuple[cst.Module, "LazyMetadataWrapper"]] = []
+        self.nodes: list[tuple[cst.Module, list[cst.CSTNode]]] = []
+        self.statements: list = []
+
+    def wrapper_for(self, module: cst.Module) -> Optional["LazyMetadataWrapper"]:
+        for tree, wrapper in self.wrappers:
+            if tree is module:
+                return wrapper
+        return None
+
+    def add_wrapper(self, module: cst.Module, wrapper: "LazyMetadataWrapper") -> None:
+        del self.wrappers[:-3]  # trees of earlier codemods are not visited again
+        self.wrappers.append((module, wrapper))
+        if wrapper.module is not module:  # a deep copy: the codemod's (unchanged) output is that copy
+            self.wrappers.append((wrapper.module, wrapper))
+
+
+_SHARED: ContextVar[Optional[_Shared]] = ContextVar("codemods_shared_metadata", default=None)
+
+
+@contextmanager
+def sharing() -> Generator[None, None, None]:
+    """Reuse metadata and node lists across codemods run on the same tree object in this block."""
+    token = _SHARED.set(_Shared())
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.nodes: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.nodes.append(node)
+        return True
+
+
+def preorder(module: cst.Module) -> Optional[list[cst.CSTNode]]:
+    """Every node of ``module`` in the order a libcst visitor meets them (source order), computed
+    once per tree object within :func:`sharing`; None outside it."""
+    shared = _SHARED.get()
+    if shared is None:
+        return None
+    for tree, nodes in shared.nodes:
+        if tree is module:
+            return nodes
+    collector = _Collect()
+    module.visit(collector)
+    del shared.nodes[:-3]
+    shared.nodes.append((module, collector.nodes))
+    return collector.nodes
 
 
 def parent_map(module: cst.Module) -> Optional[dict[cst.CSTNode, cst.CSTNode]]:
@@ -32,10 +113,7 @@ def parent_map(module: cst.Module) -> Optional[dict[cst.CSTNode, cst.CSTNode]]:
     node_type = cst.CSTNode
     while stack:
         node = stack.pop()
-        names = _FIELDS.get(type(node))
-        if names is None:
-            names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
-        for name in names:
+        for name in _fields(type(node)):
             value = getattr(node, name)
             if isinstance(value, node_type):
                 children = (value,)
@@ -50,6 +128,50 @@ def parent_map(module: cst.Module) -> Optional[dict[cst.CSTNode, cst.CSTNode]]:
                     parents[child] = node
                     stack.append(child)
     return parents
+
+
+class _QualifiedNames(Mapping):
+    """``QualifiedNameProvider``'s values, each computed when read: libcst's provider walks the
+    whole tree to store, for every node, ``LazyValue(scope.get_qualified_names_for(node))`` if
+    ScopeProvider gives the node a scope, else ``set()``; this mapping gives the same per node
+    (from the same resolved scopes) without the walk."""
+
+    __slots__ = ("_module", "_parents", "_scopes", "_values")
+
+    def __init__(self, module: cst.Module, parents: Mapping, scopes: Mapping) -> None:
+        self._module, self._parents, self._scopes = module, parents, scopes
+        self._values: dict = {}
+
+    def _value(self, node):
+        value = self._values.get(node)
+        if value is None:
+            scope = self._scopes.get(node, None)
+            if scope:
+                value = LazyValue(lambda: scope.get_qualified_names_for(node))
+            else:
+                value = set()
+            self._values[node] = value
+        return value
+
+    def __getitem__(self, node):
+        if node is not self._module and node not in self._parents:
+            raise KeyError(node)
+        return self._value(node)
+
+    def get(self, node, default=None):
+        if node is not self._module and node not in self._parents:
+            return default
+        return self._value(node)
+
+    def __contains__(self, node) -> bool:
+        return node is self._module or node in self._parents
+
+    def __iter__(self) -> Iterator:
+        yield self._module
+        yield from self._parents
+
+    def __len__(self) -> int:
+        return 1 + len(self._parents)
 
 
 class _OnFirstUse(Mapping):
@@ -67,6 +189,10 @@ class _OnFirstUse(Mapping):
     def _resolved(self) -> Mapping:
         if self._values is None:
             wrapper, provider = self._wrapper, self._provider
+            parents = wrapper._metadata.get(ParentNodeProvider)
+            if provider is QualifiedNameProvider and isinstance(parents, dict):
+                self._values = _QualifiedNames(wrapper.module, parents, wrapper.resolve_many([ScopeProvider])[ScopeProvider])
+                return self._values
             if wrapper._metadata.get(provider) is self:
                 del wrapper._metadata[provider]  # libcst resolves what is not there (and its dependencies)
             self._values = MetadataWrapper.resolve_many(wrapper, [provider])[provider]
@@ -107,8 +233,202 @@ class LazyMetadataWrapper(MetadataWrapper):
         return {p: self._metadata.setdefault(p, _OnFirstUse(self, p)) for p in providers}
 
 
+def _same_fields(node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    """``other`` has exactly ``node``'s field values (the same objects, element by element)."""
+    for name in _fields(type(node)):
+        mine, theirs = getattr(node, name), getattr(other, name)
+        if mine is theirs:
+            continue
+        if (
+            isinstance(mine, (tuple, list)) and isinstance(theirs, (tuple, list)) and len(mine) == len(theirs)
+            and all(a is b for a, b in zip(mine, theirs))
+        ):
+            continue
+        return False
+    return True
+
+
+_ATTRIBUTE_HOOK = re.compile(r"(visit|leave)_[A-Z][A-Za-z]*_")
+
+
+class _Hooks:
+    """A transformer class's ``visit_<Node>`` / ``leave_<Node>`` functions by node type."""
+
+    __slots__ = ("cls", "attributes", "_visit", "_leave")
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.attributes = any(_ATTRIBUTE_HOOK.match(name) for name in dir(cls))  # visit_<Node>_<field>
+        self._visit: dict[type, Optional[object]] = {}
+        self._leave: dict[type, Optional[object]] = {}
+
+    @classmethod
+    def of(cls, transformer) -> Optional["_Hooks"]:
+        """None unless ``transformer`` is a libcst ``MatcherDecoratableTransformer`` whose class uses
+        no matcher decorators and defines its hooks on the class (then libcst's dispatch is a plain
+        ``getattr`` by name, which a table reproduces)."""
+        if not isinstance(transformer, MatcherDecoratableTransformer) or not isinstance(transformer, cst.CSTTransformer):
+            return None
+        if transformer._extra_visit_funcs or transformer._extra_leave_funcs or _gather_matchers(transformer):
+            return None
+        if any(name.startswith(("visit_", "leave_")) for name in getattr(transformer, "__dict__", {})):
+            return None
+        return cls(type(transformer))
+
+    def _lookup(self, name: str):
+        found = getattr(self.cls, name, None)
+        if found is None or isinstance(found, FunctionType):
+            return found
+        return lambda transformer, *nodes: getattr(transformer, name)(*nodes)  # e.g. a staticmethod
+
+    def visit(self, node_type: type):
+        try:
+            return self._visit[node_type]
+        except KeyError:
+            found = self._visit[node_type] = self._lookup(f"visit_{node_type.__name__}")
+            return found
+
+    def leave(self, node_type: type):
+        try:
+            return self._leave[node_type]
+        except KeyError:
+            found = self._leave[node_type] = self._lookup(f"leave_{node_type.__name__}")
+            return found
+
+
+_HOOKS: dict[type, Optional[_Hooks]] = {}
+
+
+_PRUNE: dict[type, frozenset] = {}
+
+
+def prune_unless(codemod_class: type, names) -> None:
+    """Declare that ``codemod_class``'s hooks do nothing inside a statement that names none of
+    ``names`` (nor an import alias of one of them, nor a star import): such statements are not
+    visited (libcst would rebuild every node in them to the same code)."""
+    _PRUNE[codemod_class] = frozenset(names)
+
+
+class _Statements:
+    """For one tree: the identifiers (``Name`` values) under each statement, and which statements
+    hold a star import. One walk, shared by the codemods that get this tree."""
+
+    __slots__ = ("names", "stars")
+
+    def __init__(self, module: cst.Module) -> None:
+        names: dict[cst.CSTNode, set[str]] = {}
+        stars: set = set()
+        outer: dict[cst.CSTNode, Optional[cst.CSTNode]] = {}
+        statement_type, name_type, node_type = cst.BaseStatement, cst.Name, cst.CSTNode
+        stack: list[tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(module, None)]
+        while stack:
+            node, statement = stack.pop()
+            if isinstance(node, statement_type):
+                names[node] = set()
+                outer[node] = statement
+                statement = node
+            elif statement is not None:
+                if isinstance(node, name_type):
+                    names[statement].add(node.value)
+                elif isinstance(node, cst.ImportStar):
+                    stars.add(statement)
+            for field_name in _fields(type(node)):
+                value = getattr(node, field_name)
+                if isinstance(value, node_type):
+                    stack.append((value, statement))
+                elif isinstance(value, (tuple, list)):
+                    stack.extend((child, statement) for child in value if isinstance(child, node_type))
+        for statement in reversed(list(names)):  # inner statements were met after their outer one
+            parent = outer[statement]
+            if parent is not None:
+                names[parent] |= names[statement]
+                if statement in stars:
+                    stars.add(parent)
+        self.names, self.stars = names, stars
+
+
+def statements(module: cst.Module) -> _Statements:
+    shared = _SHARED.get()
+    if shared is None:
+        return _Statements(module)
+    for tree, found in shared.statements:
+        if tree is module:
+            return found
+    found = _Statements(module)
+    del shared.statements[:-3]
+    shared.statements.append((module, found))
+    return found
+
+
 class LazyMetadata:
-    """Mixin for a libcst ``Codemod``: its metadata comes from a :class:`LazyMetadataWrapper`."""
+    """Mixin for a libcst ``Codemod``: its metadata comes from a :class:`LazyMetadataWrapper`
+    (shared within :func:`sharing`), and a node whose children are unchanged stays the same
+    object (libcst rebuilds every node it visits)."""
+
+    # libcst's matcher-aware dispatch looks every hook up by a formatted name, per node and per
+    # field; a codemod without matcher decorators gets the same calls from a per-class table.
+    def _hooks(self) -> Optional["_Hooks"]:
+        cls = type(self)
+        if cls not in _HOOKS:
+            _HOOKS[cls] = _Hooks.of(self)
+        return _HOOKS[cls]
+
+    _pruning: Optional[tuple[frozenset, "_Statements"]] = None
+    _pruned: Optional[cst.CSTNode] = None
+
+    def on_visit(self, node):
+        hooks = self._hooks()
+        if hooks is None:
+            return super().on_visit(node)
+        pruning = self._pruning
+        if pruning is not None and isinstance(node, cst.BaseStatement):
+            triggers, found = pruning
+            below = found.names.get(node)
+            if below is not None and node not in found.stars and triggers.isdisjoint(below):
+                self._pruned = node
+                return False
+        visit = hooks.visit(type(node))
+        result = visit is None or visit(self, node) is not False
+        if isinstance(node, cst.Module) and type(self) in _PRUNE:
+            self._start_pruning(node)
+        return result
+
+    def _start_pruning(self, module: cst.Module) -> None:
+        names = _PRUNE[type(self)]
+        aliases = getattr(self, "_import_aliases", None)
+        if aliases is None:
+            return
+        triggers = names | {alias for alias, name in aliases.items() if name in names}
+        self._pruning = (triggers, statements(module))
+
+    def on_visit_attribute(self, node, attribute) -> None:
+        hooks = self._hooks()
+        if hooks is None or hooks.attributes:
+            super().on_visit_attribute(node, attribute)
+
+    def on_leave_attribute(self, original_node, attribute) -> None:
+        hooks = self._hooks()
+        if hooks is None or hooks.attributes:
+            super().on_leave_attribute(original_node, attribute)
+
+    def on_leave(self, original_node, updated_node=None):
+        if updated_node is None:  # a visitor, not a transformer
+            return super().on_leave(original_node)
+        if original_node is self._pruned:  # not visited: neither its hooks nor its children
+            self._pruned = None
+            return original_node
+        hooks = self._hooks()
+        if hooks is None:
+            result = super().on_leave(original_node, updated_node)
+        else:
+            leave = hooks.leave(type(original_node))
+            result = updated_node if leave is None else leave(self, original_node, updated_node)
+        if (
+            result is not original_node and type(result) is type(original_node)
+            and _same_fields(original_node, result)
+        ):
+            return original_node
+        return result
 
     @contextmanager
     def _handle_metadata_reference(self, module: cst.Module) -> Generator[cst.Module, None, None]:
@@ -117,7 +437,12 @@ class LazyMetadata:
                 yield tree
             return
         old = self.context.wrapper
-        wrapper = LazyMetadataWrapper(module)
+        shared = _SHARED.get()
+        wrapper = shared.wrapper_for(module) if shared is not None else None
+        if wrapper is None:
+            wrapper = LazyMetadataWrapper(module)
+            if shared is not None:
+                shared.add_wrapper(module, wrapper)
         with self.resolve(wrapper):
             self.context = replace(self.context, wrapper=wrapper)
             try:

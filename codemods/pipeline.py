@@ -13,12 +13,13 @@ from libcst.codemod import CodemodContext, SkipFile
 from .base import MigrationCommand, counters, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
+from .metadata import prune_unless, sharing
 from .grid_internal import GridInternalCommand
-from .groups_getters import GroupsGettersCommand
+from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
-from .mpu_internal import MpuInternalCommand
+from .mpu_internal import BWC, MpuInternalCommand
 from .portable import parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
@@ -34,6 +35,12 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
     MpuCallsCommand,
     LegacyImportsCommand,
 )
+
+# These codemods' hooks act only at a node that names one of these identifiers (a call or reference
+# whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
+# import, so statements without any are not visited (codemods.metadata.prune_unless).
+prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | {"getattr"})
+prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # A file can only reach a legacy API through an import that names one of these, or through a
 # relative import (inside deepspeed: ``from .. import comm as dist``).
@@ -93,23 +100,26 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         return Migration(source, skipped=f"{module} defines legacy APIs")
     if not any(not c.CLEANUP and c.may_apply(source, names) for c in codemods):
         return Migration(source, skipped="no codemod applies")
-    tree = cst.parse_module(source)
+    parsed = tree = cst.parse_module(source)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    for command_class in codemods:
-        if not command_class.may_apply(source, names):
-            continue
-        if command_class.CLEANUP and not sites:
-            continue  # nothing was rewritten, so no import became unused
-        context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
-        try:
-            tree = command_class(context).transform_module(tree)
-        except SkipFile as skip:
-            return Migration(source, skipped=str(skip))
-        done, flagged = counters(context)
-        sites.update(done)
-        todos.update(flagged)
-    code = tree.code
+    with sharing():  # metadata resolved on a tree serves every codemod that gets that same tree
+        for command_class in codemods:
+            if not command_class.may_apply(source, names):
+                continue
+            if command_class.CLEANUP and not sites:
+                continue  # nothing was rewritten, so no import became unused
+            context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
+            try:
+                tree = command_class(context).transform_module(tree)
+            except SkipFile as skip:
+                return Migration(source, skipped=str(skip))
+            done, flagged = counters(context)
+            sites.update(done)
+            todos.update(flagged)
+    # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
+    # code is the source (libcst round-trips exactly): no printing
+    code = source if tree is parsed else tree.code
     in_deepspeed = bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
     if code != source and not in_deepspeed and needs_runtime(source, code, sites):  # library code never installs
         tree = add_runtime(tree)
