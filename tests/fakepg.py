@@ -77,3 +77,17 @@ def record_new_groups() -> Iterator[list[list[int]]]:
     finally:
         for mod, name, value in saved:
             setattr(mod, name, value)
+
+
+def plain(value):
+    """``value`` with process groups as ``("group", <sorted global ranks>)`` and ranges as lists,
+    through lists, tuples and dicts (so legacy and mesh results compare)."""
+    if isinstance(value, dist.ProcessGroup):
+        return ("group", sorted(dist.get_process_group_ranks(value)))
+    if isinstance(value, range):
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value

@@ -12,10 +12,9 @@ objects as compat's legacy getters serve, no process group created by a rewritte
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, record_new_groups
+from fakepg import fake_world, plain, record_new_groups
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -67,18 +66,6 @@ def _ranks(world: int) -> list[int]:
     return sorted({0, world // 2 + 1, world - 1})[:SAMPLE]
 
 
-def _plain(value):
-    if isinstance(value, dist.ProcessGroup):
-        return ("group", sorted(dist.get_process_group_ranks(value)))
-    if isinstance(value, range):
-        return list(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
 def _load(source: str) -> dict:
     namespace: dict = {}
     exec(compile(source, "<probe>", "exec"), namespace)
@@ -127,7 +114,7 @@ def _legacy(world, pp, tp, dp, eps, builder) -> dict:
                 topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
             groups.mpu = grid
             _build(groups, grid, eps, builder)
-            out[rank] = _plain(probe.probe(_names(eps)))
+            out[rank] = plain(probe.probe(_names(eps)))
             with pytest.raises(AssertionError):
                 probe.missing()
             groups.mpu = None
@@ -171,7 +158,7 @@ def test_rewritten_expert_reads_equal_legacy(world, pp, tp, dp, eps, builder, bu
                         with record_new_groups() as created:
                             got = engine.probe(_names(eps))
                         assert created == [], (rank, created)
-                        assert _plain(got) == legacy[rank], rank
+                        assert plain(got) == legacy[rank], rank
                         for name in _names(eps):  # the very communicators compat hands out
                             assert got[name][0] is served[name][0] and got[name][2] is served[name][2]
                         with pytest.raises(AssertionError, match="ep_size_999"):

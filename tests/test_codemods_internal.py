@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from codemods.groups_getters import SIMPLE
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, record_new_groups
+from fakepg import fake_world, plain, record_new_groups
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -29,19 +29,6 @@ SAMPLE_RANKS = 4  # ranks per layout (spread over the world)
 def _ranks_of(world: int) -> list[int]:
     step = max(world // SAMPLE_RANKS, 1)
     return list(range(0, world, step))[:SAMPLE_RANKS] + ([world - 1] if world > SAMPLE_RANKS else [])
-
-
-def _plain(value):
-    """Group objects as their global rank lists (so legacy and mesh groups compare)."""
-    if isinstance(value, dist.ProcessGroup):
-        return ("group", sorted(dist.get_process_group_ranks(value)))
-    if isinstance(value, range):
-        return list(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 def _load(source: str, namespace: dict) -> dict:
@@ -104,7 +91,7 @@ def _grid_results(source: str, topology_cls, grid_cls, world: int, pp: int, tp: 
             grid = grid_cls(topology=topology_cls(num_pp=pp, num_mp=tp, num_dp=dp))
             namespace = _load(source, {"_grid": grid})
             with record_new_groups() as created:
-                out[rank] = _plain(namespace["probe"](_Holder(grid), pp, dp, tp))
+                out[rank] = plain(namespace["probe"](_Holder(grid), pp, dp, tp))
             if migrated:
                 assert created == [], f"rank {rank}: the rewritten grid reads created groups {created}"
     return out
@@ -199,7 +186,7 @@ def _legacy_groups(scenario: str, world: int, pp: int, tp: int, dp: int) -> dict
             for name in sorted(SIMPLE):
                 single = _load(f"from deepspeed.utils import groups\ndef one():\n    return groups.{name}()\n", {})
                 try:
-                    results[name] = _plain(single["one"]())
+                    results[name] = plain(single["one"]())
                 except (AssertionError, AttributeError, KeyError):
                     results[name] = "raises"
             out[rank] = results
@@ -250,7 +237,7 @@ def test_rewritten_getters_equal_legacy_groups_in_the_engines_scope(scenario, la
             with fake_world(rank, world, deepspeed_comm=True):
                 state = _runtime_state(scenario, pp, tp, dp)
                 with groups_state(state):
-                    compat_answers = _plain(unmigrated["Optimizer"]().probe())
+                    compat_answers = plain(unmigrated["Optimizer"]().probe())
                     for module, engine_class in GROUPS_MODULES.items():
                         namespace = _load(sources[module], {})
                         cls = namespace["DeepSpeedEngine" if engine_class else "Optimizer"]
@@ -259,7 +246,7 @@ def test_rewritten_getters_equal_legacy_groups_in_the_engines_scope(scenario, la
                             owner = cls()
                             owner.mesh_device = mesh_device
                             with record_new_groups() as created:
-                                got = _plain(owner.probe())
+                                got = plain(owner.probe())
                             assert created == [], (module, rank, created)
                             assert got == compat_answers, (module, rank)
                             expected = {k: v for k, v in legacy[rank].items() if v != "raises"}
