@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,6 +78,22 @@ class ExpertGroups:
         if self.layout is None:
             raise MeshSpecError(f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout")
         return self.layout
+
+
+class _NamedGroupsView(Mapping):
+    """A live read-only ``{name: groups.<attr>}`` view of a mesh's named expert groups."""
+
+    def __init__(self, named: dict[str, ExpertGroups], attr: str) -> None:
+        self._named, self._attr = named, attr
+
+    def __getitem__(self, name: str) -> Optional[ProcessGroup]:
+        return getattr(self._named[name], self._attr)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._named)
+
+    def __len__(self) -> int:
+        return len(self._named)
 
 
 class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
@@ -127,8 +142,6 @@ class DeepSpeedDeviceMesh:
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
         self._expert: dict[int, ExpertGroups] = {}
         self._named_expert: dict[str, ExpertGroups] = {}  # DeepSpeed's MoE group names -> groups
-        self._named_ep: dict[str, Optional[ProcessGroup]] = {}  # the same, per kind (live views)
-        self._named_edp: dict[str, Optional[ProcessGroup]] = {}
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
 
@@ -283,18 +296,15 @@ class DeepSpeedDeviceMesh:
         registers each size it builds as ``ep_size_<N>``. Creates nothing."""
         if not isinstance(name, str) or not name:
             raise MeshSpecError(f"an expert group name is a non-empty string like 'ep_size_4', got {name!r}")
-        if name not in self._named_expert:
-            self._named_expert[name] = groups
-            self._named_ep[name], self._named_edp[name] = groups.ep_group, groups.edp_group
-        return self._named_expert[name]
+        return self._named_expert.setdefault(name, groups)
 
     def named_expert_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
         """A live read-only view ``{name: this rank's EP group}`` of the registered expert groups."""
-        return MappingProxyType(self._named_ep)
+        return _NamedGroupsView(self._named_expert, "ep_group")
 
     def named_expert_data_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
         """A live read-only view ``{name: this rank's EDP group}`` of the registered expert groups."""
-        return MappingProxyType(self._named_edp)
+        return _NamedGroupsView(self._named_expert, "edp_group")
 
     def expert_groups_named(self, name: str) -> ExpertGroups:
         """The expert groups registered under ``name``; creates nothing, raises
@@ -333,8 +343,6 @@ class DeepSpeedDeviceMesh:
         self._groups.clear()
         self._expert.clear()
         self._named_expert.clear()
-        self._named_ep.clear()
-        self._named_edp.clear()
         self.device_mesh = None
         return destroyed
 
