@@ -325,35 +325,42 @@ class TopologyCommand(MigrationCommand):
         scope = self.scope_of(target)
         return target, scope, (scope.assignments[target.value] if scope is not None else ())
 
+    def _uses(self, call: cst.Call) -> Optional[tuple[list, Optional[tuple]]]:
+        """The nodes through which ``call``'s value is used: ``call`` itself when it is an argument,
+        else the references of the name it is assigned to (with that binding); None otherwise."""
+        if isinstance(self.parent(call), cst.Arg):
+            return [call], None
+        bound = self._bound_name(call)
+        if bound is None:
+            return None
+        return [r.node for b in bound[2] for r in b.references], bound
+
+    def _is_topology_use(self, node: cst.CSTNode) -> bool:
+        parent = self.parent(node)
+        return isinstance(parent, cst.Arg) and self._is_pipeline_module_topology_arg(parent)
+
     def _only_pipeline_module_topology(self, call: cst.Call) -> bool:
         """``call`` is only ever the ``topology`` of a ``PipelineModule``: passed inline, or bound
         once to a name whose every use is that argument."""
-        parent = self.parent(call)
-        if isinstance(parent, cst.Arg):
-            return self._is_pipeline_module_topology_arg(parent)
-        bound = self._bound_name(call)
+        uses = self._uses(call)
+        if uses is None:
+            return False
+        nodes, bound = uses
         if bound is None:
-            return False
+            return self._is_topology_use(call)
         target, scope, bindings = bound
-        if len(bindings) != 1 or self.top_level_assign(target, scope) is not parent:
+        if len(bindings) != 1 or self.top_level_assign(target, scope) is not self.parent(call):
             return False
-        refs = [r.node for b in bindings for r in b.references]
-        module_args = [r for r in refs if isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r))]
+        module_args = [n for n in nodes if self._is_topology_use(n)]
         # a grid this run turns into a mesh no longer reads the topology
-        converted = [r for r in refs if isinstance(self.parent(r), cst.Arg) and id(self.parent(self.parent(r))) in self._converted_grids]
-        return bool(module_args) and len(module_args) + len(converted) == len(refs)
+        converted = [n for n in nodes if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids]
+        return bool(module_args) and len(module_args) + len(converted) == len(nodes)
 
     def _reaches_pipeline_module(self, call: cst.Call) -> bool:
         """Some use of ``call``'s value (inline, or through the name it is assigned to) is a
         ``PipelineModule`` topology argument."""
-        parent = self.parent(call)
-        if isinstance(parent, cst.Arg):
-            return self._is_pipeline_module_topology_arg(parent)
-        bound = self._bound_name(call)
-        if bound is None:
-            return False
-        refs = [r.node for b in bound[2] for r in b.references]
-        return any(isinstance(self.parent(r), cst.Arg) and self._is_pipeline_module_topology_arg(self.parent(r)) for r in refs)
+        uses = self._uses(call)
+        return uses is not None and any(self._is_topology_use(n) for n in uses[0])
 
     def _is_pipeline_module_topology_arg(self, arg: cst.Arg) -> bool:
         call = self.parent(arg)
