@@ -131,6 +131,10 @@ def test_the_ten_deepspeed_sites_become_mesh_calls():
     assert stage3.code.count("current_mesh().hpz_group()") == 2
     assert engine.code.count("model_mesh(self).hpz_group()") == 2
     assert "self._set_zero_group_parallelism()" in engine.code  # legacy's AttributeError stays
+    for which, out in zip(("partition", "stage3", "engine"), (part, stage3, engine)):  # idempotent
+        module = MODULES[which][1]
+        assert migrate_code(out.code, module=module, package=module.rsplit(".", 1)[0]).code == out.code
+        compile(out.code, which, "exec")
 
 
 @pytest.mark.parametrize(
@@ -423,3 +427,34 @@ def test_hsdp_hpz_is_the_shard_group_and_must_match_its_size():
         assert sorted(dist.get_process_group_ranks(mesh.create_hpz_group(4))) == [1, 3, 5, 7]
         with pytest.raises(HpzGroupError):
             mesh.create_hpz_group(4)
+
+
+@pytest.mark.deepspeed
+def test_with_a_tp_engine_the_migrated_sites_serve_what_the_shim_serves(monkeypatch):
+    """With TP the shim cuts hpZ blocks inside each ZeRO (dp) group; legacy cut world blocks across TP
+    lanes (and its engine reused zero.Init's). The migrated sites serve exactly the shim's groups."""
+    import deepspeed  # noqa: F401
+
+    import compat.install as installer
+    from compat.engine_mesh import as_engine_mesh
+    from compat.engine_scope import GroupsState, groups_state
+    from mesh_core import DeepSpeedDeviceMesh
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    installer.install()
+    try:
+        migrated, unmigrated = Probes(True), Probes(False)
+        for rank, world_block, zero_block in ((0, [0, 1], [0, 2]), (5, [4, 5], [5, 7])):
+            with fake_world(rank, 8, deepspeed_comm=True):
+                mesh = as_engine_mesh(DeepSpeedDeviceMesh.build(dp=4, tp=2))
+                init = migrated.init_hpz(2)  # before any engine: the world's blocks, as legacy
+                assert plain(init) == [("group", world_block), 2, world_block.index(rank), f"ranks {world_block}"]
+                with groups_state(GroupsState(mesh, None, None)):
+                    with record_new_groups() as created:
+                        group = migrated.Stage3(2).group
+                    assert created == [zero_block]  # member-only: this rank's block only
+                    served = unmigrated.read()
+                    assert group is served[0] and migrated.read() == served
+                    assert plain(served) == [("group", zero_block), 2, zero_block.index(rank), zero_block]
+    finally:
+        installer.uninstall()
