@@ -458,3 +458,85 @@ def test_with_a_tp_engine_the_migrated_sites_serve_what_the_shim_serves(monkeypa
                     assert plain(served) == [("group", zero_block), 2, zero_block.index(rank), zero_block]
     finally:
         installer.uninstall()
+
+
+# --- call shapes (hypothesis): import forms, argument forms, function / method, legacy vs migrated --
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+IMPORTS = {
+    "module": ("from deepspeed.utils import groups", "groups.{}"),
+    "alias": ("import deepspeed.utils.groups as G", "G.{}"),
+    "dotted": ("import deepspeed", "deepspeed.utils.groups.{}"),
+    "names": (
+        "from deepspeed.utils.groups import (_create_zero_param_parallel_group as mk,\n"
+        "    _get_zero_param_intra_parallel_group, _get_zero_param_intra_parallel_group_world_size as ws,\n"
+        "    _get_zero_param_intra_parallel_rank_in_mygroup, _get_zero_param_intra_parallel_group_ranks)",
+        None,
+    ),
+}
+_NAMED = {"_create_zero_param_parallel_group": "mk", "_get_zero_param_intra_parallel_group_world_size": "ws"}
+
+
+def _shape_source(form: str, keyword: bool, method: bool, guarded: bool) -> str:
+    header, pattern = IMPORTS[form]
+
+    def ref(name: str) -> str:
+        return _NAMED.get(name, name) if pattern is None else pattern.format(name)
+
+    size = "group_size=n" if keyword else "n"
+    body = [
+        f"{ref('_create_zero_param_parallel_group')}({size})",
+        f"out = [{ref('_get_zero_param_intra_parallel_group')}()]",
+        f"out.append({ref('_get_zero_param_intra_parallel_group_world_size')}())",
+        f"out.append({ref('_get_zero_param_intra_parallel_rank_in_mygroup')}())",
+        f"out.append(list({ref('_get_zero_param_intra_parallel_group_ranks')}()))",
+        "return out",
+    ]
+    if guarded:  # DeepSpeed's form: build only when none exists
+        body[0] = f"if {ref('_get_zero_param_intra_parallel_group')}() is None:\n        {body[0]}"
+    indent = "        " if method else "    "
+    lines = [indent + line.replace("\n    ", "\n" + indent) for line in body]
+    if method:
+        return header + "\n\n\nclass DeepSpeedZeroOptimizer_Stage3:\n    def run(self, n):\n" + "\n".join(lines) + "\n"
+    return header + "\n\n\ndef run(n):\n" + "\n".join(lines) + "\n"
+
+
+def _shape_run(source: str, method: bool, world: int, rank: int, n: int):
+    namespace = _load(source)
+    run = namespace["DeepSpeedZeroOptimizer_Stage3"]().run if method else namespace["run"]
+    with fake_world(rank, world, deepspeed_comm=True):
+        first = _outcome(run, n)
+        return plain([first, _outcome(run, n)])  # the second build asserts unless guarded
+
+
+@pytest.mark.deepspeed
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    form=st.sampled_from(sorted(IMPORTS)),
+    keyword=st.booleans(),
+    method=st.booleans(),
+    guarded=st.booleans(),
+    world=st.sampled_from(WORLDS),
+    data=st.data(),
+)
+def test_call_shapes_migrate_to_code_that_computes_what_legacy_does(
+    form, keyword, method, guarded, world, data, monkeypatch
+):
+    import deepspeed  # noqa: F401
+
+    import compat.install as installer
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    rank = data.draw(st.integers(0, world - 1), label="rank")
+    n = data.draw(st.sampled_from(_sizes(world) + [3]), label="n")
+    source = _shape_source(form, keyword, method, guarded)
+    out = migrate_code(source, module="deepspeed.runtime.zero.stage3", package="deepspeed.runtime.zero")
+    assert not out.todos and "_zero_param" not in out.code and out.sites["groups getter"] == 5 + guarded, out.code
+    legacy = _shape_run(source, method, world, rank, n)
+    installer.install()
+    try:
+        migrated = _shape_run(out.code, method, world, rank, n)
+    finally:
+        installer.uninstall()
+    assert migrated == legacy, (source, out.code)
