@@ -11,6 +11,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+from . import hpz
 from . import legacy_names as ln
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
 
@@ -79,11 +80,6 @@ NAMED_NO_ARGS: dict[str, str] = {
 
 _EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
 _MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
-_HPZ = (
-    "on a mesh declaring dp_replicate x dp_shard (config \"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N} "
-    "with ZeRO-3; the shim then sets zero_hpz_partition_size=N) the hpZ group is <mesh>.get_group((\"dp_shard\", "
-    "\"sp\")); a dp-only mesh has no hpZ dim: keep zero_hpz_partition_size in the config"
-)
 _INIT_TP = (
     "build the mesh once with set_default_mesh(DeepSpeedDeviceMesh.build(tp=N)) (or config \"mesh\": {\"tp\": N}); "
     "its groups are <mesh>.get_group(\"dp\") and <mesh>.get_group(\"tp\")"
@@ -108,11 +104,6 @@ MANUAL: dict[str, str] = {
     "_get_expert_parallel_ranks": "use MeshLayout(MeshSpec.build(W, pp=..., tp=..., ep=N)).groups(\"ep\") / .groups(\"edp\")",
     "_create_model_parallel": "use DeepSpeedDeviceMesh.build(tp=N); this legacy helper never stored its groups",
     "_get_local_all_to_all_group": "per-node all-to-all groups are not mesh dims; create them with torch.distributed.new_group",
-    "_create_zero_param_parallel_group": _HPZ,
-    "_get_zero_param_intra_parallel_group": _HPZ,
-    "_get_zero_param_intra_parallel_rank_in_mygroup": _HPZ,
-    "_get_zero_param_intra_parallel_group_world_size": _HPZ,
-    "_get_zero_param_intra_parallel_group_ranks": _HPZ,
     "_zero_param_parallel_is_initialized": "never returns True in 0.19.8; remove the check",
     "_ensure_divisibility": "inline the divisibility check (raise with a clear message)",
     "_release_process_group_references": "release groups with <mesh>.destroy()",
@@ -130,7 +121,7 @@ EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_p
 # calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
-ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"}
+ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"} | hpz.FUNCTIONS
 
 # Inside DeepSpeed's own package a getter reads the groups state of the engine being built or
 # stepped. The mesh runtime makes that engine's mesh current (mesh_core.use_mesh) while it builds
@@ -274,6 +265,8 @@ class GroupsGettersCommand(MigrationCommand):
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
+        if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
+            return hpz.rewrite(self, original_node, updated_node, fname)
         if fname in SIMPLE and not original_node.args:
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
+from mesh_core import hpz as _hpz
+from mesh_core.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -87,7 +89,6 @@ class GroupsState:
     expert_data_parallel_group: dict = field(default_factory=dict)
     expert_data_parallel_group_ranks: dict = field(default_factory=dict)
     world_group: Any = None
-    zero_param_group: Any = None
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
     # what _init_tp_* set up, kept under a binding: (mesh, (tp dims, dp dims)), or (None, ExplicitTP)
@@ -293,6 +294,7 @@ def _release_process_group_references(group: Any = None) -> None:
         if sequence_parallel is not None:
             sequence_parallel._release_sequence_parallel_groups()
         old = _state
+        release_hpz_groups()  # mesh_core keeps the hpZ groups (one set per world and ZeRO domain)
         for mapping in (
             old.expert_parallel_group,
             old.expert_parallel_group_ranks,
@@ -328,10 +330,7 @@ def _release_process_group_references(group: Any = None) -> None:
             del state.all_to_all[name]
     if state.world_group is group:
         state.world_group = None
-    if state.zero_param_group is group:
-        state.zero_param_group = None
-    if state.mesh is not None and getattr(state.mesh, _HPZ_ATTR, None) is group:
-        setattr(state.mesh, _HPZ_ATTR, None)
+    release_hpz_groups(group)
     if state.tp_group is group:
         state.tp_group = None
         state.tp_world_size_override = state.tp_rank_override = None
@@ -1344,68 +1343,32 @@ _HPZ_ADVICE = (
     "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} with "
     "ZeRO-3 (the shim then sets zero_hpz_partition_size=N itself); then "
 )
-_W_ZP_CREATE = _w("_create_zero_param_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
-_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_CREATE = _w("_create_zero_param_parallel_group", "<mesh>.create_hpz_group(N); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
+_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "<mesh>.hpz_group(); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
 _W_ZP_INIT = _w("_zero_param_parallel_is_initialized", _HPZ_ADVICE + "mesh.size('dp_replicate') > 1")
-_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", _HPZ_ADVICE + "mesh.get_rank(('dp_shard', 'sp'))")
-_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", _HPZ_ADVICE + "mesh.size(('dp_shard', 'sp'))")
-_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", _HPZ_ADVICE + "mesh.get_group_ranks(('dp_shard', 'sp'))")
-HPZ_DIMS = ("dp_shard", "sp")
-_HPZ_ATTR = "_compat_hpz_group"
-
-
-def is_hsdp(spec: MeshSpec) -> bool:
-    """The mesh replicates over ``dp_replicate`` (> 1) and declares the HSDP pair."""
-    return "dp" not in spec.names and spec.dim_size("dp_replicate") > 1
-
-
-def hpz_rank_lists(mesh: DeepSpeedDeviceMesh, group_size: int) -> list[list[int]]:
-    """hpZ groups of ``mesh``: its ``(dp_shard, sp)`` groups on an HSDP mesh, else blocks of
-    ``group_size`` consecutive members of each ZeRO group ``(dp, sp)`` (DeepSpeed's world blocks
-    on a dp-only world mesh, and always inside the ranks ZeRO partitions over)."""
-    spec = mesh.spec
-    zero_size = mesh.size(("dp", "sp"))
-    if is_hsdp(spec):
-        size = mesh.size(HPZ_DIMS)
-        if group_size != size:
-            raise MeshSpecError(
-                f"zero_hpz_partition_size={group_size} does not match {spec.describe()}: its hpZ group is "
-                f"dp_shard x sp = {size} ranks; set zero_hpz_partition_size to {size} or leave it out"
-            )
-        return mesh.get_all_group_ranks(HPZ_DIMS)
-    size = min(group_size, zero_size)
-    if zero_size % size:
-        raise MeshSpecError(
-            f"zero_hpz_partition_size={group_size} does not divide the ZeRO group size {zero_size} of "
-            f"{spec.describe()}; valid sizes divide {zero_size}"
-        )
-    return [g[i : i + size] for g in mesh.get_all_group_ranks(("dp", "sp")) for i in range(0, zero_size, size)]
+_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "<mesh>.hpz_group_rank(); or " + _HPZ_ADVICE + "mesh.get_rank(('dp_shard', 'sp'))")
+_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", "<mesh>.hpz_group_size(); or " + _HPZ_ADVICE + "mesh.size(('dp_shard', 'sp'))")
+_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "<mesh>.hpz_group_ranks(); or " + _HPZ_ADVICE + "mesh.get_group_ranks(('dp_shard', 'sp'))")
 
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
     """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
-    with a bound mesh, that mesh's hpZ groups (see :func:`hpz_rank_lists`), kept per mesh."""
+    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.hpz.hpz_rank_lists`). Kept in
+    mesh_core per world and ZeRO domain, so ``<mesh>.hpz_group()`` (migrated code) sees them too."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()
     mesh = bound_mesh()
-    if mesh is not None:
-        assert getattr(mesh, _HPZ_ATTR, None) is None, "ZeRO parameter intra parallel group is already initialized"
-        setattr(mesh, _HPZ_ATTR, _partition(hpz_rank_lists(mesh, group_size)))
-        return
-    assert _state.zero_param_group is None, "ZeRO parameter intra parallel group is already initialized"
-    world_size = dist.get_world_size()
-    size = min(group_size, world_size)
-    _divisible(world_size, size)
-    layout = MeshLayout(MeshSpec.build(world_size, dp=world_size // size, tp=size))
-    _state.zero_param_group = _partition(layout.groups("tp"))
+    try:
+        _hpz.create_hpz_group(mesh, group_size)
+    except _hpz.HpzGroupError as exc:
+        if mesh is not None:
+            raise
+        raise AssertionError(str(exc)) from None  # DeepSpeed's exact type where legacy has no mesh
 
 
 def _zero_param_group():
-    mesh = bound_mesh()
-    if mesh is not None:
-        return getattr(mesh, _HPZ_ATTR, None)
-    return _state.zero_param_group
+    return _hpz.hpz_group(bound_mesh())
 
 
 def _get_zero_param_intra_parallel_group():
@@ -1448,4 +1411,4 @@ def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
     _W_ZP_RANKS.warn()
-    return dist.get_process_group_ranks(_zero_param_group())
+    return _hpz.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed

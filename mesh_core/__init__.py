@@ -9,6 +9,7 @@ from .config import spec_from_config
 from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
+from .hpz import HpzGroupError, release_hpz_groups
 from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of
 from .pipe_topology import PipelineTopology, pipeline_topology
@@ -23,6 +24,7 @@ __all__ = [
     "ExpertGroupsNotBuilt",
     "expert_groups_name",
     "GroupRegistry",
+    "HpzGroupError",
     "MeshLayout",
     "MeshSpec",
     "MeshSpecError",
@@ -33,6 +35,7 @@ __all__ = [
     "mesh_of",
     "model_mesh",
     "pipeline_topology",
+    "release_hpz_groups",
     "registry_for_world",
     "set_default_mesh",
     "spec_from_config",

@@ -434,3 +434,10 @@ from . import from_groups as _from_groups  # noqa: E402 (it needs the class defi
 
 DeepSpeedDeviceMesh.from_groups = classmethod(_from_groups.from_groups)  # type: ignore[attr-defined]
 DeepSpeedDeviceMesh.from_mpu = classmethod(_from_groups.from_mpu)  # type: ignore[attr-defined]
+
+# ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain: see hpz.py.
+from . import hpz as _hpz  # noqa: E402
+
+for _name, _method in _hpz.METHODS.items():
+    setattr(DeepSpeedDeviceMesh, _name, _method)
+del _name, _method

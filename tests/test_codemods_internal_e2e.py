@@ -31,6 +31,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "codemods"
 TOUCHED = (
     "runtime/engine.py", "runtime/pipe/engine.py", "runtime/pipe/module.py", "runtime/pipe/p2p.py",
     "runtime/zero/stage_1_and_2.py", "runtime/zero/stage3.py", "runtime/bf16_optimizer.py",
+    "runtime/zero/partition_parameters.py",  # issue 10h: zero.Init's hpZ sites
 )
 SCRIPTS = sorted(p.relative_to(FIXTURES).as_posix() for p in (FIXTURES / "engines").glob("*.py")) + ["megatron/pretrain.py"]
 
