@@ -11,6 +11,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+from . import autotp
 from . import legacy_names as ln
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
 
@@ -274,6 +275,8 @@ class GroupsGettersCommand(MigrationCommand):
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
+        if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
+            return autotp.rewrite(self, original_node, updated_node, fname)
         if fname in SIMPLE and not original_node.args:
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")

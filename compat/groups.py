@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
+from mesh_core.tensor_parallel import autotp_groups, init_autotp
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -72,15 +73,8 @@ class GroupsState:
 
     mesh: Optional[DeepSpeedDeviceMesh] = None  # the default mesh, bound by bind_mesh (read only while bound)
     mesh_is_bound: bool = False  # bound by bind_mesh: underscore getters serve from it too
-    tp_group: Any = None
-    dp_group: Any = None
-    tp_size: int = 0
-    tp_rank: int = 0
-    tp_src: int = 0
-    dp_size: int = 0
-    dp_rank: int = 0
-    tp_world_size_override: Optional[int] = None
-    tp_rank_override: Optional[int] = None
+    # the TP / DP groups, sizes, ranks, overrides and tp_source: views of mesh_core's one
+    # AutoTPGroups (see _TP_FIELDS below), so migrated AutoTP code reads the state these getters serve
     # name -> group / ranks, the live dicts DeepSpeed hands out (engine keeps references)
     expert_parallel_group: dict = field(default_factory=dict)
     expert_parallel_group_ranks: dict = field(default_factory=dict)
@@ -90,9 +84,21 @@ class GroupsState:
     zero_param_group: Any = None
     all_to_all: dict = field(default_factory=dict)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
-    # what _init_tp_* set up, kept under a binding: (mesh, (tp dims, dp dims)), or (None, ExplicitTP)
-    # when a replaced deepspeed.comm function built the groups
-    tp_source: Optional[tuple[Any, Any]] = None
+
+
+# issue 10m: one TP state. AutoTPGroups.tp_source is what _init_tp_* set up, kept under a binding:
+# (mesh, (tp dims, dp dims)), or (None, ExplicitTP) when a replaced deepspeed.comm function built the groups.
+_TP_FIELDS = ("tp_group", "dp_group", "tp_size", "tp_rank", "tp_src", "dp_size", "dp_rank",
+              "tp_world_size_override", "tp_rank_override", "tp_source")
+
+
+def _tp_view(name: str) -> property:
+    return property(lambda self: getattr(autotp_groups(), name), lambda self, value: setattr(autotp_groups(), name, value))
+
+
+for _name in _TP_FIELDS:
+    setattr(GroupsState, _name, _tp_view(_name))
+del _name
 
 
 _state = GroupsState()
@@ -301,6 +307,7 @@ def _release_process_group_references(group: Any = None) -> None:
             old.all_to_all,
         ):
             mapping.clear()  # the engine may hold these dicts
+        autotp_groups().reset()
         _state = GroupsState(
             expert_parallel_group=old.expert_parallel_group,
             expert_parallel_group_ranks=old.expert_parallel_group_ranks,
@@ -491,6 +498,8 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
         logger.debug("TORCH_DISTRIBUTED_DEBUG=DETAIL: TP groups by the new_group path")
         return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
     initialize_mesh_device = _replaced_comm("initialize_mesh_device")
+    if initialize_mesh_device is None and bound_mesh() is None:  # mesh_core's builder: what migrated code calls
+        return init_autotp(tensor_model_parallel_size, data_parallel_size, device_type=default_device_type())
     if initialize_mesh_device is None:
         return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
     try:

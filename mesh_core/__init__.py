@@ -14,6 +14,7 @@ from .mpu_mesh import MpuMesh, mesh_of
 from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
+from .tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -37,4 +38,7 @@ __all__ = [
     "set_default_mesh",
     "spec_from_config",
     "use_mesh",
+    "AutoTPGroups",
+    "autotp_groups",
+    "init_autotp",
 ]
