@@ -13,6 +13,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from . import autotp
 from . import legacy_names as ln
+from . import mpu_exact
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
 
 KIND = "groups getter"
@@ -277,6 +278,12 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
             return autotp.rewrite(self, original_node, updated_node, fname)
+        if fname == "_get_model_parallel_world_size" and self._engine_scoped():  # issue 10m: the engine's mpu
+            replacement = mpu_exact.engine_model_parallel_world_size(self, original_node)
+            if replacement is not None:
+                self.keep_comments(original_node)
+                self.record(KIND)
+                return cst.parse_expression(replacement)
         if fname in SIMPLE and not original_node.args:
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")

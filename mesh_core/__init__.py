@@ -10,7 +10,7 @@ from .current import current_mesh, model_mesh
 from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
 from .layout import MeshLayout
-from .mpu_mesh import MpuMesh, mesh_of
+from .mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
 from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
@@ -41,4 +41,5 @@ __all__ = [
     "AutoTPGroups",
     "autotp_groups",
     "init_autotp",
+    "model_parallel_world_size",
 ]
