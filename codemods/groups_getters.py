@@ -278,8 +278,8 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
             return autotp.rewrite(self, original_node, updated_node, fname)
-        if fname == "_get_model_parallel_world_size" and self._engine_scoped():  # issue 10m: the engine's mpu
-            replacement = mpu_exact.engine_model_parallel_world_size(self, original_node)
+        if fname in mpu_exact.GROUPS_CALLS:  # issue 10m: the engine's mpu, the node all-to-all groups
+            replacement = mpu_exact.groups_call(self, original_node, fname)
             if replacement is not None:
                 self.keep_comments(original_node)
                 self.record(KIND)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from . import legacy_names as ln
+from . import node_groups
 from .autotp import GETTERS as AUTOTP_GETTERS
 
 if TYPE_CHECKING:
@@ -146,3 +147,16 @@ def engine_model_parallel_world_size(command: "MigrationCommand", call: cst.Call
     if owner is None or command._rebound_in_comprehension(call, owner):
         return None
     return f"{command.mesh_ref('model_parallel_world_size')}({owner}.mpu)"
+
+
+GROUPS_CALLS = frozenset({"_get_model_parallel_world_size", node_groups.FUNCTION})
+
+
+def groups_call(command: "MigrationCommand", call: cst.Call, fname: str) -> Optional[str]:
+    """Replacement code for ``groups.<fname>(...)`` (one of GROUPS_CALLS) inside DeepSpeed, or None."""
+    module = command.context.full_module_name or ""
+    if fname == node_groups.FUNCTION:
+        return node_groups.replacement(command, call) if module.startswith("deepspeed.") else None
+    if not command._engine_scoped():  # type: ignore[attr-defined]  (GroupsGettersCommand)
+        return None
+    return engine_model_parallel_world_size(command, call)

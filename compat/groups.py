@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
+from mesh_core.node_groups import all_to_all_groups, local_all_to_all_groups
 from mesh_core.tensor_parallel import autotp_groups, init_autotp
 
 from .deprecation import legacy_entry
@@ -82,7 +83,7 @@ class GroupsState:
     expert_data_parallel_group_ranks: dict = field(default_factory=dict)
     world_group: Any = None
     zero_param_group: Any = None
-    all_to_all: dict = field(default_factory=dict)
+    # all_to_all: a view of mesh_core's one node all-to-all dict (issue 10m, see below)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
 
 
@@ -99,6 +100,7 @@ def _tp_view(name: str) -> property:
 for _name in _TP_FIELDS:
     setattr(GroupsState, _name, _tp_view(_name))
 del _name
+GroupsState.all_to_all = property(lambda self: all_to_all_groups())  # type: ignore[attr-defined]
 
 
 _state = GroupsState()
@@ -313,7 +315,6 @@ def _release_process_group_references(group: Any = None) -> None:
             expert_parallel_group_ranks=old.expert_parallel_group_ranks,
             expert_data_parallel_group=old.expert_data_parallel_group,
             expert_data_parallel_group_ranks=old.expert_data_parallel_group_ranks,
-            all_to_all=old.all_to_all,
         )
         mpu = None
         mesh_device = None
@@ -1122,24 +1123,7 @@ def _get_local_all_to_all_group() -> dict:
     # TODOV1: legacy shim
     _W_ALL_TO_ALL.warn()
     assert dist.is_initialized(), "dist is not initialized"
-    state = _state
-    world = dist.get_world_size()
-    per_node = _devices_per_node()
-    num_local = world // per_node
-    if num_local == 0:
-        state.all_to_all["local_0"] = _member_group([range(world)])
-    elif num_local == 1:
-        assert world == per_node, "num_gpus not equal to device per node, cannot initialize All-To-All"
-        state.all_to_all["local_0"] = _member_group([range(per_node)])
-    else:
-        assert world > per_node, "num_nodes<2 cannot initialize All-To-All"
-        layout = MeshLayout(MeshSpec.build(world, dp=num_local, tp=per_node, ranks=range(num_local * per_node)))
-        # one partition call per legacy name, so each name gets the group of exactly its rank set
-        for i, ranks in enumerate(layout.groups("tp")):
-            state.all_to_all[f"local_{i}"] = _member_group([ranks])
-        for j, ranks in enumerate(layout.groups("dp")):
-            state.all_to_all[f"global_{j}"] = _member_group([ranks])
-    return state.all_to_all
+    return local_all_to_all_groups(_devices_per_node())  # mesh_core's one dict (issue 10m)
 
 
 # --- data / model / sequence parallel resolution (engine-facing) ----------------------------------

@@ -11,6 +11,7 @@ from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
 from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
+from .node_groups import all_to_all_groups, local_all_to_all_groups
 from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
@@ -42,4 +43,6 @@ __all__ = [
     "autotp_groups",
     "init_autotp",
     "model_parallel_world_size",
+    "all_to_all_groups",
+    "local_all_to_all_groups",
 ]
