@@ -11,6 +11,8 @@ the very group objects compat's legacy getters hand out, no process group create
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from codemods.pipeline import migrate_code
@@ -127,7 +129,7 @@ def _legacy(world, tp, tp2, pp, keyword) -> dict:
 def test_rewritten_autotp_reads_equal_legacy(world, tp, tp2, pp, built_by, monkeypatch):
     import deepspeed  # noqa: F401
 
-    import compat.install as installer
+    installer = importlib.import_module("compat.install")  # compat.install is also a function attribute
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     keyword = tp % 2 == 0
@@ -164,7 +166,7 @@ def test_in_an_autotp_engines_scope_the_rewritten_reads_serve_the_engines_tp_gro
     import deepspeed  # noqa: F401
     import torch.distributed as dist
 
-    import compat.install as installer
+    installer = importlib.import_module("compat.install")  # compat.install is also a function attribute
     from compat.engine_mesh import EngineMesh
     from compat.engine_scope import GroupsState, groups_state
     from mesh_core import MeshSpec

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import types
 
+import importlib
+
 import pytest
 
 from codemods.pipeline import migrate_code
@@ -199,7 +201,7 @@ def test_engine_model_parallel_world_size_equals_legacy_on_every_mpu_kind(world,
 
 @pytest.mark.parametrize("world,tp", [(4, 1), (4, 2), (8, 2), (8, 4), (8, 8)])
 def test_engine_autotp_hook_src_rank_equals_legacy(world, tp, monkeypatch):
-    import compat.install as installer
+    installer = importlib.import_module("compat.install")  # compat.install is also a function attribute
     from compat.engine_mesh import EngineMesh
     from compat.engine_scope import GroupsState, groups_state
     from mesh_core import MeshSpec
