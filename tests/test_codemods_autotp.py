@@ -224,3 +224,20 @@ def test_init_autotp_is_legacy_shaped_and_validates_first(world):
         assert state.tensor_parallel_world_size() == 4 and state.tensor_parallel_src_rank() == rank - rank % 4
     finally:
         state.reset()
+
+
+def test_comment_lines_above_an_import_the_rewrite_leaves_unused_are_kept():
+    """DeepSpeed's init_utils.py: a local ``from deepspeed.utils import groups`` under a comment, removed once
+    its one use is rewritten; the comment stays above the statement that follows (libcst's removal drops it)."""
+    source = (
+        "def merge(tp_size, mpu):\n"
+        "    if mpu is None:\n"
+        "        # Auto-create TP groups for compatibility with HF Trainer (mpu is not passed).\n"
+        "        from deepspeed.utils import groups\n"
+        "        groups._init_tp_mesh_device(tensor_model_parallel_size=tp_size)\n"
+    )
+    code = migrate_code(source, module="deepspeed.runtime.tensor_parallel.init_utils",
+                        package="deepspeed.runtime.tensor_parallel").code
+    assert ("        # Auto-create TP groups for compatibility with HF Trainer (mpu is not passed).\n"
+            "        init_autotp(tensor_model_parallel_size=tp_size)\n") in code, code
+    assert "import groups" not in code
