@@ -11,8 +11,9 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from . import hpz
+from . import autotp, hpz
 from . import legacy_names as ln
+from . import mpu_exact
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
 
 KIND = "groups getter"
@@ -267,6 +268,14 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)
+        if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
+            return autotp.rewrite(self, original_node, updated_node, fname)
+        if fname in mpu_exact.GROUPS_CALLS:  # issue 10m: the engine's mpu, the node all-to-all groups
+            replacement = mpu_exact.groups_call(self, original_node, fname)
+            if replacement is not None:
+                self.keep_comments(original_node)
+                self.record(KIND)
+                return cst.parse_expression(replacement)
         if fname in SIMPLE and not original_node.args:
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")

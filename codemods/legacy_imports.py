@@ -30,7 +30,20 @@ class LegacyImportsCommand(MigrationCommand):
                 self.visit_Import(node)
             else:
                 self.visit_ImportFrom(node)
-        return tree
+        return self._carry_comments(tree)
+
+    def visit_Module(self, node: cst.Module) -> Optional[bool]:
+        self._gone: list = []  # import statements every name of which is scheduled for removal
+        return super().visit_Module(node)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return self._carry_comments(updated_node)  # the full-pass path (no transform_module_impl shortcut)
+
+    def _carry_comments(self, tree: cst.Module) -> cst.Module:
+        """issue 10m: libcst's removal drops a removed statement's comment lines; keep them above the
+        statement that follows it in its block."""
+        lines = {id(self.parent(n)) for n in self._gone if _has_comments(self.parent(n))}
+        return tree.visit(_CarryComments(lines)) if lines else tree
 
     def _unused(self, alias: cst.ImportAlias) -> bool:
         """No reference to the name ``alias`` binds (checked here so that the costly removal
@@ -42,12 +55,21 @@ class LegacyImportsCommand(MigrationCommand):
         return not any(a.references for a in scope.assignments[bound.split(".")[0]])
 
     def visit_Import(self, node: cst.Import) -> Optional[bool]:
+        removed = 0
         for alias in node.names:
             module = get_full_name_for_node(alias.name)
             if module and is_legacy(module) and self._unused(alias):
                 asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
                 RemoveImportsVisitor.remove_unused_import(self.context, module, asname=asname)
+                removed += 1
+        self._note_gone(node, removed)
         return False
+
+    def _note_gone(self, node: cst.CSTNode, removed: int) -> None:
+        statement = self.parent(node)
+        if removed and removed == len(node.names) and isinstance(statement, cst.SimpleStatementLine) \
+                and len(statement.body) == 1:
+            self._gone.append(node)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:
         if isinstance(node.names, cst.ImportStar) or node.module is None or node.relative:
@@ -55,9 +77,42 @@ class LegacyImportsCommand(MigrationCommand):
         module = get_full_name_for_node(node.module)
         if not module:
             return False
+        removed = 0
         for alias in node.names:
             obj = get_full_name_for_node(alias.name)
             if obj and is_legacy(f"{module}.{obj}") and self._unused(alias):
                 asname = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
                 RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
+                removed += 1
+        self._note_gone(node, removed)
         return False
+
+
+def _has_comments(statement: cst.CSTNode) -> bool:
+    return any(line.comment is not None for line in getattr(statement, "leading_lines", ()))
+
+
+class _CarryComments(cst.CSTTransformer):
+    """Move the comment lines of the statements ``ids`` (by ``id``) onto the next statement of their block."""
+
+    def __init__(self, ids: set) -> None:
+        super().__init__()
+        self.ids = ids
+
+    def _carry(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        body, pending = list(updated.body), []
+        for i, statement in enumerate(original.body):
+            if id(statement) in self.ids and i + 1 < len(body):
+                pending += [line for line in statement.leading_lines if line.comment is not None]
+                body[i] = body[i].with_changes(
+                    leading_lines=[line for line in body[i].leading_lines if line.comment is None])
+            elif pending:
+                body[i] = body[i].with_changes(leading_lines=[*pending, *body[i].leading_lines])
+                pending = []
+        return updated.with_changes(body=body)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return self._carry(original_node, updated_node)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return self._carry(original_node, updated_node)

@@ -28,6 +28,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from . import mpu_exact
 from .base import MigrationCommand, arg_by
 
 KIND = "mpu/bwc call"
@@ -128,6 +129,10 @@ class MpuInternalCommand(MigrationCommand):
         if query is not None and not original_node.args:
             self.record(KIND)
             return self._expr(f"{self.mesh_ref('mesh_of')}({receiver}).{query}", original_node)
+        exact = mpu_exact.mpu_getter(self, original_node, receiver, method) if query is None else None
+        if exact is not None:  # issue 10m: exact for the mpus that reach this site
+            self.record(KIND)
+            return self._expr(exact, original_node)
         if query is not None:
             self.flag(KIND, f"{receiver}.{method}() takes no arguments; the mesh form is mesh_of({receiver}).{query}")
         elif method in MANUAL:

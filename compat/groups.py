@@ -40,6 +40,8 @@ import torch.distributed as dist
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
 from mesh_core import hpz as _hpz
 from mesh_core.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
+from mesh_core.node_groups import all_to_all_groups, local_all_to_all_groups
+from mesh_core.tensor_parallel import autotp_groups, init_autotp
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -74,26 +76,32 @@ class GroupsState:
 
     mesh: Optional[DeepSpeedDeviceMesh] = None  # the default mesh, bound by bind_mesh (read only while bound)
     mesh_is_bound: bool = False  # bound by bind_mesh: underscore getters serve from it too
-    tp_group: Any = None
-    dp_group: Any = None
-    tp_size: int = 0
-    tp_rank: int = 0
-    tp_src: int = 0
-    dp_size: int = 0
-    dp_rank: int = 0
-    tp_world_size_override: Optional[int] = None
-    tp_rank_override: Optional[int] = None
+    # the TP / DP groups, sizes, ranks, overrides and tp_source: views of mesh_core's one
+    # AutoTPGroups (see _TP_FIELDS below), so migrated AutoTP code reads the state these getters serve
     # name -> group / ranks, the live dicts DeepSpeed hands out (engine keeps references)
     expert_parallel_group: dict = field(default_factory=dict)
     expert_parallel_group_ranks: dict = field(default_factory=dict)
     expert_data_parallel_group: dict = field(default_factory=dict)
     expert_data_parallel_group_ranks: dict = field(default_factory=dict)
     world_group: Any = None
-    all_to_all: dict = field(default_factory=dict)
+    # all_to_all: a view of mesh_core's one node all-to-all dict (issue 10m, see below)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
-    # what _init_tp_* set up, kept under a binding: (mesh, (tp dims, dp dims)), or (None, ExplicitTP)
-    # when a replaced deepspeed.comm function built the groups
-    tp_source: Optional[tuple[Any, Any]] = None
+
+
+# issue 10m: one TP state. AutoTPGroups.tp_source is what _init_tp_* set up, kept under a binding:
+# (mesh, (tp dims, dp dims)), or (None, ExplicitTP) when a replaced deepspeed.comm function built the groups.
+_TP_FIELDS = ("tp_group", "dp_group", "tp_size", "tp_rank", "tp_src", "dp_size", "dp_rank",
+              "tp_world_size_override", "tp_rank_override", "tp_source")
+
+
+def _tp_view(name: str) -> property:
+    return property(lambda self: getattr(autotp_groups(), name), lambda self, value: setattr(autotp_groups(), name, value))
+
+
+for _name in _TP_FIELDS:
+    setattr(GroupsState, _name, _tp_view(_name))
+del _name
+GroupsState.all_to_all = property(lambda self: all_to_all_groups())  # type: ignore[attr-defined]
 
 
 _state = GroupsState()
@@ -303,12 +311,12 @@ def _release_process_group_references(group: Any = None) -> None:
             old.all_to_all,
         ):
             mapping.clear()  # the engine may hold these dicts
+        autotp_groups().reset()
         _state = GroupsState(
             expert_parallel_group=old.expert_parallel_group,
             expert_parallel_group_ranks=old.expert_parallel_group_ranks,
             expert_data_parallel_group=old.expert_data_parallel_group,
             expert_data_parallel_group_ranks=old.expert_data_parallel_group_ranks,
-            all_to_all=old.all_to_all,
         )
         mpu = None
         mesh_device = None
@@ -490,6 +498,8 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
         logger.debug("TORCH_DISTRIBUTED_DEBUG=DETAIL: TP groups by the new_group path")
         return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
     initialize_mesh_device = _replaced_comm("initialize_mesh_device")
+    if initialize_mesh_device is None and bound_mesh() is None:  # mesh_core's builder: what migrated code calls
+        return init_autotp(tensor_model_parallel_size, data_parallel_size, device_type=default_device_type())
     if initialize_mesh_device is None:
         return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
     try:
@@ -1112,24 +1122,7 @@ def _get_local_all_to_all_group() -> dict:
     # TODOV1: legacy shim
     _W_ALL_TO_ALL.warn()
     assert dist.is_initialized(), "dist is not initialized"
-    state = _state
-    world = dist.get_world_size()
-    per_node = _devices_per_node()
-    num_local = world // per_node
-    if num_local == 0:
-        state.all_to_all["local_0"] = _member_group([range(world)])
-    elif num_local == 1:
-        assert world == per_node, "num_gpus not equal to device per node, cannot initialize All-To-All"
-        state.all_to_all["local_0"] = _member_group([range(per_node)])
-    else:
-        assert world > per_node, "num_nodes<2 cannot initialize All-To-All"
-        layout = MeshLayout(MeshSpec.build(world, dp=num_local, tp=per_node, ranks=range(num_local * per_node)))
-        # one partition call per legacy name, so each name gets the group of exactly its rank set
-        for i, ranks in enumerate(layout.groups("tp")):
-            state.all_to_all[f"local_{i}"] = _member_group([ranks])
-        for j, ranks in enumerate(layout.groups("dp")):
-            state.all_to_all[f"global_{j}"] = _member_group([ranks])
-    return state.all_to_all
+    return local_all_to_all_groups(_devices_per_node())  # mesh_core's one dict (issue 10m)
 
 
 # --- data / model / sequence parallel resolution (engine-facing) ----------------------------------

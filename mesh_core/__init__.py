@@ -11,10 +11,12 @@ from .default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
 from .hpz import HpzGroupError, release_hpz_groups
 from .layout import MeshLayout
-from .mpu_mesh import MpuMesh, mesh_of
+from .mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
+from .node_groups import all_to_all_groups, local_all_to_all_groups
 from .pipe_topology import PipelineTopology, pipeline_topology
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
+from .tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -40,4 +42,10 @@ __all__ = [
     "set_default_mesh",
     "spec_from_config",
     "use_mesh",
+    "AutoTPGroups",
+    "autotp_groups",
+    "init_autotp",
+    "model_parallel_world_size",
+    "all_to_all_groups",
+    "local_all_to_all_groups",
 ]

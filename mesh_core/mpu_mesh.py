@@ -149,3 +149,19 @@ def mesh_of(mpu: Any) -> Optional[Any]:
         return view
     _views[key] = (ref, view)
     return view
+
+
+def is_sequence_parallel_state(mpu: Any) -> bool:
+    """``mpu`` is DeepSpeed's Ulysses ``parallel_state_sp`` module (or one shaped like it), which
+    DeepSpeed recognises by its ``initialize_sequence_parallel``."""
+    return hasattr(mpu, "initialize_sequence_parallel")
+
+
+def model_parallel_world_size(mpu: Any) -> int:
+    """Legacy ``groups._get_model_parallel_world_size()`` for the engine's mpu: 1 without an mpu or
+    with the Ulysses ``parallel_state_sp`` module, else the mpu's own model-parallel size
+    (``mesh_of(mpu).size(("pp", "tp"))``: ``get_model_parallel_world_size()``, pipe × tensor for a
+    grid, tensor for AutoTP and Megatron-style mpus)."""
+    if mpu is None or is_sequence_parallel_state(mpu):
+        return 1
+    return mesh_of(mpu).size(MODEL_PARALLEL)

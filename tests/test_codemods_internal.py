@@ -155,11 +155,12 @@ def test_every_zero_argument_getter_of_an_engine_scoped_module_is_rewritten(modu
 
 
 def test_a_getter_in_a_module_that_may_run_before_any_engine_is_left_with_an_actionable_todo():
-    source = "from deepspeed.utils import groups\nx = groups.get_tensor_model_parallel_group()\n"
+    # (the lettered AutoTP getters there read the one AutoTP state instead: tests/test_codemods_autotp.py)
+    source = "from deepspeed.utils import groups\nx = groups._get_data_parallel_group()\n"
     out = migrate_code(source, module="deepspeed.module_inject.auto_tp", package="deepspeed.module_inject")
     assert out.todos and not out.sites
-    assert 'TODOV1: groups.get_tensor_model_parallel_group: this DeepSpeed module may run before any engine' in out.code
-    assert 'call <mesh>.get_group("tp")' in out.code
+    assert 'TODOV1: groups._get_data_parallel_group: this DeepSpeed module may run before any engine' in out.code
+    assert 'call <mesh>.get_group("dp")' in out.code
 
 
 def _legacy_setup(scenario: str, pp: int, tp: int, dp: int) -> None:
