@@ -26,6 +26,8 @@ from types import FunctionType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
+from libcst.codemod import ContextAwareTransformer
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.matchers._visitors import _gather_matchers
 from libcst._metadata_dependent import LazyValue
@@ -416,6 +418,20 @@ _HOOKS: dict[type, Optional[_Hooks]] = {}
 
 _PRUNE: dict[type, frozenset] = {}
 
+# libcst's import passes (run after a codemod that asked for imports to be added / removed) change
+# only import statements and the module: their transform hooks are on Module, Import and
+# ImportFrom (checked here, for the libcst installed), so statements holding no import are not
+# visited. Their own gathering visitors still see the whole tree.
+_IMPORT_PASSES = (AddImportsVisitor, RemoveImportsVisitor)
+_IMPORT_PASS_HOOKS_ONLY = all(
+    {
+        name for base in cls.__mro__[: cls.__mro__.index(ContextAwareTransformer)] for name in vars(base)
+        if name.startswith(("visit_", "leave_"))
+    } <= {"visit_Module", "leave_Module", "leave_Import", "leave_ImportFrom"}
+    and not _gather_matchers(cls)
+    for cls in _IMPORT_PASSES
+)
+
 
 def prune_unless(codemod_class: type, names) -> None:
     """Declare that ``codemod_class``'s hooks do nothing inside a statement that names none of
@@ -428,12 +444,13 @@ class _Statements:
     """For one tree: the identifiers (``Name`` values) under each statement, and which statements
     hold a star import. One walk, shared by the codemods that get this tree."""
 
-    __slots__ = ("names", "stars", "declares")
+    __slots__ = ("names", "stars", "declares", "imports")
 
     def __init__(self, module: cst.Module) -> None:
         names: dict[cst.CSTNode, set[str]] = {}
         stars: set = set()
         declares: set = set()  # statements holding a ``global`` / ``nonlocal`` declaration
+        imports: set = set()  # statements holding an import
         outer: dict[cst.CSTNode, Optional[cst.CSTNode]] = {}
         statement_type, name_type, node_type = cst.BaseStatement, cst.Name, cst.CSTNode
         stack: list[tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(module, None)]
@@ -450,6 +467,8 @@ class _Statements:
                     stars.add(statement)
                 elif isinstance(node, (cst.Global, cst.Nonlocal)):
                     declares.add(statement)
+                elif isinstance(node, (cst.Import, cst.ImportFrom)):
+                    imports.add(statement)
             for field_name in _fields(type(node)):
                 value = getattr(node, field_name)
                 if isinstance(value, node_type):
@@ -464,7 +483,9 @@ class _Statements:
                     stars.add(parent)
                 if statement in declares:
                     declares.add(parent)
-        self.names, self.stars, self.declares = names, stars, declares
+                if statement in imports:
+                    imports.add(parent)
+        self.names, self.stars, self.declares, self.imports = names, stars, declares, imports
 
 
 def statements(module: cst.Module) -> _Statements:
@@ -504,13 +525,19 @@ class LazyMetadata:
         if pruning is not None and isinstance(node, cst.BaseStatement):
             triggers, found = pruning
             below = found.names.get(node)
-            if below is not None and node not in found.stars and triggers.isdisjoint(below):
+            if below is not None and (
+                node not in found.imports if triggers is None
+                else node not in found.stars and triggers.isdisjoint(below)
+            ):
                 self._pruned = node
                 return False
         visit = hooks.visit(type(node))
         result = visit is None or visit(self, node) is not False
-        if isinstance(node, cst.Module) and type(self) in _PRUNE:
-            self._start_pruning(node)
+        if isinstance(node, cst.Module):
+            if type(self) in _PRUNE:
+                self._start_pruning(node)
+            elif isinstance(self, _IMPORT_PASSES) and _IMPORT_PASS_HOOKS_ONLY:
+                self._pruning = (None, statements(node))
         return result
 
     def _start_pruning(self, module: cst.Module) -> None:

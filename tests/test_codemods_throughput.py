@@ -236,3 +236,49 @@ def test_mpu_internal_runs_only_where_it_can_act(monkeypatch, module):
         theirs = migrate_plainly(monkeypatch, source, **kwargs)
         assert (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
     assert migrate_code("import deepspeed\ndef compute(): pass\n", **kwargs).skipped == "no codemod applies"
+
+
+NESTED_IMPORTS = '''\
+"""doc"""
+from deepspeed.utils import groups
+import os
+
+
+def f():
+    from deepspeed.utils import groups as g2
+    import sys
+    return groups.get_data_parallel_group(), g2.get_data_parallel_world_size()
+
+
+class C:
+    if os:
+        from deepspeed.utils.groups import get_data_parallel_rank as rank
+
+    def m(self):
+        return self.rank()
+
+
+x = 1
+'''
+
+
+def test_import_passes_visit_only_statements_holding_imports(monkeypatch):
+    assert metadata._IMPORT_PASS_HOOKS_ONLY  # the installed libcst's import passes hook imports only
+    pruned = []
+    real = metadata.LazyMetadata.on_visit
+
+    def spy(self, node):
+        result = real(self, node)
+        if isinstance(self, metadata._IMPORT_PASSES) and self._pruned is node:
+            pruned.append(type(node).__name__)
+        return result
+
+    monkeypatch.setattr(metadata.LazyMetadata, "on_visit", spy)
+    ours = migrate_code(NESTED_IMPORTS)
+    assert "SimpleStatementLine" in pruned  # e.g. ``x = 1`` and the ``return``
+    monkeypatch.undo()
+    theirs = migrate_plainly(monkeypatch, NESTED_IMPORTS)
+    assert ours.sites and (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
+    module = cst.parse_module(NESTED_IMPORTS)
+    found = metadata.statements(module)
+    assert {type(s).__name__ for s in module.body if s in found.imports} == {"SimpleStatementLine", "FunctionDef", "ClassDef"}
