@@ -110,11 +110,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         if self.context.full_module_name in ln.DEFINING_MODULES:
             raise SkipFile(f"{self.context.full_module_name} defines legacy APIs")
-        self._import_aliases = {
-            alias.asname.name.value: alias.evaluated_name.rpartition(".")[2]
-            for alias in find_all(node, cst.ImportAlias)
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
-        }
+        self._import_aliases = import_aliases(node)
         return True
 
     def could_be(self, node: cst.CSTNode, names) -> bool:
@@ -455,6 +451,20 @@ def import_statements(tree: cst.CSTNode) -> list[Union[cst.Import, cst.ImportFro
 
     walk(tree)
     return found
+
+
+def import_aliases(tree: cst.CSTNode) -> dict[str, str]:
+    """``{alias: last part of the imported name}`` of every ``import ... as alias`` in ``tree``
+    (later imports win; the same as over ``find_all(tree, cst.ImportAlias)`` in source order, but
+    only statement blocks are walked)."""
+    aliases: dict[str, str] = {}
+    for statement in import_statements(tree):
+        if isinstance(statement.names, cst.ImportStar):
+            continue
+        for alias in statement.names:
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                aliases[alias.asname.name.value] = alias.evaluated_name.rpartition(".")[2]
+    return aliases
 
 
 def identifiers(source: str) -> Optional[set[str]]:

@@ -26,6 +26,8 @@ from types import FunctionType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
+from libcst.codemod import ContextAwareTransformer
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.matchers._visitors import _gather_matchers
 from libcst._metadata_dependent import LazyValue
@@ -47,9 +49,10 @@ class _Shared:
     """What is reused across the codemods of one file: per tree object (by identity, the object
     kept alive here so that its id is not reused), its metadata wrapper and its node list."""
 
-    __slots__ = ("wrappers", "nodes", "statements")
+    __slots__ = ("wrappers", "nodes", "statements", "queried")
 
-    def __init__(self) -> None:
+    def __init__(self, queried: frozenset = frozenset()) -> None:
+        self.queried = queried
         self.wrappers: list[tuple[cst.Module, "LazyMetadataWrapper"]] = []
         self.nodes: list[tuple[cst.Module, list[cst.CSTNode]]] = []
         self.statements: list = []
@@ -71,9 +74,12 @@ _SHARED: ContextVar[Optional[_Shared]] = ContextVar("codemods_shared_metadata", 
 
 
 @contextmanager
-def sharing() -> Generator[None, None, None]:
-    """Reuse metadata and node lists across codemods run on the same tree object in this block."""
-    token = _SHARED.set(_Shared())
+def sharing(codemods: Collection[type] = ()) -> Generator[None, None, None]:
+    """Reuse metadata and node lists across codemods run on the same tree object in this block;
+    ``codemods``: those that will run (their :func:`queried_near` names shape the scopes used for
+    qualified names)."""
+    queried = frozenset().union(*(_QUERIED.get(c, ()) for c in codemods))
+    token = _SHARED.set(_Shared(queried))
     try:
         yield
     finally:
@@ -130,22 +136,133 @@ def parent_map(module: cst.Module) -> Optional[dict[cst.CSTNode, cst.CSTNode]]:
     return parents
 
 
+_QUERIED: dict[type, frozenset] = {}
+
+
+def queried_near(codemod_class: type, names) -> None:
+    """Declare where ``codemod_class`` resolves qualified names: at a call or reference whose last
+    name is one of ``names`` (or an import alias of one), or elsewhere in the same function.
+    Within :func:`sharing`, functions naming none of the running codemods' names are left out of
+    the scope analysis for qualified names (:func:`reduced_scopes`); a lookup in one of them falls
+    back to the whole tree's scopes, so the names only decide what is fast."""
+    _QUERIED[codemod_class] = frozenset(names)
+
+
+_BLOCK_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, set, set]]:
+    """libcst's ScopeProvider on a copy of ``module`` in which the body of every function that
+    names none of ``queried`` (nor an import alias of one) and declares nothing
+    ``global`` / ``nonlocal`` is a bare ``pass``; returns its ``{node: scope}``, the set of
+    those functions (as they are in the copy), the bodies left out (as they are in ``module``:
+    they and their descendants are not in the copy) and ``module``'s nodes that the copy has
+    rebuilt (those functions and the statements around them: not in the copy, their other
+    children are), or None when no function is left out.
+
+    Exact for a node whose scope chain (in the copy) holds none of those functions: a function's
+    body adds assignments and accesses only to its own scopes, except through ``global`` /
+    ``nonlocal`` (kept), and each scope's assignment count (the order of assignments and
+    accesses) is unchanged. Nodes outside the emptied bodies keep their identity, unless they
+    enclose an emptied function (then they are new objects and have no scope here)."""
+    found = statements(module)
+    triggers = set(queried)
+    triggers |= {alias for alias, name in _import_aliases(module).items() if name in triggers}
+    emptied: set = set()
+    dropped: set = set()
+    rebuilt: set = set()
+    names, declares = found.names, found.declares
+    pass_type, simple = cst.FunctionDef, (cst.SimpleStatementLine, cst.SimpleStatementSuite)
+
+    def rebuild(node):
+        if isinstance(node, simple):
+            return node
+        if isinstance(node, pass_type):
+            below = names.get(node)
+            if below is not None and node not in declares and triggers.isdisjoint(below):
+                new = node.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])]))
+                emptied.add(new)
+                rebuilt.add(node)
+                dropped.add(node.body)
+                return new
+        changes = {}
+        for field_name in _BLOCK_FIELDS:
+            value = getattr(node, field_name, None)
+            if isinstance(value, cst.CSTNode):
+                new_value = rebuild(value)
+                if new_value is not value:
+                    changes[field_name] = new_value
+            elif isinstance(value, (tuple, list)) and value:
+                items = [rebuild(child) if isinstance(child, cst.CSTNode) else child for child in value]
+                if any(a is not b for a, b in zip(items, value)):
+                    changes[field_name] = items
+        if not changes:
+            return node
+        rebuilt.add(node)
+        return node.with_changes(**changes)
+
+    reduced = rebuild(module)
+    if not emptied:
+        return None
+    return MetadataWrapper(reduced, unsafe_skip_copy=True).resolve(ScopeProvider), emptied, dropped, rebuilt
+
+
+def _import_aliases(module: cst.Module) -> dict[str, str]:
+    from .base import import_aliases  # base builds on this module
+
+    return import_aliases(module)
+
+
 class _QualifiedNames(Mapping):
     """``QualifiedNameProvider``'s values, each computed when read: libcst's provider walks the
     whole tree to store, for every node, ``LazyValue(scope.get_qualified_names_for(node))`` if
     ScopeProvider gives the node a scope, else ``set()``; this mapping gives the same per node
-    (from the same resolved scopes) without the walk."""
+    (from the same resolved scopes) without the walk. Until something reads the whole tree's
+    scopes, a node's scope comes from :func:`reduced_scopes` where that is exact."""
 
-    __slots__ = ("_module", "_parents", "_scopes", "_values")
+    __slots__ = ("_module", "_parents", "_wrapper", "_reduced", "_values")
 
-    def __init__(self, module: cst.Module, parents: Mapping, scopes: Mapping) -> None:
-        self._module, self._parents, self._scopes = module, parents, scopes
+    def __init__(self, module: cst.Module, parents: Mapping, wrapper: "LazyMetadataWrapper") -> None:
+        self._module, self._parents, self._wrapper = module, parents, wrapper
+        self._reduced: Optional[tuple] = None  # reduced_scopes(module); (): nothing left out
         self._values: dict = {}
+
+    def _full(self) -> Mapping:
+        return self._wrapper.resolve_many([ScopeProvider])[ScopeProvider]
+
+    def _scope_of(self, node):
+        full = self._wrapper._metadata.get(ScopeProvider)
+        if full is not None and not (isinstance(full, _OnFirstUse) and full._values is None):
+            return full.get(node, None)  # resolved already
+        if self._reduced is None:
+            shared = _SHARED.get()
+            self._reduced = (reduced_scopes(self._module, shared.queried) if shared is not None and shared.queried else None) or ()
+        if not self._reduced:
+            return self._full().get(node, None)
+        scopes, emptied, dropped, rebuilt = self._reduced
+        if node in rebuilt:  # not in the copy
+            return self._full().get(node, None)
+        above, parents = node, self._parents
+        while above is not None:
+            if above in dropped:  # not in the copy
+                return self._full().get(node, None)
+            above = parents.get(above)
+        scope = scopes.get(node, None)
+        if scope is None:
+            return None
+        chain = scope
+        while True:
+            if getattr(chain, "node", None) in emptied:
+                return self._full().get(node, None)
+            parent = chain.parent
+            if parent is chain:
+                return scope
+            chain = parent
 
     def _value(self, node):
         value = self._values.get(node)
         if value is None:
-            scope = self._scopes.get(node, None)
+            scope = self._scope_of(node)
             if scope:
                 value = LazyValue(lambda: scope.get_qualified_names_for(node))
             else:
@@ -191,7 +308,7 @@ class _OnFirstUse(Mapping):
             wrapper, provider = self._wrapper, self._provider
             parents = wrapper._metadata.get(ParentNodeProvider)
             if provider is QualifiedNameProvider and isinstance(parents, dict):
-                self._values = _QualifiedNames(wrapper.module, parents, wrapper.resolve_many([ScopeProvider])[ScopeProvider])
+                self._values = _QualifiedNames(wrapper.module, parents, wrapper)
                 return self._values
             if wrapper._metadata.get(provider) is self:
                 del wrapper._metadata[provider]  # libcst resolves what is not there (and its dependencies)
@@ -301,6 +418,20 @@ _HOOKS: dict[type, Optional[_Hooks]] = {}
 
 _PRUNE: dict[type, frozenset] = {}
 
+# libcst's import passes (run after a codemod that asked for imports to be added / removed) change
+# only import statements and the module: their transform hooks are on Module, Import and
+# ImportFrom (checked here, for the libcst installed), so statements holding no import are not
+# visited. Their own gathering visitors still see the whole tree.
+_IMPORT_PASSES = (AddImportsVisitor, RemoveImportsVisitor)
+_IMPORT_PASS_HOOKS_ONLY = all(
+    {
+        name for base in cls.__mro__[: cls.__mro__.index(ContextAwareTransformer)] for name in vars(base)
+        if name.startswith(("visit_", "leave_"))
+    } <= {"visit_Module", "leave_Module", "leave_Import", "leave_ImportFrom"}
+    and not _gather_matchers(cls)
+    for cls in _IMPORT_PASSES
+)
+
 
 def prune_unless(codemod_class: type, names) -> None:
     """Declare that ``codemod_class``'s hooks do nothing inside a statement that names none of
@@ -313,11 +444,13 @@ class _Statements:
     """For one tree: the identifiers (``Name`` values) under each statement, and which statements
     hold a star import. One walk, shared by the codemods that get this tree."""
 
-    __slots__ = ("names", "stars")
+    __slots__ = ("names", "stars", "declares", "imports")
 
     def __init__(self, module: cst.Module) -> None:
         names: dict[cst.CSTNode, set[str]] = {}
         stars: set = set()
+        declares: set = set()  # statements holding a ``global`` / ``nonlocal`` declaration
+        imports: set = set()  # statements holding an import
         outer: dict[cst.CSTNode, Optional[cst.CSTNode]] = {}
         statement_type, name_type, node_type = cst.BaseStatement, cst.Name, cst.CSTNode
         stack: list[tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(module, None)]
@@ -332,6 +465,10 @@ class _Statements:
                     names[statement].add(node.value)
                 elif isinstance(node, cst.ImportStar):
                     stars.add(statement)
+                elif isinstance(node, (cst.Global, cst.Nonlocal)):
+                    declares.add(statement)
+                elif isinstance(node, (cst.Import, cst.ImportFrom)):
+                    imports.add(statement)
             for field_name in _fields(type(node)):
                 value = getattr(node, field_name)
                 if isinstance(value, node_type):
@@ -344,7 +481,11 @@ class _Statements:
                 names[parent] |= names[statement]
                 if statement in stars:
                     stars.add(parent)
-        self.names, self.stars = names, stars
+                if statement in declares:
+                    declares.add(parent)
+                if statement in imports:
+                    imports.add(parent)
+        self.names, self.stars, self.declares, self.imports = names, stars, declares, imports
 
 
 def statements(module: cst.Module) -> _Statements:
@@ -384,13 +525,19 @@ class LazyMetadata:
         if pruning is not None and isinstance(node, cst.BaseStatement):
             triggers, found = pruning
             below = found.names.get(node)
-            if below is not None and node not in found.stars and triggers.isdisjoint(below):
+            if below is not None and (
+                node not in found.imports if triggers is None
+                else node not in found.stars and triggers.isdisjoint(below)
+            ):
                 self._pruned = node
                 return False
         visit = hooks.visit(type(node))
         result = visit is None or visit(self, node) is not False
-        if isinstance(node, cst.Module) and type(self) in _PRUNE:
-            self._start_pruning(node)
+        if isinstance(node, cst.Module):
+            if type(self) in _PRUNE:
+                self._start_pruning(node)
+            elif isinstance(self, _IMPORT_PASSES) and _IMPORT_PASS_HOOKS_ONLY:
+                self._pruning = (None, statements(node))
         return result
 
     def _start_pruning(self, module: cst.Module) -> None:

@@ -13,7 +13,7 @@ from libcst.codemod import CodemodContext, SkipFile
 from .base import MigrationCommand, counters, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
-from .metadata import prune_unless, sharing
+from .metadata import prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
 from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
@@ -41,6 +41,31 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
 # import, so statements without any are not visited (codemods.metadata.prune_unless).
 prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | {"getattr"})
 prune_unless(MpuInternalCommand, {"mpu", *BWC})
+
+# Qualified names are looked up at nodes naming one of these (the codemods' identifiers): the
+# scopes for them leave out functions that name none (codemods.metadata.reduced_scopes; exact).
+for _codemod in (*CODEMODS, CommToTorchCommand):
+    queried_near(_codemod, set().union(*_codemod.IDENTIFIERS))
+queried_near(MpuInternalCommand, {"mpu", *BWC})
+
+# Necessary conditions beyond a codemod's own ``may_apply`` (exact, for speed): MpuInternalCommand
+# acts only inside the deepspeed package (not deepspeed.utils.bwc) at a call on ``mpu`` /
+# ``<x>.mpu`` or of a ``bwc_*`` function (or an import alias of one, whose import names it); its
+# marker "mpu" is also in words like "compute".
+_NEEDS = {
+    MpuInternalCommand: lambda names, module: (
+        (names is None or not names.isdisjoint({"mpu", *BWC}))
+        and bool(module) and module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
+    ),
+}
+
+
+def _applies(command_class, source: str, names, module) -> bool:
+    if not command_class.may_apply(source, names):
+        return False
+    needs = _NEEDS.get(command_class)
+    return needs is None or needs(names, module)
+
 
 # A file can only reach a legacy API through an import that names one of these, or through a
 # relative import (inside deepspeed: ``from .. import comm as dist``).
@@ -98,14 +123,14 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         cst.parse_module(source)
     if module in DEFINING_MODULES:
         return Migration(source, skipped=f"{module} defines legacy APIs")
-    if not any(not c.CLEANUP and c.may_apply(source, names) for c in codemods):
+    if not any(not c.CLEANUP and _applies(c, source, names, module) for c in codemods):
         return Migration(source, skipped="no codemod applies")
     parsed = tree = cst.parse_module(source)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    with sharing():  # metadata resolved on a tree serves every codemod that gets that same tree
+    with sharing(codemods):  # metadata resolved on a tree serves every codemod that gets that same tree
         for command_class in codemods:
-            if not command_class.may_apply(source, names):
+            if not _applies(command_class, source, names, module):
                 continue
             if command_class.CLEANUP and not sites:
                 continue  # nothing was rewritten, so no import became unused

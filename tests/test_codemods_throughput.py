@@ -1,8 +1,10 @@
 """The throughput shortcuts of the codemods (codemods/metadata.py, pipeline.py) change no output:
 metadata shared across the codemods of a file while its tree is unchanged, unchanged nodes kept
 as the same objects, one node list per tree, qualified names computed per node on read, hook
-dispatch by table, statements without a codemod's identifiers not visited, and no printing of a
-tree that no codemod changed."""
+dispatch by table, statements without a codemod's identifiers not visited, no printing of a
+tree that no codemod changed, qualified names from scopes that leave out functions naming nothing
+the codemods look up, import aliases from the import statements, and MpuInternalCommand's exact
+pre-filter."""
 from __future__ import annotations
 
 import contextlib
@@ -11,12 +13,15 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
 
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider, ScopeProvider
+
 from codemods import metadata, pipeline
+from codemods.base import find_all, import_aliases
 from codemods.groups_getters import GroupsGettersCommand
 from codemods.mpu_internal import MpuInternalCommand
 from codemods.pipeline import migrate_code
 
-from test_codemods_metadata import FIXTURES, IDENTITY, SOURCES, deepspeed_file
+from test_codemods_metadata import FIXTURES, IDENTITY, SOURCES, deepspeed_file, value_of, walk
 
 
 class _Fake:
@@ -32,6 +37,7 @@ def migrate_plainly(monkeypatch, source: str, **kwargs):
         patch.setattr(pipeline, "sharing", contextlib.nullcontext)
         patch.setattr("codemods.base.preorder", lambda tree: None)
         patch.setattr(metadata, "QualifiedNameProvider", _Fake)
+        patch.setattr(pipeline, "_NEEDS", {})
         return migrate_code(source, **kwargs)
 
 
@@ -112,3 +118,167 @@ def test_a_codemod_that_changes_nothing_returns_the_same_tree_and_shares_metadat
     assert made == [tree]  # one wrapper for both codemods
     assert GroupsGettersCommand(CodemodContext()).transform_module(tree) is tree  # also outside sharing()
     assert len(made) == 2
+
+
+SCOPES = '''\
+import deepspeed.utils.groups as groups
+from deepspeed.utils.groups import get_data_parallel_group as dpg
+from deepspeed.utils import *
+G = None
+
+
+def plain(a, b=groups.get_data_parallel_group()):
+    x = a + b
+    dpg = None
+    return [x for x in range(a)], dpg
+
+
+def sets_global():
+    global groups
+    groups = object()
+
+
+def outer():
+    groups = None
+
+    def inner():
+        nonlocal groups
+        groups = 1
+
+    def user():
+        return groups.get_data_parallel_group(), get_data_parallel_world_size()
+
+    return inner, user
+
+
+class C:
+    dpg = dpg
+
+    def m(self):
+        return dpg(), getattr(self, "x")
+
+    def n(self):
+        return [y for y in range(3) if (z := y)], lambda q=groups: q
+
+    def quiet(self, groups):
+        return groups
+
+
+def later():
+    mpu = None
+    return groups._get_data_parallel_group(), mpu.get_data_parallel_group()
+
+
+@decorate(groups.get_data_parallel_world_size)
+def decorated(x: "groups.Foo") -> groups.Bar:
+    async def nested():
+        return x
+    return nested
+'''
+
+
+@pytest.mark.parametrize("name", ["scopes", *IDENTITY])
+def test_reduced_scopes_give_libcsts_qualified_names_for_every_node(monkeypatch, name):
+    source = SCOPES if name == "scopes" else (FIXTURES / name).read_text() if name == "comm_ops.py" else SOURCES[name]
+    module = cst.parse_module(source)
+    wrapper = metadata.LazyMetadataWrapper(module)
+    full = {}
+    used = {"reduced": 0, "full": 0}
+
+    def separately(self):  # the whole tree's scopes, never stored: every node asks the reduced ones first
+        used["full"] += 1
+        if not full:
+            full["scopes"] = MetadataWrapper(self._module, unsafe_skip_copy=True).resolve(ScopeProvider)
+        return full["scopes"]
+
+    monkeypatch.setattr(metadata._QualifiedNames, "_full", separately)
+    eager_wrapper = MetadataWrapper(module)
+    eager = eager_wrapper.resolve(QualifiedNameProvider)
+    with metadata.sharing(pipeline.CODEMODS):
+        ours = wrapper.resolve_many([QualifiedNameProvider])[QualifiedNameProvider]
+        for a, b in zip(walk(module), walk(eager_wrapper.module), strict=True):
+            assert (a in ours) == (b in eager)
+            if b in eager:
+                mine = sorted((q.name, q.source) for q in value_of(ours[a]))
+                assert mine == sorted((q.name, q.source) for q in value_of(eager[b])), module.code_for_node(a)
+        reduced = ours._resolved()._reduced
+    if name == "scopes":
+        _, emptied, dropped, rebuilt = reduced
+        # ``inner`` / ``sets_global`` declare nonlocal / global names, ``plain`` names an alias of a getter
+        assert {f.name.value for f in emptied} == {"n", "quiet", "nested"}
+        assert used["full"] > 0  # nodes in the emptied bodies
+
+
+def test_import_aliases_are_those_of_every_import_alias_in_source_order():
+    for source in [SCOPES, ALIASED, *SOURCES.values()]:
+        module = cst.parse_module(source)
+        expected = {
+            alias.asname.name.value: alias.evaluated_name.rpartition(".")[2]
+            for alias in find_all(module, cst.ImportAlias)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name)
+        }
+        assert import_aliases(module) == expected
+
+
+COMPUTE = "from deepspeed.utils import groups\n\ndef compute(x):\n    return x.get_data_parallel_group()  # mpu\n"
+
+
+@pytest.mark.parametrize("module", ["deepspeed.runtime.x", None, "deepspeed.utils.bwc"])
+def test_mpu_internal_runs_only_where_it_can_act(monkeypatch, module):
+    kwargs = dict(module=module, package=module.rpartition(".")[0] if module else None)
+    ran = []
+    real = MpuInternalCommand.transform_module
+    monkeypatch.setattr(MpuInternalCommand, "transform_module", lambda self, tree: ran.append(1) or real(self, tree))
+    for source, acts in [(COMPUTE, False), (COMPUTE.replace("x.get_data", "mpu.get_data"), True)]:
+        ran.clear()
+        ours = migrate_code(source, **kwargs)
+        assert bool(ran) == (acts and module == "deepspeed.runtime.x")
+        theirs = migrate_plainly(monkeypatch, source, **kwargs)
+        assert (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
+    assert migrate_code("import deepspeed\ndef compute(): pass\n", **kwargs).skipped == "no codemod applies"
+
+
+NESTED_IMPORTS = '''\
+"""doc"""
+from deepspeed.utils import groups
+import os
+
+
+def f():
+    from deepspeed.utils import groups as g2
+    import sys
+    return groups.get_data_parallel_group(), g2.get_data_parallel_world_size()
+
+
+class C:
+    if os:
+        from deepspeed.utils.groups import get_data_parallel_rank as rank
+
+    def m(self):
+        return self.rank()
+
+
+x = 1
+'''
+
+
+def test_import_passes_visit_only_statements_holding_imports(monkeypatch):
+    assert metadata._IMPORT_PASS_HOOKS_ONLY  # the installed libcst's import passes hook imports only
+    pruned = []
+    real = metadata.LazyMetadata.on_visit
+
+    def spy(self, node):
+        result = real(self, node)
+        if isinstance(self, metadata._IMPORT_PASSES) and self._pruned is node:
+            pruned.append(type(node).__name__)
+        return result
+
+    monkeypatch.setattr(metadata.LazyMetadata, "on_visit", spy)
+    ours = migrate_code(NESTED_IMPORTS)
+    assert "SimpleStatementLine" in pruned  # e.g. ``x = 1`` and the ``return``
+    monkeypatch.undo()
+    theirs = migrate_plainly(monkeypatch, NESTED_IMPORTS)
+    assert ours.sites and (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
+    module = cst.parse_module(NESTED_IMPORTS)
+    found = metadata.statements(module)
+    assert {type(s).__name__ for s in module.body if s in found.imports} == {"SimpleStatementLine", "FunctionDef", "ClassDef"}
