@@ -12,6 +12,7 @@ from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt
 from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of
 from .pipe_topology import PipelineTopology, pipeline_topology
+from .process_experts import ProcessExperts, expert_tensor_parallel_size, process_experts, serve_process_experts
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 
@@ -28,12 +29,16 @@ __all__ = [
     "MeshSpecError",
     "MpuMesh",
     "PipelineTopology",
+    "ProcessExperts",
     "current_mesh",
     "default_mesh",
+    "expert_tensor_parallel_size",
     "mesh_of",
     "model_mesh",
     "pipeline_topology",
+    "process_experts",
     "registry_for_world",
+    "serve_process_experts",
     "set_default_mesh",
     "spec_from_config",
     "use_mesh",
