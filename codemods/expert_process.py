@@ -27,9 +27,6 @@ GROUPS_PARAMETERS: dict[str, frozenset] = {
     "deepspeed.runtime.model_checkpointing.utils": frozenset({"_create_expert_parallel_info"}),
 }
 
-EXPERT_TP = "_get_expert_model_parallel_world_size"
-
-
 def groups_parameter_function(module: Optional[str], function: Optional[str]) -> bool:
     """``function`` of ``module`` receives deepspeed.utils.groups as its ``groups`` parameter."""
     return bool(module) and function in GROUPS_PARAMETERS.get(module, frozenset())

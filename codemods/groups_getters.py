@@ -110,7 +110,10 @@ MANUAL: dict[str, str] = {
     "_get_max_expert_size": _MAX_EXPERT,
     "_get_max_expert_size_name": _MAX_EXPERT,
     "_get_max_expert_parallel_group": _MAX_EXPERT,
-    "_get_expert_model_parallel_world_size": "expert tensor parallelism: <mesh>.size(\"tp\") when experts are TP-sharded, else 1",
+    "_get_expert_model_parallel_world_size": (
+        "expert tensor parallelism: mesh_core.expert_tensor_parallel_size() once the mesh runtime serves it "
+        "(compat.install()), or <mesh>.size(\"tp\") when experts are TP-sharded, else 1"
+    ),
     "_create_expert_data_and_model_parallel": "expert-TP groups: build the mesh with tp= and ep= and use <mesh>.expert_groups(N)",
     "_get_expert_parallel_ranks": "use MeshLayout(MeshSpec.build(W, pp=..., tp=..., ep=N)).groups(\"ep\") / .groups(\"edp\")",
     "_create_model_parallel": "use DeepSpeedDeviceMesh.build(tp=N); this legacy helper never stored its groups",
