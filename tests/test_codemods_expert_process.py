@@ -307,3 +307,54 @@ def test_a_mesh_serves_the_process_table_first(world):
     assert mesh.expert_groups_named("ep_size_4") is registered
     assert mesh.largest_expert_groups_name() == "ep_size_4"
     mesh.destroy()
+
+
+def _gating(module: dict) -> list:
+    import torch
+
+    torch.manual_seed(0)
+    logits = torch.randn(7, 4)
+    out = [
+        module["top1gating"](logits, 1.0, 1, drop_tokens=False, use_rts=False),
+        module["top2gating"](logits, 1.0, 1, drop_tokens=False, top2_2nd_expert_sampling=False),
+        module["topkgating"](logits, 2, 1.0, 1, drop_tokens=False),
+    ]
+    return [[t.tolist() for t in result] for result in out]
+
+
+def _gating_states(module: dict, groups, topology, rank: int) -> list:
+    seen = [_gating(module)]  # no process group: legacy reads its global, the rewrite needs none
+    with fake_world(rank, 8, deepspeed_comm=True):
+        grid = _grid(topology, 1, 2, 4)
+        groups.mpu = grid
+        groups._create_expert_and_data_parallel(2)  # experts not tensor-parallel: capacity padded to tp
+        seen.append(_gating(module))
+        groups._create_expert_data_and_model_parallel(4, mpu=grid)  # expert TP = 2: no padding
+        seen.append(_gating(module))
+    return seen
+
+
+@pytest.mark.deepspeed
+def test_migrated_moe_gating_equals_legacy(monkeypatch):
+    """The real ``moe/sharded_moe.py`` gating functions, migrated, against deepspeed's own."""
+    import deepspeed
+    import deepspeed.moe.sharded_moe as legacy_module
+    import deepspeed.runtime.pipe.topology as topology
+    from deepspeed.utils import groups
+
+    import compat.install as installer
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    legacy = {rank: _gating_states(vars(legacy_module), groups, topology, rank) for rank in (0, 5)}
+    assert legacy[0][1] != legacy[0][2]  # the expert-TP size decides the capacity here
+    source = (Path(deepspeed.__file__).parent / "moe/sharded_moe.py").read_text()
+    code = _migrate(source, "deepspeed.moe.sharded_moe")
+    assert "_get_expert_model_parallel_world_size" not in code
+    installer.install()
+    try:
+        migrated: dict = {"__name__": "deepspeed.moe._migrated_sharded_moe", "__package__": "deepspeed.moe"}
+        exec(compile(code, "<migrated sharded_moe>", "exec"), migrated)
+        for rank in (0, 5):
+            assert _gating_states(migrated, groups, topology, rank) == legacy[rank], rank
+    finally:
+        installer.uninstall()
