@@ -308,13 +308,16 @@ class DeepSpeedDeviceMesh:
         return _NamedGroupsView(self._named_table, "edp_group")
 
     def expert_groups_named(self, name: str) -> ExpertGroups:
-        """The expert groups registered under ``name``; creates nothing, raises
-        :class:`ExpertGroupsNotBuilt` (naming the registered names) if there are none."""
-        named = self._named_table()
+        """The expert groups registered under ``name`` (a runtime's process-wide table first, see
+        :mod:`mesh_core.process_experts`); creates nothing, raises :class:`ExpertGroupsNotBuilt`
+        (naming the registered names) if there are none."""
+        served = process_expert_groups()
         try:
-            return named[name]
+            if served is not None and name in served:  # the hot path: one lookup in the process table
+                return served[name]
+            return self._named_table()[name]
         except (KeyError, TypeError):
-            known = ", ".join(sorted(named)) or "none"
+            known = ", ".join(sorted(self._named_table())) or "none"
             raise ExpertGroupsNotBuilt(
                 f"no expert groups named {name!r} on {self._label} (registered: {known}); build them with "
                 "expert_groups(N) or a MoE layer first"
