@@ -382,7 +382,7 @@ class GroupsGettersCommand(MigrationCommand):
         scope = self.scope_of(func.value)  # type: ignore[attr-defined]
         node = getattr(scope, "node", None)
         name = node.name.value if isinstance(node, cst.FunctionDef) else None
-        if not any(isinstance(getattr(a, "node", None), cst.Param) for a in scope.assignments["groups"]):
+        if len(scope.assignments["groups"]) != 1:  # the parameter, never rebound
             return False
         return expert_process.groups_parameter_function(self.context.full_module_name, name)
 

@@ -358,3 +358,14 @@ def test_migrated_moe_gating_equals_legacy(monkeypatch):
             assert _gating_states(migrated, groups, topology, rank) == legacy[rank], rank
     finally:
         installer.uninstall()
+
+
+def test_a_rebound_groups_parameter_stays_flagged():
+    source = (
+        "def _create_expert_parallel_info(groups):\n"
+        "    groups = groups.other\n"
+        "    return groups._get_max_expert_size_name()\n"
+    )
+    out = migrate_code(source, module="deepspeed.runtime.model_checkpointing.utils",
+                       package="deepspeed.runtime.model_checkpointing")
+    assert "return groups._get_max_expert_size_name()" in out.code and out.todos
