@@ -11,7 +11,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from . import autotp, hpz
+from . import autotp, expert_process, hpz
 from . import legacy_names as ln
 from . import mpu_exact
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
@@ -79,6 +79,12 @@ NAMED_NO_ARGS: dict[str, str] = {
     "_get_max_expert_parallel_group": "{mesh}.expert_groups_named({mesh}.largest_expert_groups_name()).ep_group",
 }
 
+# process-wide legacy state the mesh runtime serves to every mesh (codemods/expert_process.py);
+# rewritten inside DeepSpeed's package only (migrated user code may run without compat's source)
+PROCESS: dict[str, str] = {
+    "_get_expert_model_parallel_world_size": "{expert_tp}()",
+}
+
 _EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
 _MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
 _INIT_TP = (
@@ -100,7 +106,10 @@ MANUAL: dict[str, str] = {
     "_get_max_expert_size": _MAX_EXPERT,
     "_get_max_expert_size_name": _MAX_EXPERT,
     "_get_max_expert_parallel_group": _MAX_EXPERT,
-    "_get_expert_model_parallel_world_size": "expert tensor parallelism: <mesh>.size(\"tp\") when experts are TP-sharded, else 1",
+    "_get_expert_model_parallel_world_size": (
+        "expert tensor parallelism: mesh_core.expert_tensor_parallel_size() once the mesh runtime serves it "
+        "(compat.install()), or <mesh>.size(\"tp\") when experts are TP-sharded, else 1"
+    ),
     "_create_expert_data_and_model_parallel": "expert-TP groups: build the mesh with tp= and ep= and use <mesh>.expert_groups(N)",
     "_get_expert_parallel_ranks": "use MeshLayout(MeshSpec.build(W, pp=..., tp=..., ep=N)).groups(\"ep\") / .groups(\"edp\")",
     "_create_model_parallel": "use DeepSpeedDeviceMesh.build(tp=N); this legacy helper never stored its groups",
@@ -122,7 +131,9 @@ EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_p
 # calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
-ALL_FUNCTIONS = frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | {"_clone_world_group"} | hpz.FUNCTIONS
+ALL_FUNCTIONS = (
+    frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
+)
 
 # Inside DeepSpeed's own package a getter reads the groups state of the engine being built or
 # stepped. The mesh runtime makes that engine's mesh current (mesh_core.use_mesh) while it builds
@@ -225,10 +236,13 @@ class GroupsGettersCommand(MigrationCommand):
         stage): the mesh's ``expert_groups(N)`` agrees only while the mesh the file runs on has no
         TP / SP, which a file that builds AutoTP groups or an engine cannot promise."""
         calls = [c for c in self._calls if self.could_be(c.func, EXPERT_RELATED)]
+        served_by_name = expert_process.named_reads_here(self.context.full_module_name)
         for call in calls:
             fname = self.function_of(call.func)
             if fname is None:
                 continue
+            if served_by_name and (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS):
+                continue  # read from the legacy table by name (expert_process), whoever built it
             if has_star_args(call):
                 return f"groups.{fname}(*args)"
             if fname in EXPERT and expert_size(call) is None:
@@ -257,6 +271,8 @@ class GroupsGettersCommand(MigrationCommand):
             self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
             return updated_node
         fname = self.function_of(original_node.func)
+        if fname is None and self._groups_parameter_is_module(original_node.func):
+            fname = original_node.func.attr.value  # type: ignore[attr-defined]
         if fname is None and self._on_groups_parameter(original_node.func):
             self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
                       "in) cannot be followed statically; pass the model's mesh instead and call it (see MIGRATION.md)")
@@ -292,11 +308,20 @@ class GroupsGettersCommand(MigrationCommand):
             self.keep_comments(original_node)
             self.record(KIND)
             return cst.parse_expression(WORLD)
-        if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and self._engine_scoped():
+        if fname in PROCESS and not original_node.args and in_deepspeed(self.context.full_module_name):
+            self.keep_comments(original_node)
+            self.record(KIND)
+            return cst.parse_expression(PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size")))
+        named_here = self._engine_scoped() or expert_process.named_reads_here(self.context.full_module_name)
+        if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and named_here:
             named = self._named_expert(original_node, updated_node, fname)
             if named is not None:
                 return named
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
+            if expert_process.named_reads_here(self.context.full_module_name):
+                self.flag(KIND, f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
+                          "what <mesh>.expert_groups_named(name) serves (see MIGRATION.md 'Expert groups by name')")
+                return updated_node
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
             return updated_node
@@ -351,6 +376,18 @@ class GroupsGettersCommand(MigrationCommand):
         if owner is not None and not self._rebound_in_comprehension(node, owner):
             return cst.parse_expression(f"{self.mesh_ref('model_mesh')}({owner})")
         return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
+
+    def _groups_parameter_is_module(self, func: cst.BaseExpression) -> bool:
+        """``func`` is ``groups.<legacy function>`` on the ``groups`` parameter of a function that every
+        caller in DeepSpeed hands deepspeed.utils.groups (codemods/expert_process.GROUPS_PARAMETERS)."""
+        if not self._on_groups_parameter(func):
+            return False
+        scope = self.scope_of(func.value)  # type: ignore[attr-defined]
+        node = getattr(scope, "node", None)
+        name = node.name.value if isinstance(node, cst.FunctionDef) else None
+        if len(scope.assignments["groups"]) != 1:  # the parameter, never rebound
+            return False
+        return expert_process.groups_parameter_function(self.context.full_module_name, name)
 
     def _on_groups_parameter(self, func: cst.BaseExpression) -> bool:
         """``func`` is ``groups.<legacy function>`` where ``groups`` is a function parameter (flagged,

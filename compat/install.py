@@ -75,6 +75,9 @@ def install() -> None:
         group_trace.enable()
         group_trace.set_shim_active(True)
         _routes.activate()
+        from . import process_experts
+
+        process_experts.serve()  # legacy's process-wide expert table / expert-TP size, seen by every mesh
         if "deepspeed" in sys.modules:
             _patches.rebind_copies()  # copies made by modules imported before this call
         logger.debug("compat installed (deepspeed imported: %s)", "deepspeed" in sys.modules)
@@ -88,6 +91,9 @@ def uninstall() -> None:
             return
         _active = False
         _patches.restore()
+        from . import process_experts
+
+        process_experts.stop()
         if "compat.groups" in sys.modules:  # compat.groups on its own no longer follows deepspeed.comm
             sys.modules["compat.groups"].bind_legacy_comm(None)
         _quiet_deepspeed_call_sites(False)

@@ -14,6 +14,7 @@ from .layout import MeshLayout
 from .mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
 from .node_groups import all_to_all_groups, local_all_to_all_groups
 from .pipe_topology import PipelineTopology, pipeline_topology
+from .process_experts import ProcessExperts, expert_tensor_parallel_size, process_experts, serve_process_experts
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 from .tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
@@ -32,13 +33,17 @@ __all__ = [
     "MeshSpecError",
     "MpuMesh",
     "PipelineTopology",
+    "ProcessExperts",
     "current_mesh",
     "default_mesh",
+    "expert_tensor_parallel_size",
     "mesh_of",
     "model_mesh",
     "pipeline_topology",
     "release_hpz_groups",
+    "process_experts",
     "registry_for_world",
+    "serve_process_experts",
     "set_default_mesh",
     "spec_from_config",
     "use_mesh",

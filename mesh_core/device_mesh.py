@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh
 from .layout import Dims, MeshLayout
+from .process_experts import process_expert_groups
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 
@@ -83,17 +84,17 @@ class ExpertGroups:
 class _NamedGroupsView(Mapping):
     """A live read-only ``{name: groups.<attr>}`` view of a mesh's named expert groups."""
 
-    def __init__(self, named: dict[str, ExpertGroups], attr: str) -> None:
+    def __init__(self, named: Callable[[], Mapping[str, ExpertGroups]], attr: str) -> None:
         self._named, self._attr = named, attr
 
     def __getitem__(self, name: str) -> Optional[ProcessGroup]:
-        return getattr(self._named[name], self._attr)
+        return getattr(self._named()[name], self._attr)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._named)
+        return iter(self._named())
 
     def __len__(self) -> int:
-        return len(self._named)
+        return len(self._named())
 
 
 class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
@@ -300,19 +301,23 @@ class DeepSpeedDeviceMesh:
 
     def named_expert_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
         """A live read-only view ``{name: this rank's EP group}`` of the registered expert groups."""
-        return _NamedGroupsView(self._named_expert, "ep_group")
+        return _NamedGroupsView(self._named_table, "ep_group")
 
     def named_expert_data_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
         """A live read-only view ``{name: this rank's EDP group}`` of the registered expert groups."""
-        return _NamedGroupsView(self._named_expert, "edp_group")
+        return _NamedGroupsView(self._named_table, "edp_group")
 
     def expert_groups_named(self, name: str) -> ExpertGroups:
-        """The expert groups registered under ``name``; creates nothing, raises
-        :class:`ExpertGroupsNotBuilt` (naming the registered names) if there are none."""
+        """The expert groups registered under ``name`` (a runtime's process-wide table first, see
+        :mod:`mesh_core.process_experts`); creates nothing, raises :class:`ExpertGroupsNotBuilt`
+        (naming the registered names) if there are none."""
+        served = process_expert_groups()
         try:
-            return self._named_expert[name]
+            if served is not None and name in served:  # the hot path: one lookup in the process table
+                return served[name]
+            return self._named_table()[name]
         except (KeyError, TypeError):
-            known = ", ".join(sorted(self._named_expert)) or "none"
+            known = ", ".join(sorted(self._named_table())) or "none"
             raise ExpertGroupsNotBuilt(
                 f"no expert groups named {name!r} on {self._label} (registered: {known}); build them with "
                 "expert_groups(N) or a MoE layer first"
@@ -320,14 +325,25 @@ class DeepSpeedDeviceMesh:
 
     def expert_group_names(self) -> list[str]:
         """The names expert groups are registered under, in registration order."""
-        return list(self._named_expert)
+        return list(self._named_table())
 
     def largest_expert_groups_name(self) -> str:
         """``ep_size_<N>`` for the largest N registered (DeepSpeed's ``_get_max_expert_size_name``:
         ``ep_size_None`` when there is none)."""
         prefix = expert_groups_name("")
-        sizes = [int(n[len(prefix):]) for n in self._named_expert if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        sizes = [int(n[len(prefix):]) for n in self._named_table() if n.startswith(prefix) and n[len(prefix):].isdigit()]
         return expert_groups_name(max(sizes) if sizes else None)
+
+    def _named_table(self) -> Mapping[str, ExpertGroups]:
+        """The names this mesh serves: those a runtime serves per process (mesh_core.process_experts:
+        DeepSpeed's one name-keyed table, whichever mesh reads it), then the groups this mesh built
+        itself (:meth:`expert_groups`); without a runtime source, every name registered here."""
+        served = process_expert_groups()
+        if served is None:
+            return self._named_expert
+        built = {id(g) for g in self._expert.values()}
+        own = {n: g for n, g in self._named_expert.items() if id(g) in built and n not in served}
+        return {**served, **own} if own else served
 
     @property
     def registry(self) -> GroupRegistry:
