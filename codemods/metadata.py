@@ -26,7 +26,7 @@ from types import FunctionType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
-from libcst.codemod import ContextAwareTransformer
+from libcst.codemod import ContextAwareTransformer, ContextAwareVisitor
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.matchers._visitors import _gather_matchers
@@ -601,10 +601,55 @@ class LazyMetadata:
 _LAZY_CLASSES: dict[type, type] = {}
 
 
+def _leading_imports(module: cst.Module) -> cst.Module:
+    """``module`` cut after its first statement that follows the first one and is not a lone
+    import: all that libcst's ``_GatherTopImportsBeforeStatements`` reads (the imports before any
+    other statement, after a docstring or ``__strict__``), without walking the rest of the tree."""
+    body = module.body
+    end = 1
+    while end < len(body) and _is_lone_import(body[end]):
+        end += 1
+    return module if end + 1 >= len(body) else module.with_changes(body=body[: end + 1])
+
+
+def _is_lone_import(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
+    )
+
+
+class _TopImportsOnly:
+    """AddImportsVisitor's pre-pass gathers only the module's leading imports (its gatherer acts in
+    ``leave_Module`` on top-level statements alone), so it is given just those statements."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        return super().visit_Module(_leading_imports(node))  # type: ignore[misc]
+
+
+def _top_gatherer_leaves_only() -> bool:
+    """The gatherer AddImportsVisitor runs has no hook but ``leave_Module`` (checked for the libcst
+    installed; its private names may move)."""
+    try:
+        from libcst.codemod.visitors._add_imports import _GatherTopImportsBeforeStatements as gatherer
+    except ImportError:
+        return False
+    hooks = {
+        name for base in gatherer.__mro__[: gatherer.__mro__.index(ContextAwareVisitor)] for name in vars(base)
+        if name.startswith(("visit_", "leave_"))
+    }
+    return hooks == {"leave_Module"}
+
+
+_TOP_GATHERER_LEAVES_ONLY = _top_gatherer_leaves_only()
+
+
 def lazy(codemod_class: type) -> type:
     """``codemod_class`` (e.g. libcst's ``AddImportsVisitor``) with :class:`LazyMetadata`."""
     if issubclass(codemod_class, LazyMetadata):
         return codemod_class
     if codemod_class not in _LAZY_CLASSES:
-        _LAZY_CLASSES[codemod_class] = type(codemod_class.__name__, (LazyMetadata, codemod_class), {})
+        mixins = (_TopImportsOnly,) if codemod_class is AddImportsVisitor and _TOP_GATHERER_LEAVES_ONLY else ()
+        _LAZY_CLASSES[codemod_class] = type(codemod_class.__name__, (*mixins, LazyMetadata, codemod_class), {})
     return _LAZY_CLASSES[codemod_class]

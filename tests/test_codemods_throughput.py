@@ -3,8 +3,8 @@ metadata shared across the codemods of a file while its tree is unchanged, uncha
 as the same objects, one node list per tree, qualified names computed per node on read, hook
 dispatch by table, statements without a codemod's identifiers not visited, no printing of a
 tree that no codemod changed, qualified names from scopes that leave out functions naming nothing
-the codemods look up, import aliases from the import statements, and MpuInternalCommand's exact
-pre-filter."""
+the codemods look up, import aliases from the import statements, MpuInternalCommand's exact
+pre-filter, and AddImportsVisitor's top-import gathering over the leading statements only."""
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +38,8 @@ def migrate_plainly(monkeypatch, source: str, **kwargs):
         patch.setattr("codemods.base.preorder", lambda tree: None)
         patch.setattr(metadata, "QualifiedNameProvider", _Fake)
         patch.setattr(pipeline, "_NEEDS", {})
+        patch.setattr(metadata, "_TOP_GATHERER_LEAVES_ONLY", False)
+        patch.setattr(metadata, "_LAZY_CLASSES", {})
         return migrate_code(source, **kwargs)
 
 
@@ -282,3 +284,31 @@ def test_import_passes_visit_only_statements_holding_imports(monkeypatch):
     module = cst.parse_module(NESTED_IMPORTS)
     found = metadata.statements(module)
     assert {type(s).__name__ for s in module.body if s in found.imports} == {"SimpleStatementLine", "FunctionDef", "ClassDef"}
+
+
+LEADING = {
+    "docstring": '"""doc."""\nimport os\nfrom a import b as c\nx = 1\nimport late\n',
+    "strict": "__strict__ = True\nimport os\nx = 1\nfrom late import y\n",
+    "import first": "import os\nimport sys\ndef f():\n    import inner\nimport late\n",
+    "code first": "x = 1\nimport os\n",
+    "only imports": '"""doc."""\nimport os\nfrom a import (b, c)\n',
+    "two on a line": "import os; import sys\nimport re\nx = 1\n",
+    "empty": "",
+    "future": "from __future__ import annotations\nimport os\nif x:\n    import y\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEADING))
+def test_top_import_gatherer_reads_the_same_from_the_leading_statements(name):
+    from libcst.codemod.visitors._add_imports import _GatherTopImportsBeforeStatements
+
+    assert metadata._TOP_GATHERER_LEAVES_ONLY  # the installed libcst's gatherer acts in leave_Module only
+    module = cst.parse_module(LEADING[name])
+    results = []
+    for tree in (module, metadata._leading_imports(module)):
+        gatherer = _GatherTopImportsBeforeStatements(CodemodContext())
+        tree.visit(gatherer)
+        results.append((gatherer.all_imports, gatherer.module_imports, gatherer.object_mapping,
+                        gatherer.module_aliases, gatherer.alias_mapping))
+    assert results[0] == results[1]
+    assert all(a is b for a, b in zip(results[0][0], results[1][0]))  # the very import nodes (leave_ImportFrom checks `in`)
