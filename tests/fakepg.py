@@ -91,3 +91,25 @@ def plain(value):
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     return value
+
+
+def probe_ranks(world: int) -> list[int]:
+    """The ranks a fake-world test plays: the first, one past the middle and the last."""
+    return sorted({0, world // 2 + 1, world - 1} & set(range(world)))
+
+
+def exec_source(source: str) -> dict:
+    """The namespace of ``source`` run as a module (a legacy or migrated probe)."""
+    namespace: dict = {}
+    exec(compile(source, "<probe>", "exec"), namespace)
+    return namespace
+
+
+def build_expert_groups(groups, grid, eps, builder: str) -> None:
+    """Legacy expert groups for each ep size: ``builder`` "tp" (expert-TP over ``grid``), "dbe"
+    (data before expert) or plain."""
+    for ep in eps:
+        if builder == "tp":
+            groups._create_expert_data_and_model_parallel(ep, mpu=grid)
+        else:
+            groups._create_expert_and_data_parallel(ep, use_data_before_expert_parallel_=builder == "dbe")

@@ -16,7 +16,7 @@ import importlib
 import pytest
 
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, plain, record_new_groups
+from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -58,16 +58,6 @@ MODULE = "deepspeed.module_inject.auto_tp"
 # (world, tp, second build's tp, pp of the grid set as groups.mpu)
 CASES = [(4, 1, 2, 1), (4, 2, 4, 2), (4, 4, 1, 1), (8, 2, 4, 2), (8, 4, 2, 1), (8, 1, 8, 2)]
 STATES = ["before", "built", "with grid mpu", "rebuilt", "tp group released"]
-
-
-def _ranks(world: int) -> list[int]:
-    return sorted({0, world // 2 + 1, world - 1})
-
-
-def _load(source: str) -> dict:
-    namespace: dict = {}
-    exec(compile(source, "<probe>", "exec"), namespace)
-    return namespace
 
 
 def _migrated() -> str:

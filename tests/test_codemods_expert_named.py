@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, plain, record_new_groups
+from fakepg import fake_world, plain, record_new_groups, build_expert_groups as _build, exec_source as _load
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -66,22 +66,8 @@ def _ranks(world: int) -> list[int]:
     return sorted({0, world // 2 + 1, world - 1})[:SAMPLE]
 
 
-def _load(source: str) -> dict:
-    namespace: dict = {}
-    exec(compile(source, "<probe>", "exec"), namespace)
-    return namespace
-
-
 def _migrated() -> str:
     return migrate_code(PROBE, module="deepspeed.runtime.engine", package="deepspeed.runtime").code
-
-
-def _build(groups, grid, eps, builder) -> None:
-    for ep in eps:
-        if builder == "tp":
-            groups._create_expert_data_and_model_parallel(ep, mpu=grid)
-        else:
-            groups._create_expert_and_data_parallel(ep, use_data_before_expert_parallel_=builder == "dbe")
 
 
 def _names(eps) -> list[str]:

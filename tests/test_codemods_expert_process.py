@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, plain, record_new_groups
+from fakepg import (
+    fake_world,
+    plain,
+    record_new_groups,
+    build_expert_groups as _build,
+    exec_source as _load,
+    probe_ranks as _ranks,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -65,16 +72,6 @@ CASES = [
 STATES = ("no engine", "inside the engine", "after the engine", "destroyed default mesh")
 
 
-def _ranks(world: int) -> list[int]:
-    return sorted({0, world // 2 + 1, world - 1})
-
-
-def _load(source: str) -> dict:
-    namespace: dict = {}
-    exec(compile(source, "<probe>", "exec"), namespace)
-    return namespace
-
-
 def _migrate(source: str, module: str) -> str:
     return migrate_code(source, module=module, package=module.rsplit(".", 1)[0]).code
 
@@ -87,14 +84,6 @@ def _checkpoint_utils(migrated: bool) -> dict:
     if migrated:
         source = _migrate(source, "deepspeed.runtime.model_checkpointing.utils")
     return _load(source)
-
-
-def _build(groups, grid, eps, builder) -> None:
-    for ep in eps:
-        if builder == "tp":
-            groups._create_expert_data_and_model_parallel(ep, mpu=grid)
-        else:
-            groups._create_expert_and_data_parallel(ep, use_data_before_expert_parallel_=builder == "dbe")
 
 
 def _grid(topology, pp, tp, dp):

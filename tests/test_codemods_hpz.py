@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from codemods.pipeline import migrate_code
-from fakepg import fake_world, plain, record_new_groups
+from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -100,12 +100,6 @@ def _migrate(which: str):
     return migrate_code(source, module=module, package=module.rsplit(".", 1)[0])
 
 
-def _load(source: str) -> dict:
-    namespace: dict = {}
-    exec(compile(source, "<probe>", "exec"), namespace)
-    return namespace
-
-
 class Probes:
     """One copy of the three DeepSpeed hpZ sites (legacy text or migrated)."""
 
@@ -168,10 +162,6 @@ WORLDS = (2, 4, 8, 16)
 
 def _sizes(world: int) -> list[int]:
     return sorted({1, 2, 4, world, 2 * world})
-
-
-def _ranks(world: int) -> list[int]:
-    return sorted({0, world // 2 + 1, world - 1} & set(range(world)))
 
 
 def _outcome(fn, *args):

@@ -15,7 +15,7 @@ import pytest
 
 from codemods.pipeline import migrate_code
 from compat import group_trace
-from fakepg import fake_world, plain
+from fakepg import fake_world, plain, exec_source as _load
 from test_mpu_mesh import build_mpus, outcome, same
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::Warning")]
@@ -81,12 +81,6 @@ def _migrate(source: str, module: str) -> str:
     # the one TODOV1 allowed: the engine's own `groups.mpu = self.mpu` (legacy state, kept as DeepSpeed has it)
     assert out.code.count("TODOV1") == out.code.count("groups.mpu is legacy module state"), out.code
     return out.code
-
-
-def _load(code: str) -> dict:
-    namespace: dict = {}
-    exec(compile(code, "<probe>", "exec"), namespace)
-    return namespace
 
 
 def test_sites_are_rewritten_only_where_the_mpus_reaching_them_are_known():
