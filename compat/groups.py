@@ -484,13 +484,7 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
     """
     # TODOV1: legacy shim
     _W_TP_MESH.warn()
-    if _state.tp_group is not None:
-        if _state.tp_size != tensor_model_parallel_size:
-            logger.warning(
-                "_init_tp_mesh_device(tensor_model_parallel_size=%s) ignored: TP groups of size %s already exist",
-                tensor_model_parallel_size,
-                _state.tp_size,
-            )
+    if autotp_groups().keeps_existing("_init_tp_mesh_device", tensor_model_parallel_size):
         return None
     if data_parallel_size is None:
         data_parallel_size = _comm_world_size() // tensor_model_parallel_size
@@ -535,8 +529,7 @@ def get_tensor_model_parallel_group():
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_group()")
     _W_GET_TP_GROUP.warn()
-    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
-    return _state.tp_group
+    return autotp_groups().tensor_parallel_group()
 
 
 def get_model_parallel_group():
@@ -545,8 +538,7 @@ def get_model_parallel_group():
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_group()")
     _W_GET_MP_GROUP.warn()
-    assert _state.tp_group is not None, "model parallel group is not initialized"
-    return _state.tp_group
+    return autotp_groups().model_parallel_group()
 
 
 def get_data_parallel_group():
@@ -555,8 +547,7 @@ def get_data_parallel_group():
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_group()")
     _W_GET_DP_GROUP.warn()
-    assert _state.dp_group is not None, "data parallel group is not initialized"
-    return _state.dp_group
+    return autotp_groups().data_parallel_group()
 
 
 def set_tensor_model_parallel_world_size(world_size: int) -> None:
@@ -565,26 +556,12 @@ def set_tensor_model_parallel_world_size(world_size: int) -> None:
     _state.tp_world_size_override = world_size
 
 
-def _tp_world_size() -> int:
-    if _state.tp_world_size_override is not None:
-        return _state.tp_world_size_override
-    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
-    return _state.tp_size
-
-
-def _tp_rank() -> int:
-    if _state.tp_rank_override is not None:
-        return _state.tp_rank_override
-    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
-    return _state.tp_rank
-
-
 def get_tensor_model_parallel_world_size() -> int:
     # TODOV1: legacy shim
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_world_size()")
     _W_GET_TP_WS.warn()
-    return _tp_world_size()
+    return autotp_groups().tensor_parallel_world_size()
 
 
 def get_model_parallel_world_size() -> int:
@@ -592,7 +569,7 @@ def get_model_parallel_world_size() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_world_size()")
     _W_GET_MP_WS.warn()
-    return _tp_world_size()
+    return autotp_groups().tensor_parallel_world_size()
 
 
 def set_tensor_model_parallel_rank(rank: int) -> None:
@@ -606,7 +583,7 @@ def get_tensor_model_parallel_rank() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_rank()")
     _W_GET_TP_RANK.warn()
-    return _tp_rank()
+    return autotp_groups().tensor_parallel_rank()
 
 
 def get_model_parallel_rank() -> int:
@@ -614,7 +591,7 @@ def get_model_parallel_rank() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_rank()")
     _W_GET_MP_RANK.warn()
-    return _tp_rank()
+    return autotp_groups().tensor_parallel_rank()
 
 
 def get_tensor_model_parallel_src_rank() -> int:
@@ -623,11 +600,7 @@ def get_tensor_model_parallel_src_rank() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_src_rank()")
     _W_GET_TP_SRC.warn()
-    if _state.tp_world_size_override is not None:
-        local = _state.tp_world_size_override
-        return (dist.get_rank() // local) * local
-    assert _state.tp_group is not None, "intra_layer_model parallel group is not initialized"
-    return _state.tp_src
+    return autotp_groups().tensor_parallel_src_rank()
 
 
 def get_data_parallel_world_size() -> int:
@@ -635,8 +608,7 @@ def get_data_parallel_world_size() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_world_size()")
     _W_GET_DP_WS.warn()
-    assert _state.dp_group is not None, "data parallel group is not initialized"
-    return _state.dp_size
+    return autotp_groups().data_parallel_world_size()
 
 
 def get_data_parallel_rank() -> int:
@@ -644,8 +616,7 @@ def get_data_parallel_rank() -> int:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_rank()")
     _W_GET_DP_RANK.warn()
-    assert _state.dp_group is not None, "data parallel group is not initialized"
-    return _state.dp_rank
+    return autotp_groups().data_parallel_rank()
 
 
 _W_CREATE_MP = _w(

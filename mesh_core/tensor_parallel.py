@@ -65,6 +65,20 @@ class AutoTPGroups:
     def initialized(self) -> bool:
         return self.tp_group is not None
 
+    def keeps_existing(self, builder: str, tensor_model_parallel_size: int) -> bool:
+        """Whether TP groups already exist, so ``builder`` must build nothing (legacy's early
+        return); warns when the requested size differs from theirs."""
+        if self.tp_group is None:
+            return False
+        if self.tp_size != tensor_model_parallel_size:
+            logger.warning(
+                "%s(tensor_model_parallel_size=%s) ignored: TP groups of size %s already exist",
+                builder,
+                tensor_model_parallel_size,
+                self.tp_size,
+            )
+        return True
+
     # --- legacy deepspeed.utils.groups meaning ------------------------------------------------
     def tensor_parallel_group(self) -> Any:
         """``get_tensor_model_parallel_group()``."""
@@ -147,13 +161,7 @@ def init_autotp(
     from .spec import MeshSpec, MeshSpecError
 
     state = _AUTOTP
-    if state.tp_group is not None:
-        if state.tp_size != tensor_model_parallel_size:
-            logger.warning(
-                "init_autotp(tensor_model_parallel_size=%s) ignored: TP groups of size %s already exist",
-                tensor_model_parallel_size,
-                state.tp_size,
-            )
+    if state.keeps_existing("init_autotp", tensor_model_parallel_size):
         return None
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError("init_autotp needs torch.distributed initialised (init_process_group first)")
