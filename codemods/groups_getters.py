@@ -289,9 +289,7 @@ class GroupsGettersCommand(MigrationCommand):
         if fname in mpu_exact.GROUPS_CALLS:  # issue 10m: the engine's mpu, the node all-to-all groups
             replacement = mpu_exact.groups_call(self, original_node, fname)
             if replacement is not None:
-                self.keep_comments(original_node)
-                self.record(KIND)
-                return cst.parse_expression(replacement)
+                return self._replace(original_node, replacement)
         if fname in SIMPLE and not original_node.args:
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")
@@ -305,13 +303,9 @@ class GroupsGettersCommand(MigrationCommand):
             return self._rewrite(original_node, SIMPLE[fname])
         if fname == "_clone_world_group" and not original_node.args:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
-            self.keep_comments(original_node)
-            self.record(KIND)
-            return cst.parse_expression(WORLD)
+            return self._replace(original_node, WORLD)
         if fname in PROCESS and not original_node.args and in_deepspeed(self.context.full_module_name):
-            self.keep_comments(original_node)
-            self.record(KIND)
-            return cst.parse_expression(PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size")))
+            return self._replace(original_node, PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size")))
         named_here = self._engine_scoped() or expert_process.named_reads_here(self.context.full_module_name)
         if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and named_here:
             named = self._named_expert(original_node, updated_node, fname)
@@ -402,11 +396,14 @@ class GroupsGettersCommand(MigrationCommand):
             return False
         return any(isinstance(getattr(a, "node", None), cst.Param) for a in scope.assignments["groups"])
 
-    def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
+    def _replace(self, call: cst.Call, replacement: str) -> cst.BaseExpression:
+        """``replacement`` (code) for the legacy ``call``, its comments kept, counted as a site."""
         self.keep_comments(call)
-        mesh = code(self.model_mesh(call))
         self.record(KIND)
-        new = cst.parse_expression(template.format(mesh=mesh, **parts))
+        return cst.parse_expression(replacement)
+
+    def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
+        new = self._replace(call, template.format(mesh=code(self.model_mesh(call)), **parts))
         return new.with_changes(lpar=call.lpar, rpar=call.rpar) if call.lpar else new
 
     def _statement_call(self, call: cst.Call, fname: str) -> Optional[str]:
