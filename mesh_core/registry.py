@@ -47,6 +47,22 @@ with the rank set, the requester and its dims.
 
 Registries are kept per default process group (the "world"); a destroyed and re-initialised world
 gets a fresh one.
+
+Threads
+-------
+torch's public ``new_group`` / ``split_group`` take no group name (checked in torch 2.13: only a
+default group that implements ``new_group`` itself, or the private ``_new_process_group_helper``,
+accept one), so the name still goes in through ``distributed_c10d._process_group_name``. It is
+swapped for a hook that answers the name only to the thread that set it and delegates to torch's
+own function for every other caller, so a plain ``dist.new_group`` running in another thread at
+the same time keeps torch's naming. The hook is installed by the first creation in flight and
+torch's function put back (in ``finally``) when the last one ends, under a process-wide lock.
+
+The registry's bookkeeping (cache, reference counts, generations) is under a per-registry lock
+that is never held across a blocking call; a rank set requested by two threads at once is created
+by the first and waited for by the second. Creation itself is not serialized per process: a
+member-only creation blocks until its peers arrive, and serializing it would deadlock two threads
+whose peers are in the other thread's creation.
 """
 from __future__ import annotations
 
@@ -54,6 +70,7 @@ import contextlib
 import enum
 import hashlib
 import logging
+import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -126,14 +143,42 @@ def group_name_for(key: Key, generation: int = 0) -> str:
     return f"mesh_core.{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()}.{generation}"
 
 
+_NAMING_LOCK = threading.Lock()
+_naming = threading.local()  # .name: the group name this thread is creating, if any
+_torch_namer = None  # torch's _process_group_name while the hook is installed
+_naming_users = 0
+
+
+def _hooked_process_group_name(ranks, use_hashed_name):  # type: ignore[no-untyped-def]
+    name = getattr(_naming, "name", None)
+    if name is not None:
+        return c10d.GroupName(name)
+    return _torch_namer(ranks, use_hashed_name)  # type: ignore[misc]
+
+
 @contextlib.contextmanager
 def _named(name: str) -> Iterator[None]:
-    original = c10d._process_group_name
-    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name)  # type: ignore[assignment]
+    """Groups this thread creates inside the block are named ``name``; other threads unaffected."""
+    global _torch_namer, _naming_users
+    if getattr(_naming, "name", None) is not None:
+        raise RuntimeError(f"nested member-only group creation in one thread ({_naming.name!r}, then {name!r})")
+    with _NAMING_LOCK:
+        if _naming_users == 0 and c10d._process_group_name is not _hooked_process_group_name:
+            _torch_namer = c10d._process_group_name
+            c10d._process_group_name = _hooked_process_group_name  # type: ignore[assignment]
+        _naming_users += 1
+    _naming.name = name
     try:
         yield
     finally:
-        c10d._process_group_name = original  # type: ignore[assignment]
+        _naming.name = None
+        with _NAMING_LOCK:
+            _naming_users -= 1
+            if _naming_users == 0:
+                if c10d._process_group_name is _hooked_process_group_name:
+                    c10d._process_group_name = _torch_namer  # type: ignore[assignment]
+                else:  # someone patched over the hook meanwhile: leave theirs, the hook only delegates
+                    logger.warning("distributed_c10d._process_group_name was replaced during group creation")
 
 
 def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = None) -> ProcessGroup:
@@ -150,9 +195,17 @@ def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = N
 
 
 class GroupRegistry:
-    """This rank's rank set → process group cache for one world, with reference counts."""
+    """This rank's rank set → process group cache for one world, with reference counts.
+
+    Thread-safe bookkeeping (see the module docstring, "Threads"); the cross-rank rule is
+    c10d's: every member of a rank set issues its requests and releases of that set in the same
+    order, so threads that request or release the *same* rank set concurrently must have their
+    order fixed by the program (one thread, or a join/barrier between them).
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pending: dict[Key, threading.Event] = {}  # rank sets another thread is creating
         self._groups: dict[Key, ProcessGroup] = {}
         self._refs: Counter = Counter()
         self._generation: Counter = Counter()
@@ -204,22 +257,32 @@ class GroupRegistry:
         partition's sets that no earlier split created.
         """
         keys = [self.key(r) for r in rank_lists]
-        new = [k for k in keys if k not in self._split_known and not self._is_world(k)]
+        with self._lock:
+            new = [k for k in keys if k not in self._split_known and not self._is_world(k)]
+            self._split_known.update(new)
+            if new:
+                self.created += 1
         mine = next((k for k in keys if self.rank in k[1]), None)
         fresh: Optional[ProcessGroup] = None
         if new:
-            self.created += 1
-            fresh = dist.split_group(split_ranks=[list(k[1]) for k in new])
-            self._split_known.update(new)
+            try:
+                fresh = dist.split_group(split_ranks=[list(k[1]) for k in new])
+            except BaseException:
+                with self._lock:
+                    self._split_known.difference_update(new)
+                raise
         if mine is None:
             return None, []
         if fresh is not None:
-            if mine in self._groups:  # already held from a member-only creation: keep sharing it
+            with self._lock:
+                held = mine in self._groups
+                if not held:
+                    self._groups[mine] = fresh
+                    self._generation[mine] += 1
+                    self._refs[mine] += 1
+            if held:  # already held from a member-only creation: keep sharing it
                 dist.destroy_process_group(fresh)
             else:
-                self._groups[mine] = fresh
-                self._generation[mine] += 1
-                self._refs[mine] += 1
                 self._log("created (split)", mine, asker)
                 return fresh, [mine]
         # held already, or split earlier and released since: members fall back together
@@ -232,65 +295,89 @@ class GroupRegistry:
         for ranks in rank_lists:
             if self.rank in ranks:
                 key = self.key(ranks, backend)
-                if key not in self._groups and group is not None:
-                    self._groups[key] = group
+                with self._lock:
+                    adopted = key not in self._groups and group is not None
+                    if adopted:
+                        self._groups[key] = group  # type: ignore[assignment]
+                    self._refs[key] += 1
+                if adopted:
                     self._log("adopted", key, "")
-                self._refs[key] += 1
                 return [key]
         return []
 
     def release(self, keys: Iterable[Key]) -> int:
         """Drop one reference per key; destroy groups nobody references. Returns groups destroyed."""
-        destroyed = 0
-        for key in keys:
-            self._refs[key] -= 1
-            if self._refs[key] > 0:
-                continue
-            del self._refs[key]
-            group = self._groups.pop(key, None)
-            if group is None or group is dist.GroupMember.WORLD:
-                continue
-            if dist.is_initialized():
-                dist.destroy_process_group(group)
-                destroyed += 1
-        return destroyed
+        doomed = []
+        with self._lock:
+            for key in keys:
+                self._refs[key] -= 1
+                if self._refs[key] > 0:
+                    continue
+                del self._refs[key]
+                group = self._groups.pop(key, None)
+                if group is not None and group is not dist.GroupMember.WORLD:
+                    doomed.append(group)
+        if not dist.is_initialized():
+            return 0
+        for group in doomed:  # outside the lock: a later request of the key makes a new generation
+            dist.destroy_process_group(group)
+        return len(doomed)
 
     def forget(self, group: ProcessGroup) -> int:
         """Drop every cache entry holding ``group`` (already destroyed by someone else), so no later
         request is served a dead communicator. Returns the number of entries dropped."""
-        keys = [key for key, cached in self._groups.items() if cached is group]
-        for key in keys:
-            del self._groups[key]
-            self._refs.pop(key, None)
+        with self._lock:
+            keys = [key for key, cached in self._groups.items() if cached is group]
+            for key in keys:
+                del self._groups[key]
+                self._refs.pop(key, None)
         return len(keys)
 
     @property
     def rank_sets(self) -> int:
         """Distinct rank sets this rank holds a communicator for (the world counts once used)."""
-        return len(self._groups) + (1 if any(self._is_world(k) for k in self._refs) else 0)
+        with self._lock:
+            return len(self._groups) + (1 if any(self._is_world(k) for k in self._refs) else 0)
 
     # --- internals ----------------------------------------------------------------------------
     def _is_world(self, key: Key) -> bool:
         return key[0] is None and len(key[1]) == self.world_size
 
     def _acquire(self, key: Key, asker: str) -> ProcessGroup:
-        self._refs[key] += 1
-        if key in self._groups:
-            return self._lookup(key, asker, False)
-        if self._is_world(key):
-            return dist.GroupMember.WORLD  # type: ignore[return-value]
-        name = group_name_for(key, self._generation[key])
-        self._generation[key] += 1
-        self.created += 1
-        group = self._groups[key] = new_member_group(key[1], name, key[0])
-        self._log("created", key, asker)
+        while True:
+            with self._lock:
+                if key in self._groups:
+                    self._refs[key] += 1
+                    self.reused += 1
+                    group = self._groups[key]
+                    break
+                if self._is_world(key):
+                    self._refs[key] += 1
+                    return dist.GroupMember.WORLD  # type: ignore[return-value]
+                pending = self._pending.get(key)
+                if pending is None:  # this thread creates it (outside the lock: it blocks on peers)
+                    done = self._pending[key] = threading.Event()
+                    name = group_name_for(key, self._generation[key])
+                    self._generation[key] += 1
+                    self.created += 1
+            if pending is None:
+                return self._create_member_group(key, name, done, asker)
+            pending.wait()  # another thread of this rank is creating the same rank set
+        self._log("reused", key, asker)
         return group
 
-    def _lookup(self, key: Key, asker: str, fresh: bool) -> ProcessGroup:
-        if not fresh:
-            self.reused += 1
-            self._log("reused", key, asker)
-        return self._groups[key]
+    def _create_member_group(self, key: Key, name: str, done: threading.Event, asker: str) -> ProcessGroup:
+        try:
+            group = new_member_group(key[1], name, key[0])
+            with self._lock:
+                self._groups[key] = group
+                self._refs[key] += 1
+        finally:
+            with self._lock:
+                del self._pending[key]
+            done.set()
+        self._log("created", key, asker)
+        return group
 
     def _log(self, what: str, key: Key, asker: str) -> None:
         if logger.isEnabledFor(logging.DEBUG):
