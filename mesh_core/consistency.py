@@ -1,18 +1,26 @@
-"""Check that every rank of the world builds the same mesh, before any group is created.
+"""Check that the ranks of a mesh build the same mesh, before any group is created.
 
 Group creation needs every member of a group to call: a rank that builds a different mesh
 issues different creation calls and the job hangs with no message. :func:`check_same_mesh` runs
-over the mesh's own ranks only (non-members of a sub-world mesh take no part):
+over the mesh's own ranks only (non-members of a sub-world mesh take no part) and goes through the
+default store, for a whole-world mesh as for a sub-world one (no communicator, so no raw backend
+error and no collective another thread could interleave with):
 
-- a mesh over the whole world all-gathers a 32-byte digest of the mesh description over the
-  default group (one small collective); only when digests differ does it gather the full
-  descriptions to name the fields and ranks that disagree;
-- a sub-world mesh exchanges the digests through the default store among its members (O(1) store
-  operations per member, no communicator): each member publishes its description, counts itself
-  under its digest and waits until all members arrived; a member whose digest count is short of the
-  member count reads the descriptions and raises. A member that disagrees on the rank set itself
-  looks for the others under another key: the wait then times out with a message naming how many
-  members arrived.
+- each member publishes its description and its digest, appends its rank to the arrivals, counts
+  itself under its digest, and waits until all members arrived (O(1) store operations per member);
+- the last member to arrive marks the check done; a member whose wait runs out (the process-group
+  timeout by default) marks it abandoned instead, atomically (``compare_set``), so a late member
+  either completes the check for everyone or learns it was given up — never half of each;
+- a timed-out check raises on every waiting member, naming the mesh, the ranks that arrived and
+  the missing ones; a member arriving after that raises too (it would wait for groups nobody
+  creates); a member late by less than the timeout is simply waited for;
+- when digests differ, every member reads one description per distinct digest and raises, naming
+  the fields and ranks that disagree.
+
+Checks of one rank set are told apart by a per-world count of earlier checks of that set, the same
+on every member because every member checks its meshes in the same order. Two threads of one
+process checking meshes over the same rank set at once would break that order: that raises at
+once (see :class:`ConcurrentCheckError`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import weakref
 from collections import Counter
 from datetime import timedelta
@@ -36,8 +45,16 @@ logger = logging.getLogger(__name__)
 DIGEST_WORDS = 4  # 4 x int64 = the first 32 bytes of a sha256
 SKIPPED_BACKENDS = ("fake",)  # its collectives are no-ops: nothing to compare
 STORE_PREFIX = "mesh_core/check"
-# per world: how many sub-world checks each rank set has run (the same on every member)
+DONE, ABANDONED = "done", "abandoned"
+# per world: how many checks each rank set has run (the same on every member)
 _CHECKS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+_IN_FLIGHT: dict[tuple[int, str], int] = {}  # (world id, rank-set id) -> thread checking it now
+_CHECKING_THREADS: set[int] = set()  # threads that ever ran a check (for the disagreement hint)
+
+
+class ConcurrentCheckError(MeshSpecError):
+    """Two threads of one process built meshes over the same rank set at the same time."""
 
 
 def mesh_fields(spec: MeshSpec, **options: Any) -> dict[str, str]:
@@ -54,69 +71,112 @@ def mesh_fields(spec: MeshSpec, **options: Any) -> dict[str, str]:
 
 
 def digest(fields: Mapping[str, str]) -> list[int]:
-    """A fixed-size digest of the fields (as signed int64 words, for a tensor collective)."""
+    """A fixed-size digest of the fields (as signed int64 words)."""
     raw = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).digest()
     return [int.from_bytes(raw[8 * i : 8 * i + 8], "little", signed=True) for i in range(DIGEST_WORDS)]
 
 
 def check_same_mesh(spec: MeshSpec, *, timeout: Optional[timedelta] = None, **options: Any) -> None:
-    """Raise :class:`MeshSpecError` on every member if the mesh's ranks disagree on the mesh.
+    """Raise :class:`MeshSpecError` on every member if the mesh's ranks disagree on the mesh, or
+    if some member has not started checking it when ``timeout`` runs out.
 
     Called by the members of the mesh only (every member, in the same order); ``options`` are the
     constructor arguments that change which groups are created (flatten, p2p_groups, backend).
-    Skipped for a one-rank mesh and the fake backend. ``timeout`` bounds a sub-world mesh's wait
-    for its members (default: the store's timeout).
+    Skipped for a one-rank mesh and the fake backend. ``timeout`` bounds the wait for the other
+    members (default: the default process group's timeout).
     """
     if not dist.is_initialized() or spec.size == 1 or dist.get_backend() in SKIPPED_BACKENDS:
         return
-    fields = mesh_fields(spec, **options)
-    if spec.size == dist.get_world_size():
-        _check_over_world(fields)
-    else:
-        _check_over_store(spec, fields, timeout)
+    _check_over_store(spec, mesh_fields(spec, **options), timeout)
 
 
-def _check_over_world(fields: dict[str, str]) -> None:
-    device = _collective_device()
-    mine = torch.tensor(digest(fields), dtype=torch.int64, device=device)
-    gathered = torch.empty(dist.get_world_size() * DIGEST_WORDS, dtype=torch.int64, device=device)
-    _all_gather_single(gathered, mine)
-    rows = gathered.view(-1, DIGEST_WORDS)
-    if bool((rows == mine).all()):
-        return
-    # every rank saw the same mismatch, so every rank takes part in this second gather
-    everyone: list[Optional[dict[str, str]]] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, fields)
-    raise MeshSpecError(describe_disagreement(everyone))  # type: ignore[arg-type]
+def world_timeout() -> timedelta:
+    """The default process group's timeout (the store's where the backend does not expose it)."""
+    world = c10d._get_default_group()
+    try:
+        device = getattr(world, "bound_device_id", None) or torch.device(_collective_device())
+        return world._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, TypeError):
+        return c10d._get_default_store().timeout
 
 
 def _check_over_store(spec: MeshSpec, fields: dict[str, str], timeout: Optional[timedelta]) -> None:
     store = c10d._get_default_store()
     members = sorted(spec.ranks)
     set_id = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
-    counts = _CHECKS.setdefault(c10d._get_default_group(), Counter())
-    prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
-    counts[set_id] += 1
-    mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(fields))
-    store.set(f"{prefix}/fields/{dist.get_rank()}", json.dumps(fields))
-    store.add(f"{prefix}/digest/{mine}", 1)
-    if store.add(f"{prefix}/arrived", 1) == len(members):
-        store.set(f"{prefix}/done", "1")
+    world = c10d._get_default_group()
+    slot = (id(world), set_id)
+    me = threading.get_ident()
+    with _LOCK:
+        if slot in _IN_FLIGHT:
+            raise ConcurrentCheckError(
+                f"two threads of rank {dist.get_rank()} build meshes over the ranks of {spec.describe()} at once; "
+                "their order would differ between ranks and the groups could not be matched: build meshes over "
+                "the same ranks from one thread, or one after the other in the same order on every rank"
+            )
+        _IN_FLIGHT[slot] = me
+        _CHECKING_THREADS.add(me)
+        counts = _CHECKS.setdefault(world, Counter())
+        prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
+        counts[set_id] += 1
     try:
-        if timeout is None:
-            store.wait([f"{prefix}/done"])
-        else:
-            store.wait([f"{prefix}/done"], timeout)
-    except (RuntimeError, dist.DistError) as err:
-        arrived = store.add(f"{prefix}/arrived", 0)
-        raise MeshSpecError(
-            f"only {arrived} of the {len(members)} ranks of {spec.describe()} started checking it ({err}); "
-            "the others build a different mesh (or none): every member must build the same mesh in the same order"
-        ) from None
+        _run_check(store, prefix, spec, members, fields, timeout or world_timeout())
+    finally:
+        with _LOCK:
+            del _IN_FLIGHT[slot]
+
+
+def _run_check(
+    store: Any, prefix: str, spec: MeshSpec, members: list[int], fields: dict[str, str], timeout: timedelta
+) -> None:
+    rank = dist.get_rank()
+    mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(fields))
+    store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
+    store.set(f"{prefix}/digest_of/{rank}", mine)
+    store.add(f"{prefix}/digest/{mine}", 1)
+    store.append(f"{prefix}/who", f"{rank},")
+    state_key = f"{prefix}/state"
+    if store.add(f"{prefix}/arrived", 1) == len(members):
+        state = store.compare_set(state_key, "", DONE).decode()
+    else:
+        try:
+            store.wait([state_key], timeout)
+        except (RuntimeError, dist.DistError):
+            pass
+        state = store.compare_set(state_key, "", ABANDONED).decode()  # the current value if set
+    if state != DONE:
+        raise MeshSpecError(_absent_message(store, prefix, spec, members, timeout))
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):
         return
-    per_rank = [json.loads(store.get(f"{prefix}/fields/{r}")) for r in members]
-    raise MeshSpecError(describe_disagreement(per_rank, ranks=members))
+    digests = [d.decode() for d in store.multi_get([f"{prefix}/digest_of/{r}" for r in members])]
+    described: dict[str, dict[str, str]] = {}
+    for r, d in zip(members, digests):  # one description per distinct digest
+        if d not in described:
+            described[d] = json.loads(store.get(f"{prefix}/fields/{r}"))
+    message = describe_disagreement([described[d] for d in digests], ranks=members)
+    if len(_CHECKING_THREADS) > 1:
+        message += (
+            " (meshes are built from several threads in this process: meshes over the same ranks must be "
+            "built in the same order on every rank, so build them from one thread)"
+        )
+    raise MeshSpecError(message)
+
+
+def _absent_message(store: Any, prefix: str, spec: MeshSpec, members: list[int], timeout: timedelta) -> str:
+    arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
+    missing = sorted(set(members) - set(arrived))
+    if missing:
+        return (
+            f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
+            f"{timeout} (arrived: {_ranks_text(arrived, 'rank')}; missing: {_ranks_text(missing, 'rank')}); the "
+            "missing ranks build a different mesh (or none), or are later than the process-group timeout: every "
+            "member must build the same mesh in the same order"
+        )
+    return (
+        f"rank {dist.get_rank()} reached the check of {spec.describe()} after the other ranks gave up waiting "
+        f"for it ({timeout}); it was later than the process-group timeout: every member must build the same "
+        "mesh in the same order"
+    )
 
 
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:
@@ -137,13 +197,7 @@ def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional
     )
 
 
-def _all_gather_single(output: torch.Tensor, value: torch.Tensor) -> None:
-    # torch 2.13 renamed all_gather_into_tensor (now deprecated, with a FutureWarning per call)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, value)
-
-
-def _collective_device() -> torch.device:
+def _collective_device() -> str:
     # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
     return dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
 

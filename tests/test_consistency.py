@@ -108,7 +108,7 @@ def test_sub_world_check_names_missing_members(monkeypatch):
     monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
     with fake_world(1, 8):
         spec = MeshSpec.build(8, ranks=[1, 2], tp=2)
-        with pytest.raises(MeshSpecError, match="only 1 of the 2 ranks"):
+        with pytest.raises(MeshSpecError, match=r"only 1 of the 2 ranks .* \(arrived: rank 1; missing: rank 2\)"):
             consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=0.2))
         # rank 2's description, as if it had arrived first with other dims, then rank 1 checks
         other = MeshSpec.build(8, ranks=[1, 2], dp=2)
@@ -118,7 +118,9 @@ def test_sub_world_check_names_missing_members(monkeypatch):
         key = f"{prefix}{set_id}/{counts[set_id]}"
         mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(mesh_fields(other)))
         store.set(f"{key}/fields/2", json.dumps(mesh_fields(other)))
+        store.set(f"{key}/digest_of/2", mine)
         store.add(f"{key}/digest/{mine}", 1)
+        store.append(f"{key}/who", "2,")
         store.add(f"{key}/arrived", 1)
         with pytest.raises(MeshSpecError, match="dims: 'dp=1, tp=2' on rank 1; 'dp=2' on rank 2"):
             consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=5))
