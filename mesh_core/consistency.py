@@ -19,12 +19,13 @@ error and no collective another thread could interleave with):
 
 Checks of one rank set are told apart by a per-world count of earlier checks of that set, the same
 on every member because every member checks its meshes in the same order. Two threads of one
-process checking meshes over the same rank set at once would break that order: that raises at
-once (see :class:`ConcurrentCheckError`).
+process building meshes over the same rank set at once would break that order: that raises at
+once (see :func:`rank_set_slot`, held by a mesh for its whole construction).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ import threading
 import weakref
 from collections import Counter
 from datetime import timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,7 @@ DONE, ABANDONED = "done", "abandoned"
 # per world: how many checks each rank set has run (the same on every member)
 _CHECKS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
-_IN_FLIGHT: dict[tuple[int, str], int] = {}  # (world id, rank-set id) -> thread checking it now
+_IN_FLIGHT: dict[tuple[int, str], tuple[int, int]] = {}  # (world, rank set) -> (thread, depth) building it
 _CHECKING_THREADS: set[int] = set()  # threads that ever ran a check (for the disagreement hint)
 
 
@@ -100,30 +101,46 @@ def world_timeout() -> timedelta:
         return c10d._get_default_store().timeout
 
 
-def _check_over_store(spec: MeshSpec, fields: dict[str, str], timeout: Optional[timedelta]) -> None:
-    store = c10d._get_default_store()
-    members = sorted(spec.ranks)
-    set_id = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
-    world = c10d._get_default_group()
-    slot = (id(world), set_id)
+@contextlib.contextmanager
+def rank_set_slot(spec: MeshSpec) -> Iterator[None]:
+    """Hold this process's slot for building a mesh over ``spec``'s rank set (re-entrant in one
+    thread); raise :class:`ConcurrentCheckError` if another thread holds it."""
+    slot = (id(c10d._get_default_group()), _set_id(sorted(spec.ranks)))
     me = threading.get_ident()
     with _LOCK:
-        if slot in _IN_FLIGHT:
+        holder, depth = _IN_FLIGHT.get(slot, (me, 0))
+        if holder != me:
             raise ConcurrentCheckError(
                 f"two threads of rank {dist.get_rank()} build meshes over the ranks of {spec.describe()} at once; "
                 "their order would differ between ranks and the groups could not be matched: build meshes over "
                 "the same ranks from one thread, or one after the other in the same order on every rank"
             )
-        _IN_FLIGHT[slot] = me
+        _IN_FLIGHT[slot] = (me, depth + 1)
         _CHECKING_THREADS.add(me)
-        counts = _CHECKS.setdefault(world, Counter())
-        prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
-        counts[set_id] += 1
     try:
-        _run_check(store, prefix, spec, members, fields, timeout or world_timeout())
+        yield
     finally:
         with _LOCK:
-            del _IN_FLIGHT[slot]
+            if depth:
+                _IN_FLIGHT[slot] = (me, depth)
+            else:
+                del _IN_FLIGHT[slot]
+
+
+def _set_id(members: Sequence[int]) -> str:
+    return hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
+
+
+def _check_over_store(spec: MeshSpec, fields: dict[str, str], timeout: Optional[timedelta]) -> None:
+    store = c10d._get_default_store()
+    members = sorted(spec.ranks)
+    set_id = _set_id(members)
+    with rank_set_slot(spec):
+        with _LOCK:
+            counts = _CHECKS.setdefault(c10d._get_default_group(), Counter())
+            prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
+            counts[set_id] += 1
+        _run_check(store, prefix, spec, members, fields, timeout or world_timeout())
 
 
 def _run_check(

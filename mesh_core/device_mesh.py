@@ -31,6 +31,7 @@ world mesh), steps 1–3 are one collective ``split_group`` per partition on eve
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from .consistency import check_same_mesh
+from .consistency import check_same_mesh, rank_set_slot
 from .layout import Dims, MeshLayout
 from .process_experts import process_expert_groups
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
@@ -103,7 +104,24 @@ class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
 
 
 class DeepSpeedDeviceMesh:
-    """Process groups for one model's layout; see the module docstring for the creation order."""
+    """Process groups for one model's layout; see the module docstring for the creation order.
+
+    Threads: meshes may be built, used and destroyed from several threads. Process state stays
+    consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
+    puts it back; the registry's bookkeeping is locked), and construction is *not* serialized per
+    process, so threads whose meshes wait on each other's peers cannot deadlock. What c10d requires
+    across ranks still holds: every member issues its creations and releases of a rank set in the
+    same order. Hence:
+
+    - meshes over different rank sets (e.g. a pair mesh in one thread, a column mesh in another)
+      can be built and destroyed concurrently; a rank set both request is created once and shared;
+    - one thread at a time builds a mesh over a given rank set (the whole world included): a second
+      thread that tries meanwhile gets :class:`~mesh_core.consistency.ConcurrentCheckError` at once;
+      built one after the other from different threads, their order must be the same on every rank
+      (or the consistency check reports a disagreement);
+    - destroying a mesh whose groups another thread's mesh shares, while that thread requests them
+      again, has no defined order across ranks: fix it by the program (one thread, or a join).
+    """
 
     def __init__(
         self,
@@ -132,8 +150,14 @@ class DeepSpeedDeviceMesh:
         self.rank = dist.get_rank()
         self.is_member = self.layout.contains(self.rank)
         flatten_keys = [self.layout.normalize(d) for d in flatten]  # validate before creating anything
-        if verify and self.is_member:  # members that disagree would hang creating groups
-            check_same_mesh(spec, flatten=flatten_keys, p2p_groups=p2p_groups, backend=backend)
+        # one thread of this process at a time builds a mesh over these ranks (see the class docstring)
+        with rank_set_slot(spec) if self.is_member else contextlib.nullcontext():
+            if verify and self.is_member:  # members that disagree would hang creating groups
+                check_same_mesh(spec, flatten=flatten_keys, p2p_groups=p2p_groups, backend=backend)
+            self._build(flatten_keys, p2p_groups)
+
+    def _build(self, flatten_keys: list[tuple[str, ...]], p2p_groups: bool) -> None:
+        spec, backend = self.spec, self.backend
         self._registry: GroupRegistry = registry_for_world()
         self.creation_path = choose_creation_path(
             CreationInputs.probe(backend, whole_world=spec.size == spec.world_size)
