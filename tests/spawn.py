@@ -1,10 +1,13 @@
 """Run a worker on every rank of a local gloo world (spawned processes), failing the test on a hang."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Any, Callable
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -17,3 +20,21 @@ def run_ranks(worker: Callable[..., Any], args: tuple, *, world: int, timeout_s:
             for proc in ctx.processes:
                 proc.kill()
             pytest.fail(f"ranks still running after {timeout_s} s: {hang}")
+
+
+def finish_rank(out_dir: str, rank: int, out: dict) -> None:
+    """Write ``out`` to ``<out_dir>/rank<rank>.json``, then wait for every rank and tear gloo down
+    (a rank exiting while a peer still talks to it can abort)."""
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(out, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def read_ranks(out_dir: Any, world: int) -> list[dict]:
+    """What each rank wrote with :func:`finish_rank` (index = rank)."""
+    outs = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
+            outs.append(json.load(fh))
+    return outs

@@ -4,13 +4,12 @@ other rank an error naming the mesh, the ranks that arrived and the missing one 
 error); a rank that arrives after the others gave up raises too instead of waiting for groups."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import timedelta
 
 import pytest
-from spawn import run_ranks
+from spawn import finish_rank, read_ranks, run_ranks
 import torch
 import torch.distributed as dist
 
@@ -59,10 +58,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             out["after"] = "no error"
         except MeshSpecError as err:
             out["after"] = str(err)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(out, fh)
-    dist.barrier()  # no rank tears gloo down while a peer still talks to it
-    dist.destroy_process_group()
+    finish_rank(out_dir, rank, out)
 
 
 @pytest.mark.multiprocess
@@ -71,7 +67,7 @@ def test_late_rank_is_waited_for_and_an_absent_one_is_named(tmp_path):
         _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
         hang="a late or absent rank hung the others",
     )
-    outs = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    outs = read_ranks(tmp_path, WORLD)
     assert [o["late"] for o in outs] == [2.0] * WORLD  # the mesh was built and its dp group works
     for rank in range(WORLD - 1):
         message = outs[rank]["absent"]

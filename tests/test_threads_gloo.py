@@ -10,7 +10,7 @@ import traceback
 from datetime import timedelta
 
 import pytest
-from spawn import run_ranks
+from spawn import finish_rank, run_ranks
 import torch
 import torch.distributed as dist
 
@@ -78,12 +78,11 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         count = c10d._world.group_count
         after = dist.new_group([0, 1, 2, 3])  # a plain new_group after the threads: a fresh counter name
         out["after"] = [after.group_name, str(count), _reduce(after)]
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(out, fh)
-    if out["stuck"]:
-        os._exit(1)  # a stuck daemon thread would keep gloo busy; the test reads the file
-    dist.barrier()
-    dist.destroy_process_group()
+    if out["stuck"]:  # a stuck daemon thread would keep gloo busy: write the file and leave
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(out, fh)
+        os._exit(1)
+    finish_rank(out_dir, rank, out)
 
 
 @pytest.mark.multiprocess
