@@ -15,7 +15,7 @@ error and no collective another thread could interleave with):
   the missing ones; a member arriving after that raises too (it would wait for groups nobody
   creates); a member late by less than the timeout is simply waited for;
 - when digests differ, every member reads one description per distinct digest and raises, naming
-  the fields and ranks that disagree.
+  the fields and ranks that disagree; when they agree, each member deletes its description.
 
 Checks of one rank set are told apart by a per-world count of earlier checks of that set, the same
 on every member because every member checks its meshes in the same order. Two threads of one
@@ -163,7 +163,9 @@ def _run_check(
         state = store.compare_set(state_key, "", ABANDONED).decode()  # the current value if set
     if state != DONE:
         raise MeshSpecError(_absent_message(store, prefix, spec, members, timeout))
-    if store.add(f"{prefix}/digest/{mine}", 0) == len(members):
+    if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
+        store.delete_key(f"{prefix}/fields/{rank}")
+        store.delete_key(f"{prefix}/digest_of/{rank}")
         return
     digests = [d.decode() for d in store.multi_get([f"{prefix}/digest_of/{r}" for r in members])]
     described: dict[str, dict[str, str]] = {}
