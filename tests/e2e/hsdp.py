@@ -4,10 +4,11 @@ For each ZeRO stage 1, 2, 3, one after the other in one world, same seed and dat
 the global rank): ``dp`` over {"dp": 4}; ``hsdp`` over {"dp_replicate": 2, "dp_shard": 2}
 (shard groups [0,1] [2,3]); ``hsdp_shard_outer`` the same with dp_shard outermost (shard groups
 [0,2] [1,3]). Each rank dumps losses, final full parameters, its own partitions, partition sizes
-and the groups ZeRO used. Then the checkpoint round trips (ZeRO-3): HSDP -> HSDP, and HSDP <->
-dp-only through DeepSpeed's universal checkpoint (``ds_to_universal`` on rank 0).
+and the groups ZeRO used. Then the checkpoint round trips (per stage): HSDP -> HSDP (also from
+the dp_shard-outer order), and HSDP <-> dp-only through DeepSpeed's universal checkpoint
+(``ds_to_universal`` on rank 0).
 
-usage: hsdp.py OUT_DIR
+usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, ckpt1, ckpt2, ckpt3)
 """
 from __future__ import annotations
 
@@ -73,25 +74,48 @@ def full_params(engine) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params]
 
 
+def _real(engine, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+    """ZeRO-3's flat partitions without their padding (the last ranks' tails are uninitialised)."""
+    opt = engine.optimizer
+    out = []
+    for tensor, group in zip(flat, opt.fp16_groups):
+        offset = 0
+        for p in group:
+            rank = dist.get_rank(group=p.ds_process_group)
+            size = p.partition_numel()
+            real = max(0, min(size, p.ds_numel - rank * size))
+            out.append(tensor.narrow(0, offset, real).detach().clone())
+            offset += size
+    return out
+
+
 def local_state(engine) -> dict:
-    """This rank's partitions: parameters (stage 3), fp32 master weights, Adam moments."""
+    """This rank's partitions (without ZeRO-3's padding): parameters (stage 3), fp32 master weights,
+    Adam moments; their sizes and the groups ZeRO used."""
     opt = engine.optimizer
     params = list(engine.module.parameters())
     if engine.zero_optimization_stage() == 3:
-        fp32 = list(opt.fp32_partitioned_groups_flat)
-        out = {"param_partition": [p.ds_tensor.detach().clone() for p in params],
+        flat = list(opt.fp32_partitioned_groups_flat)
+        real = lambda tensors: _real(engine, tensors)  # noqa: E731
+        out = {"param_partition": [t for p in params for t in _real_param(p)],
                "param_numel": [p.ds_tensor.numel() for p in params],
                "zero_groups": sorted({tuple(ranks(p.ds_process_group)) for p in params})}
     else:
-        fp32 = list(opt.single_partition_of_fp32_groups)
+        flat = list(opt.single_partition_of_fp32_groups)
+        real = lambda tensors: [t.detach().clone() for t in tensors]  # noqa: E731
         out = {"param_partition": None, "param_numel": None,
                "zero_groups": sorted({tuple(ranks(g)) for g in opt.real_dp_process_group})}
-    out["fp32"] = [t.detach().clone() for t in fp32]
-    out["optimizer_numel"] = sum(t.numel() for t in fp32)
-    out["moments"] = [opt.optimizer.state[t][k].detach().clone() for t in fp32 for k in ("exp_avg", "exp_avg_sq")]
+    out["fp32"] = real(flat)
+    out["optimizer_numel"] = sum(t.numel() for t in flat)
+    out["moments"] = [m for k in ("exp_avg", "exp_avg_sq") for m in real([opt.optimizer.state[t][k] for t in flat])]
     out["optimizer_dp_group"] = ranks(opt.dp_process_group)
     out["flat_numel"] = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params)
     return out
+
+
+def _real_param(p) -> list[torch.Tensor]:
+    rank, size = dist.get_rank(group=p.ds_process_group), p.partition_numel()
+    return [p.ds_tensor.narrow(0, 0, max(0, min(size, p.ds_numel - rank * size))).detach().clone()]
 
 
 def train(stage: int, mesh: dict) -> dict:
@@ -114,34 +138,40 @@ def to_universal(src: str, dst: str) -> None:
         tag = open(os.path.join(src, "latest")).read().strip()
         ds_to_universal(argparse.Namespace(input_folder=os.path.join(src, tag), output_folder=os.path.join(dst, tag),
                                            num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
-                                           strict=True, inject_missing_state=False))
+                                           strict=True, inject_missing_state=True))  # a plain model states no TP layout
         with open(os.path.join(dst, "latest_universal"), "w") as f:
             f.write(tag)
     dist.barrier()
 
 
+SAVES = {"hsdp": HSDP, "dp": DP, "outer": HSDP_SHARD_OUTER}
+# trip -> (the saved run, the mesh it loads into, through the universal checkpoint)
+TRIPS = {"hsdp_to_hsdp": ("hsdp", HSDP, False), "hsdp_to_dp": ("hsdp", DP, True),
+         "dp_to_hsdp": ("dp", HSDP, True), "outer_to_hsdp": ("outer", HSDP, False)}
+
+
 def checkpoints(out_dir: str, stage: int) -> dict:
-    """Train 2 steps, save, then load into HSDP / dp-only engines and compare; returns per trip."""
+    """Train 2 steps and save under each of SAVES, then load each of TRIPS into a fresh engine:
+    its full parameters and the loss of one more step (optimizer states restored too)."""
     out: dict = {}
-    for name, mesh in (("hsdp", HSDP), ("dp", DP)):
+    for name, mesh in SAVES.items():
         engine = build(config(stage, mesh))
         run_steps(engine, 2)
         path = os.path.join(out_dir, f"ckpt_z{stage}_{name}")
         engine.save_checkpoint(path, tag="t")
         out[f"{name}_saved"] = full_params(engine)
-        out[f"{name}_files"] = sorted(os.listdir(os.path.join(path, "t")))
         out[f"{name}_writer"] = engine.save_zero_checkpoint
         out[f"{name}_next"] = run_steps(engine, 1, seed=5000)
         engine.destroy()
         dist.barrier()
-        to_universal(path, path + "_universal")
-    trips = {"hsdp_to_hsdp": (HSDP, "ckpt_z{}_hsdp", False), "hsdp_to_dp": (DP, "ckpt_z{}_hsdp_universal", True),
-             "dp_to_hsdp": (HSDP, "ckpt_z{}_dp_universal", True), "dp_to_dp": (DP, "ckpt_z{}_dp", False)}
-    for trip, (mesh, folder, universal) in trips.items():
+        out[f"{name}_files"] = sorted(os.listdir(os.path.join(path, "t")))
+        if any(src == name and universal for src, _, universal in TRIPS.values()):
+            to_universal(path, path + "_universal")
+    for trip, (src, mesh, universal) in TRIPS.items():
         engine = build(config(stage, mesh, universal=universal))
-        engine.load_checkpoint(os.path.join(out_dir, folder.format(stage)))
+        engine.load_checkpoint(os.path.join(out_dir, f"ckpt_z{stage}_{src}" + ("_universal" if universal else "")))
         out[trip] = full_params(engine)
-        out[f"{trip}_next"] = run_steps(engine, 1, seed=5000)  # optimizer states came back too
+        out[f"{trip}_next"] = run_steps(engine, 1, seed=5000)
         engine.destroy()
     return out
 
@@ -150,12 +180,14 @@ def main() -> None:
     out_dir = sys.argv[1]
     rank = init_world()
     set_mode(True)
+    parts = sys.argv[2].split(",")  # e.g. "train,ckpt3": training for stages 1-3, checkpoints for stage 3
     results: dict = {}
-    for stage in (1, 2, 3):
+    for stage in (1, 2, 3) if "train" in parts else ():
         for name, mesh in (("dp", DP), ("hsdp", HSDP), ("hsdp_shard_outer", HSDP_SHARD_OUTER)):
             results[f"z{stage}_{name}"] = train(stage, mesh)
-    for stage in (3,):
-        results[f"ckpt_z{stage}"] = checkpoints(out_dir, stage)
+    for stage in (1, 2, 3):
+        if f"ckpt{stage}" in parts:
+            results[f"ckpt_z{stage}"] = checkpoints(out_dir, stage)
     dump(out_dir, rank, results)
     shutdown()
 
