@@ -149,6 +149,14 @@ def configure_zero_optimizer_wrapper(wrapped, instance, args, kwargs):
     mesh = _hsdp_mesh()
     if mesh is None or not instance.zero_optimization_stage():
         return wrapped(*args, **kwargs)
+    if getattr(instance, "has_moe_layers", False):
+        # expert parameters partition over their expert-data-parallel group, not dp_shard: the
+        # cross-replica average would mix different partitions
+        raise MeshSpecError(
+            f"{mesh.spec.describe()} with MoE layers is not supported: ZeRO partitions expert parameters over "
+            "their expert-data-parallel group, which spans the replicas; use a flat data-parallel dim, e.g. "
+            f"{{\"mesh\": {{\"dp\": {mesh.size(('dp_replicate', 'dp_shard'))}}}}}, for a model with MoE layers"
+        )
     groups = HsdpGroups.of(mesh)
     saved = instance.seq_data_parallel_group
     instance.seq_data_parallel_group = groups.shard  # the engine passes it as dp_process_group

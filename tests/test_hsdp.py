@@ -220,3 +220,82 @@ def test_hpz_size_must_match_the_hsdp_shard():
         mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=2)
         with pytest.raises(MeshSpecError, match=r"zero_hpz_partition_size=4 does not match .* dp_shard x sp = 2"):
             groups.hpz_rank_lists(mesh, 4)
+
+
+# --- the engine's ZeRO groups on an 8-rank HSDP mesh, R=2 x S=4 (fake backend: one process plays a rank)
+class _Engine:
+    """What configure_zero_optimizer_wrapper reads of a DeepSpeedEngine."""
+
+    def __init__(self, stage, moe=False):
+        self.seq_data_parallel_group = "the engine's dp group"
+        self.has_moe_layers = moe
+        self._stage = stage
+
+    def zero_optimization_stage(self):
+        return self._stage
+
+
+@pytest.mark.parametrize("order,shard,replicate", [
+    (None, [4, 5, 6, 7], [1, 5]),
+    (["dp_shard", "dp_replicate"], [1, 3, 5, 7], [4, 5]),
+])
+def test_zero_groups_of_an_r2_s4_hsdp_engine(order, shard, replicate):
+    import torch.distributed as dist
+
+    from compat import hsdp
+    from fakepg import fake_world
+    from mesh_core import DeepSpeedDeviceMesh, use_mesh
+
+    with fake_world(5, 8):
+        mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=4, **({"order": order} if order else {}))
+        engine, seen = _Engine(stage=2), {}
+
+        class Optimizer:
+            pass
+
+        def configure(*_):
+            seen["dp_process_group"] = dist.get_process_group_ranks(engine.seq_data_parallel_group)
+            return Optimizer()
+
+        with use_mesh(mesh):
+            optimizer = hsdp.configure_zero_optimizer_wrapper(configure, engine, (), {})
+        assert sorted(seen["dp_process_group"]) == shard == mesh.get_group_ranks("dp_shard")
+        assert engine.seq_data_parallel_group == "the engine's dp group"  # restored after
+        groups = hsdp.groups_of(optimizer)
+        assert sorted(dist.get_process_group_ranks(groups.replicate)) == replicate
+        assert (groups.replicate_size, groups.replicate_rank) == (2, replicate.index(5))
+        assert hsdp.groups_of(Optimizer()) is None  # another optimizer is not HSDP's
+
+
+def test_zero_init_under_an_hsdp_mesh_partitions_over_dp_shard():
+    import torch.distributed as dist
+
+    from compat import hsdp
+    from fakepg import fake_world
+    from mesh_core import DeepSpeedDeviceMesh, use_mesh
+
+    def init(module=None, data_parallel_group=None, sequence_data_parallel_group=None, mpu=None):
+        return data_parallel_group
+
+    with fake_world(5, 8):
+        mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=4)
+        with use_mesh(mesh):
+            assert sorted(dist.get_process_group_ranks(hsdp.zero_init_wrapper(init, None, (), {}))) == [4, 5, 6, 7]
+            given = mesh.get_group("dp")
+            assert hsdp.zero_init_wrapper(init, None, (), {"data_parallel_group": given}) is given  # named: kept
+        flat = DeepSpeedDeviceMesh.build(dp=8)
+        with use_mesh(flat):
+            assert hsdp.zero_init_wrapper(init, None, (), {}) is None  # DeepSpeed's default: the world
+
+
+def test_hsdp_engine_with_moe_layers_raises():
+    from compat import hsdp
+    from fakepg import fake_world
+    from mesh_core import DeepSpeedDeviceMesh, use_mesh
+
+    with fake_world(0, 4):
+        mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=2)
+        called = []
+        with use_mesh(mesh), pytest.raises(MeshSpecError, match=r"with MoE layers is not supported.*\"dp\": 4"):
+            hsdp.configure_zero_optimizer_wrapper(lambda: called.append(1), _Engine(stage=3, moe=True), (), {})
+        assert not called
