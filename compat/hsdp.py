@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, current_mesh
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh
 from mesh_core.hpz import HPZ_DIMS, is_hsdp
 
 logger = logging.getLogger(__name__)
@@ -134,10 +134,14 @@ def groups_of(optimizer: Any) -> Optional[HsdpGroups]:
 
 
 def _hsdp_mesh() -> Optional[DeepSpeedDeviceMesh]:
-    """The current mesh (the engine's, inside ``deepspeed.initialize``) when it is an HSDP mesh."""
-    if not dist.is_available() or not dist.is_initialized():
+    """The default mesh (the engine's, inside ``deepspeed.initialize``) when it is an HSDP mesh.
+
+    Never builds one (``current_mesh()``'s world-mesh fallback is never HSDP, and a sub-world's
+    ranks may call ``zero.Init`` alone)."""
+    try:
+        mesh = default_mesh()
+    except MeshSpecError:
         return None
-    mesh = current_mesh()
     if not is_hsdp(mesh.spec) or getattr(mesh, "_destroyed", False) or not mesh.is_member:
         return None
     return mesh
