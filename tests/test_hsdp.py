@@ -222,7 +222,7 @@ def test_hpz_size_must_match_the_hsdp_shard():
             groups.hpz_rank_lists(mesh, 4)
 
 
-# --- the engine's ZeRO groups on an 8-rank HSDP mesh, R=2 x S=4 (fake backend: one process plays a rank)
+# --- the engine's ZeRO groups on 8-rank HSDP meshes, R=2 x S=4 and a sub-world (fake backend: one process plays a rank)
 class _Engine:
     """What configure_zero_optimizer_wrapper reads of a DeepSpeedEngine."""
 
@@ -235,11 +235,12 @@ class _Engine:
         return self._stage
 
 
-@pytest.mark.parametrize("order,shard,replicate", [
-    (None, [4, 5, 6, 7], [1, 5]),
-    (["dp_shard", "dp_replicate"], [1, 3, 5, 7], [4, 5]),
+@pytest.mark.parametrize("sizes,shard,replicate", [
+    ({"dp_replicate": 2, "dp_shard": 4}, [4, 5, 6, 7], [1, 5]),
+    ({"dp_replicate": 2, "dp_shard": 4, "order": ["dp_shard", "dp_replicate"]}, [1, 3, 5, 7], [4, 5]),
+    ({"dp_replicate": 2, "dp_shard": 2, "ranks": range(4, 8)}, [4, 5], [5, 7]),  # a sub-world engine
 ])
-def test_zero_groups_of_an_r2_s4_hsdp_engine(order, shard, replicate):
+def test_zero_groups_of_an_hsdp_engine_of_8_ranks(sizes, shard, replicate):
     import torch.distributed as dist
 
     from compat import hsdp
@@ -247,7 +248,7 @@ def test_zero_groups_of_an_r2_s4_hsdp_engine(order, shard, replicate):
     from mesh_core import DeepSpeedDeviceMesh, use_mesh
 
     with fake_world(5, 8):
-        mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=4, **({"order": order} if order else {}))
+        mesh = DeepSpeedDeviceMesh.build(**sizes)
         engine, seen = _Engine(stage=2), {}
 
         class Optimizer:
