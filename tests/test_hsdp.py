@@ -2,8 +2,8 @@
 mesh's dp_shard group, gradients are averaged across dp_replicate; 4-process gloo runs
 (tests/e2e/hsdp.py) against dp-only ZeRO over the same 4 ranks, and checkpoint round trips.
 
-The checkpoint trips of ZeRO-1/2 are a second torchrun job, marked ``slow`` (over a minute on 2
-cores): ``pytest tests/test_hsdp.py -m slow``.
+The checkpoint trips of ZeRO-1/2 and sp beside HSDP are a second torchrun job, marked ``slow``
+(over a minute on 2 cores): ``pytest tests/test_hsdp.py -m slow``.
 """
 import math
 import os
@@ -166,7 +166,7 @@ def test_zero3_checkpoint_round_trips_hsdp_and_dp_only_bit_for_bit(runs):
 
 @pytest.fixture(scope="module")
 def ckpt12(tmp_path_factory):
-    return torchrun("hsdp.py", str(tmp_path_factory.mktemp("hsdp12")), "ckpt1,ckpt2", timeout=500)
+    return torchrun("hsdp.py", str(tmp_path_factory.mktemp("hsdp12")), "ckpt1,ckpt2,sp", timeout=600)
 
 
 @pytest.mark.slow
@@ -175,6 +175,22 @@ def ckpt12(tmp_path_factory):
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero12_checkpoint_round_trips_hsdp_and_dp_only_bit_for_bit(ckpt12, stage):
     _check_checkpoints(ckpt12, stage)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", STAGES)
+def test_sp_beside_hsdp_partitions_over_dp_shard_x_sp_and_matches_dp_only(ckpt12, stage):
+    # {"dp_replicate": 2, "sp": 2}: ZeRO's group is (dp_shard, sp) = the sp pairs [0,1] [2,3]
+    for res in ckpt12:
+        got, dp = res[f"z{stage}_sp_hsdp"], res[f"z{stage}_sp_dp"]
+        assert got["zero_groups"] == [tuple(got["mesh_dp_shard"])] and len(got["mesh_dp_shard"]) == 2
+        assert dp["zero_groups"] == [(0, 1, 2, 3)]
+        assert got["flat_numel"] / 2 <= got["optimizer_numel"] < got["flat_numel"] / 2 + 2
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(dp["losses"]), rtol=1e-5, atol=1e-7)
+        for a, b in zip(got["params"], dp["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 # --- hpZ groups of a bound mesh (fake backend: one process plays a rank) --------------------------

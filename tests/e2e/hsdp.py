@@ -8,7 +8,7 @@ and the groups ZeRO used. Then the checkpoint round trips (per stage): HSDP -> H
 the dp_shard-outer order), and HSDP <-> dp-only through DeepSpeed's universal checkpoint
 (``ds_to_universal`` on rank 0).
 
-usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, ckpt1, ckpt2, ckpt3)
+usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, sp, ckpt1, ckpt2, ckpt3)
 """
 from __future__ import annotations
 
@@ -185,6 +185,9 @@ def main() -> None:
     for stage in (1, 2, 3) if "train" in parts else ():
         for name, mesh in (("dp", DP), ("hsdp", HSDP), ("hsdp_shard_outer", HSDP_SHARD_OUTER)):
             results[f"z{stage}_{name}"] = train(stage, mesh)
+    for stage in (1, 2, 3) if "sp" in parts else ():  # sp beside HSDP: ZeRO's group is (dp_shard, sp)
+        results[f"z{stage}_sp_dp"] = train(stage, {"dp": 2, "sp": 2})
+        results[f"z{stage}_sp_hsdp"] = train(stage, {"dp_replicate": 2, "sp": 2})
     for stage in (1, 2, 3):
         if f"ckpt{stage}" in parts:
             results[f"ckpt_z{stage}"] = checkpoints(out_dir, stage)
