@@ -126,6 +126,8 @@ def test_hsdp_matches_dp_only_zero(runs, stage, mode):
         for a, b in zip(got["params"], dp["params"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert got["losses"][-1] != got["losses"][0]  # it trained
+        # the last step's gradient norm (taken after the cross-replica average) is dp-only's, and clips
+        assert got["grad_norm"] == pytest.approx(dp["grad_norm"], rel=1e-5) and got["grad_norm"] > 0.05
 
 
 @pytest.mark.multiprocess

@@ -33,6 +33,7 @@ def config(stage: int, mesh: dict, universal: bool = False) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": 4,
         "steps_per_print": 10**6,
+        "gradient_clipping": 0.05,  # the gradient norm is taken after the cross-replica average
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
                               "stage3_model_persistence_threshold": 0},
@@ -120,7 +121,8 @@ def _real_param(p) -> list[torch.Tensor]:
 
 def train(stage: int, mesh: dict) -> dict:
     engine = build(config(stage, mesh))
-    out = {"losses": run_steps(engine), **local_state(engine), "params": full_params(engine),
+    out = {"losses": run_steps(engine), "grad_norm": float(engine.get_global_grad_norm()),
+           **local_state(engine), "params": full_params(engine),
            "save_zero_checkpoint": engine.save_zero_checkpoint}
     m = engine.mesh_device
     if "dp_shard" in m.spec.names:
