@@ -36,7 +36,7 @@ def config(stage: int, mesh: dict, universal: bool = False) -> dict:
         "gradient_clipping": 0.05,  # the gradient norm is taken after the cross-replica average
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                              "stage3_model_persistence_threshold": 0},
+                              "stage3_model_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": True},
         "mesh": mesh,
     }
     if universal:
@@ -162,6 +162,11 @@ def checkpoints(out_dir: str, stage: int) -> dict:
         path = os.path.join(out_dir, f"ckpt_z{stage}_{name}")
         engine.save_checkpoint(path, tag="t")
         out[f"{name}_saved"] = full_params(engine)
+        if name == "hsdp":  # the consolidated 16-bit (here fp32) weights: gathered over dp_shard, rank 0 writes
+            engine.save_16bit_model(path + "_16bit")
+            dist.barrier()
+            state = torch.load(os.path.join(path + "_16bit", "pytorch_model.bin"))
+            out["hsdp_16bit"] = [state[k] for k in engine.module.state_dict().keys()]
         out[f"{name}_writer"] = engine.save_zero_checkpoint
         out[f"{name}_next"] = run_steps(engine, 1, seed=5000)
         engine.destroy()
