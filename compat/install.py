@@ -12,7 +12,10 @@
   as ``engine.mesh_device``); ``DeepSpeedConfig.__init__`` is wrapped in place to size batches by
   that mesh, and the engines' ``forward`` / ``backward`` / ``step`` / ``train_batch`` /
   ``eval_batch``, rank getters and checkpoint save / load run with their own engine's groups
-  state (:mod:`compat.engine_scope`).
+  state (:mod:`compat.engine_scope`);
+- ZeRO on an HSDP mesh (:mod:`compat.hsdp`): the engine's ``_configure_zero_optimizer`` /
+  ``_configure_checkpointing``, ``zero.Init.__init__``, stage 3's ``partition_grads`` and stage 1/2's
+  ``step`` are wrapped in place (they pass through unless the engine's mesh is an HSDP one).
 
 Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the groups functions,
 ``pipe/module.py``'s grid and topology names) are re-pointed as well. :func:`uninstall` restores
