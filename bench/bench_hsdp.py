@@ -154,7 +154,8 @@ def state_bytes(engine) -> dict[str, int]:
     fp32 = list(opt.fp32_partitioned_groups_flat)
     states = sum(v.numel() * v.element_size() for t in fp32 for v in opt.optimizer.state[t].values()
                  if hasattr(v, "numel") and v.dim() > 0)
-    return {"param": param + secondary, "grad": grad, "optimizer": sum(t.numel() * t.element_size() for t in fp32) + states}
+    master = sum(t.numel() * t.element_size() for t in fp32)
+    return {"param": param + secondary, "grad": grad, "optimizer": master + states}
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -216,7 +217,8 @@ def report(numel: int, state: dict, comm: dict, times: dict, losses: dict, args:
     kib = 1024
     print(f"ZeRO-3, {args.layers} x Linear({args.width}, {args.width}) = {numel} fp32 parameters "
           f"({numel * 4 / kib:.0f} KiB), 4 gloo ranks; per rank (rank 0), KiB")
-    head = f"{'':6}{'params':>9}{'grads':>9}{'optim':>9} | {'comm/step: within':>18}{'across':>9}{'world':>9}{'total':>9}"
+    head = (f"{'':6}{'params':>9}{'grads':>9}{'optim':>9} | "
+            f"{'comm/step: within':>18}{'across':>9}{'world':>9}{'total':>9}")
     print(head + f" | {'step ms min/median/max':>24}{'x dp':>7}")
     base = statistics.median(times["dp"])
     for mode in MODES:

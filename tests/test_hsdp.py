@@ -2,8 +2,8 @@
 mesh's dp_shard group, gradients are averaged across dp_replicate; 4-process gloo runs
 (tests/e2e/hsdp.py) against dp-only ZeRO over the same 4 ranks, and checkpoint round trips.
 
-The checkpoint round trips (stages 1-3) and sp beside HSDP are a second torchrun job, marked
-``slow`` (about 4 minutes on a loaded 2-core machine): ``pytest tests/test_hsdp.py -m slow``.
+The checkpoint round trips (stages 1-3), sp beside HSDP and gradient accumulation are a second
+torchrun job, marked ``slow`` (1.5-4 minutes on 2 cores): ``pytest tests/test_hsdp.py -m slow``.
 """
 import math
 import os
@@ -163,7 +163,7 @@ def _check_checkpoints(runs, stage):
 
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory):
-    return torchrun("hsdp.py", str(tmp_path_factory.mktemp("hsdp_slow")), "ckpt1,ckpt2,ckpt3,sp", timeout=900)
+    return torchrun("hsdp.py", str(tmp_path_factory.mktemp("hsdp_slow")), "ckpt1,ckpt2,ckpt3,sp,gas", timeout=900)
 
 
 @pytest.mark.slow
@@ -188,6 +188,20 @@ def test_sp_beside_hsdp_partitions_over_dp_shard_x_sp_and_matches_dp_only(slow_r
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(dp["losses"]), rtol=1e-5, atol=1e-7)
         for a, b in zip(got["params"], dp["params"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", STAGES)
+def test_hsdp_with_gradient_accumulation_matches_dp_only(slow_runs, stage):
+    for rank, res in enumerate(slow_runs):
+        got, dp = res[f"z{stage}_gas_hsdp"], res[f"z{stage}_gas_dp"]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(dp["losses"]), rtol=1e-5, atol=1e-7)
+        for a, b in zip(got["params"], dp["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        twin = slow_runs[(rank + 2) % 4][f"z{stage}_gas_hsdp"]  # dp_replicate outer: replicas r, r + 2
+        assert all(torch.equal(a, b) for a, b in zip(got["fp32"], twin["fp32"]))
 
 
 # --- hpZ groups of a bound mesh (fake backend: one process plays a rank) --------------------------

@@ -8,7 +8,7 @@ and the groups ZeRO used. Then the checkpoint round trips (per stage): HSDP -> H
 the dp_shard-outer order), and HSDP <-> dp-only through DeepSpeed's universal checkpoint
 (``ds_to_universal`` on rank 0).
 
-usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, sp, ckpt1, ckpt2, ckpt3)
+usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, sp, gas, ckpt1, ckpt2, ckpt3)
 """
 from __future__ import annotations
 
@@ -29,14 +29,16 @@ HSDP = {"dp_replicate": 2, "dp_shard": 2}
 HSDP_SHARD_OUTER = {**HSDP, "order": ["dp_shard", "dp_replicate"]}
 
 
-def config(stage: int, mesh: dict, universal: bool = False) -> dict:
+def config(stage: int, mesh: dict, universal: bool = False, gas: int = 1) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": gas,
         "steps_per_print": 10**6,
         "gradient_clipping": 0.05,  # the gradient norm is taken after the cross-replica average
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                              "stage3_model_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": True},
+                              "stage3_model_persistence_threshold": 0,
+                              "stage3_gather_16bit_weights_on_model_save": True},
         "mesh": mesh,
     }
     if universal:
@@ -119,9 +121,9 @@ def _real_param(p) -> list[torch.Tensor]:
     return [p.ds_tensor.narrow(0, 0, max(0, min(size, p.ds_numel - rank * size))).detach().clone()]
 
 
-def train(stage: int, mesh: dict) -> dict:
-    engine = build(config(stage, mesh))
-    out = {"losses": run_steps(engine), "grad_norm": float(engine.get_global_grad_norm()),
+def train(stage: int, mesh: dict, gas: int = 1) -> dict:
+    engine = build(config(stage, mesh, gas=gas))
+    out = {"losses": run_steps(engine, STEPS * gas), "grad_norm": float(engine.get_global_grad_norm()),
            **local_state(engine), "params": full_params(engine),
            "save_zero_checkpoint": engine.save_zero_checkpoint}
     m = engine.mesh_device
@@ -195,6 +197,9 @@ def main() -> None:
     for stage in (1, 2, 3) if "sp" in parts else ():  # sp beside HSDP: ZeRO's group is (dp_shard, sp)
         results[f"z{stage}_sp_dp"] = train(stage, {"dp": 2, "sp": 2})
         results[f"z{stage}_sp_hsdp"] = train(stage, {"dp_replicate": 2, "sp": 2})
+    for stage in (1, 2, 3) if "gas" in parts else ():  # 2 micro-steps per step
+        results[f"z{stage}_gas_dp"] = train(stage, DP, gas=2)
+        results[f"z{stage}_gas_hsdp"] = train(stage, HSDP, gas=2)
     for stage in (1, 2, 3):
         if f"ckpt{stage}" in parts:
             results[f"ckpt_z{stage}"] = checkpoints(out_dir, stage)
