@@ -1301,11 +1301,11 @@ def _get_sequence_data_parallel_group():
 
 
 # --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
-# The right replacement depends on the mesh: on an HSDP mesh (dp_replicate x dp_shard) the hpZ
-# group *is* the dp_shard group (sp folded in when sp > 1); a dp-only mesh has no dim for it.
+# The right replacement depends on the mesh: on an HSDP mesh (dp_replicate x dp_shard) the group
+# all-gathers stay in is the dp_shard group (sp folded in when sp > 1); a dp-only mesh has no dim for it.
 _HPZ_ADVICE = (
-    "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} with "
-    "ZeRO-3 (the shim then sets zero_hpz_partition_size=N itself); then "
+    "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} "
+    "(HSDP: ZeRO then partitions over and gathers within dp_shard itself, docs/hsdp.md); then "
 )
 _W_ZP_CREATE = _w("_create_zero_param_parallel_group", "<mesh>.create_hpz_group(N); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
 _W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "<mesh>.hpz_group(); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")

@@ -39,6 +39,7 @@ from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
 from .engine_spec import engine_spec
+from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (issue 24: HSDP under ZeRO)
 
 logger = logging.getLogger(__name__)
 
@@ -157,55 +158,6 @@ def _track(engine: Any) -> None:
     """Count ``engine`` for the wrong-grid protection until its ``destroy()`` (see compat.engine_scope;
     the ``DeepSpeedEngine.destroy`` wrapper of compat.engine_release forgets it)."""
     register(engine)
-
-
-def zero_stage(config: dict) -> int:
-    """The ZeRO stage a config asks for (``"zero_optimization": true`` is stage 1, as in deepspeed)."""
-    section = config.get("zero_optimization")
-    if isinstance(section, bool):
-        return int(section)
-    if isinstance(section, dict):
-        return int(section.get("stage", 0))
-    return 0
-
-
-def hsdp_zero_config(config: dict, spec: MeshSpec) -> dict:
-    """The config ZeRO needs for an HSDP mesh (``dp_replicate`` x ``dp_shard``), or ``config`` itself.
-
-    ZeRO-3 uses DeepSpeed's hpZ: parameters are gathered for compute within ``dp_shard`` (x ``sp``),
-    the secondary partition, while gradients are reduce-scattered (and so averaged across
-    ``dp_replicate``) over the whole ``(dp_replicate, dp_shard, sp)`` group ZeRO partitions over;
-    ``zero_hpz_partition_size`` is set to the dp_shard x sp size. ZeRO-1/2 have no replicate x
-    shard split in DeepSpeed 0.19.8 and raise. Pure: raises before any group is created.
-    """
-    from .groups import HPZ_DIMS, is_hsdp
-
-    stage = zero_stage(config)
-    if not is_hsdp(spec) or stage == 0:
-        return config
-    shard = spec.dim_size("dp_shard") * spec.dim_size("sp")
-    if stage in (1, 2) or shard == 1:
-        why = (
-            f"ZeRO stage {stage} partitions over the whole data-parallel group (DeepSpeed 0.19.8's hpZ "
-            "secondary partition, which keeps parameter gathers inside dp_shard, exists for ZeRO-3 only)"
-            if stage in (1, 2)
-            else "dp_shard x sp = 1 leaves ZeRO-3 nothing to shard inside a replica"
-        )
-        raise MeshSpecError(
-            f"{spec.describe()} with zero_optimization.stage={stage} is not supported: {why}. Use stage 3 "
-            f"with dp_shard > 1, or declare a flat data-parallel dim, e.g. {{\"mesh\": {{\"dp\": "
-            f"{spec.dim_size('dp')}}}}}, to shard over all {spec.dim_size('dp')} data-parallel ranks"
-        )
-    section = dict(config["zero_optimization"])
-    given = section.get("zero_hpz_partition_size", 1)
-    if given not in (1, shard):
-        raise MeshSpecError(
-            f"zero_optimization.zero_hpz_partition_size={given} does not match {spec.describe()}: its hpZ "
-            f"group is {' x '.join(HPZ_DIMS)} = {shard} ranks; set it to {shard} or leave it out"
-        )
-    section["zero_hpz_partition_size"] = shard
-    logger.info("HSDP %s: ZeRO-3 with zero_hpz_partition_size=%d", spec.describe(), shard)
-    return {**config, "zero_optimization": section}
 
 
 def _dp_is_not_world(spec: MeshSpec) -> bool:

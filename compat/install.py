@@ -12,7 +12,10 @@
   as ``engine.mesh_device``); ``DeepSpeedConfig.__init__`` is wrapped in place to size batches by
   that mesh, and the engines' ``forward`` / ``backward`` / ``step`` / ``train_batch`` /
   ``eval_batch``, rank getters and checkpoint save / load run with their own engine's groups
-  state (:mod:`compat.engine_scope`).
+  state (:mod:`compat.engine_scope`);
+- ZeRO on an HSDP mesh (:mod:`compat.hsdp`): the engine's ``_configure_zero_optimizer`` /
+  ``_configure_checkpointing``, ``zero.Init.__init__``, stage 3's ``partition_grads`` and stage 1/2's
+  ``step`` are wrapped in place (they pass through unless the engine's mesh is an HSDP one).
 
 Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the groups functions,
 ``pipe/module.py``'s grid and topology names) are re-pointed as well. :func:`uninstall` restores
@@ -271,6 +274,14 @@ def _route_pipe_module(module: types.ModuleType) -> None:
     _wrap_in_place(module.PipelineModule, "__init__", make_pipeline_module_init_wrapper(module))
 
 
+def _route_hsdp(module: types.ModuleType) -> None:
+    # issue 24: HSDP under ZeRO (partition over dp_shard, average across dp_replicate; compat.hsdp)
+    from . import hsdp
+
+    for owner, name, wrapper in hsdp.WRAPPERS[module.__name__]:
+        _wrap_in_place(getattr(module, owner), name, wrapper)
+
+
 def _route_initialize(module: types.ModuleType) -> None:
     from .initialize import initialize_wrapper
 
@@ -293,6 +304,8 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
     ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),
+    *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters",
+                                       "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2")),
 ]
 _routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
 
