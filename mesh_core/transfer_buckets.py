@@ -1,0 +1,207 @@
+"""Run a transfer plan as flat byte buckets: one message per bucket of each (sender, receiver) pair.
+
+:func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
+that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes``; the
+buckets of all pairs are ordered round by round (each pair's first bucket, then the second, ...), and
+a bucket's index in that order is its message tag. :func:`execute` keeps at most ``window`` buckets of
+this rank in flight, posted and waited in that global order (the oldest unfinished bucket of the whole
+transfer is always posted on both ends, so it completes: no deadlock), packs the next bucket while the
+previous ones travel, and copies each received bucket once into its destinations. A bucket holding a
+single contiguous piece in the travelling dtype is sent from, or received into, the tensor itself.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+Box = tuple[tuple[int, int], ...]
+ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
+DEFAULT_BUCKET_BYTES = 64 << 20
+DEFAULT_WINDOW = 2
+
+
+@dataclass(frozen=True)
+class Item:
+    """A box of one parameter inside a bucket (``box`` in full-tensor coordinates)."""
+
+    name: str
+    box: Box
+    src_box: Box
+    dst_box: Box
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    src: int
+    dst: int
+    tag: int
+    items: tuple[Item, ...]
+    nbytes: int
+
+
+def box_numel(box: Box) -> int:
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def local_index(box: Box, shard: Box) -> tuple[slice, ...]:
+    return tuple(slice(lo - slo, hi - slo) for (lo, hi), (slo, _) in zip(box, shard))
+
+
+def split_box(box: Box, itemsize: int, limit: int) -> list[Box]:
+    """``box`` cut along its outer dims into boxes of at most ``limit`` bytes (a single element may exceed it)."""
+    if box_numel(box) * itemsize <= limit or not box:
+        return [box]
+    (lo, hi), rest = box[0], box[1:]
+    row = box_numel(rest) * itemsize
+    if row > limit:
+        return [((i, i + 1),) + sub for i in range(lo, hi) for sub in split_box(rest, itemsize, limit)]
+    step = max(1, limit // row)
+    return [((i, min(i + step, hi)),) + rest for i in range(lo, hi, step)]
+
+
+def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int) -> list[Bucket]:
+    """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size."""
+    per_pair: dict[tuple[int, int], list[list[Item]]] = {}
+    for p in pieces:
+        if p.src == p.dst:
+            continue
+        size = itemsize(p.name, p.src)
+        buckets = per_pair.setdefault((p.src, p.dst), [[]])
+        for box in split_box(p.box, size, bucket_bytes):
+            nbytes = box_numel(box) * size
+            current = buckets[-1]
+            offset = _end(current)
+            if current and offset + nbytes > bucket_bytes:
+                current, offset = [], 0
+                buckets.append(current)
+            current.append(Item(p.name, box, p.src_box, p.dst_box, offset, nbytes))
+    out: list[Bucket] = []
+    rounds = max((len(b) for b in per_pair.values()), default=0)
+    for r in range(rounds):
+        for (src, dst), buckets in sorted(per_pair.items()):
+            if r < len(buckets):
+                out.append(Bucket(src, dst, len(out), tuple(buckets[r]), _end(buckets[r])))
+    return out
+
+
+def _end(items: Sequence[Item]) -> int:
+    if not items:
+        return 0
+    last = items[-1]
+    return -(-(last.offset + last.nbytes) // ALIGN) * ALIGN
+
+
+@dataclass
+class Run:
+    """What :func:`execute` did on this rank."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    messages: int = 0
+    peak_buffer_bytes: int = 0  # the most bytes of bucket buffers alive at once (zero-copy buckets: none)
+
+
+def execute(
+    buckets: Sequence[Bucket],
+    source: Callable[[str], torch.Tensor],
+    target: Callable[[str], torch.Tensor],
+    wire_dtype: Callable[[str, int], torch.dtype],
+    local: Callable[[], None],
+    *,
+    window: int = DEFAULT_WINDOW,
+    device: Optional[torch.device] = None,
+) -> Run:
+    """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight."""
+    rank = dist.get_rank()
+    mine = deque(b for b in buckets if rank in (b.src, b.dst))
+    run = Run()
+    in_flight: deque = deque()
+    alive = 0
+
+    def post() -> None:
+        nonlocal alive
+        bucket = mine.popleft()
+        if bucket.src == rank:
+            buffer, owned = _pack(bucket, source, wire_dtype, device)
+            work = dist.isend(buffer, dst=bucket.dst, tag=bucket.tag)
+            run.sent_bytes += bucket.nbytes
+        else:
+            buffer, owned = _landing(bucket, target, wire_dtype, device)
+            work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
+            run.received_bytes += bucket.nbytes
+        alive += buffer.numel() if owned else 0
+        run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
+        run.messages += 1
+        in_flight.append((bucket, buffer, owned, work))
+
+    while mine and len(in_flight) < window:
+        post()
+    local()
+    while in_flight:
+        bucket, buffer, owned, work = in_flight.popleft()
+        work.wait()
+        if bucket.dst == rank and owned:
+            _unpack(bucket, buffer, target, wire_dtype)
+        alive -= buffer.numel() if owned else 0
+        del buffer
+        while mine and len(in_flight) < window:
+            post()
+    return run
+
+
+def _region(tensor: torch.Tensor, item: Item, shard: Box) -> torch.Tensor:
+    return tensor[local_index(item.box, shard)]
+
+
+def _pack(bucket: Bucket, source, wire_dtype, device) -> tuple[torch.Tensor, bool]:
+    first = bucket.items[0]
+    if len(bucket.items) == 1:
+        region = _region(source(first.name), first, first.src_box)
+        if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
+            return region.reshape(-1).view(torch.uint8), False
+    buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device or source(first.name).device)
+    with torch.no_grad():
+        for item in bucket.items:
+            region = _region(source(item.name), item, item.src_box)
+            shape = [hi - lo for lo, hi in item.box]
+            wire = wire_dtype(item.name, bucket.src)
+            buffer[item.offset : item.offset + item.nbytes].view(wire).view(shape).copy_(region)
+    return buffer, True
+
+
+def _landing(bucket: Bucket, target, wire_dtype, device) -> tuple[torch.Tensor, bool]:
+    first = bucket.items[0]
+    if len(bucket.items) == 1:
+        region = _region(target(first.name), first, first.dst_box)
+        if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
+            return region.view(-1).view(torch.uint8), False
+    return torch.empty(bucket.nbytes, dtype=torch.uint8, device=device or target(first.name).device), True
+
+
+def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
+    with torch.no_grad():
+        for item in bucket.items:
+            region = _region(target(item.name), item, item.dst_box)
+            shape = [hi - lo for lo, hi in item.box]
+            region.copy_(buffer[item.offset : item.offset + item.nbytes].view(wire_dtype(item.name, bucket.src)).view(shape))
+
+
+def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
+                 rank: int) -> int:
+    """Copy the pieces this rank both holds and needs; the number of elements copied."""
+    copied = 0
+    with torch.no_grad():
+        for p in pieces:
+            if p.src == p.dst == rank:
+                item = Item(p.name, p.box, p.src_box, p.dst_box, 0, 0)
+                _region(target(p.name), item, p.dst_box).copy_(_region(source(p.name), item, p.src_box))
+                copied += box_numel(p.box)
+    return copied
+
