@@ -39,7 +39,8 @@ from .layout import MeshLayout
 from .spec import MeshSpec, MeshSpecError
 from .transfer_agree import (SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of,
                              record_for)
-from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, box_numel, execute, local_copies, local_index, schedule
+from .transfer_buckets import (DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, local_copies,
+                               local_index, schedule)
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ def run_transfer(
             target = _getter(tensors.get("destination"))
             copied = []
             run = execute(buckets, source, target, prepared.wire, lambda: copied.append(local_copies(pieces, source, target, rank)),
-                          window=window)
+                          window=window, pool=prepared.pool)
         stats.copied += sum(copied)
         stats.messages += run.messages
         stats.sent_bytes += run.sent_bytes
@@ -359,6 +360,7 @@ class _Prepared(list):
     """(names, pieces, buckets) per group of parameters, and the travelling dtype by (name, sender)."""
 
     wire: Any
+    pool: BufferPool
 
 
 def _prepared(agreed: Agreed, src_spec: MeshSpec, dst_spec: MeshSpec, bucket_bytes: int) -> _Prepared:
@@ -373,6 +375,7 @@ def _prepared(agreed: Agreed, src_spec: MeshSpec, dst_spec: MeshSpec, bucket_byt
     dtypes = {key: dtype_of(name) for key, name in agreed.dtypes["source"].items()}
     prepared = _Prepared()
     prepared.wire = lambda name, src: dtypes[(name, src)]
+    prepared.pool = BufferPool()
     itemsize = lambda name, src: dtypes[(name, src)].itemsize  # noqa: E731
     for names in _groups(src_layouts, agreed, bucket_bytes):
         chosen = set(names)

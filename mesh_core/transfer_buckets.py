@@ -1,7 +1,8 @@
 """Run a transfer plan as flat byte buckets: one message per bucket of each (sender, receiver) pair.
 
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
-that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes``; the
+that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box of a quarter bucket or more
+travels alone); the
 buckets of all pairs are ordered round by round (each pair's first bucket, then the second, ...), and
 a bucket's index in that order is its message tag. :func:`execute` keeps at most ``window`` buckets of
 this rank in flight, posted and waited in that global order (the oldest unfinished bucket of the whole
@@ -21,8 +22,11 @@ import torch.distributed as dist
 
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
-DEFAULT_BUCKET_BYTES = 64 << 20
+DEFAULT_BUCKET_BYTES = 16 << 20
 DEFAULT_WINDOW = 2
+# a box of at least bucket_bytes / ALONE_FRACTION travels alone: when it is contiguous on a side,
+# that side sends from / receives into the tensor itself (no packing copy)
+ALONE_FRACTION = 4
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
             nbytes = box_numel(box) * size
             current = buckets[-1]
             offset = _end(current)
-            if current and offset + nbytes > bucket_bytes:
+            alone = nbytes >= bucket_bytes // ALONE_FRACTION
+            if current and (alone or offset + nbytes > bucket_bytes or _is_alone(current, bucket_bytes)):
                 current, offset = [], 0
                 buckets.append(current)
             current.append(Item(p.name, box, p.src_box, p.dst_box, offset, nbytes))
@@ -91,11 +96,38 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
     return out
 
 
+def _is_alone(items: Sequence[Item], bucket_bytes: int) -> bool:
+    return len(items) == 1 and items[0].nbytes >= bucket_bytes // ALONE_FRACTION
+
+
 def _end(items: Sequence[Item]) -> int:
     if not items:
         return 0
     last = items[-1]
     return -(-(last.offset + last.nbytes) // ALIGN) * ALIGN
+
+
+class BufferPool:
+    """Byte buffers kept between calls (a fresh buffer's first touch costs more than the copy into it)."""
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+
+    def take(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        for i, buffer in enumerate(self._free):
+            if buffer.numel() >= nbytes and buffer.device == device:
+                return self._free.pop(i)[:nbytes]
+        if self._free:  # none is big enough: replace one, so the pool never holds more than are in flight
+            self._free.pop(0)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        base = buffer if buffer._base is None else buffer._base
+        self._free.append(base)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self._free)
 
 
 @dataclass
@@ -116,10 +148,13 @@ def execute(
     local: Callable[[], None],
     *,
     window: int = DEFAULT_WINDOW,
-    device: Optional[torch.device] = None,
+    pool: Optional[BufferPool] = None,
 ) -> Run:
-    """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight."""
+    """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight.
+
+    Packing buffers come from ``pool`` and go back to it (at most ``window`` are taken at once)."""
     rank = dist.get_rank()
+    pool = pool if pool is not None else BufferPool()
     mine = deque(b for b in buckets if rank in (b.src, b.dst))
     run = Run()
     in_flight: deque = deque()
@@ -129,11 +164,11 @@ def execute(
         nonlocal alive
         bucket = mine.popleft()
         if bucket.src == rank:
-            buffer, owned = _pack(bucket, source, wire_dtype, device)
+            buffer, owned = _pack(bucket, source, wire_dtype, pool)
             work = dist.isend(buffer, dst=bucket.dst, tag=bucket.tag)
             run.sent_bytes += bucket.nbytes
         else:
-            buffer, owned = _landing(bucket, target, wire_dtype, device)
+            buffer, owned = _landing(bucket, target, wire_dtype, pool)
             work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
             run.received_bytes += bucket.nbytes
         alive += buffer.numel() if owned else 0
@@ -149,7 +184,9 @@ def execute(
         work.wait()
         if bucket.dst == rank and owned:
             _unpack(bucket, buffer, target, wire_dtype)
-        alive -= buffer.numel() if owned else 0
+        if owned:
+            alive -= buffer.numel()
+            pool.give(buffer)
         del buffer
         while mine and len(in_flight) < window:
             post()
@@ -160,13 +197,13 @@ def _region(tensor: torch.Tensor, item: Item, shard: Box) -> torch.Tensor:
     return tensor[local_index(item.box, shard)]
 
 
-def _pack(bucket: Bucket, source, wire_dtype, device) -> tuple[torch.Tensor, bool]:
+def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
     first = bucket.items[0]
     if len(bucket.items) == 1:
         region = _region(source(first.name), first, first.src_box)
         if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
             return region.reshape(-1).view(torch.uint8), False
-    buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device or source(first.name).device)
+    buffer = pool.take(bucket.nbytes, source(first.name).device)
     with torch.no_grad():
         for item in bucket.items:
             region = _region(source(item.name), item, item.src_box)
@@ -176,13 +213,13 @@ def _pack(bucket: Bucket, source, wire_dtype, device) -> tuple[torch.Tensor, boo
     return buffer, True
 
 
-def _landing(bucket: Bucket, target, wire_dtype, device) -> tuple[torch.Tensor, bool]:
+def _landing(bucket: Bucket, target, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
     first = bucket.items[0]
     if len(bucket.items) == 1:
         region = _region(target(first.name), first, first.dst_box)
         if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
             return region.view(-1).view(torch.uint8), False
-    return torch.empty(bucket.nbytes, dtype=torch.uint8, device=device or target(first.name).device), True
+    return pool.take(bucket.nbytes, target(first.name).device), True
 
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
