@@ -35,7 +35,8 @@ AUTOTP_META = "ds_autotp_universal_checkpoint_meta"  # deepspeed.checkpoint.cons
 class EngineSide:
     """One side of a transfer from this rank's engine or module (see the module docstring)."""
 
-    def __init__(self, model: Any, spec: MeshSpec, names: Optional[Sequence[str]] = None) -> None:
+    def __init__(self, model: Any, spec: MeshSpec, names: Optional[Sequence[str]] = None,
+                 layouts: Optional[Mapping[str, ParamLayout]] = None) -> None:
         module = getattr(model, "module", model)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a DeepSpeed engine or a torch.nn.Module, got {type(model).__name__}")
@@ -54,6 +55,9 @@ class EngineSide:
         self.layouts = {}
         self.shapes = {}
         for name, param in params.items():
+            if layouts and name in layouts:  # a layout the caller knows (hand-written tensor-parallel layers)
+                self.layouts[name] = layouts[name]
+                continue
             self.layouts[name], self.shapes[name] = self._layout(name, param)
 
     def _layout(self, name: str, param: torch.nn.Parameter) -> tuple[ParamLayout, tuple[int, ...]]:
@@ -91,6 +95,8 @@ def transfer_weights(
     dst_model: Any,
     *,
     names: Optional[Sequence[str]] = None,
+    src_layouts: Optional[Mapping[str, ParamLayout]] = None,
+    dst_layouts: Optional[Mapping[str, ParamLayout]] = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     window: int = DEFAULT_WINDOW,
     timeout: Optional[timedelta] = None,
@@ -99,19 +105,21 @@ def transfer_weights(
 
     Every rank of both meshes calls it; ``src_model`` / ``dst_model`` are this rank's engine (or
     module) of that side, None on a rank outside that mesh. ``names`` restricts the parameters moved
-    (default: all of the source model's). Errors are raised as by :func:`~mesh_core.transfer.transfer`:
+    (default: all of the source model's). ``src_layouts`` / ``dst_layouts`` give the layout of
+    parameters the engine cannot describe (hand-written tensor-parallel layers), by name. Errors are raised as by :func:`~mesh_core.transfer.transfer`:
     the same :class:`~mesh_core.MeshSpecError` on every rank, before any message.
     """
     src_spec, dst_spec = _spec(src), _spec(dst)
     rank = dist.get_rank()
     sides = {}
-    for side, spec, model in (("source", src_spec, src_model), ("destination", dst_spec, dst_model)):
+    for side, spec, model, given in (("source", src_spec, src_model, src_layouts),
+                                     ("destination", dst_spec, dst_model, dst_layouts)):
         if not _member(spec, rank):
             sides[side] = None
         elif model is None:
             sides[side] = _Missing(side, spec, rank)
         else:
-            sides[side] = EngineSide(model, spec, names)
+            sides[side] = EngineSide(model, spec, names, given)
     known = {side: None if s is None or isinstance(s, _Missing) else s.layouts for side, s in sides.items()}
     flags = {side: {"gather": s.gather} for side, s in sides.items() if isinstance(s, EngineSide)}
     return run_transfer(src_spec, dst_spec, sides, known, bucket_bytes=bucket_bytes, window=window, timeout=timeout,
