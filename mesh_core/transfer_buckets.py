@@ -1,8 +1,8 @@
 """Run a transfer plan as flat byte buckets: one message per bucket of each (sender, receiver) pair.
 
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
-that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box of a quarter bucket or more
-travels alone); the
+that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box of 1 MiB or a quarter bucket
+or more travels alone); the
 buckets of all pairs are ordered round by round (each pair's first bucket, then the second, ...), and
 a bucket's index in that order is its message tag. :func:`execute` keeps at most ``window`` buckets of
 this rank in flight, posted and waited in that global order (the oldest unfinished bucket of the whole
@@ -24,9 +24,10 @@ Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
 DEFAULT_BUCKET_BYTES = 16 << 20
 DEFAULT_WINDOW = 2
-# a box of at least bucket_bytes / ALONE_FRACTION travels alone: when it is contiguous on a side,
-# that side sends from / receives into the tensor itself (no packing copy)
-ALONE_FRACTION = 4
+# a box of at least min(ALONE_BYTES, bucket_bytes / 4) travels alone: when it is contiguous on a
+# side, that side sends from / receives into the tensor itself (no packing copy); packing pays off
+# for the many small tensors (biases, norms), whose messages would cost more than their bytes
+ALONE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
             nbytes = box_numel(box) * size
             current = buckets[-1]
             offset = _end(current)
-            alone = nbytes >= bucket_bytes // ALONE_FRACTION
+            alone = nbytes >= _alone_bytes(bucket_bytes)
             if current and (alone or offset + nbytes > bucket_bytes or _is_alone(current, bucket_bytes)):
                 current, offset = [], 0
                 buckets.append(current)
@@ -96,8 +97,12 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
     return out
 
 
+def _alone_bytes(bucket_bytes: int) -> int:
+    return max(1, min(ALONE_BYTES, bucket_bytes // 4))
+
+
 def _is_alone(items: Sequence[Item], bucket_bytes: int) -> bool:
-    return len(items) == 1 and items[0].nbytes >= bucket_bytes // ALONE_FRACTION
+    return len(items) == 1 and items[0].nbytes >= _alone_bytes(bucket_bytes)
 
 
 def _end(items: Sequence[Item]) -> int:
