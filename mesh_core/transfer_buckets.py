@@ -202,37 +202,44 @@ def _region(tensor: torch.Tensor, item: Item, shard: Box) -> torch.Tensor:
     return tensor[local_index(item.box, shard)]
 
 
+def _direct(bucket: Bucket, tensor_of, shard: Box, wire_dtype) -> Optional[torch.Tensor]:
+    """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
+    if len(bucket.items) != 1:
+        return None
+    item = bucket.items[0]
+    region = _region(tensor_of(item.name), item, shard)
+    if region.dtype == wire_dtype(item.name, bucket.src) and region.is_contiguous():
+        return region.reshape(-1).view(torch.uint8)
+    return None
+
+
+def _slot(buffer: torch.Tensor, item: Item, wire: torch.dtype) -> torch.Tensor:
+    """The item's place in a bucket, as a tensor of its box's shape in the travelling dtype."""
+    return buffer[item.offset : item.offset + item.nbytes].view(wire).view([hi - lo for lo, hi in item.box])
+
+
 def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
-    first = bucket.items[0]
-    if len(bucket.items) == 1:
-        region = _region(source(first.name), first, first.src_box)
-        if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
-            return region.reshape(-1).view(torch.uint8), False
-    buffer = pool.take(bucket.nbytes, source(first.name).device)
+    direct = _direct(bucket, source, bucket.items[0].src_box, wire_dtype)
+    if direct is not None:
+        return direct, False
+    buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
     with torch.no_grad():
         for item in bucket.items:
-            region = _region(source(item.name), item, item.src_box)
-            shape = [hi - lo for lo, hi in item.box]
-            wire = wire_dtype(item.name, bucket.src)
-            buffer[item.offset : item.offset + item.nbytes].view(wire).view(shape).copy_(region)
+            _slot(buffer, item, wire_dtype(item.name, bucket.src)).copy_(_region(source(item.name), item, item.src_box))
     return buffer, True
 
 
 def _landing(bucket: Bucket, target, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
-    first = bucket.items[0]
-    if len(bucket.items) == 1:
-        region = _region(target(first.name), first, first.dst_box)
-        if region.dtype == wire_dtype(first.name, bucket.src) and region.is_contiguous():
-            return region.view(-1).view(torch.uint8), False
-    return pool.take(bucket.nbytes, target(first.name).device), True
+    direct = _direct(bucket, target, bucket.items[0].dst_box, wire_dtype)
+    if direct is not None:
+        return direct, False
+    return pool.take(bucket.nbytes, target(bucket.items[0].name).device), True
 
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
     with torch.no_grad():
         for item in bucket.items:
-            region = _region(target(item.name), item, item.dst_box)
-            shape = [hi - lo for lo, hi in item.box]
-            region.copy_(buffer[item.offset : item.offset + item.nbytes].view(wire_dtype(item.name, bucket.src)).view(shape))
+            _region(target(item.name), item, item.dst_box).copy_(_slot(buffer, item, wire_dtype(item.name, bucket.src)))
 
 
 def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
