@@ -1,14 +1,16 @@
 """Run a transfer plan as flat byte buckets: one message per bucket of each (sender, receiver) pair.
 
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
-that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box of 1 MiB or a quarter bucket
-or more travels alone); the
-buckets of all pairs are ordered round by round (each pair's first bucket, then the second, ...), and
-a bucket's index in that order is its message tag. :func:`execute` keeps at most ``window`` buckets of
-this rank in flight, posted and waited in that global order (the oldest unfinished bucket of the whole
-transfer is always posted on both ends, so it completes: no deadlock), packs the next bucket while the
-previous ones travel, and copies each received bucket once into its destinations. A bucket holding a
-single contiguous piece in the travelling dtype is sent from, or received into, the tensor itself.
+that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
+of 1 MiB or a quarter bucket or more travels alone); the buckets of all pairs are ordered round by
+round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
+message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
+
+:func:`execute` posts and waits this rank's buckets in that global order, with at most ``window``
+buckets needing a buffer in flight (and ``MAX_IN_FLIGHT`` in all): every rank posts a prefix of its
+buckets and waits on its oldest, so the oldest unfinished bucket of the whole transfer is posted on
+both ends and completes (no deadlock). The next bucket is packed while the previous ones travel;
+each received bucket is copied once into its destinations.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import torch.distributed as dist
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
 DEFAULT_BUCKET_BYTES = 16 << 20
-DEFAULT_WINDOW = 2
+DEFAULT_WINDOW = 2  # buckets needing a buffer in flight per rank
+MAX_IN_FLIGHT = 64  # messages in flight per rank
 # a box of at least min(ALONE_BYTES, bucket_bytes / 4) travels alone: when it is contiguous on a
 # side, that side sends from / receives into the tensor itself (no packing copy); packing pays off
 # for the many small tensors (biases, norms), whose messages would cost more than their bytes
@@ -157,16 +160,30 @@ def execute(
 ) -> Run:
     """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight.
 
-    Packing buffers come from ``pool`` and go back to it (at most ``window`` are taken at once)."""
+    At most ``window`` buckets needing a buffer (from ``pool``, given back after) are in flight at
+    once; buckets sent from / received into the tensors themselves only count against
+    ``MAX_IN_FLIGHT``."""
     rank = dist.get_rank()
     pool = pool if pool is not None else BufferPool()
     mine = deque(b for b in buckets if rank in (b.src, b.dst))
     run = Run()
     in_flight: deque = deque()
     alive = 0
+    buffered = 0
+
+    def can_post() -> bool:
+        if not mine or len(in_flight) >= MAX_IN_FLIGHT:
+            return False
+        if buffered < window:
+            return True
+        bucket = mine[0]
+        sending = bucket.src == rank
+        item = bucket.items[0]
+        return _direct(bucket, source if sending else target, item.src_box if sending else item.dst_box,
+                       wire_dtype) is not None
 
     def post() -> None:
-        nonlocal alive
+        nonlocal alive, buffered
         bucket = mine.popleft()
         if bucket.src == rank:
             buffer, owned = _pack(bucket, source, wire_dtype, pool)
@@ -177,11 +194,12 @@ def execute(
             work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
             run.received_bytes += bucket.nbytes
         alive += buffer.numel() if owned else 0
+        buffered += int(owned)
         run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
         run.messages += 1
         in_flight.append((bucket, buffer, owned, work))
 
-    while mine and len(in_flight) < window:
+    while can_post():
         post()
     local()
     while in_flight:
@@ -191,9 +209,10 @@ def execute(
             _unpack(bucket, buffer, target, wire_dtype)
         if owned:
             alive -= buffer.numel()
+            buffered -= 1
             pool.give(buffer)
         del buffer
-        while mine and len(in_flight) < window:
+        while can_post():
             post()
     return run
 
