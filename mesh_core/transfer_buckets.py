@@ -2,7 +2,7 @@
 
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
 that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
-of 1 MiB or a quarter bucket or more travels alone); the buckets of all pairs are ordered round by
+of 256 KiB or a quarter bucket or more travels alone); the buckets of all pairs are ordered round by
 round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
 message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
 
@@ -30,7 +30,7 @@ MAX_IN_FLIGHT = 64  # messages in flight per rank
 # a box of at least min(ALONE_BYTES, bucket_bytes / 4) travels alone: when it is contiguous on a
 # side, that side sends from / receives into the tensor itself (no packing copy); packing pays off
 # for the many small tensors (biases, norms), whose messages would cost more than their bytes
-ALONE_BYTES = 1 << 20
+ALONE_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
