@@ -317,6 +317,8 @@ def run_transfer(
     participants = sorted(set(src_spec.ranks) | set(dst_spec.ranks))
     if rank not in participants:
         return TransferStats()
+    if dist.get_backend() == "fake":
+        raise MeshSpecError("transfer moves data with messages; torch's fake backend sends none (use gloo or nccl)")
     if src_spec.world_size != dst_spec.world_size or src_spec.world_size != dist.get_world_size():
         raise MeshSpecError(f"{src_spec.describe()} and {dst_spec.describe()} must both be meshes of this world "
                             f"of {dist.get_world_size()} ranks")
