@@ -15,7 +15,7 @@ NAMES = {f"block.{n}" for n in ("up_proj.weight", "up_proj.bias", "down_proj.wei
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("transfer_engines.py", str(tmp_path_factory.mktemp("engines")), "zero3,autotp,zero2", timeout=400)
+    return torchrun("transfer_engines.py", str(tmp_path_factory.mktemp("engines")), "zero3,autotp,zero2,zero3_dst", timeout=500)
 
 
 def _bit_for_bit(runs, case, rollout_ranks):
@@ -45,3 +45,9 @@ def test_zero2_actor_to_sub_world_rollout_copies_locally(runs):
     _bit_for_bit(runs, "zero2", [1, 2, 3])
     for rank in (1, 2, 3):  # ranks 1-3 hold both sides: nothing travels
         assert runs[rank]["zero2"]["copied"] == 296 and runs[rank]["zero2"]["messages"] == 0
+
+
+def test_zero1_actor_to_zero3_rollout_written_while_gathered(runs):
+    _bit_for_bit(runs, "zero3_dst", [2, 3])
+    for rank in (2, 3):  # partitioned again after the transfer; whole inside a gather
+        assert runs[rank]["zero3_dst"]["rollout_partitioned"] and runs[rank]["zero3_dst"]["rollout_up_numel"] == 128

@@ -9,9 +9,10 @@ point-to-point, which compares bit for bit.
 - zero3:  actor ZeRO-3 dp=2 on ranks 0-1 -> rollout dp=2 on ranks 2-3;
 - autotp: actor AutoTP tp=2 on ranks 0-1 -> rollout dp=2 on ranks 2-3;
 - zero2:  actor ZeRO-2 dp=4 on the whole world -> rollout on ranks 1-3 (a sub-world; ranks 1-3
-  hold both sides, so their pieces are copied locally).
+  hold both sides, so their pieces are copied locally);
+- zero3_dst: actor ZeRO-1 on ranks 0-1 -> a ZeRO-3 rollout on ranks 2-3 (written while gathered).
 
-usage: transfer_engines.py OUT_DIR [zero3,autotp,zero2]
+usage: transfer_engines.py OUT_DIR [zero3,autotp,zero2,zero3_dst]
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ CASES = {
     "autotp": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION}},
                {**BASE, "mesh": {"ranks": [2, 3]}}),
     "zero2": ({**BASE, **ADAM, "zero_optimization": {"stage": 2}}, {**BASE, "mesh": {"ranks": [1, 2, 3]}}),
+    "zero3_dst": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "zero_optimization": {"stage": 1}},
+                  {**BASE, "mesh": {"ranks": [2, 3]}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}),
 }
 
 
@@ -112,10 +115,13 @@ def run(case: str, rank: int) -> dict:
     elif rollout is not None:
         got = dict(rollout.module.named_parameters())
         same = {}
-        for name in names:
-            full = torch.empty(got[name].shape, dtype=got[name].dtype)
-            dist.recv(full, src=sender)
-            same[name] = torch.equal(full, got[name].detach())
+        with deepspeed.zero.GatheredParameters(list(got.values()), enabled=case == "zero3_dst"):
+            for name in names:
+                full = torch.empty(got[name].shape, dtype=got[name].dtype)
+                dist.recv(full, src=sender)
+                same[name] = torch.equal(full, got[name].detach())
+            report["rollout_up_numel"] = got["block.up_proj.weight"].numel()
+        report["rollout_partitioned"] = got["block.up_proj.weight"].numel() == 0
         report["same"] = same
     if rank == sender and rollout is not None:  # the sender is also a rollout rank (zero2)
         got = dict(rollout.module.named_parameters())
