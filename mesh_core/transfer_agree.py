@@ -46,6 +46,7 @@ MAX_LISTED = 6  # problems / parameters named in one message
 SIDES = ("source", "destination")
 _ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_SLOW: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: rounds that published records
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,18 @@ def agree(participants: Sequence[int], record: dict, *, key: str, timeout: Optio
     previous = cache.get(key)
     flagged = bool(record["problems"]) or previous is None or previous[0] != mine
     n = len(members)
+    slow_rounds = _SLOW.setdefault(world, {}).setdefault(set_id, set())
     value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flagged))
-    if value % (n + 1) == n:
+    if value % (n + 1) == n:  # the last to arrive: everyone has finished round - 2 (and round - 1)
         store.set(f"{prefix}/done", "1")
-        _forget_round(store, f"{STORE_PREFIX}/{set_id}/{round_no - 2}", members)
-    _wait(store, f"{prefix}/done", prefix, members, timeout)
-    if store.add(f"{prefix}/arrived", 0) // (n + 1) == 0:
+        _forget_round(store, f"{STORE_PREFIX}/{set_id}/{round_no - 2}", members, round_no - 2 in slow_rounds)
+    else:
+        _wait(store, f"{prefix}/done", prefix, members, timeout)
+        value = store.add(f"{prefix}/arrived", 0)
+    slow_rounds.discard(round_no - 2)
+    if value // (n + 1) == 0:
         return previous[1]  # type: ignore[index]
+    slow_rounds.add(round_no)
     cache.pop(key, None)
     store.set(f"{prefix}/record/{dist.get_rank()}", raw)
     if store.add(f"{prefix}/published", 1) == n:
@@ -236,11 +242,11 @@ def _get_all(store, keys: list[str]) -> list[bytes]:
     return [store.get(k) for k in keys]
 
 
-def _forget_round(store, prefix: str, members: Sequence[int]) -> None:
-    # every participant finished reading round k-2 before it arrived at round k-1
-    if prefix.endswith("/-1") or prefix.endswith("/-2"):
+def _forget_round(store, prefix: str, members: Sequence[int], published: bool) -> None:
+    """Delete a finished round's keys (its records too when it published them)."""
+    if prefix.endswith(("/-1", "/-2")):
         return
-    keys = ["arrived", "done", "published", "all"] + [f"record/{r}" for r in members]
+    keys = ["arrived", "done"] + (["published", "all"] + [f"record/{r}" for r in members] if published else [])
     for key in keys:
         try:
             store.delete_key(f"{prefix}/{key}")
