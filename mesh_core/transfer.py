@@ -176,11 +176,14 @@ class TensorSide:
 
     gather = False
 
-    def __init__(self, tensors: Optional[Mapping[str, Any]], layouts: Mapping[str, ParamLayout]) -> None:
+    def __init__(self, tensors: Optional[Mapping[str, Any]], layouts: Optional[Mapping[str, ParamLayout]]) -> None:
         self._tensors = tensors
-        self.layouts = layouts
+        self.layouts = layouts or {}
+        self._given = layouts is not None
 
     def metas(self, spec: MeshSpec, rank: int, side: str) -> tuple[dict[str, TensorMeta], list[str]]:
+        if not self._given:
+            return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} layouts"]
         if self._tensors is None:
             return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} tensors"]
         return check_tensors(spec, rank, side, self.layouts, self._tensors)
@@ -280,9 +283,10 @@ def transfer(
 
     Every rank of both meshes calls it, in the same order as its other transfers; ``src_tensors`` /
     ``dst_tensors`` are this rank's shards by name (None on a rank outside that mesh). The layouts
-    must be given on the ranks of their mesh (the others may pass None: they learn them in the
-    agreement); ``dst_layouts`` defaults to ``src_layouts``. ``bucket_bytes`` bounds each message,
-    ``window`` the buckets in flight per rank, ``timeout`` the wait for the other participants
+    must be given on the ranks of their mesh (ranks outside the source mesh may pass
+    ``src_layouts=None``: they learn them in the agreement); ``dst_layouts`` defaults to
+    ``src_layouts``. ``bucket_bytes`` bounds each message, ``window`` the buckets needing a buffer in
+    flight per rank, ``timeout`` the wait for the other participants
     (default: the store's). ``plan`` is accepted for compatibility: the plan is computed once per
     agreed layouts and cached. Raises :class:`~mesh_core.MeshSpecError` on every participant, before
     any message, for a bad tensor or layout on any of them.
@@ -291,8 +295,8 @@ def transfer(
     dst_layouts = src_layouts if dst_layouts is None else dst_layouts
     rank = dist.get_rank()
     sides = {
-        "source": TensorSide(src_tensors, src_layouts or {}) if _member(src_spec, rank) else None,
-        "destination": TensorSide(dst_tensors, dst_layouts or {}) if _member(dst_spec, rank) else None,
+        "source": TensorSide(src_tensors, src_layouts) if _member(src_spec, rank) else None,
+        "destination": TensorSide(dst_tensors, dst_layouts) if _member(dst_spec, rank) else None,
     }
     return run_transfer(src_spec, dst_spec, sides, {"source": src_layouts, "destination": dst_layouts},
                         bucket_bytes=bucket_bytes, window=window, timeout=timeout)

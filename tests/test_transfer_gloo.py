@@ -59,7 +59,7 @@ def _case(rank, *, src_dtype=torch.float32, dst_dtype=torch.float32, edit_src=No
         src = edit_src(rank, src)
     if edit_dst and rank in ROLLOUT:
         dst = edit_dst(rank, dst)
-    src_layouts = src_layouts(rank) if callable(src_layouts) else (src_layouts or _actor_layouts())
+    src_layouts = src_layouts(rank) if callable(src_layouts) else (src_layouts or _actor_layouts())  # None: not given
     dst_layouts = dst_layouts(rank) if callable(dst_layouts) else (
         dst_layouts or {n: ParamLayout(s) for n, s in FULL_SHAPES.items()})
     start = time.monotonic()
@@ -99,6 +99,8 @@ CASES = {
     "none_for_tensors": dict(edit_dst=lambda rank, t: None if rank == 2 else t),
     "none_for_one_tensor": dict(edit_src=_on(0, lambda rank, t: {**t, "c.bias": None})),
     "missing_later_parameter": dict(edit_src=_on(0, _drop("z.last"))),
+    "no_layouts_on_a_member": dict(src_layouts=lambda rank: None if rank == 1 else _actor_layouts()),
+    "layouts_only_on_members": dict(src_layouts=lambda rank: None if rank in ROLLOUT else _actor_layouts()),
     "different_layouts": dict(src_layouts=lambda rank: _actor_layouts(
         **({"b.down": __import__("mesh_core.transfer", fromlist=["x"]).ParamLayout((4, 8), shard_dim=0)}
            if rank == 3 else {}))),
@@ -201,7 +203,8 @@ def results(tmp_path_factory):
     return [json.load(open(out / f"rank{r}.json")) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("case", ["fp32_to_fp32", "bf16_to_fp16", "fp32_to_fp64", "fp32_to_fp16", "after_errors_still_right"])
+@pytest.mark.parametrize("case", ["fp32_to_fp32", "bf16_to_fp16", "fp32_to_fp64", "fp32_to_fp16", "layouts_only_on_members",
+                                  "after_errors_still_right"])
 def test_values_arrive_converted_like_copy(results, case):
     for rank, res in enumerate(results):
         assert res[case]["error"] is None, f"rank {rank}: {res[case]['error']}"
@@ -216,6 +219,7 @@ REFUSED = {
     "none_for_tensors": [r"rank 2: rank 2 is in the destination mesh .* was given None for its destination tensors"],
     "none_for_one_tensor": [r"rank 0: source tensor 'c.bias' is None, not a tensor"],
     "missing_later_parameter": [r"rank 0: source tensor 'z.last' is missing"],
+    "no_layouts_on_a_member": [r"rank 1: rank 1 is in the source mesh .* was given None for its source layouts"],
     "different_layouts": [r"ranks disagree on the transfer", r"source parameter 'b.down': shape \(4, 8\) split on dim 1 over tp "
                           r"on ranks 0..2; shape \(4, 8\) split on dim 0 over tp on rank 3"],
     "different_meshes": [r"ranks disagree on the transfer", r"MeshSpec\(dp=2; ranks \[3, 2\] of world 4\) on rank 3"],
