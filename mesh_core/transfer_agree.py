@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 STORE_PREFIX = "mesh_core/transfer"
 MAX_LISTED = 6  # problems / parameters named in one message
 SIDES = ("source", "destination")
+REFUSED = "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
 _ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 _SLOW: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: rounds that published records
@@ -84,7 +85,7 @@ def conversion_refused(wire: torch.dtype, target: torch.dtype) -> Optional[str]:
         return None
     if wire.is_complex and target.is_complex:
         return None
-    return "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
+    return REFUSED
 
 
 def record_for(
@@ -186,8 +187,7 @@ def check_dtypes(pieces: Sequence[Any], agreed: Agreed) -> None:
             seen.add((p.name, wire, target))
             refused.append(f"{p.name!r}: sent as {wire} by rank {p.src}, received into {target} on rank {p.dst}")
     if refused:
-        raise MeshSpecError(_listing(f"transfer refused before any message was sent: {conversion_refused(torch.float32, torch.int32)}",
-                                     refused))
+        raise MeshSpecError(_listing(f"transfer refused before any message was sent: {REFUSED}", refused))
 
 
 def _differing(ranks: Sequence[int], rows: Sequence[Mapping[str, str]]) -> list[str]:
