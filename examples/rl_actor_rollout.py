@@ -6,8 +6,10 @@
 
     torchrun --nproc-per-node 4 examples/rl_actor_rollout.py [--steps N]
 
-Every iteration the actor's tp-sharded weights are moved into the rollout's layout with
-``mesh_core.transfer`` (gathering the two tp shards into full tensors on ranks 2 and 3), then
+Every iteration the actor's tp-sharded weights are moved into the rollout's layout with one call of
+``mesh_core.transfer_engines.transfer_weights`` (gathering the two tp shards into full tensors on
+ranks 2 and 3; the hand-written tp layers' layouts are given, an AutoTP or ZeRO-3 actor's would be
+read from the engine), then
 checked bit for bit against the actor's weights gathered another way (all-gather over the actor's
 tp group, sent by plain point-to-point). The rollout samples actions, the reference scores them,
 and the experience goes back to the actor, which trains on it (policy gradient + KL to the reference).
@@ -26,7 +28,8 @@ import deepspeed  # noqa: E402
 
 from common import init_gloo, say, say0, shutdown  # noqa: E402
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
-from mesh_core.transfer import ParamLayout, plan_transfer, transfer  # noqa: E402
+from mesh_core.transfer import ParamLayout  # noqa: E402
+from mesh_core.transfer_engines import transfer_weights  # noqa: E402
 from rl_actor_reference import ACTIONS, HIDDEN, KL_COEF, OBS, TensorParallelPolicy  # noqa: E402
 
 ACTOR_RANKS, ROLLOUT_RANKS = [0, 1], [2, 3]
@@ -45,7 +48,6 @@ ACTOR_LAYOUT = {
     "down.weight": ParamLayout(FULL["down.weight"], shard_dim=1),
     "bias": ParamLayout(FULL["bias"]),
 }
-ROLLOUT_LAYOUT = {name: ParamLayout(shape) for name, shape in FULL.items()}
 
 
 class Policy(torch.nn.Module):
@@ -108,14 +110,12 @@ def main() -> None:
         f"rollout {None if rollout is None else rollout.mesh_device.spec.describe()}; "
         f"reference {reference.mesh_device.spec.describe()}")
 
-    plan = plan_transfer(spec_of(ACTOR_CONFIG), spec_of(ROLLOUT_CONFIG),
-                         ACTOR_LAYOUT, ROLLOUT_LAYOUT)
+    actor_spec, rollout_spec = spec_of(ACTOR_CONFIG), spec_of(ROLLOUT_CONFIG)
     gen = torch.Generator().manual_seed(rank)
     for step in range(steps):
         before = None if rollout is None else [p.detach().clone() for p in rollout.module.parameters()]
-        stats = transfer(spec_of(ACTOR_CONFIG), spec_of(ROLLOUT_CONFIG),
-                         None if actor is None else params(actor), None if rollout is None else params(rollout),
-                         ACTOR_LAYOUT, ROLLOUT_LAYOUT, plan=plan)
+        # every rank of both meshes, one call; a bad tensor or layout on any rank is the same error on all
+        stats = transfer_weights(actor_spec, rollout_spec, actor, rollout, src_layouts=ACTOR_LAYOUT)
         same = check_transfer(actor, rollout, actor_mesh)
         if rank in ROLLOUT_RANKS:
             changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, rollout.module.parameters()))

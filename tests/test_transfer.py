@@ -105,3 +105,80 @@ def test_bad_layouts_raise_before_anything():
         plan_transfer(a, b, {"w": ParamLayout((4,))}, {"v": ParamLayout((4,))})
     with pytest.raises(MeshSpecError, match="shard_dim=2 is out of range"):
         ParamLayout((4, 4), shard_dim=2)
+
+
+# --- buckets and the dtype policy (pure) -------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(src=specs(), dst=specs(), shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1)]),
+       bucket=st.sampled_from([4, 24, 64, 200, 1 << 20]), itemsize=st.sampled_from([1, 2, 4, 8]))
+def test_buckets_cover_every_remote_element_once_within_the_bound(src, dst, shard, bucket, itemsize):
+    from mesh_core.transfer_buckets import box_numel, schedule
+
+    src_l = {"w": layout_for(src, (8, 4), shard[0], None), "b": layout_for(src, (8,), None, None)}
+    dst_l = {"w": layout_for(dst, (8, 4), shard[1], None), "b": layout_for(dst, (8,), None, None)}
+    pieces = plan_transfer(src, dst, src_l, dst_l)
+    buckets = schedule(pieces, lambda name, rank: itemsize, bucket)
+    assert [b.tag for b in buckets] == list(range(len(buckets)))
+    covered = {}
+    for b in buckets:
+        assert b.nbytes <= max(bucket, itemsize) + 15 or len(b.items) == 1  # one element may exceed a tiny bucket
+        ends = [(i.offset, i.offset + i.nbytes) for i in b.items]
+        assert all(lo % 16 == 0 for lo, _ in ends) and all(a[1] <= c[0] for a, c in zip(ends, ends[1:]))
+        for item in b.items:
+            assert item.nbytes == box_numel(item.box) * itemsize
+            for cell in _cells(item.box):
+                key = (b.src, b.dst, item.name, cell)
+                assert key not in covered, "an element travels twice"
+                covered[key] = True
+    expected = {(p.src, p.dst, p.name, cell) for p in pieces if p.src != p.dst for cell in _cells(p.box)}
+    assert set(covered) == expected
+
+
+def _cells(box):
+    import itertools
+
+    return itertools.product(*(range(lo, hi) for lo, hi in box))
+
+
+def test_split_box_cuts_outer_dims_first():
+    from mesh_core.transfer_buckets import split_box
+
+    assert split_box(((0, 4), (0, 8)), 4, 64) == [((0, 2), (0, 8)), ((2, 4), (0, 8))]
+    assert split_box(((0, 2), (0, 8)), 4, 16) == [((0, 1), (0, 4)), ((0, 1), (4, 8)), ((1, 2), (0, 4)), ((1, 2), (4, 8))]
+    assert split_box(((0, 3),), 8, 4) == [((0, 1),), ((1, 2),), ((2, 3),)]  # an element larger than the bound
+
+
+def test_large_boxes_travel_alone_small_ones_share():
+    from mesh_core.transfer_buckets import schedule
+
+    a, b = MeshSpec.build(4, tp=2, ranks=[0, 1]), MeshSpec.build(4, dp=2, ranks=[2, 3])
+    layouts = {"big": ParamLayout((64, 4)), "s1": ParamLayout((4,)), "s2": ParamLayout((4,))}
+    buckets = schedule(plan_transfer(a, b, layouts, layouts), lambda n, r: 4, 1024)
+    to_2 = [sorted(i.name for i in bk.items) for bk in buckets if bk.dst == 2]
+    assert sorted(to_2) == [["big"], ["s1", "s2"]]
+
+
+@pytest.mark.parametrize("wire,target,ok", [
+    (torch.bfloat16, torch.float16, True), (torch.float32, torch.float64, True), (torch.float32, torch.float16, True),
+    (torch.float32, torch.float32, True), (torch.int64, torch.int64, True), (torch.complex64, torch.complex128, True),
+    (torch.float32, torch.int32, False), (torch.int32, torch.float32, False), (torch.int32, torch.int64, False),
+    (torch.bool, torch.uint8, False), (torch.complex64, torch.float32, False),
+])
+def test_dtype_policy_converts_float_to_float_only(wire, target, ok):
+    from mesh_core.transfer_agree import conversion_refused
+
+    assert (conversion_refused(wire, target) is None) == ok
+
+
+def test_disagreeing_records_name_the_field_values_and_ranks():
+    from mesh_core.transfer_agree import merge
+
+    base = {"meshes": ["A", "B"], "layouts": {"source": {"w": [[4], None, ["tp"], None, None]}, "destination": None},
+            "dtypes": {"source": {}, "destination": None}, "problems": [], "flags": {}}
+    other = {**base, "layouts": {"source": {"w": [[4], 0, ["tp"], None, None]}, "destination": {"w": [[4], None, ["tp"], None, None]}}}
+    with pytest.raises(MeshSpecError, match=r"source parameter 'w': shape \(4,\) on ranks 0..1; shape \(4,\) split on "
+                                            r"dim 0 over tp on rank 2"):
+        merge([0, 1, 2], [base, base, other])
+    with pytest.raises(MeshSpecError, match=r"rank 1: boom"):
+        merge([0, 1], [base, {**base, "problems": ["boom"]}])

@@ -1,0 +1,254 @@
+"""Pre-flight of a weight transfer: this rank's checks, then one agreement among every rank of both meshes.
+
+Each participant builds a *record*: the two meshes, the layouts it knows (both sides in the plain
+API, its own side for engines), the dtype of every tensor it sends or receives, and every problem
+found in its own tensors (missing, ``None``, wrong shape, a cast that is refused). The records are
+exchanged through the default store among the participants only (no communicator, no message on the
+data path), in two steps:
+
+- every call: one counter per participant (arrived + "my record changed or has a problem"); when no
+  participant flags anything, the previous call's agreed result is reused;
+- otherwise every participant publishes its record, reads all of them, and computes the same verdict:
+  one :class:`~mesh_core.MeshSpecError` (naming parameters, values and ranks) on every participant,
+  or the merged layouts and dtypes the transfer runs with.
+
+A participant that never arrives (it disagrees on who takes part, or is not calling) makes the others'
+wait end after ``timeout`` with an error naming how many arrived.
+
+Dtype policy (what :func:`check_dtypes` enforces): the data travel in the sender's dtype (after the
+source layout's ``dtype`` cast, if given) and are converted on arrival like ``Tensor.copy_``; between
+floating-point dtypes that rounds (bf16 actor → fp16 rollout is the usual case; a value beyond the
+target's range becomes inf, as with ``copy_``). Any other dtype change (float ↔ int, int32 → int64,
+bool, complex ↔ real) is refused before a message is sent: it would truncate or reinterpret values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from .consistency import _ranks_text
+from .spec import MeshSpec, MeshSpecError
+
+logger = logging.getLogger(__name__)
+
+STORE_PREFIX = "mesh_core/transfer"
+MAX_LISTED = 6  # problems / parameters named in one message
+SIDES = ("source", "destination")
+REFUSED = "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
+_ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
+_AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_SLOW: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: rounds that published records
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What the agreement needs of one tensor: its shape and the dtype it travels / lands in."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class Agreed:
+    """The outcome every participant computed alike: layouts per side and dtypes per (name, rank)."""
+
+    layouts: dict[str, dict[str, tuple]]  # side -> name -> layout fields
+    dtypes: dict[str, dict[tuple[str, int], str]]  # side -> (name, rank) -> dtype name
+    flags: dict[str, Any] = field(default_factory=dict)  # side -> merged side flags (e.g. gather)
+    cache: dict = field(default_factory=dict)  # what the caller derives from it (plan, buckets)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise MeshSpecError(f"unknown dtype {name!r}")
+    return value
+
+
+def conversion_refused(wire: torch.dtype, target: torch.dtype) -> Optional[str]:
+    """Why data sent as ``wire`` must not land in ``target`` (None: equal, or float → float)."""
+    if wire == target or (wire.is_floating_point and target.is_floating_point):
+        return None
+    if wire.is_complex and target.is_complex:
+        return None
+    return REFUSED
+
+
+def record_for(
+    specs: tuple[MeshSpec, MeshSpec],
+    layouts: Mapping[str, Optional[Mapping[str, tuple]]],
+    metas: Mapping[str, Optional[Mapping[str, TensorMeta]]],
+    problems: Sequence[str],
+    flags: Mapping[str, Any],
+) -> dict:
+    """This rank's record (JSON-able)."""
+    return {
+        "meshes": [specs[0].describe(), specs[1].describe()],
+        "layouts": {side: None if layouts.get(side) is None else {n: list(v) for n, v in sorted(layouts[side].items())}
+                    for side in SIDES},
+        "dtypes": {side: None if metas.get(side) is None else {n: dtype_name(m.dtype) for n, m in sorted(metas[side].items())}
+                   for side in SIDES},
+        "problems": list(problems),
+        "flags": {k: flags[k] for k in sorted(flags)},
+    }
+
+
+def agree(participants: Sequence[int], record: dict, *, key: str, timeout: Optional[timedelta]) -> Agreed:
+    """Exchange ``record`` with every participant; the same :class:`Agreed` or error on each."""
+    store = c10d._get_default_store()
+    members = sorted(participants)
+    world = c10d._get_default_group()
+    set_id = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
+    rounds = _ROUNDS.setdefault(world, Counter())
+    round_no = rounds[set_id]
+    rounds[set_id] += 1
+    prefix = f"{STORE_PREFIX}/{set_id}/{round_no}"
+    raw = json.dumps(record, sort_keys=True)
+    mine = hashlib.sha256(raw.encode()).hexdigest()
+    cache = _AGREED.setdefault(world, {})
+    previous = cache.get(key)
+    flagged = bool(record["problems"]) or previous is None or previous[0] != mine
+    n = len(members)
+    slow_rounds = _SLOW.setdefault(world, {}).setdefault(set_id, set())
+    value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flagged))
+    if value % (n + 1) == n:  # the last to arrive: everyone has finished round - 2 (and round - 1)
+        store.set(f"{prefix}/done", "1")
+        _forget_round(store, f"{STORE_PREFIX}/{set_id}/{round_no - 2}", members, round_no - 2 in slow_rounds)
+    else:
+        _wait(store, f"{prefix}/done", prefix, members, timeout)
+        value = store.add(f"{prefix}/arrived", 0)
+    slow_rounds.discard(round_no - 2)
+    if value // (n + 1) == 0:
+        return previous[1]  # type: ignore[index]
+    slow_rounds.add(round_no)
+    cache.pop(key, None)
+    store.set(f"{prefix}/record/{dist.get_rank()}", raw)
+    if store.add(f"{prefix}/published", 1) == n:
+        store.set(f"{prefix}/all", "1")
+    _wait(store, f"{prefix}/all", prefix, members, timeout, counter="published")
+    records = [json.loads(v) for v in _get_all(store, [f"{prefix}/record/{r}" for r in members])]
+    agreed = merge(members, records)
+    cache[key] = (mine, agreed)
+    return agreed
+
+
+def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
+    """The verdict over all records (pure: every participant computes the same one)."""
+    problems = [f"rank {r}: {p}" for r, rec in zip(members, records) for p in rec["problems"]]
+    if problems:
+        raise MeshSpecError(_listing("transfer refused before any message was sent", problems))
+    differ = _differing(members, [{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records])
+    layouts: dict[str, dict[str, tuple]] = {}
+    for side in SIDES:
+        known = [(r, rec["layouts"][side]) for r, rec in zip(members, records) if rec["layouts"][side] is not None]
+        if not known:
+            raise MeshSpecError(f"no rank gave the {side} layouts: the ranks of the {side} mesh must pass them")
+        names = sorted(set().union(*(set(v) for _, v in known)))
+        rows = [{f"{side} parameter {n!r}": _layout_text(v.get(n)) for n in names} for _, v in known]
+        differ += _differing([r for r, _ in known], rows)
+        layouts[side] = {n: tuple(v) for n, v in known[0][1].items()}
+    for side in SIDES:
+        values = {json.dumps(rec["flags"].get(side)) for rec in records if rec["flags"].get(side) is not None}
+        if len(values) > 1:
+            differ += _differing(members, [{f"{side} engine": json.dumps(rec["flags"].get(side))} for rec in records])
+    if differ:
+        raise MeshSpecError(_listing("ranks disagree on the transfer, so it would hang or deliver wrong values; "
+                                     "every rank of both meshes must pass the same meshes and layouts", differ))
+    dtypes = {side: {(n, r): d for r, rec in zip(members, records) for n, d in (rec["dtypes"][side] or {}).items()}
+              for side in SIDES}
+    flags = {side: next((rec["flags"][side] for rec in records if rec["flags"].get(side) is not None), None)
+             for side in SIDES}
+    return Agreed(layouts, dtypes, flags)
+
+
+def check_dtypes(pieces: Sequence[Any], agreed: Agreed) -> None:
+    """Raise (alike on every rank) if a piece would land in a dtype its sent dtype must not become."""
+    refused = []
+    seen = set()
+    for p in pieces:
+        wire = agreed.dtypes["source"][(p.name, p.src)]
+        target = agreed.dtypes["destination"][(p.name, p.dst)]
+        reason = conversion_refused(dtype_of(wire), dtype_of(target))
+        if reason and (p.name, wire, target) not in seen:
+            seen.add((p.name, wire, target))
+            refused.append(f"{p.name!r}: sent as {wire} by rank {p.src}, received into {target} on rank {p.dst}")
+    if refused:
+        raise MeshSpecError(_listing(f"transfer refused before any message was sent: {REFUSED}", refused))
+
+
+def _differing(ranks: Sequence[int], rows: Sequence[Mapping[str, str]]) -> list[str]:
+    out = []
+    fields = sorted(set().union(*(set(r) for r in rows))) if rows else []
+    for name in fields:
+        holders: dict[str, list[int]] = {}
+        for rank, row in zip(ranks, rows):
+            holders.setdefault(row.get(name, "<not given>"), []).append(rank)
+        if len(holders) > 1:
+            out.append(f"{name}: " + "; ".join(f"{v} on {_ranks_text(rs, 'rank')}" for v, rs in holders.items()))
+    return out
+
+
+def _layout_text(fields: Optional[Sequence]) -> str:
+    if fields is None:
+        return "<not given>"
+    shape, shard_dim, over, stage, dtype = fields
+    text = f"shape {tuple(shape)}"
+    if shard_dim is not None:
+        text += f" split on dim {shard_dim} over {'x'.join(over)}"
+    if stage is not None:
+        text += f" on stage {stage}"
+    return text + (f" cast to {dtype}" if dtype else "")
+
+
+def _listing(head: str, items: Sequence[str]) -> str:
+    more = f" | ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
+
+
+def _wait(store, key: str, prefix: str, members: Sequence[int], timeout: Optional[timedelta],
+          counter: str = "arrived") -> None:
+    try:
+        store.wait([key]) if timeout is None else store.wait([key], timeout)
+    except (RuntimeError, dist.DistError) as err:
+        arrived = store.add(f"{prefix}/{counter}", 0) % (len(members) + 1)
+        raise MeshSpecError(
+            f"transfer: only {arrived} of the {len(members)} ranks taking part ({_ranks_text(members, 'rank')}) "
+            f"started it ({type(err).__name__}: timed out); every rank of both meshes must call it with the same "
+            "meshes, in the same order as its other transfers"
+        ) from None
+
+
+def _get_all(store, keys: list[str]) -> list[bytes]:
+    multi_get = getattr(store, "multi_get", None)
+    if multi_get is not None:
+        try:
+            return list(multi_get(keys))
+        except (RuntimeError, NotImplementedError):
+            pass
+    return [store.get(k) for k in keys]
+
+
+def _forget_round(store, prefix: str, members: Sequence[int], published: bool) -> None:
+    """Delete a finished round's keys (its records too when it published them)."""
+    if prefix.endswith(("/-1", "/-2")):
+        return
+    keys = ["arrived", "done"] + (["published", "all"] + [f"record/{r}" for r in members] if published else [])
+    for key in keys:
+        try:
+            store.delete_key(f"{prefix}/{key}")
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return

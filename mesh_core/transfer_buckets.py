@@ -1,0 +1,275 @@
+"""Run a transfer plan as flat byte buckets: one message per bucket of each (sender, receiver) pair.
+
+:func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
+that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
+of 256 KiB or a quarter bucket or more travels alone); the buckets of all pairs are ordered round by
+round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
+message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
+
+:func:`execute` posts and waits this rank's buckets in that global order, with at most ``window``
+buckets needing a buffer in flight (and ``MAX_IN_FLIGHT`` in all): every rank posts a prefix of its
+buckets and waits on its oldest, so the oldest unfinished bucket of the whole transfer is posted on
+both ends and completes (no deadlock). The next bucket is packed while the previous ones travel;
+each received bucket is copied once into its destinations.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+Box = tuple[tuple[int, int], ...]
+ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
+DEFAULT_BUCKET_BYTES = 16 << 20
+DEFAULT_WINDOW = 2  # buckets needing a buffer in flight per rank
+MAX_IN_FLIGHT = 64  # messages in flight per rank
+# a box of at least min(ALONE_BYTES, bucket_bytes / 4) travels alone: when it is contiguous on a
+# side, that side sends from / receives into the tensor itself (no packing copy); packing pays off
+# for the many small tensors (biases, norms), whose messages would cost more than their bytes
+ALONE_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class Item:
+    """A box of one parameter inside a bucket (``box`` in full-tensor coordinates)."""
+
+    name: str
+    box: Box
+    src_box: Box
+    dst_box: Box
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    src: int
+    dst: int
+    tag: int
+    items: tuple[Item, ...]
+    nbytes: int
+
+
+def box_numel(box: Box) -> int:
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def local_index(box: Box, shard: Box) -> tuple[slice, ...]:
+    return tuple(slice(lo - slo, hi - slo) for (lo, hi), (slo, _) in zip(box, shard))
+
+
+def split_box(box: Box, itemsize: int, limit: int) -> list[Box]:
+    """``box`` cut along its outer dims into boxes of at most ``limit`` bytes (a single element may exceed it)."""
+    if box_numel(box) * itemsize <= limit or not box:
+        return [box]
+    (lo, hi), rest = box[0], box[1:]
+    row = box_numel(rest) * itemsize
+    if row > limit:
+        return [((i, i + 1),) + sub for i in range(lo, hi) for sub in split_box(rest, itemsize, limit)]
+    step = max(1, limit // row)
+    return [((i, min(i + step, hi)),) + rest for i in range(lo, hi, step)]
+
+
+def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int) -> list[Bucket]:
+    """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size."""
+    per_pair: dict[tuple[int, int], list[list[Item]]] = {}
+    for p in pieces:
+        if p.src == p.dst:
+            continue
+        size = itemsize(p.name, p.src)
+        buckets = per_pair.setdefault((p.src, p.dst), [[]])
+        for box in split_box(p.box, size, bucket_bytes):
+            nbytes = box_numel(box) * size
+            current = buckets[-1]
+            offset = _end(current)
+            alone = nbytes >= _alone_bytes(bucket_bytes)
+            if current and (alone or offset + nbytes > bucket_bytes or _is_alone(current, bucket_bytes)):
+                current, offset = [], 0
+                buckets.append(current)
+            current.append(Item(p.name, box, p.src_box, p.dst_box, offset, nbytes))
+    out: list[Bucket] = []
+    rounds = max((len(b) for b in per_pair.values()), default=0)
+    for r in range(rounds):
+        for (src, dst), buckets in sorted(per_pair.items()):
+            if r < len(buckets):
+                out.append(Bucket(src, dst, len(out), tuple(buckets[r]), _end(buckets[r])))
+    return out
+
+
+def _alone_bytes(bucket_bytes: int) -> int:
+    return max(1, min(ALONE_BYTES, bucket_bytes // 4))
+
+
+def _is_alone(items: Sequence[Item], bucket_bytes: int) -> bool:
+    return len(items) == 1 and items[0].nbytes >= _alone_bytes(bucket_bytes)
+
+
+def _end(items: Sequence[Item]) -> int:
+    if not items:
+        return 0
+    last = items[-1]
+    return -(-(last.offset + last.nbytes) // ALIGN) * ALIGN
+
+
+class BufferPool:
+    """Byte buffers kept between calls (a fresh buffer's first touch costs more than the copy into it)."""
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+
+    def take(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        for i, buffer in enumerate(self._free):
+            if buffer.numel() >= nbytes and buffer.device == device:
+                return self._free.pop(i)[:nbytes]
+        if self._free:  # none is big enough: replace one, so the pool never holds more than are in flight
+            self._free.pop(0)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        base = buffer if buffer._base is None else buffer._base
+        self._free.append(base)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self._free)
+
+
+@dataclass
+class Run:
+    """What :func:`execute` did on this rank."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    messages: int = 0
+    peak_buffer_bytes: int = 0  # the most bytes of bucket buffers alive at once (zero-copy buckets: none)
+
+
+def execute(
+    buckets: Sequence[Bucket],
+    source: Callable[[str], torch.Tensor],
+    target: Callable[[str], torch.Tensor],
+    wire_dtype: Callable[[str, int], torch.dtype],
+    local: Callable[[], None],
+    *,
+    window: int = DEFAULT_WINDOW,
+    pool: Optional[BufferPool] = None,
+) -> Run:
+    """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight.
+
+    At most ``window`` buckets needing a buffer (from ``pool``, given back after) are in flight at
+    once; buckets sent from / received into the tensors themselves only count against
+    ``MAX_IN_FLIGHT``."""
+    rank = dist.get_rank()
+    pool = pool if pool is not None else BufferPool()
+    mine = deque(b for b in buckets if rank in (b.src, b.dst))
+    run = Run()
+    in_flight: deque = deque()
+    alive = 0
+    buffered = 0
+
+    def can_post() -> bool:
+        if not mine or len(in_flight) >= MAX_IN_FLIGHT:
+            return False
+        if buffered < window:
+            return True
+        bucket = mine[0]
+        sending = bucket.src == rank
+        item = bucket.items[0]
+        return _direct(bucket, source if sending else target, item.src_box if sending else item.dst_box,
+                       wire_dtype) is not None
+
+    def post() -> None:
+        nonlocal alive, buffered
+        bucket = mine.popleft()
+        if bucket.src == rank:
+            buffer, owned = _pack(bucket, source, wire_dtype, pool)
+            work = dist.isend(buffer, dst=bucket.dst, tag=bucket.tag)
+            run.sent_bytes += bucket.nbytes
+        else:
+            buffer, owned = _landing(bucket, target, wire_dtype, pool)
+            work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
+            run.received_bytes += bucket.nbytes
+        alive += buffer.numel() if owned else 0
+        buffered += int(owned)
+        run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
+        run.messages += 1
+        in_flight.append((bucket, buffer, owned, work))
+
+    while can_post():
+        post()
+    local()
+    while in_flight:
+        bucket, buffer, owned, work = in_flight.popleft()
+        work.wait()
+        if bucket.dst == rank and owned:
+            _unpack(bucket, buffer, target, wire_dtype)
+        if owned:
+            alive -= buffer.numel()
+            buffered -= 1
+            pool.give(buffer)
+        del buffer
+        while can_post():
+            post()
+    return run
+
+
+def _region(tensor: torch.Tensor, item: Item, shard: Box) -> torch.Tensor:
+    return tensor[local_index(item.box, shard)]
+
+
+def _direct(bucket: Bucket, tensor_of, shard: Box, wire_dtype) -> Optional[torch.Tensor]:
+    """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
+    if len(bucket.items) != 1:
+        return None
+    item = bucket.items[0]
+    region = _region(tensor_of(item.name), item, shard)
+    if region.dtype == wire_dtype(item.name, bucket.src) and region.is_contiguous():
+        return region.reshape(-1).view(torch.uint8)
+    return None
+
+
+def _slot(buffer: torch.Tensor, item: Item, wire: torch.dtype) -> torch.Tensor:
+    """The item's place in a bucket, as a tensor of its box's shape in the travelling dtype."""
+    return buffer[item.offset : item.offset + item.nbytes].view(wire).view([hi - lo for lo, hi in item.box])
+
+
+def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
+    direct = _direct(bucket, source, bucket.items[0].src_box, wire_dtype)
+    if direct is not None:
+        return direct, False
+    buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
+    with torch.no_grad():
+        for item in bucket.items:
+            _slot(buffer, item, wire_dtype(item.name, bucket.src)).copy_(_region(source(item.name), item, item.src_box))
+    return buffer, True
+
+
+def _landing(bucket: Bucket, target, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
+    direct = _direct(bucket, target, bucket.items[0].dst_box, wire_dtype)
+    if direct is not None:
+        return direct, False
+    return pool.take(bucket.nbytes, target(bucket.items[0].name).device), True
+
+
+def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
+    with torch.no_grad():
+        for item in bucket.items:
+            _region(target(item.name), item, item.dst_box).copy_(_slot(buffer, item, wire_dtype(item.name, bucket.src)))
+
+
+def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
+                 rank: int) -> int:
+    """Copy the pieces this rank both holds and needs; the number of elements copied."""
+    copied = 0
+    with torch.no_grad():
+        for p in pieces:
+            if p.src == p.dst == rank:
+                item = Item(p.name, p.box, p.src_box, p.dst_box, 0, 0)
+                _region(target(p.name), item, p.dst_box).copy_(_region(source(p.name), item, p.src_box))
+                copied += box_numel(p.box)
+    return copied
+
