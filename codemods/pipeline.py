@@ -20,6 +20,7 @@ from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
 from .mpu_internal import BWC, MpuInternalCommand
+from .local_imports import localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
@@ -150,6 +151,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
+        tree = localize(parsed, tree, in_package=bool(package))
         tree = requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
         code = tree.code
         problem = parse_error(code)

@@ -11,12 +11,21 @@ from fakepg import fake_world
 SCRIPTS = Path(__file__).parent / "fixtures" / "codemods" / "scripts"
 
 
-def run_fake(source: str, rank: int, world: int, *, legacy: bool) -> list[str]:
-    """The ``OUT`` lines ``source`` prints as ``rank`` of ``world`` (an exception is a line too)."""
+def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = False) -> list[str]:
+    """The ``OUT`` lines ``source`` prints as ``rank`` of ``world`` (an exception is a line too);
+    with ``shim``, under ``compat.install()`` (uninstalled after)."""
     from mesh_core import set_default_mesh
 
     _reset_legacy_groups()
     out = io.StringIO()
+    installer = None
+    if shim:
+        import importlib
+
+        import deepspeed  # noqa: F401
+
+        installer = importlib.import_module("compat.install")
+        installer.install()
     try:
         with fake_world(rank, world, deepspeed_comm=legacy), contextlib.redirect_stdout(out):
             try:
@@ -25,6 +34,8 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool) -> list[str]:
                 print(f"OUT raised {type(err).__name__}: {err}")
     finally:
         set_default_mesh(None)
+        if installer is not None:
+            installer.uninstall()
     return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
 
 
