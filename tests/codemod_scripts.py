@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from pathlib import Path
 
 from fakepg import fake_world
@@ -26,6 +27,8 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = F
 
         installer = importlib.import_module("compat.install")
         installer.install()
+    before = sys.modules.get("compat.install")
+    was_installed = bool(before and before.is_installed())
     try:
         with fake_world(rank, world, deepspeed_comm=legacy), contextlib.redirect_stdout(out):
             try:
@@ -34,8 +37,9 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = F
                 print(f"OUT raised {type(err).__name__}: {err}")
     finally:
         set_default_mesh(None)
-        if installer is not None:
-            installer.uninstall()
+        after = sys.modules.get("compat.install")
+        if installer is not None or (after is not None and after.is_installed() and not was_installed):
+            after.uninstall()  # also an install the script did itself (a migrated compat.install())
     return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
 
 
