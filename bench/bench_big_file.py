@@ -55,10 +55,22 @@ def train_{i}(model, args):
 '''
 
 
-def generate(megabytes: float) -> str:
+PLAIN = '''
+
+def table_{i}(x, scale=1.5):
+    """Generated code with no legacy site ({i})."""
+    values = {{"a": {i}, "b": [1, 2, 3], 'c': (x, x * scale)}}  # data
+    if x > {i}:
+        return [v * 2 for v in values["b"] if v % 2], f"{{x!r:>8}} {{values['a']}}"
+    return values
+'''
+
+
+def generate(megabytes: float, sites_every: int = 1) -> str:
+    """About ``megabytes`` of code: one block with legacy sites per ``sites_every`` blocks."""
     parts, size, i = [HEADER], len(HEADER), 0
     while size < megabytes * 1_000_000:
-        block = BLOCK.format(i=i)
+        block = (BLOCK if i % sites_every == 0 else PLAIN).format(i=i)
         parts.append(block)
         size += len(block)
         i += 1
@@ -104,15 +116,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, nargs="+", default=[1.0, 3.8])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sites-every", type=int, nargs="+", default=[1, 50],
+                        help="one block with sites per N blocks (1: every block; 50: a mostly generated file)")
     args = parser.parse_args()
     base = int(subprocess.run([sys.executable, "-c", BASELINE, str(REPO)], capture_output=True, text=True).stdout)
     print(f"(peak memory of the process before any file is read: {base / 2**20:.0f} MiB; subtracted below)")
     print("size MB | migrate CPU s min/median/max | parse+print CPU s median | ratio | migrate extra memory MiB "
           "(x file size) | sites rewritten / TODOV1")
     with tempfile.TemporaryDirectory() as tmp:
-        for mb in args.mb:
-            path = Path(tmp) / f"big_{mb}.py"
-            path.write_text(generate(mb), encoding="utf-8")
+        for mb, every in [(mb, every) for every in args.sites_every for mb in args.mb]:
+            path = Path(tmp) / f"big_{mb}_{every}.py"
+            path.write_text(generate(mb, every), encoding="utf-8")
             size = path.stat().st_size
             runs: dict[str, list[dict]] = {"migrate": [], "floor": []}
             for _ in range(args.repeat):  # alternated A/B
@@ -122,7 +136,7 @@ def main() -> int:
             floor = statistics.median(r["cpu"] for r in runs["floor"])
             extra = max(r["peak"] for r in runs["migrate"]) - base
             last = runs["migrate"][-1]
-            print(f"{size / 1e6:.2f} | {cpu[0]:.2f}/{statistics.median(cpu):.2f}/{cpu[-1]:.2f} | {floor:.2f} | "
+            print(f"{size / 1e6:.2f} (sites in 1/{every} blocks) | {cpu[0]:.2f}/{statistics.median(cpu):.2f}/{cpu[-1]:.2f} | {floor:.2f} | "
                   f"{statistics.median(cpu) / floor:.2f}x | {extra / 2**20:.0f} ({extra / size:.0f}x) | "
                   f"{last['sites']} / {last['todos']}")
     return 0
