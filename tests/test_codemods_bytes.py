@@ -88,3 +88,28 @@ def test_unrelated_code_around_sites_is_kept_byte_for_byte(program):
     for name in inline:
         expected = expected.replace(name, "")
     assert "".join(rest) == expected
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(program=programs())
+def test_a_pep263_file_keeps_its_encoding_and_every_unrelated_byte(program, tmp_path_factory):
+    from hypothesis import assume
+
+    from codemods.runner import migrate_file
+
+    segments, _ = program
+    source = "# -*- coding: latin-1 -*-\n# caf\u00e9\n" + HEADER + "".join(text for _, text in segments)
+    try:
+        data = source.encode("latin-1")
+    except UnicodeEncodeError:
+        assume(False)
+    path = tmp_path_factory.mktemp("latin1") / "legacy.py"
+    path.write_bytes(data)
+    report = migrate_file(str(path))
+    assert report.error is None and report.changed, report.error
+    out = path.read_bytes()
+    expected = migrate_code(source).code.encode("latin-1")
+    assert out == expected
+    for kind, text in segments:
+        if kind == "u":
+            assert text.encode("latin-1") in out
