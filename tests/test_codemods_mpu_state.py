@@ -87,3 +87,27 @@ def test_getters_after_any_mpu_route_compute_the_legacy_groups(how, where, shim,
         assert len(before) == 4 and not any("raised" in line for line in before), before
         after = run_fake(migrated, rank, 4, legacy=True, shim=shim)
         assert after == before, (rank, migrated)
+
+
+@pytest.mark.parametrize("world,sp", [(4, 2), (8, 2), (8, 4), (8, 8)])
+def test_from_mpu_of_the_ulysses_module_has_its_groups(world, sp):
+    import torch.distributed as tdist
+
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    from fakepg import fake_world, probe_ranks
+    from mesh_core import DeepSpeedDeviceMesh
+
+    for rank in probe_ranks(world):
+        with fake_world(rank, world, deepspeed_comm=True):
+            parallel_state_sp._release_sequence_parallel_groups()
+            try:
+                parallel_state_sp.initialize_sequence_parallel(sp)
+                mesh = DeepSpeedDeviceMesh.from_mpu(parallel_state_sp, check_agreement=False)
+                legacy_sp = sorted(tdist.get_process_group_ranks(parallel_state_sp.get_sequence_parallel_group()))
+                legacy_sdp = sorted(tdist.get_process_group_ranks(parallel_state_sp.get_sequence_data_parallel_group()))
+                assert mesh.get_group_ranks("sp") == legacy_sp
+                assert mesh.get_group_ranks(("dp", "sp")) == legacy_sdp
+                assert mesh.size("dp") * mesh.size("sp") == world and mesh.source_mpu is parallel_state_sp
+            finally:
+                parallel_state_sp._release_sequence_parallel_groups()
