@@ -36,9 +36,13 @@ def current_mesh() -> "DeepSpeedDeviceMesh":
     mesh = _current.get()
     if mesh is not None:
         return mesh
-    legacy = legacy_groups_view()
+    legacy = legacy_groups_view(_world_dp_mesh)
     if legacy is not None:
         return legacy  # type: ignore[return-value]  (answers the same queries)
+    return _world_dp_mesh()
+
+
+def _world_dp_mesh() -> "DeepSpeedDeviceMesh":
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError(
             "no default mesh is set and torch.distributed is not initialised; call "

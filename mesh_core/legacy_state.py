@@ -6,7 +6,10 @@ recorded an mpu — ``deepspeed.initialize(mpu=...)`` stores it in ``deepspeed.u
 (passed by keyword, positionally, through ``**kwargs``, or assigned there by another module) — or a
 device mesh (``groups.mesh_device``), the world data-parallel mesh would answer something else than
 the legacy getter. :func:`legacy_groups_view` then returns a :class:`LegacyGroupsView`, which answers
-each mesh query with the legacy getter the rewrite replaced, so the result is what legacy computed.
+each mesh query with the legacy getter the rewrite replaced, so the result is what legacy computed (under the shim,
+``deepspeed.utils.groups`` is compat's, whose getters answer what legacy answers with the shim). Any
+other query (``expert_groups_named``, ``spec``, ...) goes to the mesh ``current_mesh`` would have
+returned without that state, the world data-parallel mesh.
 
 mesh_core does not import DeepSpeed: the module is looked up in ``sys.modules`` (only code that
 imported DeepSpeed can have set its state), duck-typed, at call time.
@@ -14,7 +17,7 @@ imported DeepSpeed can have set its state), duck-typed, at call time.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch.distributed as dist
 
@@ -34,14 +37,15 @@ _GETTERS: dict[tuple[str, ...], tuple[str, str, str]] = {
 }
 
 
-def legacy_groups_view() -> Optional["LegacyGroupsView"]:
-    """A view of DeepSpeed's own groups state when it holds an mpu or a device mesh, else None."""
+def legacy_groups_view(fallback: Callable[[], Any]) -> Optional["LegacyGroupsView"]:
+    """A view of DeepSpeed's own groups state when it holds an mpu or a device mesh, else None;
+    ``fallback()`` gives the mesh that answers what the view has no legacy getter for."""
     groups = sys.modules.get(GROUPS_MODULE)
     if groups is None:
         return None
     if getattr(groups, "mpu", None) is None and getattr(groups, "mesh_device", None) is None:
         return None
-    return LegacyGroupsView(groups)
+    return LegacyGroupsView(groups, fallback)
 
 
 def _key(dims: Dims) -> tuple[str, ...]:
@@ -56,15 +60,14 @@ class LegacyGroupsView:
     """The mesh queries migrated code makes (``get_group`` / ``size`` / ``get_rank`` /
     ``get_group_ranks`` / ``expert_groups``), answered by legacy ``deepspeed.utils.groups``."""
 
-    def __init__(self, groups: Any) -> None:
+    def __init__(self, groups: Any, fallback: Callable[[], Any]) -> None:
         self._groups = groups
+        self._fallback = fallback
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"{name!r}: with no mesh set, migrated code reads legacy deepspeed.utils.groups (it holds "
-            f"mpu={getattr(self._groups, 'mpu', None)!r}), which has no {name!r}; set a mesh with "
-            "mesh_core.set_default_mesh or run under compat.install()"
-        )
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._fallback(), name)
 
     def __repr__(self) -> str:
         return f"LegacyGroupsView(mpu={getattr(self._groups, 'mpu', None)!r})"
