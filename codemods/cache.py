@@ -2,8 +2,10 @@
 a rerun skip them without parsing.
 
 The migration is idempotent (tested), so a file whose content is the output of a migration, or a
-file the migration left unchanged, needs no work while the codemods are the same. The cache is a set
-of content hashes per *fingerprint*: a hash of the codemods' own source and the options that change
+file the migration left unchanged, needs no work while the codemods are the same. The rules also
+depend on where the file lives (its dotted module and package: DeepSpeed-internal rules, modules that
+define legacy APIs, relative imports), so a key is a hash of the content *and* that place, and the
+same bytes elsewhere are migrated afresh. The cache is a set of such keys per *fingerprint*: a hash of the codemods' own source and the options that change
 the output (``--comm-to-torch``). It lives in ``$CODEMODS_CACHE_DIR`` (default
 ``~/.cache/ds-mesh-codemods``); ``--no-cache`` turns it off.
 """
@@ -23,8 +25,11 @@ _PACKAGE = Path(__file__).resolve().parent
 _MAX_ENTRIES = 200_000
 
 
-def content_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+def content_hash(text: str, module: Optional[str] = None, package: Optional[str] = None) -> str:
+    """The cache key of ``text`` migrated as ``module`` in ``package`` (None: outside any package)."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    digest.update(f"\0{module or ''}\0{package or ''}".encode())
+    return digest.hexdigest()[:32]
 
 
 def fingerprint(comm_to_torch: bool) -> str:

@@ -1,8 +1,11 @@
 """Which files a migration run covers, and the module name of each (for relative imports)."""
 from __future__ import annotations
 
+import codecs
 import fnmatch
+import io
 import os
+import tokenize
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Optional, Sequence
 
@@ -70,3 +73,14 @@ def module_and_package(path: Path) -> tuple[Optional[str], Optional[str]]:
     module = ".".join(parts)
     package = module if path.name == "__init__.py" else ".".join(parts[:-1])
     return module, package
+
+
+def read_source(path: str | os.PathLike) -> tuple[str, str]:
+    """(text, encoding) of a Python file: its PEP 263 ``coding`` declaration (or UTF-8), with line
+    endings kept and a UTF-8 BOM kept as the text's first character. Raises ``UnicodeDecodeError``
+    (or ``SyntaxError`` for an unknown encoding name) for a file that is not in its encoding."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    encoding = "utf-8" if encoding == "utf-8-sig" else codecs.lookup(encoding).name
+    return data.decode(encoding), encoding

@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Type
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 
-from .base import MigrationCommand, counters, identifiers
+from .base import MigrationCommand, counters, find_all, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import prune_unless, queried_near, sharing
@@ -20,7 +20,8 @@ from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
 from .mpu_internal import BWC, MpuInternalCommand
-from .portable import parse_error, requote
+from .local_imports import localize
+from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
 
@@ -150,7 +151,8 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
-        tree = requote(tree, code)
+        tree = localize(parsed, tree, in_package=bool(package))
+        tree = requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
         code = tree.code
         problem = parse_error(code)
         if problem is not None and parse_error(source) is None:

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import libcst as cst
 
-from .files import module_and_package
+from .files import module_and_package, read_source
 from .cache import FixedPoints, content_hash
 from .pipeline import migrate_code
 
@@ -64,15 +64,15 @@ class Summary:
         }
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new file, never a part.
+def write_atomically(path: Path, text: str, encoding: str = "utf-8") -> None:
+    """Replace ``path`` with ``text`` (in ``encoding``) so that readers see the old or the new file, never a part.
 
     A symbolic link stays a link: its target is replaced."""
     path = Path(os.path.realpath(path))
     mode = path.stat().st_mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".migrate", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
             fh.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -87,14 +87,13 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
     report = FileReport(path)
     file = Path(path)
     try:
-        with open(file, encoding="utf-8", newline="") as fh:
-            source = fh.read()
+        source, encoding = read_source(file)
         module, package = module_and_package(file)
         result = migrate_code(source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch)
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
         return report
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError, SyntaxError) as err:  # SyntaxError: an unknown coding name
         report.error = f"cannot read: {err}"
         return report
     except Exception as err:  # a codemod bug must not stop the run or touch the file
@@ -103,15 +102,15 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
         return report
     report.sites, report.todos = result.sites, result.todos
     report.changed = result.code != source
-    report.fixed = content_hash(result.code)
+    report.fixed = content_hash(result.code, module, package)
     if report.changed and want_diff:
         lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
         # a last line without a newline gets the marker patch tools expect (and no glued next line)
         report.diff = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
     if report.changed and write:
         try:
-            write_atomically(file, result.code)
-        except OSError as err:
+            write_atomically(file, result.code, encoding=encoding)
+        except (OSError, UnicodeEncodeError) as err:
             report.error = f"cannot write: {err}"
             report.changed, report.sites, report.todos = False, Counter(), Counter()
     return report
@@ -181,10 +180,10 @@ def run(
 
 
 def _file_hash(path) -> Optional[str]:
+    """The cache key of ``path``: its text and its place (module and package, which the rules depend on)."""
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            return content_hash(fh.read())
-    except (OSError, UnicodeDecodeError):
+        return content_hash(read_source(path)[0], *module_and_package(Path(path)))
+    except (OSError, UnicodeDecodeError, SyntaxError):
         return None
 
 

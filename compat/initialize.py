@@ -64,6 +64,11 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     given_mesh = kwargs.pop("mesh", None)
     if given_mesh is not None and not isinstance(given_mesh, DeepSpeedDeviceMesh):
         raise MeshSpecError(f"mesh= must be a DeepSpeedDeviceMesh, got {type(given_mesh).__name__}: {given_mesh!r}")
+    source = getattr(given_mesh, "source_mpu", None)
+    if hasattr(source, "initialize_sequence_parallel") and kwargs.get("mpu") is None and len(args) < 8:
+        # mesh=from_mpu(<the Ulysses parallel_state_sp module>) is what the codemods make of mpu=<it>:
+        # DeepSpeed branches on the module itself (no DP group), so the engine gets it as before
+        kwargs["mpu"], given_mesh = source, None
     call = inspect.signature(wrapped).bind(*args, **kwargs).arguments
     model, mpu, mesh_param = call.get("model"), call.get("mpu"), call.get("mesh_param")
     resolved = _resolve_config(call.get("args"), call.get("config"), call.get("config_params"))

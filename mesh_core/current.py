@@ -2,9 +2,12 @@
 
 :func:`current_mesh` is the default mesh (:func:`mesh_core.set_default_mesh` / ``use_mesh``; the
 compat layer sets it to the mesh of the engine ``deepspeed.initialize`` built last, as legacy
-DeepSpeed's process-global ``groups.mpu``). With none set it is the data-parallel mesh over the
-whole world, which is what legacy ``deepspeed.utils.groups`` falls back to with no mpu (its data
-parallel group is a world clone; its expert groups are built over the world as data parallel).
+DeepSpeed's process-global ``groups.mpu``). With none set, and the real DeepSpeed holding an mpu or a
+device mesh of its own (``deepspeed.initialize(mpu=...)`` without the mesh runtime), it is a view that
+answers with DeepSpeed's own getters (:mod:`mesh_core.legacy_state`). Otherwise it is the
+data-parallel mesh over the whole world, which is what legacy ``deepspeed.utils.groups`` falls back
+to with no mpu (its data parallel group is a world clone; its expert groups are built over the world
+as data parallel).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from .default import _current
+from .legacy_state import legacy_groups_view
 from .spec import MeshSpecError
 
 if TYPE_CHECKING:
@@ -27,10 +31,18 @@ _world_mesh: list = [None, None]  # [default group, mesh]
 
 
 def current_mesh() -> "DeepSpeedDeviceMesh":
-    """The default mesh if one is set, else the data-parallel mesh over the whole world."""
+    """The default mesh if one is set; else, where legacy DeepSpeed recorded an mpu (or device mesh),
+    a :class:`~mesh_core.legacy_state.LegacyGroupsView` of it; else the data-parallel world mesh."""
     mesh = _current.get()
     if mesh is not None:
         return mesh
+    legacy = legacy_groups_view(_world_dp_mesh)
+    if legacy is not None:
+        return legacy  # type: ignore[return-value]  (answers the same queries)
+    return _world_dp_mesh()
+
+
+def _world_dp_mesh() -> "DeepSpeedDeviceMesh":
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError(
             "no default mesh is set and torch.distributed is not initialised; call "

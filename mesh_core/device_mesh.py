@@ -169,6 +169,7 @@ class DeepSpeedDeviceMesh:
         self._named_expert: dict[str, ExpertGroups] = {}  # DeepSpeed's MoE group names -> groups
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
+        self.source_mpu: Any = None  # the mpu from_mpu built this mesh from (None otherwise)
 
         self.mesh_dim_names = tuple(n for n, s in zip(spec.names, spec.sizes) if s > 1) or spec.names[:1]
         self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()

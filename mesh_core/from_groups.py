@@ -38,10 +38,7 @@ def mpu_groups(mpu: Any) -> dict[str, Any]:
     left out. Raises :class:`MeshSpecError` for an object that is not an mpu."""
     what = getattr(mpu, "__name__", None) or type(mpu).__name__
     if not hasattr(mpu, "get_data_parallel_group") and hasattr(mpu, "initialize_sequence_parallel"):
-        raise MeshSpecError(
-            f"mpu {what} is DeepSpeed's Ulysses sequence-parallel module with no data-parallel group; "
-            "build the mesh with DeepSpeedDeviceMesh.build(dp=..., sp=...) instead"
-        )
+        return _sequence_parallel_groups(mpu, what)
     if not any(hasattr(mpu, g) for names in MPU_GETTERS.values() for g in names):
         raise MeshSpecError(
             f"mpu {what} has none of the getters {sorted(g for n in MPU_GETTERS.values() for g in n)}; "
@@ -60,6 +57,20 @@ def mpu_groups(mpu: Any) -> dict[str, Any]:
         if int(getattr(mpu, "get_model_parallel_world_size", lambda: 1)()) > 1:
             found["tp"] = mpu.get_model_parallel_group()
     return {dim: g for dim, g in found.items() if g is not None}
+
+
+def _sequence_parallel_groups(mpu: Any, what: str) -> dict[str, Any]:
+    """DeepSpeed's Ulysses ``parallel_state_sp`` module: its SP group and, as dp, the ranks of its
+    sequence-data-parallel group (dp x sp) at this rank's SP position (it has no DP group of its own)."""
+    try:
+        sp, sdp = mpu.get_sequence_parallel_group(), mpu.get_sequence_data_parallel_group()
+    except AssertionError as err:  # "sequence parallel group is not initialized"
+        raise MeshSpecError(f"mpu {what}: {err}; call its initialize_sequence_parallel(sp) first") from None
+    sp_ranks, sdp_ranks = _ranks_of(sp), _ranks_of(sdp)
+    rank = dist.get_rank()
+    if rank not in sp_ranks or not set(sp_ranks) <= set(sdp_ranks):
+        raise MeshSpecError(f"mpu {what}: the SP group {sp_ranks} is not inside the SP x DP group {sdp_ranks} of rank {rank}")
+    return {"sp": sp, "dp": sdp_ranks[sp_ranks.index(rank)::len(sp_ranks)]}
 
 
 def _ranks_of(group: Any) -> list[int]:
@@ -165,6 +176,9 @@ def from_mpu(
     cls: "type[DeepSpeedDeviceMesh]", mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
 ) -> "DeepSpeedDeviceMesh":
     """A mesh reproducing ``mpu``'s groups (Megatron ``parallel_state``, a ``PipelineParallelGrid``,
-    DeepSpeed's AutoTP ``groups`` module, or any object with the mpu getters); see
-    :func:`from_groups`. Collective."""
-    return from_groups(cls, device_type=device_type, check_agreement=check_agreement, **mpu_groups(mpu))
+    DeepSpeed's AutoTP ``groups`` module, DeepSpeed's Ulysses ``parallel_state_sp`` module (dp x sp),
+    or any object with the mpu getters); see :func:`from_groups`. Collective. The mesh keeps ``mpu``
+    as its ``source_mpu``."""
+    mesh = from_groups(cls, device_type=device_type, check_agreement=check_agreement, **mpu_groups(mpu))
+    mesh.source_mpu = mpu
+    return mesh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from pathlib import Path
 
 from fakepg import fake_world
@@ -11,12 +12,23 @@ from fakepg import fake_world
 SCRIPTS = Path(__file__).parent / "fixtures" / "codemods" / "scripts"
 
 
-def run_fake(source: str, rank: int, world: int, *, legacy: bool) -> list[str]:
-    """The ``OUT`` lines ``source`` prints as ``rank`` of ``world`` (an exception is a line too)."""
+def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = False) -> list[str]:
+    """The ``OUT`` lines ``source`` prints as ``rank`` of ``world`` (an exception is a line too);
+    with ``shim``, under ``compat.install()`` (uninstalled after)."""
     from mesh_core import set_default_mesh
 
     _reset_legacy_groups()
     out = io.StringIO()
+    installer = None
+    if shim:
+        import importlib
+
+        import deepspeed  # noqa: F401
+
+        installer = importlib.import_module("compat.install")
+        installer.install()
+    before = sys.modules.get("compat.install")
+    was_installed = bool(before and before.is_installed())
     try:
         with fake_world(rank, world, deepspeed_comm=legacy), contextlib.redirect_stdout(out):
             try:
@@ -25,6 +37,9 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool) -> list[str]:
                 print(f"OUT raised {type(err).__name__}: {err}")
     finally:
         set_default_mesh(None)
+        after = sys.modules.get("compat.install")
+        if installer is not None or (after is not None and after.is_installed() and not was_installed):
+            after.uninstall()  # also an install the script did itself (a migrated compat.install())
     return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
 
 

@@ -113,10 +113,10 @@ def test_a_file_that_cannot_be_written_is_reported_and_the_run_goes_on(tree, cap
 
     real = runner.write_atomically
 
-    def refuse_train(path, text):
+    def refuse_train(path, text, **kwargs):
         if path.name == "train.py":
             raise PermissionError(13, "Permission denied", str(path))
-        real(path, text)
+        real(path, text, **kwargs)
 
     monkeypatch.setattr(runner, "write_atomically", refuse_train)
     (tree / "pkg" / "broken.py").unlink()

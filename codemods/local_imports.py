@@ -1,0 +1,200 @@
+"""Added ``mesh_core`` imports go in the scope of the legacy import they replace.
+
+libcst's ``AddImportsVisitor`` puts every added import at the top of the module. A module that imports
+DeepSpeed only inside a function (``def f(): from deepspeed.utils import groups``) or under a guard
+(``try: import deepspeed``) uses it optionally; a module-level ``from mesh_core import ...`` would make
+importing it need ds-mesh. So: a function that imported a legacy module itself gets the ``mesh_core``
+names its code (nested functions included) now uses as a function-level import at the top of its body;
+code outside such functions gets the import after the module's guarded legacy import (in that block)
+when the module has no unconditional top-level one. A file that imports DeepSpeed unconditionally at
+the top keeps the module-level import.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+
+MESH_MODULE = "mesh_core"
+_LEGACY_ROOTS = ("deepspeed", "compat")
+_EMPTY = cst.Module([])
+
+
+def _code(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def _modules(node: Union[cst.Import, cst.ImportFrom]) -> list[str]:
+    if isinstance(node, cst.Import):
+        return [_code(a.name) for a in node.names]
+    return ["." * len(node.relative) + (_code(node.module) if node.module else "")]
+
+
+def _is_legacy(node: cst.CSTNode, in_package: bool) -> bool:
+    if not isinstance(node, (cst.Import, cst.ImportFrom)):
+        return False
+    return any(m.split(".")[0] in _LEGACY_ROOTS or (in_package and m.startswith(".")) for m in _modules(node))
+
+
+def _mesh_names(statement: cst.CSTNode) -> Optional[list[str]]:
+    """The names a lone ``from mesh_core import a, b`` / ``import mesh_core`` line binds, else None."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    node = statement.body[0]
+    if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None \
+            and _code(node.module) == MESH_MODULE and not isinstance(node.names, cst.ImportStar):
+        if all(a.asname is None for a in node.names):
+            return [_code(a.name) for a in node.names]
+    if isinstance(node, cst.Import) and len(node.names) == 1 and _code(node.names[0].name) == MESH_MODULE \
+            and node.names[0].asname is None:
+        return [MESH_MODULE]
+    return None
+
+
+class _LegacyImports(cst.CSTVisitor):
+    """Which functions (by preorder index) import a legacy module in their own body; whether the
+    module does so unconditionally at its top level; the first guarded module-level one."""
+
+    def __init__(self, in_package: bool) -> None:
+        self.in_package = in_package
+        self.lazy: set[int] = set()
+        self.plain = False
+        self.guarded: Optional[cst.SimpleStatementLine] = None
+        self._count = 0
+        self._functions: list[int] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(self._count)
+        self._count += 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        if any(_is_legacy(s, self.in_package) for s in node.body):
+            if self._functions:
+                self.lazy.add(self._functions[-1])
+            elif self._top is not None and node in self._top:
+                self.plain = True
+            elif self.guarded is None:
+                self.guarded = node
+        return False
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._top = set(node.body)
+
+
+class _Uses(cst.CSTVisitor):
+    """Per function (preorder index; -1 for the module) the mesh names used in its own code."""
+
+    def __init__(self, names: set[str], lazy: set[int]) -> None:
+        self.names, self.lazy = names, lazy
+        self.used: dict[int, set[str]] = {}
+        self._count = 0
+        self._owners: list[int] = [-1]  # the nearest enclosing lazy function, or -1
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        index = self._count
+        self._count += 1
+        self._owners.append(index if index in self.lazy else self._owners[-1])
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._owners.pop()
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # not the attribute name
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # not the keyword
+        return False
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names:
+            self.used.setdefault(self._owners[-1], set()).add(node.value)
+
+
+def _import_line(names) -> cst.SimpleStatementLine:
+    if list(names) == [MESH_MODULE]:
+        return cst.parse_statement(f"import {MESH_MODULE}\n")
+    return cst.parse_statement(f"from {MESH_MODULE} import {', '.join(sorted(names))}\n")
+
+
+class _Place(cst.CSTTransformer):
+    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool) -> None:
+        self.used, self.guarded, self.split = used, guarded, split
+        self._count = 0
+        self._stack: list[int] = []
+        self.placed_guarded = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._stack.append(self._count)
+        self._count += 1
+
+    def leave_FunctionDef(self, original_node, updated_node):
+        index = self._stack.pop()
+        names = self.used.get(index)
+        if not names or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        body = list(updated_node.body.body)
+        at = 1 if body and _is_docstring(body[0]) else 0
+        body.insert(at, _import_line(self._split(names)))
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+
+    def _split(self, names: set[str]) -> set[str]:
+        return {MESH_MODULE} if self.split else names
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        if self.guarded is None or self._stack or self.placed_guarded:
+            return updated_node
+        body = list(updated_node.body)
+        for i, statement in enumerate(body):
+            if isinstance(statement, cst.SimpleStatementLine) and _code(statement).strip() == self.guarded:
+                body.insert(i + 1, _import_line(self._split(self.used[-1])))
+                self.placed_guarded = True
+                return updated_node.with_changes(body=body)
+        return updated_node
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr) \
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.Module:
+    """``tree`` (the migration of ``source``) with the ``mesh_core`` imports it added at module level
+    moved into the scopes of the legacy imports they replace (see the module docstring)."""
+    before = {_code(s) for s in source.body}
+    added = [(i, s, _mesh_names(s)) for i, s in enumerate(tree.body) if _code(s) not in before]
+    added = [(i, s, names) for i, s, names in added if names]
+    if not added:
+        return tree
+    legacy = _LegacyImports(in_package)
+    source.visit(legacy)
+    if legacy.plain or (not legacy.lazy and legacy.guarded is None):
+        return tree
+    names = {n for _, _, found in added for n in found}
+    uses = _Uses(names, legacy.lazy)
+    tree.visit(uses)
+    outside = uses.used.get(-1)
+    guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
+    if outside and guarded is None:
+        return tree  # module-level code needs the names and there is no guarded import to follow
+    place = _Place(uses.used, guarded, split=names == {MESH_MODULE})
+    placed = tree.visit(place)
+    if guarded is not None and not place.placed_guarded:
+        return tree
+    drop = {i for i, _, _ in added}
+    body = [s for i, s in enumerate(placed.body) if i not in drop]
+    # the statement after the dropped imports gets back the blank lines it had in the source
+    # (AddImportsVisitor separated it from the import it added)
+    first = min(drop)
+    if first < len(body) and first < len(source.body) and type(body[first]) is type(source.body[first]):
+        body[first] = body[first].with_changes(leading_lines=source.body[first].leading_lines)
+    return placed.with_changes(body=body)
