@@ -38,7 +38,7 @@ from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
-from .engine_spec import engine_spec
+from .engine_spec import check_before_world, engine_spec
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
             row="deepspeed.initialize(mesh_param=(dp, sp))",
         )
 
+    check_before_world(config, mesh_param=mesh_param)  # issue 21: bad values before any process group
     ds_dist.init_distributed(
         dist_backend=get_accelerator().communication_backend_name(),
         distributed_port=call.get("distributed_port", 29500),
