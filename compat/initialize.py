@@ -39,6 +39,7 @@ from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
 from .engine_spec import check_before_world, engine_spec
+from .engine_zero3 import check_zero3_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=", order=order)
 
     config = hsdp_zero_config(config, spec)
+    if zero_stage(config) == 3:  # a model zero.Init partitioned over other ranks: refused before any collective
+        check_zero3_partitions(model, spec, ds_dist.get_rank())
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
     if engine_mpu is None and not pipeline and (
         _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))
