@@ -1,7 +1,8 @@
 """A zero.Init-sharded ZeRO-3 model handed to engines on other ranks (2 gloo ranks, torchrun,
 tests/e2e/zero3_sharded.py): a clear error on every rank that initialises the engine, before any
 collective (every part ends with a world barrier: a stuck rank fails the run by its timeout), and
-a working sub-world engine once the model is built under the engine's group."""
+a working sub-world engine once the model is built under the engine's group. Run with DS_MESH_STRICT=1: strict
+mode reports the same error (and the remedy creates no group outside mesh_core)."""
 import os
 import sys
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 def runs(tmp_path_factory):
     # "world" first: zero.Init numbers parameters per process, and "remedy" builds a model on rank 0 only
     return torchrun("zero3_sharded.py", str(tmp_path_factory.mktemp("zero3")), "world,subworld,layout,remedy",
-                    timeout=300, world=2)
+                    timeout=300, world=2, env={"DS_MESH_STRICT": "1"})  # strict mode reports it too
 
 
 def test_sub_world_engine_on_a_world_sharded_model_is_refused_naming_both_rank_sets(runs):
