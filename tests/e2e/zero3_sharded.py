@@ -14,12 +14,9 @@ usage: zero3_sharded.py OUT_DIR PART[,PART]
 """
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 
-from common import dump, init_world, ranks, shutdown
+from common import ranks, run_parts
 
 import compat  # noqa: E402
 
@@ -92,17 +89,5 @@ def part_world(rank: int, out: dict) -> None:
 PARTS = {"subworld": part_subworld, "layout": part_layout, "remedy": part_remedy, "world": part_world}
 
 
-def main() -> None:
-    out_dir, parts = sys.argv[1], sys.argv[2].split(",")
-    rank = init_world()
-    results: dict = {}
-    for name in parts:
-        results[name] = {}
-        PARTS[name](rank, results[name])
-        dist.barrier()  # a rank left in a collective of the part above hangs here (the test's timeout)
-    dump(out_dir, rank, results)
-    shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    run_parts(PARTS)
