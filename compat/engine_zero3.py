@@ -38,6 +38,8 @@ def check_zero3_partitions(model: Any, spec: MeshSpec, rank: int) -> None:
         group = getattr(param, "ds_process_group", None)
         if not hasattr(param, "ds_id") or group is None:
             continue  # not partitioned yet: the engine partitions it over its own group
+        if getattr(param, "ds_zero_partition_process_group", None) is not None:
+            continue  # a group chosen per parameter (AutoEP experts): DeepSpeed checks those itself
         ranks = sorted(dist.get_process_group_ranks(group))
         if all(ranks != sorted(a) for a in allowed):
             stray.setdefault(tuple(ranks), []).append(name)
