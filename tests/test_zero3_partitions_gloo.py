@@ -51,3 +51,42 @@ def test_a_whole_world_engine_on_the_zero_init_model_still_trains(runs):
     for res in runs:
         assert len(res["world"]["losses"]) == 2
     assert runs[0]["world"]["losses"] == runs[1]["world"]["losses"]
+
+
+# --- the check itself, on torch's fake backend (rank 1 of 4; parameters marked as zero.Init marks them) ---
+@pytest.mark.parametrize("param_ranks, mesh, refused", [
+    ([0, 1, 2, 3], {}, None),  # zero.Init over the world, a world engine
+    ([0, 1, 2, 3], {"ranks": [0, 1]}, "ranks [2, 3] hold parts of it and are not in the engine"),
+    ([0, 1, 2, 3], {"tp": 2}, "partitions rank 1's parameters over ranks [1, 3]"),
+    ([1, 3], {"tp": 2}, None),  # built under zero.Init(data_parallel_group=<the mesh's dp>)
+    ([1, 3], {"dp": 2, "sp": 2}, None),  # the mpu's dp group (what the engine hands zero.Init) is accepted too
+    ([0, 1], {"dp": 2, "sp": 2}, "over ranks [0, 1, 2, 3]"),
+    (None, {"ranks": [0, 1]}, None),  # not partitioned yet: the engine partitions it itself
+    ("autoep", {"ranks": [0, 1]}, None),  # a group of its own (AutoEP experts): DeepSpeed checks it
+])
+def test_partition_check_table(param_ranks, mesh, refused):
+    import torch
+    import torch.distributed as dist
+
+    from compat.engine_zero3 import check_zero3_partitions
+    from fakepg import fake_world
+    from mesh_core import MeshSpecError
+    from mesh_core.config import spec_from_config
+
+    with fake_world(1, 4):
+        net = torch.nn.Linear(2, 2)
+        spec = spec_from_config({"mesh": mesh}, 4)
+        for i, param in enumerate(net.parameters()):
+            if param_ranks is not None:
+                param.ds_id = i
+                ranks = [0, 1, 2, 3] if param_ranks == "autoep" else param_ranks
+                param.ds_process_group = dist.new_group(ranks) if ranks != [0, 1, 2, 3] else dist.group.WORLD
+                if param_ranks == "autoep":
+                    param.ds_zero_partition_process_group = param.ds_process_group
+        if refused is None:
+            check_zero3_partitions(net, spec, 1)
+        else:
+            with pytest.raises(MeshSpecError) as err:
+                check_zero3_partitions(net, spec, 1)
+            assert "ZeRO-3 parameter 'weight' (and 1 more) was partitioned by zero.Init" in str(err.value)
+            assert refused in str(err.value) and spec.describe() in str(err.value)
