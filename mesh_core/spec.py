@@ -144,6 +144,7 @@ def _validate_ranks(ranks: Iterable[int] | None, world_size: int | None) -> Sequ
         return range(world_size or 0)
     if world_size is None:
         # no upper bound yet: the world size is known only once the process group exists
+        ranks = tuple(ranks)
         negative = [r for r in ranks if isinstance(r, int) and r < 0]
         if negative:
             raise MeshSpecError(f"ranks {negative[:8]} are out of range; a global rank is 0 or more")
