@@ -17,24 +17,41 @@ ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")
 PRIVATE_PACKAGE = "_ds_mesh_compat"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_warned = set()  # (name, value) pairs already reported by switch_on
+
+
+# --- the one parser of ds-mesh's on/off environment variables (DS_MESH, DS_MESH_STRICT) -----------
+# It lives here because the start-up hook must read DS_MESH before any package is imported.
+def switch_state(name, environ=None):
+    """``"on"``, ``"off"`` or ``"unknown"`` for the on/off environment variable ``name`` (unset is off)."""
+    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    return "on" if value in ON else "off" if value in OFF else "unknown"
+
+
+def switch_on(name, purpose, environ=None):
+    """Whether the on/off variable ``name`` is on. A value it does not understand (``enabled``,
+    ``2``) counts as off and is reported once per value, as a warning saying ``purpose``."""
+    mode = switch_state(name, environ)
+    if mode == "unknown":
+        value = (os.environ if environ is None else environ).get(name)
+        if (name, value) not in _warned:
+            _warned.add((name, value))
+            _warn(
+                f"{name}={value!r} is not understood and is ignored ({name} stays off); use {name}=1 "
+                f"(also true/yes/on) to {purpose}, or {name}=0 to leave it off"
+            )
+    return mode == "on"
 
 
 def state(environ=None):
     """``"on"``, ``"off"`` or ``"unknown"`` for the current ``DS_MESH`` value."""
-    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip().lower()
-    return "on" if value in ON else "off" if value in OFF else "unknown"
+    return switch_state(ENV_VAR, environ)
 
 
 def main():
     """Called by the ``.pth`` line when ``DS_MESH`` is set; never raises."""
     try:
-        mode = state()
-        if mode == "unknown":
-            _warn(
-                f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} is not understood and is ignored; "
-                f"use {ENV_VAR}=1 (also true/yes/on) to run deepspeed on the mesh, or {ENV_VAR}=0 to leave it off"
-            )
-        elif mode == "on":
+        if switch_on(ENV_VAR, "run deepspeed on the mesh"):
             if "deepspeed" in sys.modules:
                 _install()
             elif not any(isinstance(f, _DeepSpeedFinder) for f in sys.meta_path):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from mesh_core import MESH_DIMS, MeshSpec, MeshSpecError
-from mesh_core.config import MESH_SECTION_KEYS, check_section_values, legacy_sizes
+from mesh_core.config import check_section, legacy_sizes
 
 SECTION_SOURCE = "config 'mesh' section"
 AUTO = "auto"
@@ -54,15 +54,16 @@ class LayoutSources:
 def section_of(config: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The validated ``"mesh"`` section of a config dict, or None."""
     section = config.get("mesh")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise MeshSpecError(f"config 'mesh' section must be a dict, got {type(section).__name__}: {section!r}")
-    unknown = sorted(set(section) - MESH_SECTION_KEYS)
-    if unknown:
-        raise MeshSpecError(f"unknown key(s) {unknown} in config 'mesh'; valid keys are {sorted(MESH_SECTION_KEYS)}")
-    check_section_values(section)  # look-alike values ("false", "0123", -1) are errors, not silent readings
-    return dict(section)
+    # look-alike values ("false", "0123", -1) are errors, not silent readings
+    return None if section is None else check_section(section)
+
+
+def check_before_world(config: Mapping[str, Any], *, mesh_param: Any = None) -> None:
+    """Every layout check that needs no world size: the ``"mesh"`` section (names, types, look-alike
+    values), the legacy size keys and ``mesh_param``'s shape. ``deepspeed.initialize`` runs it before
+    ``init_distributed``, so a bad value is reported before any process group exists."""
+    # without the model, mpu or mesh=: nothing here needs a process group
+    collect_sources(config, mesh_param=mesh_param)[0].agreed()
 
 
 def mpu_sizes(mpu: Any) -> dict[str, int]:

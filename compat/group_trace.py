@@ -22,10 +22,11 @@ import sys
 import threading
 from typing import Any, Iterator, Optional
 
+from _ds_mesh_startup import switch_on
+
 logger = logging.getLogger(__name__)
 
 STRICT_ENV = "DS_MESH_STRICT"
-_TRUE = {"1", "true", "yes", "on"}
 _lock = threading.RLock()
 _sinks: list[list["GroupCreation"]] = []
 _originals: dict[str, Any] = {}
@@ -45,7 +46,8 @@ class GroupCreation:
 
 
 def strict_requested(environ: Optional[dict] = None) -> bool:
-    return (os.environ if environ is None else environ).get(STRICT_ENV, "").strip().lower() in _TRUE
+    """Whether ``DS_MESH_STRICT`` is on (the one on/off parser: ``enabled`` or ``2`` warn once and are off)."""
+    return switch_on(STRICT_ENV, "raise on process groups created outside mesh_core", environ)
 
 
 def set_shim_active(active: bool) -> None:

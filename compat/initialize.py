@@ -38,7 +38,8 @@ from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
-from .engine_spec import engine_spec
+from .engine_spec import check_before_world, engine_spec
+from .engine_zero3 import check_zero3_partitions
 from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (issue 24: HSDP under ZeRO)
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
             row="deepspeed.initialize(mesh_param=(dp, sp))",
         )
 
+    check_before_world(config, mesh_param=mesh_param)  # issue 21: bad values before any process group
     ds_dist.init_distributed(
         dist_backend=get_accelerator().communication_backend_name(),
         distributed_port=call.get("distributed_port", 29500),
@@ -117,6 +119,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         _require_same_layout(spec, given_mesh.spec, "the layout stated by config/model/mpu", "mesh=", order=order)
 
     config = hsdp_zero_config(config, spec)
+    if zero_stage(config) == 3:  # a model zero.Init partitioned over other ranks: refused before any collective
+        check_zero3_partitions(model, spec, ds_dist.get_rank())
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
     if engine_mpu is None and not pipeline and (
         _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))

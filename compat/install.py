@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "DS_MESH"
 DEEPSPEED_SITES = r"deepspeed(\.|$)"
-_TRUE = {"1", "true", "yes", "on"}
 
 COMM_MODULE = "deepspeed.comm.comm"
 GROUPS_MODULE = "deepspeed.utils.groups"
@@ -117,10 +116,9 @@ def patched_names() -> list[str]:
 
 def install_from_env(environ: "os._Environ[str] | dict[str, str] | None" = None) -> bool:
     """:func:`install` when ``DS_MESH`` is set to 1/true/yes/on; returns whether it installed."""
-    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
-    if value.strip().lower() not in _TRUE:
-        if value.strip() not in ("", "0"):
-            logger.warning("%s=%r is not understood; use %s=1 to run deepspeed on the mesh", ENV_VAR, value, ENV_VAR)
+    from _ds_mesh_startup import switch_on  # the one on/off parser (warns once on an odd value)
+
+    if not switch_on(ENV_VAR, "run deepspeed on the mesh", environ):
         return False
     install()
     return True

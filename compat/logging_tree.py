@@ -62,6 +62,8 @@ HELPER_MODULES = frozenset({"logging", "deepspeed.utils.logging", "deepspeed.inf
 OP_BUILDER = "deepspeed.ops.op_builder"
 # other modules whose ``print`` reports op builds
 OP_PRINT_MODULES = ("deepspeed.comm.torch", "deepspeed.comm.ccl")
+# a dotted logger name: no "=", "," or spaces (``deepspeed=info=debug`` is a malformed entry, not a name)
+_LOGGER_NAME = re.compile(r"[^\s=,]+")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _WARNING_TAG = re.compile(r"^\s*(\x1b\[[0-9;]*m)?\s*\[WARNING\]\s*(\x1b\[[0-9;]*m)?\s*")
 
@@ -95,9 +97,11 @@ def parse_env(text: str) -> dict[str, int]:
     """
     levels: dict[str, int] = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
-        name, _, value = entry.rpartition("=")
+        name, _, value = entry.partition("=") if "=" in entry else ("", "", entry)
         name = name.strip() or ROOT
         try:
+            if not _LOGGER_NAME.fullmatch(name):
+                raise ValueError(f"{ENV_VAR} entry {entry!r}: {name!r} is not a logger name (one name=level per entry)")
             levels[name] = parse_level(value, f"{ENV_VAR} entry {entry!r}")
         except ValueError as err:
             logger.warning("%s; the entry is ignored (example: %s=deepspeed=warning,deepspeed.runtime.zero=debug)",
@@ -119,9 +123,12 @@ def levels_from_config(param_dict: Mapping[str, Any]) -> dict[str, int]:
     levels = {}
     if section.get("level") is not None:
         levels[ROOT] = parse_level(section["level"], 'config "logging.level"')
-    modules = section.get("modules") or {}
+    modules = section.get("modules")
+    if modules is None:
+        modules = {}
     if not isinstance(modules, Mapping):
-        raise ValueError(f'config "logging.modules" must map logger names to levels, got {modules!r}')
+        raise ValueError(f'config "logging.modules" must map logger names to levels, e.g. '
+                         f'{{"deepspeed.runtime.engine": "info"}}, got {modules!r}')
     for name, value in modules.items():
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f'config "logging.modules" has a key {name!r}; keys are logger names such as '

@@ -1,6 +1,7 @@
 """The ``DS_MESH`` start-up hook's ``.pth`` file: write it, remove it (``python -m compat.install``).
 
-The ``.pth`` line costs one environment lookup when ``DS_MESH`` is unset or off. When it is on,
+The ``.pth`` line costs one environment lookup when ``DS_MESH`` is unset or off. Otherwise (on, or a value
+the one on/off parser of ``_ds_mesh_startup`` does not understand and warns about)
 the line imports the private ``_ds_mesh_startup`` module (if it still exists: after
 ``pip uninstall`` a left-over ``.pth`` stays silent), which installs the shim when the program
 first imports ``deepspeed`` (see that module).
@@ -13,12 +14,15 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from _ds_mesh_startup import OFF
+
 logger = logging.getLogger(__name__)
 
 PTH_NAME = "ds_mesh.pth"
 HOOK_MODULE = "_ds_mesh_startup"
+# the .pth line's own check is the one parser's OFF list (an unknown value reaches the hook, which warns)
 PTH_LINE = (
-    "import os; os.environ.get('DS_MESH', '').strip().lower() not in ('', '0', 'false', 'no', 'off') "
+    f"import os; os.environ.get('DS_MESH', '').strip().lower() not in {OFF!r} "
     f"and __import__('importlib.util').util.find_spec('{HOOK_MODULE}') is not None "
     f"and __import__('{HOOK_MODULE}').main()\n"
 )

@@ -11,11 +11,12 @@ raises :class:`MeshSpecError` naming both sources.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-from .spec import MESH_DIMS, MeshSpec, MeshSpecError
+from .spec import MESH_DIMS, MeshSpec, MeshSpecError, _resolve_order, _validate_ranks
 
 MESH_SECTION_KEYS = set(MESH_DIMS) | {"ep", "order", "ranks", "data_before_expert"}
 
@@ -44,6 +45,31 @@ def _size(value: Any, source: str) -> int:
     if size < 1:
         raise MeshSpecError(f"{source}={value!r} is not valid; it must be a positive integer")
     return size
+
+
+def check_section(section: Any) -> dict[str, Any]:
+    """The ``"mesh"`` section as a dict after every check that needs no world size (its type, key
+    names, look-alike values, the ``order`` names, the ``ranks`` list); a :class:`MeshSpecError`
+    naming the key otherwise. Pure: run before any process group exists."""
+    if not isinstance(section, Mapping):
+        raise MeshSpecError(f"config 'mesh' section must be a dict, got {type(section).__name__}: {section!r}")
+    unknown = sorted(set(section) - MESH_SECTION_KEYS, key=str)
+    if unknown:
+        hints = [f"{k!r} (did you mean {close[0]!r}?)" for k in unknown
+                 for close in [difflib.get_close_matches(str(k).lower(), MESH_SECTION_KEYS, n=1)] if close]
+        raise MeshSpecError(
+            f"unknown key(s) {unknown} in config 'mesh'{'; ' + ', '.join(hints) if hints else ''}; "
+            f"valid keys are {sorted(MESH_SECTION_KEYS)}"
+        )
+    check_section_values(section)
+    try:
+        if section.get("order") is not None:
+            _resolve_order(section["order"], {})
+        if section.get("ranks") is not None:
+            _validate_ranks(section["ranks"], None)
+    except MeshSpecError as err:
+        raise MeshSpecError(f"config 'mesh': {err}") from None
+    return dict(section)
 
 
 def check_section_values(section: Mapping[str, Any]) -> None:
@@ -122,12 +148,7 @@ def spec_from_config(
         sizes: dict[str, Any] = {k: v for k, (v, _) in inferred.items()}
         ep = sizes.pop("ep", 1)
         return MeshSpec.build(world_size, ranks=ranks, ep=ep, **sizes)
-    if not isinstance(section, Mapping):
-        raise MeshSpecError(f"config 'mesh' section must be a dict, got {type(section).__name__}: {section!r}")
-    unknown = sorted(set(section) - MESH_SECTION_KEYS)
-    if unknown:
-        raise MeshSpecError(f"unknown key(s) {unknown} in config 'mesh'; valid keys are {sorted(MESH_SECTION_KEYS)}")
-    check_section_values(section)
+    section = check_section(section)
     sizes = {k: v for k, v in section.items() if k in MESH_DIMS}
     for dim, (value, source) in inferred.items():
         declared = section.get(dim)

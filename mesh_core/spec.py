@@ -138,9 +138,17 @@ def _positive_int(what: str, value: object) -> int:
     return value
 
 
-def _validate_ranks(ranks: Iterable[int] | None, world_size: int) -> Sequence[int]:
+def _validate_ranks(ranks: Iterable[int] | None, world_size: int | None) -> Sequence[int]:
+    """The ranks as a range or tuple; ``world_size=None``: the checks that need no world (before one exists)."""
     if ranks is None:
-        return range(world_size)
+        return range(world_size or 0)
+    if world_size is None:
+        # no upper bound yet: the world size is known only once the process group exists
+        ranks = tuple(ranks)
+        negative = [r for r in ranks if isinstance(r, int) and r < 0]
+        if negative:
+            raise MeshSpecError(f"ranks {negative[:8]} are out of range; a global rank is 0 or more")
+        world_size = max((r for r in ranks if isinstance(r, int)), default=0) + 1
     if isinstance(ranks, range) and ranks.step == 1 and len(ranks):
         if ranks.start < 0 or ranks.stop > world_size:
             raise MeshSpecError(f"ranks {ranks} are out of range; valid ranks are 0..{world_size - 1}")

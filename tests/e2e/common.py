@@ -60,3 +60,17 @@ def dump(out_dir: str, rank: int, results: dict) -> None:
 
 def group_count() -> int:
     return dist.distributed_c10d._world.group_count
+
+
+def run_parts(parts: dict) -> None:
+    """``script.py OUT_DIR PART[,PART]``: run each named part on every rank (a world barrier after
+    each, so a rank left in a collective hangs there, i.e. fails by the test's timeout), dump, shut down."""
+    out_dir, names = sys.argv[1], sys.argv[2].split(",")
+    rank = init_world()
+    results: dict = {}
+    for name in names:
+        results[name] = {}
+        parts[name](rank, results[name])
+        dist.barrier()
+    dump(out_dir, rank, results)
+    shutdown()

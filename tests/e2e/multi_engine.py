@@ -12,12 +12,10 @@ usage: multi_engine.py OUT_DIR PART[,PART]
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
 
-from common import dump, init_world, params_of, ranks, shutdown
+from common import params_of, ranks, run_parts
 
 import compat  # noqa: E402
 
@@ -195,12 +193,4 @@ def part_moe(rank: int, out: dict) -> None:
 PARTS = {"grid": part_grid, "halves": part_halves, "moe": part_moe}
 
 if __name__ == "__main__":
-    out_dir, parts = sys.argv[1], sys.argv[2].split(",")
-    rank = init_world()
-    results: dict = {}
-    for part in parts:
-        results[part] = {}
-        PARTS[part](rank, results[part])
-        dist.barrier()
-    dump(out_dir, rank, results)
-    shutdown()
+    run_parts(PARTS)
