@@ -349,8 +349,9 @@ def _warn_config_log_level(value: Any) -> None:
 # --- appliers -----------------------------------------------------------------------------------
 def _route_logging_module(module: types.ModuleType) -> None:
     _route_object(module.logger)
-    _patches.replace(module, "print_dist", _print_dist)
-    _patches.replace(module, "set_log_level_from_string", _set_log_level_from_string)
+    for name, replacement in (("print_dist", _print_dist), ("set_log_level_from_string", _set_log_level_from_string)):
+        if hasattr(module, name):  # both from deepspeed 0.18 on
+            _patches.replace(module, name, replacement)
 
 
 def _route_engine(module: types.ModuleType) -> None:
@@ -444,13 +445,18 @@ _routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
 
 
 # --- install / uninstall ------------------------------------------------------------------------
-def install() -> None:
-    """Make DeepSpeed's logging one tree (now for imported modules, at import for the rest)."""
+def install(on_error: Optional[Any] = None) -> None:
+    """Make DeepSpeed's logging one tree (now for imported modules, at import for the rest).
+
+    ``on_error(module, error)`` is called when a route fails inside a later import (a failure now
+    undoes everything and raises).
+    """
     global _active, _root_state, _handler
     with _lock:
         if _active:
             return
         _active = True
+        _routes.on_error = on_error
         root = logging.getLogger(ROOT)
         _root_state = (root.level, root.propagate, list(root.handlers))
         if not root.handlers:  # the user's own handlers on "deepspeed" stay in charge
@@ -458,7 +464,11 @@ def install() -> None:
             root.addHandler(_handler)
             root.propagate = False
         apply_levels()
-        _routes.activate()
+        try:
+            _routes.activate()
+        except BaseException:
+            uninstall()
+            raise
 
 
 def uninstall() -> None:
