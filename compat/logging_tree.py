@@ -172,9 +172,45 @@ def apply_levels() -> None:
 
 
 def set_legacy_level(level: int) -> None:
-    """What ``--log_level`` / ``"log_level"`` / ``DeepSpeed logger.setLevel`` set: the tree's root level."""
-    _layers["legacy"][ROOT] = level
-    apply_levels()
+    """What ``--log_level`` / ``"log_level"`` / ``set_log_level_from_string`` set: DeepSpeed's logger
+    and its handler, so the tree's root level."""
+    _legacy.update(logger=level, handler=level)
+    _sync_legacy()
+
+
+def set_client_level(level: int) -> None:
+    """``deepspeed.utils.logger.setLevel(level)`` (HF Trainer's ``log_level``, Lightning): in plain
+    DeepSpeed it moves the logger, not its handler (WARNING unless :func:`set_legacy_level`), so what
+    prints is bounded by both; the logger then reports ``level`` (:func:`reported_level`)."""
+    _legacy["logger"] = level
+    _sync_legacy()
+
+
+def reported_level(target: logging.Logger) -> int:
+    """What DeepSpeed's logger reports for a caller whose records go to ``target``: the level set on
+    it the legacy way (as plain DeepSpeed reports it), unless the config / ``DS_LOG_LEVELS`` set levels."""
+    if _legacy["logger"] is None:
+        return target.getEffectiveLevel()
+    explicit = set(_layers["config"]) | set(parse_env(os.environ.get(ENV_VAR, "")))
+    name = target.name
+    while name:  # a v1 level for this logger or one above it decides
+        if name in explicit:
+            return target.getEffectiveLevel()
+        name = name.rpartition(".")[0]
+    return _legacy["logger"]
+
+
+def _sync_legacy(apply: bool = True) -> None:
+    if _legacy["logger"] is None and _legacy["handler"] is None:
+        _layers["legacy"].pop(ROOT, None)
+    else:  # a record prints when both the logger and its handler let it through
+        _layers["legacy"][ROOT] = max(_legacy["logger"] or DEFAULT_LEVEL, _legacy["handler"] or DEFAULT_LEVEL)
+    if apply:
+        apply_levels()
+
+
+# the levels set the legacy way on DeepSpeed's logger object and on its stdout handler
+_legacy: dict[str, Optional[int]] = {"logger": None, "handler": None}
 
 
 def configure_from_config(param_dict: Mapping[str, Any]) -> None:
@@ -183,7 +219,9 @@ def configure_from_config(param_dict: Mapping[str, Any]) -> None:
     legacy = param_dict.get("log_level")
     if legacy is not None:
         _warn_config_log_level(legacy)
-        _layers["legacy"][ROOT] = parse_level(legacy, 'config "log_level"')
+        level = parse_level(legacy, 'config "log_level"')
+        _legacy.update(logger=level, handler=level)
+        _sync_legacy(apply=False)
     _layers["config"] = levels
     apply_levels()
 
@@ -246,11 +284,19 @@ class RoutingLogger(logging.Logger):
         return _target(ROOT).isEnabledFor(level)
 
     def getEffectiveLevel(self) -> int:
-        return _target(_caller()[1]).getEffectiveLevel()
+        return reported_level(_target(_caller()[1]))
+
+    @property  # type: ignore[override]
+    def level(self) -> int:
+        return reported_level(_target(ROOT))
+
+    @level.setter
+    def level(self, value: int) -> None:
+        self.__dict__["level"] = value  # the object's own level, back in force after uninstall
 
     def setLevel(self, level: Any) -> None:
-        # legacy code sets "the" DeepSpeed level on this object: it becomes the tree's root level
-        set_legacy_level(logging._checkLevel(level))  # type: ignore[attr-defined]
+        # a client (HF Trainer, Lightning) sets "the" DeepSpeed level: what plain DeepSpeed would show
+        set_client_level(logging._checkLevel(level))  # type: ignore[attr-defined]
 
     def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):  # noqa: D401
         frame, module = _caller()
@@ -487,6 +533,7 @@ def uninstall() -> None:
                 del module.print  # type: ignore[attr-defined]
         _injected.clear()
         _layers["legacy"].clear()
+        _legacy.update(logger=None, handler=None)
         _layers["config"].clear()
         apply_levels()  # back to the levels from before
         root = logging.getLogger(ROOT)
