@@ -66,8 +66,9 @@ def check() -> Optional[str]:
     version = installed_version()
     if version is None or is_supported(version):
         return version
+    oldest, newest = (".".join(map(str, r)) for r in (OLDEST, NEWEST))
     raise UnsupportedDeepSpeedError(
-        f"ds-mesh's shim supports deepspeed {SUPPORTED} (0.17.0 through 0.19.8); the installed deepspeed is "
-        f"{version}. Install a supported release (pip install 'deepspeed{SUPPORTED}') or run without the "
-        f"shim (unset DS_MESH, do not call compat.install())."
+        f"ds-mesh's shim supports deepspeed >={oldest},<={newest} ({oldest} through {newest}); the installed "
+        f"deepspeed is {version}. Install a supported release (pip install 'deepspeed>={oldest},<={newest}') "
+        f"or run without the shim (unset DS_MESH, do not call compat.install())."
     )
