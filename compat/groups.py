@@ -300,7 +300,7 @@ def _release_process_group_references(group: Any = None) -> None:
     if group is None:
         sequence_parallel = sys.modules.get("deepspeed.runtime.sequence_parallel.parallel_state_sp")
         release_sp = getattr(sequence_parallel, "_release_sequence_parallel_groups", None)
-        if release_sp is not None:  # deepspeed releases that have it (not 0.19.0 and older)
+        if release_sp is not None:  # 0.19.8 (not 0.19.7 and older, nor the development tree)
             release_sp()
         old = _state
         release_hpz_groups()  # mesh_core keeps the hpZ groups (one set per world and ZeRO domain)

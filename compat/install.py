@@ -247,7 +247,7 @@ def _route_engine(module: types.ModuleType) -> None:
     from .engine_scope import engine_step_wrapper
 
     for name in ENGINE_STEP_METHODS + ENGINE_GROUPS_METHODS:
-        if name in ENGINE_STEP_METHODS or name in vars(module.DeepSpeedEngine):  # the rank getters are not in 0.17
+        if name in ENGINE_STEP_METHODS or name in vars(module.DeepSpeedEngine):  # the rank getters: from 0.17.5
             _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
 
 

@@ -396,7 +396,7 @@ def _warn_config_log_level(value: Any) -> None:
 def _route_logging_module(module: types.ModuleType) -> None:
     _route_object(module.logger)
     for name, replacement in (("print_dist", _print_dist), ("set_log_level_from_string", _set_log_level_from_string)):
-        if hasattr(module, name):  # both from deepspeed 0.18 on
+        if hasattr(module, name):  # print_dist from deepspeed 0.18.0, set_log_level_from_string from 0.17.6
             _patches.replace(module, name, replacement)
 
 

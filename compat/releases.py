@@ -6,10 +6,12 @@ engine and logging code does (docs/releases.md has the table and the command tha
 - **0.17.0 … 0.19.8** (and DeepSpeed's development tree, which calls itself 0.19.6): the routed
   functions keep 0.19.8's names, signatures and group memberships for every call deepspeed itself
   makes; the differences inside the range are detected by feature, not version, where they are used
-  (``deepspeed.utils.logging.print_dist`` and
+  (the engine's rank getters, ``set_log_level_from_string``, ``print_dist``,
   ``parallel_state_sp._release_sequence_parallel_groups`` are used only where the release has them);
-- **0.16.x and older**: ``groups`` answers differently for sequence-parallel mpus (the
-  sequence-data-parallel getters ignore the mpu), so 0.19.8's rules would give wrong answers;
+- **0.16.x and older**: ``groups._get_data_parallel_group`` / ``_get_data_parallel_world_size`` /
+  ``_get_model_parallel_world_size`` ask a sequence-parallel mpu (one with
+  ``initialize_sequence_parallel``) for its groups, where 0.17.0 on (and the compat layer) do not, so
+  0.19.8's rules would give wrong answers there;
 - **newer than 0.19.8**: not checked yet, so refused rather than guessed.
 
 Outside the range :func:`check` raises :class:`UnsupportedDeepSpeedError` naming the installed
