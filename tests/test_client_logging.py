@@ -17,7 +17,7 @@ import pytest
 import compat.install as installer
 from compat import logging_tree
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.releases]
 LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
 
 

@@ -26,14 +26,7 @@ def zero2(rank: int) -> dict:
         "steps_per_print": 10**6,
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    gen = torch.Generator().manual_seed(100 + rank)
-    losses = []
-    for _ in range(STEPS):
-        x = torch.randn(4, 8, generator=gen)
-        loss = torch.nn.functional.mse_loss(engine(x), x.sum(dim=1, keepdim=True))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = common.train_steps(engine, torch.Generator().manual_seed(100 + rank), STEPS, 4)
     return {"losses": losses, "params": common.params_of(engine.module)}
 
 
