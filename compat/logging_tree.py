@@ -180,7 +180,8 @@ def set_legacy_level(level: int) -> None:
 
 def set_client_level(level: int) -> None:
     """``deepspeed.utils.logger.setLevel(level)`` (HF Trainer's ``log_level``, Lightning): in plain
-    DeepSpeed it moves the logger, not its handler (WARNING unless :func:`set_legacy_level`), so what
+    DeepSpeed it moves the logger, not its handler (the installed release's level, WARNING from
+    0.17.6 on, unless :func:`set_legacy_level`), so what
     prints is bounded by both; the logger then reports ``level`` (:func:`reported_level`)."""
     _legacy["logger"] = level
     _sync_legacy()
@@ -204,13 +205,16 @@ def _sync_legacy(apply: bool = True) -> None:
     if _legacy["logger"] is None and _legacy["handler"] is None:
         _layers["legacy"].pop(ROOT, None)
     else:  # a record prints when both the logger and its handler let it through
-        _layers["legacy"][ROOT] = max(_legacy["logger"] or DEFAULT_LEVEL, _legacy["handler"] or DEFAULT_LEVEL)
+        handler = _legacy["handler"] if _legacy["handler"] is not None else _handler_floor
+        _layers["legacy"][ROOT] = max(_legacy["logger"] or DEFAULT_LEVEL, handler)
     if apply:
         apply_levels()
 
 
 # the levels set the legacy way on DeepSpeed's logger object and on its stdout handler
 _legacy: dict[str, Optional[int]] = {"logger": None, "handler": None}
+# the level of the installed deepspeed's own handler (WARNING from 0.17.6 on, INFO before)
+_handler_floor = DEFAULT_LEVEL
 
 
 def configure_from_config(param_dict: Mapping[str, Any]) -> None:
@@ -394,6 +398,9 @@ def _warn_config_log_level(value: Any) -> None:
 
 # --- appliers -----------------------------------------------------------------------------------
 def _route_logging_module(module: types.ModuleType) -> None:
+    global _handler_floor
+    levels = [h.level for h in getattr(module.logger, "handlers", ()) if isinstance(h, logging.StreamHandler)]
+    _handler_floor = max(levels) if levels else logging.NOTSET  # what its setLevel(...) stays bounded by
     _route_object(module.logger)
     for name, replacement in (("print_dist", _print_dist), ("set_log_level_from_string", _set_log_level_from_string)):
         if hasattr(module, name):  # print_dist from deepspeed 0.18.0, set_log_level_from_string from 0.17.6
@@ -519,7 +526,7 @@ def install(on_error: Optional[Any] = None) -> None:
 
 def uninstall() -> None:
     """Restore DeepSpeed's logger objects, handlers, levels and functions."""
-    global _active, _root_state, _handler
+    global _active, _root_state, _handler, _handler_floor
     with _lock:
         if not _active:
             return
@@ -534,6 +541,7 @@ def uninstall() -> None:
         _injected.clear()
         _layers["legacy"].clear()
         _legacy.update(logger=None, handler=None)
+        _handler_floor = DEFAULT_LEVEL
         _layers["config"].clear()
         apply_levels()  # back to the levels from before
         root = logging.getLogger(ROOT)

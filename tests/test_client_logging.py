@@ -2,9 +2,10 @@
 the shim shows what plain deepspeed shows and reports what plain deepspeed reports; the v1 levels
 (config ``"logging"``, ``DS_LOG_LEVELS``) still win. Plain = the real deepspeed with the shim uninstalled.
 
-Behaviour by release: the DeepSpeed logger's ``setLevel`` moving the logger but not its WARNING
-handler is the same in every supported release (0.17.0 … 0.19.8); ``set_log_level_from_string``
-(logger and handler) exists from 0.18 on.
+Behaviour by release: the DeepSpeed logger's ``setLevel`` moves the logger but not its handler in
+every supported release (0.17.0 … 0.19.8); that handler is at WARNING from 0.17.6 on and at INFO
+before (so plain 0.17.0 prints INFO by default; the shim's default stays WARNING);
+``set_log_level_from_string`` (logger and handler) exists from 0.17.6 on.
 """
 from __future__ import annotations
 
@@ -66,7 +67,9 @@ def test_client_set_level_shows_and_reports_what_plain_deepspeed_does(level):
         installer.uninstall()
         ds_logger.setLevel(original)
     assert shim == plain
-    assert plain[0] == [n for n in ("warning", "error") if logging.getLevelName(n.upper()) >= max(level, logging.WARNING)]
+    floor = max(h.level for h in ds_logger.handlers)  # the release's handler: WARNING from 0.17.6, INFO before
+    names = ("debug", "info", "warning", "error")
+    assert plain[0] == [n for n in names if logging.getLevelName(n.upper()) >= max(level, floor)]
 
 
 def test_client_level_does_not_override_v1_levels(monkeypatch):

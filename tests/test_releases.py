@@ -122,7 +122,10 @@ def test_ds_mesh_hook_on_an_unsupported_release_warns_once_and_runs_plain_deepsp
     startup.write_pth(str(site))
     proc = run(f"""
         import compat.releases as releases
-        releases.NEWEST = (0, 19, 7)     # the installed 0.19.8 is now newer than the range
+        installed = releases.installed_version()
+        major, minor, patch = releases.release(installed)
+        releases.OLDEST = (major, minor, patch + 1)   # the installed release is now older than the range
+        print("RANGE", installed, releases.OLDEST)
         import site
         site.addsitedir({str(site)!r})   # the ds_mesh.pth line, as at interpreter start
         import deepspeed
@@ -135,8 +138,12 @@ def test_ds_mesh_hook_on_an_unsupported_release_warns_once_and_runs_plain_deepsp
         print("AFTER", installer.is_installed())
     """, {"DS_MESH": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RANGE")]
+    installed = line.split()[1]
+    major, minor, patch = releases.release(installed)
+    declared = f">={major}.{minor}.{patch + 1},<={'.'.join(map(str, releases.NEWEST))}"
     warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "ds-mesh:" in line]
-    assert len(warned) == 1 and "0.19.8" in warned[0] and ">=0.17.0,<=0.19.7" in warned[0], warned
+    assert len(warned) == 1 and f"deepspeed is {installed}" in warned[0] and declared in warned[0], warned
     assert "HOOK False []" in proc.stdout and "AFTER False" in proc.stdout
     (raised,) = [line for line in proc.stdout.splitlines() if line.startswith("RAISED")]
-    assert "installed deepspeed is 0.19.8" in raised and ">=0.17.0,<=0.19.7" in raised
+    assert f"installed deepspeed is {installed}" in raised and declared in raised
