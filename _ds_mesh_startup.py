@@ -71,7 +71,7 @@ class _DeepSpeedFinder:
         try:
             _install()
         except Exception as err:
-            _warn(f"{ENV_VAR}=1 but the shim could not be installed: {err!r}; deepspeed runs without the mesh")
+            _warn(f"{ENV_VAR}=1 but the shim could not be installed ({type(err).__name__}: {err}); deepspeed runs without the mesh")
             return None
         import importlib.util
 

@@ -16,18 +16,36 @@ probing cost stays under a few milliseconds per getter.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from types import FrameType
 from typing import Optional
 
-__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "legacy_entry", "warn_legacy"]
+__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "legacy_entry",
+           "warn_legacy"]
 
 HOT_PROBES = 100_000  # call-site probes per hot getter and filter change
 
 
 class LegacyAPIDeprecationWarning(DeprecationWarning):
     """A legacy DeepSpeed process-group API was called; the message names its mesh replacement."""
+
+
+class ThirdPartyLegacyWarning(LegacyAPIDeprecationWarning):
+    """A legacy API was called by an installed third-party package (not the user's code); shown once
+    per package. Silence with ``warnings.filterwarnings("ignore", category=ThirdPartyLegacyWarning)``."""
+
+
+_third_party_warned: set[str] = set()  # distributions already warned about
+
+
+def third_party_message(legacy_name: str, replacement: str, row: str, dist: str, version: str, where: str) -> str:
+    return (f"TODOV1: {legacy_name} is called by {dist} {version} ({where}), not your code: your script needs no "
+            f"change. {dist} uses a deprecated DeepSpeed API (its replacement: {replacement}; MIGRATION.md row "
+            f"'{row}'); the warning goes away with a {dist} release that stops calling it (upgrade {dist}, or "
+            f"report it to {dist}). Shown once per package; silence it with warnings.filterwarnings('ignore', "
+            f"category=compat.deprecation.ThirdPartyLegacyWarning).")
 
 
 def message(legacy_name: str, replacement: str, row: str) -> str:
@@ -65,7 +83,9 @@ class LegacyEntry:
     def hit(self, frame: FrameType) -> None:
         """Slow path: a site not seen since the last filter change."""
         key = (frame.f_code, frame.f_lasti)  # holds the code: its id cannot be reused by another
-        if key not in self._seen:
+        if key not in self._seen and self._third_party(frame):
+            self._seen.add(key)
+        elif key not in self._seen:
             module_globals = frame.f_globals
             registry = module_globals.setdefault("__warningregistry__", {})
             warnings.warn_explicit(
@@ -79,6 +99,27 @@ class LegacyEntry:
             )
             self._seen.add(key)  # only after warn returned: an "error" filter keeps raising
         self.sites[frame.f_lasti] = frame.f_code
+
+    def _third_party(self, frame: FrameType) -> bool:
+        """A site inside an installed package: one warning per package saying so; True if handled."""
+        from .call_sites import third_party
+
+        owner = third_party(frame)
+        if owner is None:
+            return False
+        dist, version = owner
+        if dist not in _third_party_warned:
+            module_globals = frame.f_globals
+            name = str(module_globals.get("__name__", "<unknown>"))
+            filename = frame.f_code.co_filename
+            where = f"{filename.replace(os.sep, '/').rsplit('-packages/', 1)[-1]}:{frame.f_lineno}"
+            warnings.warn_explicit(
+                third_party_message(self.legacy_name, self.replacement, self.row, dist, version, where),
+                ThirdPartyLegacyWarning, frame.f_code.co_filename, frame.f_lineno, name,
+                module_globals.setdefault("__warningregistry__", {}), module_globals,
+            )
+            _third_party_warned.add(dist)  # after warn returned: an "error" filter keeps raising
+        return True
 
     def reset(self) -> None:
         self.sites.clear()

@@ -299,8 +299,9 @@ def _release_process_group_references(group: Any = None) -> None:
     global _state, mpu, mesh_device, expert_tensor_parallel_world_size
     if group is None:
         sequence_parallel = sys.modules.get("deepspeed.runtime.sequence_parallel.parallel_state_sp")
-        if sequence_parallel is not None:
-            sequence_parallel._release_sequence_parallel_groups()
+        release_sp = getattr(sequence_parallel, "_release_sequence_parallel_groups", None)
+        if release_sp is not None:  # 0.19.8 (not 0.19.7 and older, nor the development tree)
+            release_sp()
         old = _state
         release_hpz_groups()  # mesh_core keeps the hpZ groups (one set per world and ZeRO domain)
         for mapping in (

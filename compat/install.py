@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import wrapt
 
-from . import group_trace
+from . import group_trace, releases
 from .install_patches import ImportRoutes, PatchSet
 
 logger = logging.getLogger(__name__)
@@ -71,18 +71,23 @@ def install() -> None:
     with _lock:
         if _active:
             return
+        version = releases.check()  # outside the supported range: an error, nothing patched
         _active = True
-        _quiet_deepspeed_call_sites(True)
-        _logging_tree().install()  # DeepSpeed's logging as one tree (compat/logging_tree.py)
-        group_trace.enable()
-        group_trace.set_shim_active(True)
-        _routes.activate()
-        from . import process_experts
+        try:
+            _quiet_deepspeed_call_sites(True)
+            _logging_tree().install(on_error=_abandon)  # DeepSpeed's logging as one tree (compat/logging_tree.py)
+            group_trace.enable()
+            group_trace.set_shim_active(True)
+            _routes.activate()
+            from . import process_experts
 
-        process_experts.serve()  # legacy's process-wide expert table / expert-TP size, seen by every mesh
-        if "deepspeed" in sys.modules:
-            _patches.rebind_copies()  # copies made by modules imported before this call
-        logger.debug("compat installed (deepspeed imported: %s)", "deepspeed" in sys.modules)
+            process_experts.serve()  # legacy's process-wide expert table / expert-TP size, seen by every mesh
+            if "deepspeed" in sys.modules:
+                _patches.rebind_copies()  # copies made by modules imported before this call
+        except BaseException:
+            uninstall()  # all or nothing: no patch stays behind, is_installed() is False
+            raise
+        logger.debug("compat installed (deepspeed %s, imported: %s)", version, "deepspeed" in sys.modules)
 
 
 def uninstall() -> None:
@@ -107,6 +112,16 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return _active
+
+
+def _abandon(module: types.ModuleType, error: BaseException) -> None:
+    """A route failed while ``module`` was being imported: undo everything, let the import go on."""
+    with _lock:
+        if not _active:
+            return
+        uninstall()
+    logger.warning("ds-mesh: routing %s (deepspeed %s) failed: %r; every patch is undone and deepspeed runs "
+                   "without the mesh", module.__name__, releases.installed_version(), error)
 
 
 def patched_names() -> list[str]:
@@ -233,7 +248,8 @@ def _route_engine(module: types.ModuleType) -> None:
     from .engine_scope import engine_step_wrapper
 
     for name in ENGINE_STEP_METHODS + ENGINE_GROUPS_METHODS:
-        _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
+        if name in ENGINE_STEP_METHODS or name in vars(module.DeepSpeedEngine):  # the rank getters: from 0.17.5
+            _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
 
 
 def _route_engine_destroy(module: types.ModuleType) -> None:
@@ -305,7 +321,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters",
                                        "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2")),
 ]
-_routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
+_routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active, on_error=_abandon)
 
 
 class _CallableModule(types.ModuleType):

@@ -11,7 +11,7 @@ import logging
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +90,16 @@ class ImportRoutes:
     while ``is_active()``."""
 
     def __init__(
-        self, patches: PatchSet, appliers: list[tuple[str, Applier]], lock: Any, is_active: Callable[[], bool]
+        self, patches: PatchSet, appliers: list[tuple[str, Applier]], lock: Any, is_active: Callable[[], bool],
+        on_error: Optional[Callable[[types.ModuleType, BaseException], None]] = None,
     ) -> None:
         self._patches = patches
         self._appliers = appliers
         self._lock = lock
         self._is_active = is_active
+        self.on_error = on_error  # a failure inside a later import (raising there would break the import)
         self._registered = False
+        self._activating = False
 
     def activate(self) -> None:
         """Apply every applier whose module is imported, and arrange for the others (call when active)."""
@@ -104,9 +107,20 @@ class ImportRoutes:
 
         if not self._registered:
             self._registered = True
-            for module_name, applier in self._appliers:
-                # fires at once for modules already imported, else right after their import
-                wrapt.register_post_import_hook(self._hook(applier), module_name)
+            self._activating = True  # failures of hooks firing at once are raised to the caller
+            failure: Optional[BaseException] = None
+            try:
+                for module_name, applier in self._appliers:
+                    # fires at once for modules already imported, else right after their import; every
+                    # hook is registered even after a failure (the caller undoes what was applied)
+                    try:
+                        wrapt.register_post_import_hook(self._hook(applier), module_name)
+                    except Exception as err:
+                        failure = failure or err
+            finally:
+                self._activating = False
+            if failure is not None:
+                raise failure
             return
         for module_name, applier in self._appliers:
             if module_name in sys.modules:
@@ -122,7 +136,13 @@ class ImportRoutes:
     def _hook(self, applier: Applier) -> Applier:
         def on_import(module: types.ModuleType) -> None:
             with self._lock:
-                if self._is_active():
+                if not self._is_active():
+                    return
+                try:
                     self.apply(applier, module)
+                except Exception as err:
+                    if self._activating or self.on_error is None:
+                        raise
+                    self.on_error(module, err)
 
         return on_import

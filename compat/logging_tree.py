@@ -179,9 +179,49 @@ def apply_levels() -> None:
 
 
 def set_legacy_level(level: int) -> None:
-    """What ``--log_level`` / ``"log_level"`` / ``DeepSpeed logger.setLevel`` set: the tree's root level."""
-    _layers["legacy"][ROOT] = level
-    apply_levels()
+    """What ``--log_level`` / ``"log_level"`` / ``set_log_level_from_string`` set: DeepSpeed's logger
+    and its handler, so the tree's root level."""
+    _legacy.update(logger=level, handler=level)
+    _sync_legacy()
+
+
+def set_client_level(level: int) -> None:
+    """``deepspeed.utils.logger.setLevel(level)`` (HF Trainer's ``log_level``, Lightning): in plain
+    DeepSpeed it moves the logger, not its handler (the installed release's level, WARNING from
+    0.17.6 on, unless :func:`set_legacy_level`), so what
+    prints is bounded by both; the logger then reports ``level`` (:func:`reported_level`)."""
+    _legacy["logger"] = level
+    _sync_legacy()
+
+
+def reported_level(target: logging.Logger) -> int:
+    """What DeepSpeed's logger reports for a caller whose records go to ``target``: the level set on
+    it the legacy way (as plain DeepSpeed reports it), unless the config / ``DS_LOG_LEVELS`` set levels."""
+    if _legacy["logger"] is None:
+        return target.getEffectiveLevel()
+    explicit = set(_layers["config"]) | set(parse_env(os.environ.get(ENV_VAR, "")))
+    name = target.name
+    while name:  # a v1 level for this logger or one above it decides
+        if name in explicit:
+            return target.getEffectiveLevel()
+        name = name.rpartition(".")[0]
+    return _legacy["logger"]
+
+
+def _sync_legacy(apply: bool = True) -> None:
+    if _legacy["logger"] is None and _legacy["handler"] is None:
+        _layers["legacy"].pop(ROOT, None)
+    else:  # a record prints when both the logger and its handler let it through
+        handler = _legacy["handler"] if _legacy["handler"] is not None else _handler_floor
+        _layers["legacy"][ROOT] = max(_legacy["logger"] or DEFAULT_LEVEL, handler)
+    if apply:
+        apply_levels()
+
+
+# the levels set the legacy way on DeepSpeed's logger object and on its stdout handler
+_legacy: dict[str, Optional[int]] = {"logger": None, "handler": None}
+# the level of the installed deepspeed's own handler (WARNING from 0.17.6 on, INFO before)
+_handler_floor = DEFAULT_LEVEL
 
 
 def configure_from_config(param_dict: Mapping[str, Any]) -> None:
@@ -190,7 +230,9 @@ def configure_from_config(param_dict: Mapping[str, Any]) -> None:
     legacy = param_dict.get("log_level")
     if legacy is not None:
         _warn_config_log_level(legacy)
-        _layers["legacy"][ROOT] = parse_level(legacy, 'config "log_level"')
+        level = parse_level(legacy, 'config "log_level"')
+        _legacy.update(logger=level, handler=level)
+        _sync_legacy(apply=False)
     _layers["config"] = levels
     apply_levels()
 
@@ -253,11 +295,19 @@ class RoutingLogger(logging.Logger):
         return _target(ROOT).isEnabledFor(level)
 
     def getEffectiveLevel(self) -> int:
-        return _target(_caller()[1]).getEffectiveLevel()
+        return reported_level(_target(_caller()[1]))
+
+    @property  # type: ignore[override]
+    def level(self) -> int:
+        return reported_level(_target(ROOT))
+
+    @level.setter
+    def level(self, value: int) -> None:
+        self.__dict__["level"] = value  # the object's own level, back in force after uninstall
 
     def setLevel(self, level: Any) -> None:
-        # legacy code sets "the" DeepSpeed level on this object: it becomes the tree's root level
-        set_legacy_level(logging._checkLevel(level))  # type: ignore[attr-defined]
+        # a client (HF Trainer, Lightning) sets "the" DeepSpeed level: what plain DeepSpeed would show
+        set_client_level(logging._checkLevel(level))  # type: ignore[attr-defined]
 
     def _log(self, level, msg, args, exc_info=None, extra=None, stack_info=False, stacklevel=1):  # noqa: D401
         frame, module = _caller()
@@ -355,9 +405,13 @@ def _warn_config_log_level(value: Any) -> None:
 
 # --- appliers -----------------------------------------------------------------------------------
 def _route_logging_module(module: types.ModuleType) -> None:
+    global _handler_floor
+    levels = [h.level for h in getattr(module.logger, "handlers", ()) if isinstance(h, logging.StreamHandler)]
+    _handler_floor = max(levels) if levels else logging.NOTSET  # what its setLevel(...) stays bounded by
     _route_object(module.logger)
-    _patches.replace(module, "print_dist", _print_dist)
-    _patches.replace(module, "set_log_level_from_string", _set_log_level_from_string)
+    for name, replacement in (("print_dist", _print_dist), ("set_log_level_from_string", _set_log_level_from_string)):
+        if hasattr(module, name):  # print_dist from deepspeed 0.18.0, set_log_level_from_string from 0.17.6
+            _patches.replace(module, name, replacement)
 
 
 def _route_engine(module: types.ModuleType) -> None:
@@ -451,13 +505,18 @@ _routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active)
 
 
 # --- install / uninstall ------------------------------------------------------------------------
-def install() -> None:
-    """Make DeepSpeed's logging one tree (now for imported modules, at import for the rest)."""
+def install(on_error: Optional[Any] = None) -> None:
+    """Make DeepSpeed's logging one tree (now for imported modules, at import for the rest).
+
+    ``on_error(module, error)`` is called when a route fails inside a later import (a failure now
+    undoes everything and raises).
+    """
     global _active, _root_state, _handler
     with _lock:
         if _active:
             return
         _active = True
+        _routes.on_error = on_error
         root = logging.getLogger(ROOT)
         _root_state = (root.level, root.propagate, list(root.handlers))
         if not root.handlers:  # the user's own handlers on "deepspeed" stay in charge
@@ -465,12 +524,16 @@ def install() -> None:
             root.addHandler(_handler)
             root.propagate = False
         apply_levels()
-        _routes.activate()
+        try:
+            _routes.activate()
+        except BaseException:
+            uninstall()
+            raise
 
 
 def uninstall() -> None:
     """Restore DeepSpeed's logger objects, handlers, levels and functions."""
-    global _active, _root_state, _handler
+    global _active, _root_state, _handler, _handler_floor
     with _lock:
         if not _active:
             return
@@ -484,6 +547,8 @@ def uninstall() -> None:
                 del module.print  # type: ignore[attr-defined]
         _injected.clear()
         _layers["legacy"].clear()
+        _legacy.update(logger=None, handler=None)
+        _handler_floor = DEFAULT_LEVEL
         _layers["config"].clear()
         apply_levels()  # back to the levels from before
         root = logging.getLogger(ROOT)

@@ -59,13 +59,7 @@ def run(mode: str, rank: int) -> dict:
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, mpu=mpu)
     gen = torch.Generator().manual_seed(200 + rank)
     torch.manual_seed(300 + rank)  # the gate's random token selection
-    losses = []
-    for _ in range(STEPS):
-        x = torch.randn(8, 8, generator=gen)
-        loss = torch.nn.functional.mse_loss(engine(x), x.sum(dim=1, keepdim=True))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = common.train_steps(engine, gen, STEPS, 8)
     result = {
         "losses": losses,
         "params": common.params_of(engine.module),
