@@ -15,6 +15,7 @@ from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
+from .grid_users import GridUsersCommand
 from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
@@ -29,6 +30,7 @@ from .topology import TopologyCommand
 CODEMODS: tuple[Type[MigrationCommand], ...] = (
     GroupsGettersCommand,
     GridInternalCommand,
+    GridUsersCommand,
     TopologyCommand,
     InitializeCommand,
     MpuInternalCommand,
@@ -47,6 +49,7 @@ prune_unless(MpuInternalCommand, {"mpu", *BWC})
 for _codemod in (*CODEMODS, CommToTorchCommand):
     queried_near(_codemod, set().union(*_codemod.IDENTIFIERS))
 queried_near(MpuInternalCommand, {"mpu", *BWC})
+queried_near(GridUsersCommand, {"grid", "_grid", "PipelineParallelGrid", "PipelineEngine", "isinstance", "initialize"})
 
 # Necessary conditions beyond a codemod's own ``may_apply`` (exact, for speed): MpuInternalCommand
 # acts only inside the deepspeed package (not deepspeed.utils.bwc) at a call on ``mpu`` /
