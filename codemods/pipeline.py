@@ -52,13 +52,16 @@ queried_near(MpuInternalCommand, {"mpu", *BWC})
 queried_near(GridUsersCommand, {"grid", "_grid", "PipelineParallelGrid", "PipelineEngine", "isinstance", "initialize"})
 
 # Necessary conditions beyond a codemod's own ``may_apply`` (exact, for speed): MpuInternalCommand
-# acts only inside the deepspeed package (not deepspeed.utils.bwc) at a call on ``mpu`` /
-# ``<x>.mpu`` or of a ``bwc_*`` function (or an import alias of one, whose import names it); its
-# marker "mpu" is also in words like "compute".
+# acts only at a call of a ``bwc_*`` function (or an import alias of one, whose import names it)
+# outside deepspeed.utils.bwc, or inside the deepspeed package at a call on ``mpu`` / ``<x>.mpu``;
+# its marker "mpu" is also in words like "compute".
 _NEEDS = {
-    MpuInternalCommand: lambda names, module: (
-        (names is None or not names.isdisjoint({"mpu", *BWC}))
-        and bool(module) and module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
+    MpuInternalCommand: lambda names, module: module != "deepspeed.utils.bwc" and (
+        (
+            (names is None or not names.isdisjoint({"mpu", *BWC}))
+            and bool(module) and module.startswith("deepspeed.")
+        )
+        or names is None or not names.isdisjoint(BWC)  # the bwc helpers, in any module
     ),
 }
 

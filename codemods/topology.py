@@ -393,8 +393,10 @@ class TopologyCommand(MigrationCommand):
         return not has_star_args(call) and len(positional) > 2 and positional[2] is arg
 
     def _only_pipeline_module_topology(self, call: cst.Call) -> bool:
-        """``call`` is only ever the ``topology`` of a ``PipelineModule``: passed inline, or bound
-        once to a name whose every use is that argument."""
+        """``call`` is only ever the ``topology`` of a ``PipelineModule`` (or of ``super().__init__``
+        in its subclass) or the receiver of topology rank math: passed inline, or bound once to a
+        name whose every use is one of those (a grid this run converts may read it too, beside a
+        ``PipelineModule``)."""
         uses = self._uses(call)
         if uses is None:
             return False
@@ -408,7 +410,9 @@ class TopologyCommand(MigrationCommand):
         # a grid this run turns into a mesh no longer reads the topology
         converted = [n for n in nodes if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids]
         rank_math = [n for n in nodes if self._is_rank_math_use(n)]
-        return bool(module_args) and len(module_args) + len(converted) + len(rank_math) == len(nodes)
+        if not module_args and (converted or not rank_math):
+            return False
+        return len(module_args) + len(converted) + len(rank_math) == len(nodes)
 
     def _reaches_pipeline_module(self, call: cst.Call) -> bool:
         """Some use of ``call``'s value (inline, or through the name it is assigned to) is a

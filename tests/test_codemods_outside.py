@@ -85,3 +85,56 @@ def test_a_topology_a_megatron_mpu_reads_keeps_a_topology_and_the_advice_is_righ
                                             advised_call, m.code)
     assert "PipeModelDataParallelTopology(" not in advised.split("import PipeModelDataParallelTopology")[1]
     assert_same_everywhere(legacy, advised, 8)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_calls_on_the_mpu_handed_to_initialize_become_mesh_of_queries(world):
+    m = migrate_code(source("megatron_mpu_calls.py"))
+    assert m.sites["mpu call"] == 9 and "mpu.get_" not in m.code
+    assert "mesh=None if mpu is None else DeepSpeedDeviceMesh.from_mpu(mpu)" in m.code  # initialize codemod
+    assert not m.todos, m.code
+    assert_same_everywhere(source("megatron_mpu_calls.py"), m.code, world)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_bwc_helpers_in_user_code_become_mesh_of_queries(world):
+    m = migrate_code(source("bwc_helpers.py"))
+    assert m.sites["mpu/bwc call"] == 5 and "bwc_tensor_model_parallel_rank(mpu)" not in m.code
+    assert "tp_world_size(mpu)" not in m.code  # an import alias
+    assert_same_everywhere(source("bwc_helpers.py"), m.code, world)
+
+
+def test_getters_of_a_module_that_sets_groups_mpu_are_kept_and_the_advice_is_right():
+    legacy = source("groups_mpu_helper.py")
+    m = migrate_code(legacy)
+    assert "import current_mesh" not in m.code and m.todos["groups getter"] == 3  # two getters + groups.mpu itself
+    assert 'call mesh_of(grid).get_group("dp") (mesh_core.mesh_of)' in m.code
+    assert_same_everywhere(legacy, m.code, 8)  # kept: the same program
+    advised = "from mesh_core import mesh_of\n" + m.code.replace(
+        "groups._get_data_parallel_group()", 'mesh_of(grid).get_group("dp")').replace(
+        "groups._get_data_parallel_world_size()", 'mesh_of(grid).size("dp")')
+    assert_same_everywhere(legacy, advised, 8)
+    # what the rewrite to current_mesh() would compute without a default mesh: the world, not the stage
+    wrong = "from mesh_core import current_mesh\n" + m.code.replace(
+        "groups._get_data_parallel_group()", 'current_mesh().get_group("dp")').replace(
+        "groups._get_data_parallel_world_size()", 'current_mesh().size("dp")')
+    assert run_fake_shim(wrong, 0, 8, shim=False) != run_fake(legacy, 0, 8, legacy=True)
+
+
+SCRIPTS = Path(__file__).parent / "fixtures" / "codemods" / "scripts"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SCRIPTS.glob("*.py")))
+def test_the_realistic_scripts_compute_the_same_without_and_with_the_shim(name):
+    legacy = (SCRIPTS / name).read_text()
+    m = migrate_code(legacy)
+    assert m.sites
+    world = 8
+    for rank in (0, 3, 7):
+        before = run_fake(legacy, rank, world, legacy=True)
+        for shim in (False, True):
+            after = run_fake_shim(m.code, rank, world, shim=shim)
+            if before and before[-1].startswith("OUT raised"):
+                assert after[: len(before) - 1] == before[:-1], (rank, shim)
+            else:
+                assert after == before, (rank, shim)
