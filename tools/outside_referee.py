@@ -153,8 +153,10 @@ class _Scan(ast.NodeVisitor):
                         self.topology_names.add(bound)
             elif isinstance(node, ast.Call) and _last(node.func) == "initialize":
                 for kw in node.keywords:
-                    if kw.arg == "mpu" and _dotted(kw.value):
-                        self.mpu_exprs.add(_dotted(kw.value))
+                    values = [kw.value.body, kw.value.orelse] if isinstance(kw.value, ast.IfExp) else [kw.value]
+                    for value in values:
+                        if kw.arg == "mpu" and _dotted(value):
+                            self.mpu_exprs.add(_dotted(value))
             elif isinstance(node, ast.arg) and node.annotation is not None and \
                     _last(node.annotation) == "PipelineParallelGrid":
                 self.grid_names.add(node.arg)
@@ -244,9 +246,11 @@ def _is_none(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def scan_source(source: str, names: LegacyNames) -> Optional[list[Site]]:
-    """The legacy sites of ``source`` (None if it does not parse here)."""
-    if "deepspeed" not in source and "groups" not in source and "Topology" not in source and "grid" not in source:
+def scan_source(source: str, names: LegacyNames, original: Optional[str] = None) -> Optional[list[Site]]:
+    """The legacy sites of ``source`` (None if it does not parse here); for a migrated file, the
+    aliases and ``mpu=`` expressions of its ``original`` count too (the migration may have removed
+    the import or the ``mpu=`` that made a call a legacy site)."""
+    if original is None and all(m not in source for m in ("deepspeed", "groups", "Topology", "grid")):
         return []
     try:
         tree = ast.parse(source)
@@ -254,6 +258,11 @@ def scan_source(source: str, names: LegacyNames) -> Optional[list[Site]]:
         return None
     scan = _Scan(names, source)
     scan.collect(tree)
+    if original is not None:
+        try:
+            scan.collect(ast.parse(original))
+        except (SyntaxError, ValueError):
+            pass
     if not (scan.groups_functions or scan.bwc_functions or scan.topology_names or scan.grid_names or scan.mpu_exprs
             or "deepspeed" in source):
         return []
@@ -350,7 +359,7 @@ def referee(tree: Path, names: LegacyNames, pythons: dict[str, str], keep: Optio
         if after != before:
             changed.append(rel)
         old_sites = scan_source(before, names) or []
-        new_sites = scan_source(after, names) if after is not None else []
+        new_sites = scan_source(after, names, original=before) if after is not None and old_sites else []
         new_sites = new_sites or []
         lines = (after or "").splitlines()
         old_by = Counter(s.family for s in old_sites)
