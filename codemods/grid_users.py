@@ -24,7 +24,6 @@ from libcst.metadata import FunctionScope
 from . import grid_api
 from . import legacy_names as ln
 from .base import MigrationCommand
-from .grid_internal import GRID_RECEIVERS
 
 KIND = "engine grid"
 HOLDERS = frozenset({"grid", "_grid"})
@@ -51,8 +50,9 @@ class GridUsersCommand(MigrationCommand):
     MARKERS = (("grid", "Grid"),)
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
-        if (self.context.full_module_name or "") in GRID_RECEIVERS:
-            return False  # DeepSpeed's pipeline package: codemods.grid_internal
+        module = self.context.full_module_name or ""
+        if module == "deepspeed" or module.startswith("deepspeed."):
+            return False  # DeepSpeed's own package runs on the mesh runtime: codemods.grid_internal
         return super().visit_Module(node)
 
     # --- the receiver -------------------------------------------------------------------------
