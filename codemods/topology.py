@@ -410,7 +410,7 @@ class TopologyCommand(MigrationCommand):
         # a grid this run turns into a mesh no longer reads the topology
         converted = [n for n in nodes if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids]
         rank_math = [n for n in nodes if self._is_rank_math_use(n)]
-        if not module_args and (converted or not rank_math):
+        if not module_args and not rank_math:
             return False
         return len(module_args) + len(converted) + len(rank_math) == len(nodes)
 
