@@ -19,6 +19,11 @@ from .mpu_internal import GETTERS as MESH_OF_GETTERS
 from .mpu_internal import MANUAL as MESH_OF_MANUAL
 
 KIND = "mpu call"
+# the getters DeepSpeed 0.19.8 calls on an mpu (grep "mpu.get_" in its package)
+PROTOCOL = frozenset(
+    {*MESH_OF_GETTERS, *MESH_OF_MANUAL, *grid_api.METHODS}
+    | {f"get_sequence_data_parallel_{what}" for what in ("group", "world_size", "rank")}
+)
 
 
 def code(node: cst.CSTNode) -> str:
@@ -139,6 +144,8 @@ class MpuCallsCommand(MigrationCommand):
             provenance = UNKNOWN
         if provenance is None:
             return updated_node
+        if provenance == UNKNOWN and method not in PROTOCOL:
+            return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol
         template = grid_api.METHODS.get(method)
         mesh_hint = template.format(m="<mesh>") if template else "see MIGRATION.md"
         if provenance == GRID:

@@ -138,3 +138,15 @@ def test_the_realistic_scripts_compute_the_same_without_and_with_the_shim(name):
                 assert after[: len(before) - 1] == before[:-1], (rank, shim)
             else:
                 assert after == before, (rank, shim)
+
+
+def test_methods_outside_deepspeeds_mpu_protocol_are_the_objects_own_api_and_left_alone():
+    legacy = (
+        "import deepspeed\nfrom megatron import mpu\n"
+        "def train(model):\n"
+        "    engine, *_ = deepspeed.initialize(model=model, mpu=mpu)\n"
+        "    return mpu.get_topology(), mpu.get_data_parallel_rank()\n"
+    )
+    m = migrate_code(legacy)
+    assert "mpu.get_topology()" in m.code and 'mesh_of(mpu).get_rank("dp")' in m.code
+    assert "TODOV1: mpu.get_topology" not in m.code

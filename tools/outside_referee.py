@@ -19,7 +19,8 @@ longer finds count as rewritten. Families:
 - ``grid``: a ``PipelineParallelGrid`` method call or attribute read on ``<x>.grid`` / ``<x>._grid``
   / ``<x>.mpu`` (the engine's grid), on a name annotated ``PipelineParallelGrid`` or bound to one;
 - ``initialize``: ``deepspeed.initialize(..., mpu=...)`` / ``mesh_param=...``;
-- ``mpu``: ``<x>.get_*()`` on the very expression passed as ``mpu=`` to ``initialize`` in that file;
+- ``mpu``: a getter of DeepSpeed's mpu protocol (the ``mpu.get_*`` the installed deepspeed calls) on
+  the very expression passed as ``mpu=`` to ``initialize`` in that file;
 - ``bwc``: calls of the ``deepspeed.utils.bwc`` helpers.
 
 Exit status 0; 1 when a migrated file fails to compile where its original compiled, or a second
@@ -32,6 +33,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,11 +80,20 @@ def _grid_api(path: Path) -> set[str]:
     return names
 
 
+def _mpu_protocol(root: Path) -> set[str]:
+    """The ``get_*`` methods the installed deepspeed calls on an ``mpu``."""
+    found: set[str] = set()
+    for path in root.rglob("*.py"):
+        found.update(re.findall(r"\bmpu\.(get_\w+)\(", path.read_text(errors="replace")))
+    return found
+
+
 @dataclass(frozen=True)
 class LegacyNames:
     groups: frozenset
     bwc: frozenset
     grid: frozenset
+    mpu: frozenset
 
     @classmethod
     def installed(cls) -> "LegacyNames":
@@ -91,6 +102,7 @@ class LegacyNames:
             frozenset(_functions(root / "utils" / "groups.py")),
             frozenset(_functions(root / "utils" / "bwc.py")),
             frozenset(_grid_api(root / "runtime" / "pipe" / "topology.py")),
+            frozenset(_mpu_protocol(root)),
         )
 
 
@@ -217,7 +229,7 @@ class _Scan(ast.NodeVisitor):
                 if any(kw.arg == "mpu" and not _is_none(kw.value) for kw in node.keywords) or \
                         any(kw.arg == "mesh_param" and not _is_none(kw.value) for kw in node.keywords):
                     self.add("initialize", node)
-            elif attr.startswith("get_") and owner in self.mpu_exprs and not self._grid_owner(owner):
+            elif attr in self.names.mpu and owner in self.mpu_exprs and not self._grid_owner(owner):
                 self.add("mpu", node)
         self.generic_visit(node)
 
