@@ -71,13 +71,7 @@ class GridUsersCommand(MigrationCommand):
 
     def _annotated_grid(self, name: cst.Name) -> bool:
         """``name`` is a parameter (or the one binding) annotated ``PipelineParallelGrid``."""
-        scope = self.scope_of(name)
-        if scope is None:
-            return False
-        bindings = scope.assignments[name.value]
-        if len(bindings) != 1:
-            return False
-        target = getattr(next(iter(bindings)), "node", None)
+        target = self.single_binding(name)
         annotation = None
         if isinstance(target, cst.Param):
             annotation = target.annotation
