@@ -351,17 +351,20 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
             return node if body is owner.body else None
         return None
 
-    def bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
-        """The value of the single top-level assignment of ``name`` before it, in its scope."""
+    def single_binding(self, name: cst.Name) -> Optional[cst.CSTNode]:
+        """The node of the one assignment of ``name`` in its scope (None unless there is exactly one)."""
         scope = self.scope_of(name)
         if scope is None:
             return None
         bindings = scope.assignments[name.value]
-        if len(bindings) != 1:
-            return None
-        target = getattr(next(iter(bindings)), "node", None)
+        return getattr(next(iter(bindings)), "node", None) if len(bindings) == 1 else None
+
+    def bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+        """The value of the single top-level assignment of ``name`` before it, in its scope."""
+        target = self.single_binding(name)
         if not isinstance(target, cst.Name):
             return None
+        scope = self.scope_of(name)
         assign = self.top_level_assign(target, scope)
         if assign is None or len(assign.targets) != 1 or assign.targets[0].target is not target:
             return None

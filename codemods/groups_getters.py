@@ -224,7 +224,19 @@ class GroupsGettersCommand(MigrationCommand):
         self._calls = [c for c in find_all(node, cst.Call) if self.could_be(c.func, _PLANNING_NAMES)]
         self._experts_blocked = self._expert_blocker(node)
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
+        self._mpu_assigned = self._groups_mpu_assignment(node)
         return result
+
+    def _groups_mpu_assignment(self, module: cst.Module) -> Optional[tuple[str, int]]:
+        """(value code, line) of the first ``groups.mpu = <value>`` (value not None) in this file."""
+        for assign in find_all(module, cst.Assign):
+            if isinstance(assign.value, cst.Name) and assign.value.value == "None":
+                continue
+            for target in assign.targets:
+                node = target.target
+                if isinstance(node, cst.Attribute) and node.attr.value == "mpu" and ln.GROUPS in self.legacy_names(node.value):
+                    return code(assign.value), self.line_of(assign)
+        return None
 
     def _expert_blocker(self, module: cst.Module) -> Optional[str]:
         """Why no expert site of this file may be rewritten (None: all may).
@@ -294,6 +306,13 @@ class GroupsGettersCommand(MigrationCommand):
             if self._outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")
                 self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=call))
+                return updated_node
+            if fname.startswith("_") and self._mpu_assigned is not None and not in_deepspeed(self.context.full_module_name):
+                value, line = self._mpu_assigned
+                call = SIMPLE[fname].format(mesh=f"mesh_of({value})")
+                self.flag(KIND, f"groups.{fname} kept: this module sets groups.mpu = {value} (line {line}), whose groups legacy "
+                          "answers (a grid: its stage's), while current_mesh() with no default mesh is the world's "
+                          f"data-parallel mesh: call {call} (mesh_core.mesh_of) where that mpu is in scope")
                 return updated_node
             if fname.startswith("_") and self._builds_autotp:
                 self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "

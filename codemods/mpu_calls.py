@@ -14,9 +14,21 @@ import libcst as cst
 
 from . import grid_api
 from . import legacy_names as ln
-from .base import MigrationCommand, arg_by
+from .base import MigrationCommand, arg_by, find_all
+from .mpu_internal import GETTERS as MESH_OF_GETTERS
+from .mpu_internal import MANUAL as MESH_OF_MANUAL
 
 KIND = "mpu call"
+# the getters DeepSpeed 0.19.8 calls on an mpu (grep "mpu.get_" in its package)
+PROTOCOL = frozenset(
+    {*MESH_OF_GETTERS, *MESH_OF_MANUAL, *grid_api.METHODS}
+    | {f"get_sequence_data_parallel_{what}" for what in ("group", "world_size", "rank")}
+)
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
 UNKNOWN = "unknown"
 GRID = "grid"
 
@@ -33,7 +45,18 @@ class _Collector(cst.CSTVisitor):
             mpu = arg_by(node, 7, "mpu")
             if mpu is not None:
                 self.found.append((mpu.value, node))
+            mesh = arg_by(node, None, "mesh")
+            if mpu is None and mesh is not None:  # mpu=X that the initialize codemod made mesh=...from_mpu(X)
+                self.found += [(a, node) for a in _from_mpu_args(mesh.value)]
         return True
+
+
+def _from_mpu_args(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The arguments of the ``<...>.from_mpu(X)`` calls in ``value``."""
+    return [
+        c.args[0].value for c in find_all(value, cst.Call)
+        if isinstance(c.func, cst.Attribute) and c.func.attr.value == "from_mpu" and len(c.args) == 1
+    ]
 
 
 class MpuCallsCommand(MigrationCommand):
@@ -75,7 +98,8 @@ class MpuCallsCommand(MigrationCommand):
         scope = self.scope_of(name)
         if scope is None:
             return
-        bindings = scope.assignments[name.value]
+        # the bindings visible here: a module-level mpu (``from megatron import mpu``) passed in a function
+        bindings = scope.assignments[name.value] or scope[name.value]
         if ln.GROUPS in self.legacy_names(name):
             return  # the groups module as mpu: the groups codemod rewrites its calls
         provenance = self._provenance(bindings, scope)
@@ -120,6 +144,8 @@ class MpuCallsCommand(MigrationCommand):
             provenance = UNKNOWN
         if provenance is None:
             return updated_node
+        if provenance == UNKNOWN and method not in PROTOCOL:
+            return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol
         template = grid_api.METHODS.get(method)
         mesh_hint = template.format(m="<mesh>") if template else "see MIGRATION.md"
         if provenance == GRID:
@@ -131,6 +157,16 @@ class MpuCallsCommand(MigrationCommand):
                 self.record(KIND)
                 return cst.parse_expression(replacement)
             self.flag(KIND, f"grid.{method}(): after deepspeed.initialize use engine.mesh_device ({mesh_hint})")
+            return updated_node
+        query = MESH_OF_GETTERS.get(method)
+        if query is not None and not original_node.args:
+            # mesh_of(mpu) answers with this very getter of the mpu, whatever its provider (the mpu's
+            # getter comes first in mesh_of's probe order for the dim): exact, with or without the shim
+            self.record(KIND)
+            new = cst.parse_expression(f"{self.mesh_ref('mesh_of')}({code(updated_node.func.value)}).{query}")
+            return new.with_changes(lpar=original_node.lpar, rpar=original_node.rpar) if original_node.lpar else new
+        if method in MESH_OF_MANUAL:
+            self.flag(KIND, f"mpu.{method}(): {MESH_OF_MANUAL[method]}")
             return updated_node
         self.flag(
             KIND,

@@ -19,8 +19,9 @@ legacy call returned wherever the legacy call returned:
 
 Everything else (getters later in the probe order, ``get_tensor_model_parallel_src_rank``, calls
 with arguments, a ``bwc_*`` argument that is an arbitrary expression) stays with a ``# TODOV1:``.
-Only modules of the ``deepspeed`` package are touched (``deepspeed.utils.bwc`` defines the API);
-user code keeps the engine-mesh rewrites of :mod:`codemods.mpu_calls`.
+The getters are rewritten only in modules of the ``deepspeed`` package (outside it an ``mpu`` is the
+user's own object; :mod:`codemods.mpu_calls` handles the one passed to ``deepspeed.initialize``);
+the ``bwc_*`` helpers everywhere but ``deepspeed.utils.bwc``, which defines them.
 """
 from __future__ import annotations
 
@@ -109,14 +110,17 @@ class MpuInternalCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
         module = self.context.full_module_name or ""
-        self._active = module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
+        # the bwc helpers are DeepSpeed API anywhere; an ``mpu`` outside DeepSpeed is the user's own
+        # object (codemods.mpu_calls handles the one passed to deepspeed.initialize)
+        self._inside = module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
+        self._active = self._inside or module != "deepspeed.utils.bwc"
         return self._active
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self._active:
             return updated_node
         func = original_node.func
-        if isinstance(func, cst.Attribute) and is_mpu(func.value):
+        if self._inside and isinstance(func, cst.Attribute) and is_mpu(func.value):
             return self._getter(original_node, updated_node)
         if self.could_be(func, BWC):
             return self._bwc(original_node, updated_node)

@@ -15,6 +15,7 @@ from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
+from .grid_users import GridUsersCommand
 from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
@@ -30,6 +31,7 @@ from .topology import TopologyCommand
 CODEMODS: tuple[Type[MigrationCommand], ...] = (
     GroupsGettersCommand,
     GridInternalCommand,
+    GridUsersCommand,
     TopologyCommand,
     InitializeCommand,
     MpuInternalCommand,
@@ -48,15 +50,19 @@ prune_unless(MpuInternalCommand, {"mpu", *BWC})
 for _codemod in (*CODEMODS, CommToTorchCommand):
     queried_near(_codemod, set().union(*_codemod.IDENTIFIERS))
 queried_near(MpuInternalCommand, {"mpu", *BWC})
+queried_near(GridUsersCommand, {"grid", "_grid", "PipelineParallelGrid", "PipelineEngine", "isinstance", "initialize"})
 
 # Necessary conditions beyond a codemod's own ``may_apply`` (exact, for speed): MpuInternalCommand
-# acts only inside the deepspeed package (not deepspeed.utils.bwc) at a call on ``mpu`` /
-# ``<x>.mpu`` or of a ``bwc_*`` function (or an import alias of one, whose import names it); its
-# marker "mpu" is also in words like "compute".
+# acts only at a call of a ``bwc_*`` function (or an import alias of one, whose import names it)
+# outside deepspeed.utils.bwc, or inside the deepspeed package at a call on ``mpu`` / ``<x>.mpu``;
+# its marker "mpu" is also in words like "compute".
 _NEEDS = {
-    MpuInternalCommand: lambda names, module: (
-        (names is None or not names.isdisjoint({"mpu", *BWC}))
-        and bool(module) and module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
+    MpuInternalCommand: lambda names, module: module != "deepspeed.utils.bwc" and (
+        (
+            (names is None or not names.isdisjoint({"mpu", *BWC}))
+            and bool(module) and module.startswith("deepspeed.")
+        )
+        or names is None or not names.isdisjoint(BWC)  # the bwc helpers, in any module
     ),
 }
 

@@ -31,6 +31,22 @@ PIPE_TOPOLOGY_ARGS = {  # legacy class -> its parameters (in order) -> pipeline_
     ln.PIPE_DATA_TOPOLOGY: (("num_pp", "pp"), ("num_dp", "dp")),
 }
 KIND_USE = "grid method/attribute"
+# ProcessTopology methods whose answers mesh_core.pipeline_topology's object gives unchanged
+TOPOLOGY_METHODS = frozenset({
+    "get_rank", "get_axis_names", "get_rank_repr", "get_dim", "get_coord", "get_axis_comm_lists",
+    "filter_match", "get_axis_list", "world_size",
+})
+
+
+def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
+    """The advice for a topology another API reads (a Megatron mpu's ``initialize_model_parallel``,
+    a model class that hands it to ``PipelineModule``): it needs a topology object, not a mesh."""
+    target = replacement or "mesh_core.pipeline_topology(pp=, dp=, tp=) (tp= only for PipeModelDataParallelTopology)"
+    return (
+        f"topology kept: {callee}(...) reads it as a ProcessTopology (a Megatron mpu's initialize_model_parallel "
+        "and PipelineModule call its get_axis_comm_lists / get_coord / get_dim), so keep handing it a topology, "
+        f"not a mesh: {target} has the same axes and answers once the callee does not isinstance-check ProcessTopology"
+    )
 DEFAULT_ORDER = ("pp", "dp", "tp")
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
 
@@ -258,12 +274,13 @@ class TopologyCommand(MigrationCommand):
             and self._reaches_pipeline_module(original_node)
         ):
             self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + "; bind it once and use that name only as the argument")
-        elif (
-            kind is not None
-            and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
-            and not self._feeds_pipeline_module(original_node)
-        ):
-            self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
+        elif kind is not None and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies):
+            callee = self._topology_callee(original_node)
+            if callee is not None:
+                rewritten = self._pipeline_topology(kind, original_node, func="mesh_core.pipeline_topology")  # no import
+                self.flag(KIND_PIPE_TOPOLOGY, _handed_on_todo(callee, code(rewritten) if rewritten is not None else None))
+            elif not self._feeds_pipeline_module(original_node):
+                self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
         return updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
@@ -295,7 +312,7 @@ class TopologyCommand(MigrationCommand):
             out.append(stmt)
         return out
 
-    def _pipeline_topology(self, kind: str, call: cst.Call) -> Optional[cst.Call]:
+    def _pipeline_topology(self, kind: str, call: cst.Call, func: Optional[str] = None) -> Optional[cst.Call]:
         """``pipeline_topology(pp=..., [tp=...,] dp=...)`` with the legacy arguments in their order
         (so they are evaluated in the same order), or None for other argument shapes."""
         params = PIPE_TOPOLOGY_ARGS.get(kind)
@@ -313,8 +330,8 @@ class TopologyCommand(MigrationCommand):
                                 comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg))
         if keywords:
             return None
-        func = cst.parse_expression(self.mesh_ref("pipeline_topology"))
-        return call.with_changes(func=func, args=args)
+        func_node = cst.parse_expression(func or self.mesh_ref("pipeline_topology"))
+        return call.with_changes(func=func_node, args=args)
 
     def _bound_name(self, call: cst.Call):
         """``(name, scope, bindings)`` when ``call`` is assigned to one plain name, else None."""
@@ -337,11 +354,49 @@ class TopologyCommand(MigrationCommand):
 
     def _is_topology_use(self, node: cst.CSTNode) -> bool:
         parent = self.parent(node)
-        return isinstance(parent, cst.Arg) and self._is_pipeline_module_topology_arg(parent)
+        return isinstance(parent, cst.Arg) and (
+            self._is_pipeline_module_topology_arg(parent) or self._is_super_init_topology_arg(parent)
+        )
+
+    def _is_rank_math_use(self, node: cst.CSTNode) -> bool:
+        """``node`` is the receiver of a call of a topology method :func:`mesh_core.pipeline_topology`'s
+        object answers the same (``topo.get_coord(rank=r)``, ``topo.get_dim("pipe")``)."""
+        attribute = self.parent(node)
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in TOPOLOGY_METHODS):
+            return False
+        call = self.parent(attribute)
+        return isinstance(call, cst.Call) and call.func is attribute
+
+    def _is_super_init_topology_arg(self, arg: cst.Arg) -> bool:
+        """``arg`` is the topology of ``super().__init__(...)`` in ``__init__`` of a class whose first
+        base is ``PipelineModule`` (so the call is ``PipelineModule.__init__``)."""
+        call = self.parent(arg)
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"):
+            return False
+        sup = call.func.value
+        if not (isinstance(sup, cst.Call) and isinstance(sup.func, cst.Name) and sup.func.value == "super" and not sup.args):
+            return False
+        node: Optional[cst.CSTNode] = call
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.parent(node)
+        if node is None or node.name.value != "__init__":
+            return False
+        block = self.parent(node)
+        cls = self.parent(block) if block is not None else None
+        if not isinstance(cls, cst.ClassDef) or not cls.bases or cls.bases[0].keyword is not None:
+            return False
+        if not self.legacy_names(cls.bases[0].value) & PIPELINE_MODULES or arg.star:
+            return False
+        if arg.keyword is not None:
+            return arg.keyword.value == "topology"
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return not has_star_args(call) and len(positional) > 2 and positional[2] is arg
 
     def _only_pipeline_module_topology(self, call: cst.Call) -> bool:
-        """``call`` is only ever the ``topology`` of a ``PipelineModule``: passed inline, or bound
-        once to a name whose every use is that argument."""
+        """``call`` is only ever the ``topology`` of a ``PipelineModule`` (or of ``super().__init__``
+        in its subclass) or the receiver of topology rank math: passed inline, or bound once to a
+        name whose every use is one of those (a grid this run converts may read it too, beside a
+        ``PipelineModule``)."""
         uses = self._uses(call)
         if uses is None:
             return False
@@ -354,7 +409,10 @@ class TopologyCommand(MigrationCommand):
         module_args = [n for n in nodes if self._is_topology_use(n)]
         # a grid this run turns into a mesh no longer reads the topology
         converted = [n for n in nodes if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids]
-        return bool(module_args) and len(module_args) + len(converted) == len(nodes)
+        rank_math = [n for n in nodes if self._is_rank_math_use(n)]
+        if not module_args and not rank_math:
+            return False
+        return len(module_args) + len(converted) + len(rank_math) == len(nodes)
 
     def _reaches_pipeline_module(self, call: cst.Call) -> bool:
         """Some use of ``call``'s value (inline, or through the name it is assigned to) is a
@@ -370,6 +428,19 @@ class TopologyCommand(MigrationCommand):
             return arg.keyword.value == "topology"
         positional = [a for a in call.args if a.keyword is None and not a.star]
         return not has_star_args(call) and len(positional) > 2 and positional[2] is arg
+
+    def _topology_callee(self, call: cst.Call) -> Optional[str]:
+        """The callee (code) a topology is handed to as an argument (inline or through the one name
+        it is bound to), other than a grid this run converts; None when it is handed to none."""
+        uses = self._uses(call)
+        if uses is None:
+            return None
+        for node in uses[0]:
+            arg = self.parent(node)
+            holder = self.parent(arg) if isinstance(arg, cst.Arg) else None
+            if isinstance(holder, cst.Call) and id(holder) not in self._converted_grids:
+                return code(holder.func)
+        return None
 
     def _feeds_pipeline_module(self, call: cst.Call) -> bool:
         """A topology passed (inline or through a name) to ``PipelineModule(topology=...)`` stays."""

@@ -43,6 +43,41 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = F
     return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
 
 
+def without_runtime(code: str) -> str:
+    """A migrated script without the ``import compat`` / ``compat.install()`` lines the migration
+    adds (codemods.runtime), so that it runs without the mesh runtime."""
+    lines = code.splitlines(keepends=True)
+    return "".join(line for line in lines if line.strip() != "import compat" and not line.startswith("compat.install()"))
+
+
+def run_fake_shim(source: str, rank: int, world: int, *, shim: bool) -> list[str]:
+    """The ``OUT`` lines of ``source`` (a migrated script) as ``rank`` of ``world`` over the real
+    deepspeed 0.19.8 (``deepspeed.comm`` initialised, as in a DeepSpeed job): without the mesh
+    runtime (the ``compat.install()`` the migration may have added taken out), or with
+    ``compat.install()`` for the run (uninstalled after)."""
+    import importlib
+
+    from mesh_core import set_default_mesh
+
+    installer = importlib.import_module("compat.install")  # compat.install is also a function attribute
+    _reset_legacy_groups()
+    out = io.StringIO()
+    try:
+        with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(out):
+            if shim:
+                installer.install()
+            try:
+                exec(compile(source if shim else without_runtime(source), "<script>", "exec"), {"__name__": "__main__"})
+            except Exception as err:  # noqa: BLE001 (what the script raised is part of its output)
+                print(f"OUT raised {type(err).__name__}: {err}")
+    finally:
+        # after the world's teardown, which the installed runtime clears its groups state on
+        if installer.is_installed():
+            installer.uninstall()
+        set_default_mesh(None)
+    return [line for line in out.getvalue().splitlines() if line.startswith("OUT")]
+
+
 def _reset_legacy_groups() -> None:
     """Legacy ``deepspeed.utils.groups`` keeps name-keyed tables across process groups; a run as
     another rank must not see the previous rank's groups (reloading re-runs its top level in place)."""

@@ -182,8 +182,23 @@ def test_mpu_of_unknown_provenance_gets_todo_on_every_call():
             return mpu.get_tensor_model_parallel_group()
         """,
     )
-    assert code.count("# TODOV1: mpu.") == 2
+    # the getters that come first in mesh_of's probe order are answered by the very getter (issue 22)
+    assert 'mesh_of(mpu).get_rank("dp")\n' in code and 'return mesh_of(mpu).get_group("tp")\n' in code
     assert "x = mpu.unrelated()\n" in code
+    assert context.scratch["codemods.sites"]["mpu call"] == 2 and not context.scratch["codemods.todos"]
+
+
+def test_mpu_of_unknown_provenance_keeps_getters_mesh_of_would_not_call_first():
+    code, context = run_one(
+        MpuCallsCommand,
+        """
+        import deepspeed
+        def f(model, mpu):
+            deepspeed.initialize(model=model, mpu=mpu)
+            return mpu.get_slice_parallel_group(), mpu.get_tensor_model_parallel_src_rank()
+        """,
+    )
+    assert code.count("# TODOV1: mpu.") == 1 and "get_tensor_model_parallel_rank first" not in code
     assert context.scratch["codemods.todos"]["mpu call"] == 2
 
 
@@ -347,12 +362,27 @@ def test_topology_kept_for_other_uses_is_flagged_in_the_first_run_too():
         "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
         "topo = PipeModelDataParallelTopology(2, 2, 2)\n"
         "grid = PipelineParallelGrid(topology=topo)\n"
-        'print(topo.get_dim("pipe"))\n'
+        'print(topo.dims)\n'
         "x = grid.get_data_parallel_group()\n"
     )
     once = migrate_code(source)
     assert "grid = DeepSpeedDeviceMesh.build(pp=2, dp=2, tp=2)\n" in once.code
     assert "topo = PipeModelDataParallelTopology(2, 2, 2)  # TODOV1: topology kept" in once.code
+    twice = migrate_code(once.code)
+    assert twice.code == once.code and twice.todos == once.todos
+
+
+def test_topology_also_used_for_rank_math_beside_a_converted_grid_becomes_pipeline_topology_in_one_run():
+    source = (
+        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
+        "topo = PipeModelDataParallelTopology(2, 2, 2)\n"
+        "grid = PipelineParallelGrid(topology=topo)\n"
+        'print(topo.get_dim("pipe"))\n'
+        "x = grid.get_data_parallel_group()\n"
+    )
+    once = migrate_code(source)
+    assert "grid = DeepSpeedDeviceMesh.build(pp=2, dp=2, tp=2)\n" in once.code
+    assert "topo = pipeline_topology(pp=2, tp=2, dp=2)\n" in once.code and not once.todos
     twice = migrate_code(once.code)
     assert twice.code == once.code and twice.todos == once.todos
 

@@ -160,7 +160,7 @@ def test_a_named_topology_used_only_as_a_pipeline_module_topology_is_rewritten_i
 @pytest.mark.parametrize(
     "body",
     [
-        "topo = PipeModelDataParallelTopology(2, 2, 2)\nm = PipelineModule(layers, topology=topo)\nprint(topo.get_dim('pipe'))\n",
+        "topo = PipeModelDataParallelTopology(2, 2, 2)\nm = PipelineModule(layers, topology=topo)\nprint(topo.dims)\n",
         "topo = PipeModelDataParallelTopology(2, 2, 2)\nm = PipelineModule(layers, topology=topo)\ntopo = None\n",
         "m = PipelineModule(layers, topology=PipeModelDataParallelTopology(*sizes))\n",
     ],
