@@ -280,6 +280,15 @@ def fix_file_dirs(text: str) -> str:
     return text
 
 
+def rewrite_module_paths(text: str, moves: dict[Path, Path]) -> str:
+    """File paths of moved mesh_core modules (``mesh_core/hpz.py``) in prose and comments."""
+    moved = {str(old): str(new) for old, new in moves.items() if old.parts[0] == "mesh_core"}
+    if not moved:
+        return text
+    pattern = re.compile(r"(?<![\w/.])(" + "|".join(map(re.escape, sorted(moved, key=len, reverse=True))) + r")(?![\w])")
+    return pattern.sub(lambda m: moved[m.group(1)], text)
+
+
 def rewrite_test_paths(text: str, tests: dict[str, str]) -> str:
     moved = {n: h for n, h in tests.items() if h}
     if not moved:
@@ -335,6 +344,7 @@ def apply(plan: Plan, root: Path) -> list[str]:
             problems += found
         new = rewrite_dotted(new, plan.modules, pattern)
         new = rewrite_test_paths(new, plan.tests)
+        new = rewrite_module_paths(new, moves)
         if rel in moves and rel.parts[0] == "tests" and len(moves[rel].parts) > len(rel.parts):
             new = fix_file_dirs(new)
         if new != text:
