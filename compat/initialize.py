@@ -32,11 +32,12 @@ from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config
 from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
+from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
-from .engine_scope import ENGINE_STATE_ATTR, PENDING_MESH, GroupsState, activate, capture, pending_mesh, register  # noqa: F401
+from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
 from .engine_spec import engine_spec
 
 logger = logging.getLogger(__name__)

@@ -70,7 +70,6 @@ CONFTEST_BLOCK = f"""
 for _folder in ("mesh_core", "compat", "codemods", "e2e"):
     sys.path.insert(1, os.path.join(os.path.dirname(__file__), _folder))
 """
-SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".hypothesis", "build", "dist"}
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".cfg", ".ini", ".yml", ".yaml", ".txt", ".sh"}
 
 
@@ -168,17 +167,17 @@ def make_plan(root: Path) -> Plan:
 
 # --- rewriting --------------------------------------------------------------------------------
 def _text_files(root: Path) -> list[Path]:
+    """The tracked text files to rewrite (``git ls-files``; codemod fixtures are data and stay)."""
+    listed = run(["git", "ls-files", "-z"]).stdout.split("\0")
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = Path(dirpath).relative_to(root)
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv")]
-        if rel.parts[:2] == ("tests", "fixtures"):  # codemod inputs / expected outputs: data, pinned
+    for name in listed:
+        rel = Path(name)
+        if not name or rel.parts[:2] == ("tests", "fixtures") or rel == Path("tools/restructure.py"):
             continue
-        filenames = [n for n in filenames if not (rel == Path("tools") and n == "restructure.py")]
-        for name in filenames:
-            p = Path(dirpath) / name
-            if p.suffix in TEXT_SUFFIXES or (rel == Path(".ci")):
-                out.append(p)
+        if rel.suffix in TEXT_SUFFIXES or rel.parts[0] == ".ci":
+            path = root / rel
+            if path.is_file():
+                out.append(path)
     return out
 
 
