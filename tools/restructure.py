@@ -46,9 +46,13 @@ ROLES = {
     "pipe_topology": "roles.pipe_topology",
     "current": "roles.current",
     "default": "roles.default",
+    "legacy_state": "roles.legacy_state",  # issue 22a: what migrated code reads under legacy DeepSpeed's state
 }
 CLI = {"cli": "cli.commands", "render": "cli.render", "legacy_counts": "cli.legacy_counts"}
-CORE_KNOWN = {"__init__", "__main__", "spec", "layout", "registry", "device_mesh", "consistency", "plan", "config", "transfer"}
+CORE_KNOWN = {
+    "__init__", "__main__", "spec", "layout", "registry", "device_mesh", "consistency", "plan", "config",
+    "transfer", "transfer_agree", "transfer_buckets", "transfer_engines",
+}
 
 ROLES_INIT = '''"""DeepSpeed's process-wide roles on the mesh: what migrated DeepSpeed code calls where legacy read
 ``deepspeed.utils.groups`` (hpZ, AutoTP, node all-to-all, the expert table, the mpu adapters, the
@@ -148,9 +152,9 @@ def make_plan(root: Path) -> Plan:
     plan = Plan()
     pkg = root / "mesh_core"
     for old, new in {**ROLES, **CLI}.items():
-        plan.modules[f"mesh_core.{old}"] = f"mesh_core.{new}"
         src = pkg / f"{old}.py"
-        if src.exists():
+        if src.exists():  # only modules that are there: a text naming another stays as it is
+            plan.modules[f"mesh_core.{old}"] = f"mesh_core.{new}"
             plan.moves[src.relative_to(root)] = (pkg / (new.replace(".", "/") + ".py")).relative_to(root)
     for path in sorted(pkg.glob("*.py")):
         if path.stem not in CORE_KNOWN and path.stem not in ROLES and path.stem not in CLI:
