@@ -33,6 +33,8 @@ from libcst.matchers._visitors import _gather_matchers
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
 
+from .imports import import_aliases
+
 logger = logging.getLogger(__name__)
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -167,7 +169,7 @@ def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, 
     enclose an emptied function (then they are new objects and have no scope here)."""
     found = statements(module)
     triggers = set(queried)
-    triggers |= {alias for alias, name in _import_aliases(module).items() if name in triggers}
+    triggers |= {alias for alias, name in import_aliases(module).items() if name in triggers}
     emptied: set = set()
     dropped: set = set()
     rebuilt: set = set()
@@ -205,12 +207,6 @@ def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, 
     if not emptied:
         return None
     return MetadataWrapper(reduced, unsafe_skip_copy=True).resolve(ScopeProvider), emptied, dropped, rebuilt
-
-
-def _import_aliases(module: cst.Module) -> dict[str, str]:
-    from .base import import_aliases  # base builds on this module
-
-    return import_aliases(module)
 
 
 class _QualifiedNames(Mapping):

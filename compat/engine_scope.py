@@ -17,12 +17,20 @@ Outside every engine's step (wrong-grid protection):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 ENGINE_STATE_ATTR = "_mesh_groups_state"
+# the mesh of the engine ``deepspeed.initialize`` is building right now (set by compat.initialize)
+PENDING_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("compat_pending_mesh", default=None)
+
+
+def pending_mesh() -> Any:
+    """The mesh of the engine being built by ``deepspeed.initialize`` right now, if any."""
+    return PENDING_MESH.get()
 
 
 class WrongGridError(RuntimeError):
@@ -105,8 +113,6 @@ def engine_step_wrapper(wrapped, instance, args, kwargs):
 
 def scope_mesh() -> Any:
     """The mesh of the engine being built or stepped right now (None outside any)."""
-    from .initialize import pending_mesh
-
     pending = pending_mesh()
     if pending is not None:
         return pending

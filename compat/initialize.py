@@ -20,7 +20,6 @@ accepted; it must agree with the other sources.
 """
 from __future__ import annotations
 
-import contextvars
 import copy
 import inspect
 import logging
@@ -33,6 +32,7 @@ from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config
 from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
+from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
@@ -46,13 +46,8 @@ logger = logging.getLogger(__name__)
 
 LAYOUT_DIMS = ("pp", "dp", "sp", "tp")
 CONSUMED_KEYS = ("mesh", "data_parallel_size", "sequence_parallel_size")
-_pending: contextvars.ContextVar[Optional[EngineMesh]] = contextvars.ContextVar("compat_pending_mesh", default=None)
+_pending = PENDING_MESH  # engine_scope owns it (scope_mesh reads it there)
 _COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def pending_mesh() -> Optional[EngineMesh]:
-    """The mesh of the engine being built by ``deepspeed.initialize`` right now, if any."""
-    return _pending.get()
 
 
 # --- deepspeed.initialize -----------------------------------------------------------------------

@@ -232,6 +232,26 @@ class DeepSpeedDeviceMesh:
             spec, device_type=device_type, backend=backend, flatten=flatten, p2p_groups=p2p_groups, verify=verify
         )
 
+    @classmethod
+    def from_groups(
+        cls, *, device_type: Optional[str] = None, check_agreement: bool = True, **groups: Any
+    ) -> "DeepSpeedDeviceMesh":
+        """A mesh whose ``dp`` / ``tp`` / ``pp`` / ``sp`` groups are the given ones (this rank's
+        ``ProcessGroup`` or its rank list per dim); collective. See :func:`mesh_core.from_groups.from_groups`."""
+        from .from_groups import from_groups
+
+        return from_groups(cls, device_type=device_type, check_agreement=check_agreement, **groups)
+
+    @classmethod
+    def from_mpu(
+        cls, mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
+    ) -> "DeepSpeedDeviceMesh":
+        """A mesh reproducing ``mpu``'s groups (Megatron ``parallel_state``, a ``PipelineParallelGrid``,
+        any object with the mpu getters); collective. See :func:`mesh_core.from_groups.from_mpu`."""
+        from .from_groups import from_mpu
+
+        return from_mpu(cls, mpu, device_type=device_type, check_agreement=check_agreement)
+
     # --- queries ------------------------------------------------------------------------------
     def get_group(self, dims: Dims) -> ProcessGroup:
         """This rank's group along ``dims`` (a dim, ``ep``/``edp``, or a tuple to flatten).
@@ -370,6 +390,43 @@ class DeepSpeedDeviceMesh:
         own = {n: g for n, g in self._named_expert.items() if id(g) in built and n not in served}
         return {**served, **own} if own else served
 
+    # --- ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain (mesh_core.hpz) ----
+    def create_hpz_group(self, group_size: int) -> Optional[ProcessGroup]:
+        """Build this mesh's ZeRO++ hpZ groups of ``group_size`` ranks and return this rank's (legacy
+        ``groups._create_zero_param_parallel_group(N)``). Every mesh of the world with the same ZeRO
+        groups shares them (see :mod:`mesh_core.hpz`); a second build raises ``HpzGroupError``."""
+        from .hpz import create_hpz_group
+
+        self._check_alive()
+        return create_hpz_group(self, group_size)
+
+    def hpz_group(self) -> Optional[ProcessGroup]:
+        """This rank's hpZ group, None before one is built (``_get_zero_param_intra_parallel_group``)."""
+        from .hpz import hpz_group
+
+        return hpz_group(self)
+
+    def hpz_group_size(self) -> int:
+        """Size of this rank's hpZ group; the world size while none is built
+        (``_get_zero_param_intra_parallel_group_world_size``)."""
+        from .hpz import hpz_group_size
+
+        return hpz_group_size(self)
+
+    def hpz_group_rank(self) -> int:
+        """This rank's index in its hpZ group; the global rank while none is built
+        (``_get_zero_param_intra_parallel_rank_in_mygroup``)."""
+        from .hpz import hpz_group_rank
+
+        return hpz_group_rank(self)
+
+    def hpz_group_ranks(self) -> list[int]:
+        """Global ranks of this rank's hpZ group, ``[]`` while none is built
+        (``_get_zero_param_intra_parallel_group_ranks``)."""
+        from .hpz import hpz_group_ranks
+
+        return hpz_group_ranks(self)
+
     @property
     def registry(self) -> GroupRegistry:
         return self._registry
@@ -468,17 +525,3 @@ class DeepSpeedDeviceMesh:
     def _check_alive(self) -> None:
         if self._destroyed:
             raise MeshSpecError(f"{self!r} was destroyed")
-
-
-# A mesh from existing process groups (an mpu, explicit groups): see from_groups.py.
-from . import from_groups as _from_groups  # noqa: E402 (it needs the class defined above)
-
-DeepSpeedDeviceMesh.from_groups = classmethod(_from_groups.from_groups)  # type: ignore[attr-defined]
-DeepSpeedDeviceMesh.from_mpu = classmethod(_from_groups.from_mpu)  # type: ignore[attr-defined]
-
-# ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain: see hpz.py.
-from . import hpz as _hpz  # noqa: E402
-
-for _name, _method in _hpz.METHODS.items():
-    setattr(DeepSpeedDeviceMesh, _name, _method)
-del _name, _method

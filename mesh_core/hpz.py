@@ -20,22 +20,23 @@ own mesh object agree, as the legacy global did:
   even then, mixing TP lanes / pipeline stages in one hpZ group; a sub-world mesh only ever groups
   its own ranks, so ranks outside it never take part (member-only creation, nothing to hang on).
 
-Why module state in mesh_core: the legacy group is process-global and built before the engine's
-mesh exists, so it cannot live on a mesh object; it is keyed by the world's
-:class:`~mesh_core.GroupRegistry` (a new world starts empty) and by the domain, nothing else.
+Why process state in mesh_core: the legacy group is process-global and built before the engine's
+mesh exists, so it cannot live on a mesh object; it is held by
+:data:`mesh_core.process_state.PROCESS_ROLES`, keyed by the world's :class:`~mesh_core.GroupRegistry`
+(a new world starts empty) and by the domain, nothing else.
 :func:`release_hpz_groups` is DeepSpeed's ``_release_process_group_references`` for these groups.
 """
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .registry import GroupRegistry, registry_for_world
+from .process_state import PROCESS_ROLES
+from .registry import registry_for_world
 from .spec import MeshSpec, MeshSpecError
 
 if TYPE_CHECKING:
@@ -61,9 +62,6 @@ class HpzGroups:
     size: int
     rank_lists: list[list[int]]
     group: Optional[ProcessGroup]
-
-
-_STORES: "weakref.WeakKeyDictionary[GroupRegistry, dict[Domain, HpzGroups]]" = weakref.WeakKeyDictionary()
 
 
 def is_hsdp(spec: MeshSpec) -> bool:
@@ -107,11 +105,7 @@ def hpz_rank_lists(mesh: Optional["DeepSpeedDeviceMesh"], group_size: int) -> li
 
 
 def _store() -> dict[Domain, HpzGroups]:
-    registry = registry_for_world()
-    store = _STORES.get(registry)
-    if store is None:
-        store = _STORES[registry] = {}
-    return store
+    return PROCESS_ROLES.hpz_store()
 
 
 def built_hpz_groups(mesh: Optional["DeepSpeedDeviceMesh"]) -> Optional[HpzGroups]:
@@ -166,50 +160,9 @@ def release_hpz_groups(group: Optional[ProcessGroup] = None) -> int:
     """Forget hpZ groups (DeepSpeed's ``_release_process_group_references``): all of them for None
     (world teardown), else the entries holding ``group``. Destroys nothing. Returns entries dropped."""
     dropped = 0
-    for store in list(_STORES.values()):
+    for store in list(PROCESS_ROLES.hpz_by_world.values()):
         for domain, built in list(store.items()):
             if group is None or built.group is group:
                 del store[domain]
                 dropped += 1
     return dropped
-
-
-# --- DeepSpeedDeviceMesh methods (bound in device_mesh.py) --------------------------------------
-def _create_method(self: "DeepSpeedDeviceMesh", group_size: int) -> Optional[ProcessGroup]:
-    """Build this mesh's ZeRO++ hpZ groups of ``group_size`` ranks and return this rank's (legacy
-    ``groups._create_zero_param_parallel_group(N)``). Every mesh of the world with the same ZeRO
-    groups shares them (see :mod:`mesh_core.hpz`); a second build raises :class:`HpzGroupError`."""
-    self._check_alive()
-    return create_hpz_group(self, group_size)
-
-
-def _group_method(self: "DeepSpeedDeviceMesh") -> Optional[ProcessGroup]:
-    """This rank's hpZ group, None before one is built (``_get_zero_param_intra_parallel_group``)."""
-    return hpz_group(self)
-
-
-def _size_method(self: "DeepSpeedDeviceMesh") -> int:
-    """Size of this rank's hpZ group; the world size while none is built
-    (``_get_zero_param_intra_parallel_group_world_size``)."""
-    return hpz_group_size(self)
-
-
-def _rank_method(self: "DeepSpeedDeviceMesh") -> int:
-    """This rank's index in its hpZ group; the global rank while none is built
-    (``_get_zero_param_intra_parallel_rank_in_mygroup``)."""
-    return hpz_group_rank(self)
-
-
-def _ranks_method(self: "DeepSpeedDeviceMesh") -> list[int]:
-    """Global ranks of this rank's hpZ group, ``[]`` while none is built
-    (``_get_zero_param_intra_parallel_group_ranks``)."""
-    return hpz_group_ranks(self)
-
-
-METHODS = {
-    "create_hpz_group": _create_method,
-    "hpz_group": _group_method,
-    "hpz_group_size": _size_method,
-    "hpz_group_rank": _rank_method,
-    "hpz_group_ranks": _ranks_method,
-}

@@ -4,7 +4,8 @@ Legacy ``groups._get_local_all_to_all_group()`` fills one process-global dict
 (``_ALL_TO_ALL_GROUP``: ``local_i`` = the ranks of node i, ``global_j`` = the ranks with local index j)
 and hands that very dict out; a later world teardown / group release empties it in place, under the
 engine that holds it. :func:`local_all_to_all_groups` is that dict and its builder: one object per
-process (the mesh runtime's legacy getter serves the same object), every group from the world's
+process, held by :data:`mesh_core.process_state.PROCESS_ROLES` (the mesh runtime's legacy getter
+serves the same object), every group from the world's
 :class:`~mesh_core.GroupRegistry`, so asking again creates nothing new.
 """
 from __future__ import annotations
@@ -14,15 +15,13 @@ from typing import Any, Sequence
 import torch.distributed as dist
 
 from .layout import MeshLayout
+from .process_state import PROCESS_ROLES
 from .registry import registry_for_world
 from .spec import MeshSpec
 
-_ALL_TO_ALL: dict[str, Any] = {}
-
-
 def all_to_all_groups() -> dict[str, Any]:
     """The process's node all-to-all groups by legacy name (the same dict for the life of the process)."""
-    return _ALL_TO_ALL
+    return PROCESS_ROLES.all_to_all
 
 
 def _member_group(rank_lists: Sequence[Sequence[int]]) -> Any:
@@ -36,7 +35,7 @@ def local_all_to_all_groups(devices_per_node: int) -> dict[str, Any]:
     smaller than a node, else ``local_i`` / ``global_j`` for ``world // devices_per_node`` nodes; the
     legacy ``AssertionError`` for a world of one node that is not exactly one node's devices."""
     assert dist.is_initialized(), "dist is not initialized"
-    groups = _ALL_TO_ALL
+    groups = PROCESS_ROLES.all_to_all
     world = dist.get_world_size()
     num_local = world // devices_per_node
     if num_local == 0:
