@@ -350,9 +350,11 @@ def test_getter_with_arguments_keeps_a_todo():
     assert "# TODOV1: mpu.get_data_parallel_rank() takes no arguments" in done.code
 
 
-def test_only_deepspeed_modules_are_rewritten_and_bwc_itself_is_not():
+def test_bwc_helpers_are_rewritten_everywhere_but_bwc_itself_and_mpu_calls_only_inside_deepspeed():
     source = "from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank\n\ndef f(mpu):\n    return bwc_tensor_model_parallel_rank(mpu), mpu.get_data_parallel_group()\n"
-    assert migrate(source, "megatron.training").code == source
+    user = migrate(source, "megatron.training")  # user code: the bwc helper (exact, issue 22), not the mpu call
+    assert 'mesh_of(mpu).get_rank("tp") if mpu is not None else 0' in user.code
+    assert "mpu.get_data_parallel_group()" in user.code and user.sites == {"mpu/bwc call": 1}
     assert migrate(source, "deepspeed.utils.bwc").code == source
     done = migrate(source)
     assert "mesh_of(mpu)" in done.code and done.sites == {"mpu/bwc call": 2}

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ def _strict(value):
 
 
 def _install_from_env(value):
-    import compat.install as installer
+    installer = importlib.import_module("compat.install")  # compat.install may name the function
 
     return installer.install_from_env({"DS_MESH": value})
 
