@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
-from mesh_core import hpz as _hpz
+import mesh_core.hpz as _hpz
 from mesh_core.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
 from mesh_core.node_groups import all_to_all_groups, local_all_to_all_groups
 from mesh_core.tensor_parallel import autotp_groups, init_autotp
