@@ -23,7 +23,7 @@ from common import MiB, peak_memory, quiet, ratio, table, timed
 
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec
-from mesh_core.legacy_counts import legacy_counts, mesh_count
+from mesh_core.cli.legacy_counts import legacy_counts, mesh_count
 
 # a 3-D layout with MoE, and pipeline + MoE without tp (where the legacy grid adds W singletons)
 LAYOUTS = {1024: [dict(pp=4, tp=8, ep=8), dict(pp=4, ep=8)], 8192: [dict(pp=8, tp=8, ep=8), dict(pp=8, ep=8)]}

@@ -2,7 +2,7 @@
 
 Prints, per world size, the time and peak memory of computing every rank list the job needs (pp,
 dp, tp, ds_model = pp x tp, EP, EDP groups and the p2p pairs) and the communicator counts (formulas,
-:mod:`mesh_core.legacy_counts`); then the issue-2 checks: enumerating every group of every dim of a
+:mod:`mesh_core.cli.legacy_counts`); then the issue-2 checks: enumerating every group of every dim of a
 131,072-rank world (< 1 s) and per-rank query cost independent of world size.
 
     python bench/bench_layout.py [--full]
@@ -22,7 +22,7 @@ import common  # noqa: F401  (sets the environment and sys.path first)
 from common import MiB, peak_memory, quiet, ratio, table, timed
 
 from mesh_core import MeshLayout, MeshSpec
-from mesh_core.legacy_counts import legacy_counts, mesh_count
+from mesh_core.cli.legacy_counts import legacy_counts, mesh_count
 
 LAYOUTS = {
     1024: [dict(pp=4, tp=8, ep=8), dict(pp=4, ep=8)],

@@ -30,7 +30,7 @@ HOLDERS = frozenset({"grid", "_grid"})
 PIPE_ENGINES = frozenset({"deepspeed.PipelineEngine", "deepspeed.runtime.pipe.engine.PipelineEngine",
                           "deepspeed.runtime.pipe.PipelineEngine"})
 # grid queries mesh_of answers with the same-named (or, on a legacy grid, an equal) grid getter:
-# mesh_core.mpu_mesh's probe order on a PipelineParallelGrid
+# mesh_core.roles.mpu_mesh's probe order on a PipelineParallelGrid
 _MESH_OF_TEMPLATES = ("get_rank(", "size(", "get_group(", "get_group_ranks(", ".rank")
 MESH_OF = frozenset(
     name for name, template in {**grid_api.METHODS, **grid_api.ATTRIBUTES}.items()

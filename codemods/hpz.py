@@ -6,7 +6,7 @@
 model's mesh (``model_mesh(self)`` in a DeepSpeed engine, ``current_mesh()`` elsewhere; see
 ``GroupsGettersCommand.model_mesh``).
 
-Why this is exact (``mesh_core.hpz``): legacy keeps one process-global hpZ group; the mesh keeps
+Why this is exact (``mesh_core.roles.hpz``): legacy keeps one process-global hpZ group; the mesh keeps
 one per world and ZeRO domain, shared by every mesh of that domain, and the compat layer's legacy
 functions read and write the same state. Before any engine exists ``current_mesh()`` is the
 data-parallel world mesh, whose domain is the world: DeepSpeed's world blocks, built once, read

@@ -1,5 +1,5 @@
 """Codemod: ``mpu.get_*()`` and ``bwc_*(mpu)`` calls inside DeepSpeed's own package → queries on
-``mesh_of(mpu)`` (``mesh_core.mpu_mesh``).
+``mesh_of(mpu)`` (``mesh_core.roles.mpu_mesh``).
 
 Inside DeepSpeed the mpu is a run-time value (``self.mpu``, a parameter, ``groups.mpu``, a module
 global) of several kinds, so no static mesh can replace it. ``mesh_of(mpu)`` answers every query

@@ -38,10 +38,10 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
-import mesh_core.hpz as _hpz
-from mesh_core.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
-from mesh_core.node_groups import all_to_all_groups, local_all_to_all_groups
-from mesh_core.tensor_parallel import autotp_groups, init_autotp
+import mesh_core.roles.hpz as _hpz
+from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
+from mesh_core.roles.node_groups import all_to_all_groups, local_all_to_all_groups
+from mesh_core.roles.tensor_parallel import autotp_groups, init_autotp
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -1318,7 +1318,7 @@ _W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "<mesh>.hpz_group
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
     """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
-    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.hpz.hpz_rank_lists`). Kept in
+    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.roles.hpz.hpz_rank_lists`). Kept in
     mesh_core per world and ZeRO domain, so ``<mesh>.hpz_group()`` (migrated code) sees them too."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh
-from mesh_core.hpz import HPZ_DIMS, is_hsdp
+from mesh_core.roles.hpz import HPZ_DIMS, is_hsdp
 
 logger = logging.getLogger(__name__)
 

@@ -6,18 +6,18 @@
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
 """
 from .config import spec_from_config
-from .current import current_mesh, model_mesh
-from .default import default_mesh, set_default_mesh, use_mesh
+from .roles.current import current_mesh, model_mesh
+from .roles.default import default_mesh, set_default_mesh, use_mesh
 from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, expert_groups_name
-from .hpz import HpzGroupError, release_hpz_groups
+from .roles.hpz import HpzGroupError, release_hpz_groups
 from .layout import MeshLayout
-from .mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
-from .node_groups import all_to_all_groups, local_all_to_all_groups
-from .pipe_topology import PipelineTopology, pipeline_topology
-from .process_experts import ProcessExperts, expert_tensor_parallel_size, process_experts, serve_process_experts
+from .roles.mpu_mesh import MpuMesh, mesh_of, model_parallel_world_size
+from .roles.node_groups import all_to_all_groups, local_all_to_all_groups
+from .roles.pipe_topology import PipelineTopology, pipeline_topology
+from .roles.process_experts import ProcessExperts, expert_tensor_parallel_size, process_experts, serve_process_experts
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
-from .tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
+from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
     "DEFAULT_ORDER",

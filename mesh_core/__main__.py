@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from .cli import main as _cli_main
+from .cli.commands import main as _cli_main
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh, rank_set_slot
 from .layout import Dims, MeshLayout
-from .process_experts import process_expert_groups
+from .roles.process_experts import process_expert_groups
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 
@@ -237,8 +237,8 @@ class DeepSpeedDeviceMesh:
         cls, *, device_type: Optional[str] = None, check_agreement: bool = True, **groups: Any
     ) -> "DeepSpeedDeviceMesh":
         """A mesh whose ``dp`` / ``tp`` / ``pp`` / ``sp`` groups are the given ones (this rank's
-        ``ProcessGroup`` or its rank list per dim); collective. See :func:`mesh_core.from_groups.from_groups`."""
-        from .from_groups import from_groups
+        ``ProcessGroup`` or its rank list per dim); collective. See :func:`mesh_core.roles.from_groups.from_groups`."""
+        from .roles.from_groups import from_groups
 
         return from_groups(cls, device_type=device_type, check_agreement=check_agreement, **groups)
 
@@ -247,8 +247,8 @@ class DeepSpeedDeviceMesh:
         cls, mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
     ) -> "DeepSpeedDeviceMesh":
         """A mesh reproducing ``mpu``'s groups (Megatron ``parallel_state``, a ``PipelineParallelGrid``,
-        any object with the mpu getters); collective. See :func:`mesh_core.from_groups.from_mpu`."""
-        from .from_groups import from_mpu
+        any object with the mpu getters); collective. See :func:`mesh_core.roles.from_groups.from_mpu`."""
+        from .roles.from_groups import from_mpu
 
         return from_mpu(cls, mpu, device_type=device_type, check_agreement=check_agreement)
 
@@ -354,7 +354,7 @@ class DeepSpeedDeviceMesh:
 
     def expert_groups_named(self, name: str) -> ExpertGroups:
         """The expert groups registered under ``name`` (a runtime's process-wide table first, see
-        :mod:`mesh_core.process_experts`); creates nothing, raises :class:`ExpertGroupsNotBuilt`
+        :mod:`mesh_core.roles.process_experts`); creates nothing, raises :class:`ExpertGroupsNotBuilt`
         (naming the registered names) if there are none."""
         served = process_expert_groups()
         try:
@@ -380,7 +380,7 @@ class DeepSpeedDeviceMesh:
         return expert_groups_name(max(sizes) if sizes else None)
 
     def _named_table(self) -> Mapping[str, ExpertGroups]:
-        """The names this mesh serves: those a runtime serves per process (mesh_core.process_experts:
+        """The names this mesh serves: those a runtime serves per process (mesh_core.roles.process_experts:
         DeepSpeed's one name-keyed table, whichever mesh reads it), then the groups this mesh built
         itself (:meth:`expert_groups`); without a runtime source, every name registered here."""
         served = process_expert_groups()
@@ -390,40 +390,40 @@ class DeepSpeedDeviceMesh:
         own = {n: g for n, g in self._named_expert.items() if id(g) in built and n not in served}
         return {**served, **own} if own else served
 
-    # --- ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain (mesh_core.hpz) ----
+    # --- ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain (mesh_core.roles.hpz) ----
     def create_hpz_group(self, group_size: int) -> Optional[ProcessGroup]:
         """Build this mesh's ZeRO++ hpZ groups of ``group_size`` ranks and return this rank's (legacy
         ``groups._create_zero_param_parallel_group(N)``). Every mesh of the world with the same ZeRO
-        groups shares them (see :mod:`mesh_core.hpz`); a second build raises ``HpzGroupError``."""
-        from .hpz import create_hpz_group
+        groups shares them (see :mod:`mesh_core.roles.hpz`); a second build raises ``HpzGroupError``."""
+        from .roles.hpz import create_hpz_group
 
         self._check_alive()
         return create_hpz_group(self, group_size)
 
     def hpz_group(self) -> Optional[ProcessGroup]:
         """This rank's hpZ group, None before one is built (``_get_zero_param_intra_parallel_group``)."""
-        from .hpz import hpz_group
+        from .roles.hpz import hpz_group
 
         return hpz_group(self)
 
     def hpz_group_size(self) -> int:
         """Size of this rank's hpZ group; the world size while none is built
         (``_get_zero_param_intra_parallel_group_world_size``)."""
-        from .hpz import hpz_group_size
+        from .roles.hpz import hpz_group_size
 
         return hpz_group_size(self)
 
     def hpz_group_rank(self) -> int:
         """This rank's index in its hpZ group; the global rank while none is built
         (``_get_zero_param_intra_parallel_rank_in_mygroup``)."""
-        from .hpz import hpz_group_rank
+        from .roles.hpz import hpz_group_rank
 
         return hpz_group_rank(self)
 
     def hpz_group_ranks(self) -> list[int]:
         """Global ranks of this rank's hpZ group, ``[]`` while none is built
         (``_get_zero_param_intra_parallel_group_ranks``)."""
-        from .hpz import hpz_group_ranks
+        from .roles.hpz import hpz_group_ranks
 
         return hpz_group_ranks(self)
 

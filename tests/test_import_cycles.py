@@ -239,7 +239,7 @@ def test_the_mesh_api_is_defined_in_its_class():
 
 def test_process_roles_have_one_owner():
     from mesh_core import all_to_all_groups, autotp_groups, process_experts
-    from mesh_core.process_state import PROCESS_ROLES
+    from mesh_core.roles.state import PROCESS_ROLES
 
     assert autotp_groups() is PROCESS_ROLES.autotp
     assert all_to_all_groups() is PROCESS_ROLES.all_to_all

@@ -1,4 +1,4 @@
-"""HSDP under ZeRO on 4 gloo ranks (run by tests/test_hsdp.py through torchrun).
+"""HSDP under ZeRO on 4 gloo ranks (run by tests/e2e/test_hsdp.py through torchrun).
 
 For each ZeRO stage 1, 2, 3, one after the other in one world, same seed and data (batch seeded by
 the global rank): ``dp`` over {"dp": 4}; ``hsdp`` over {"dp_replicate": 2, "dp_shard": 2}

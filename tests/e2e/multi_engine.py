@@ -1,4 +1,4 @@
-"""Several engines in one 4-rank world (run by tests/test_multi_engine.py through torchrun).
+"""Several engines in one 4-rank world (run by tests/e2e/test_multi_engine.py through torchrun).
 
 Part "grid": two engines with different tp layouts interleave their steps; a Megatron-style model
 reads the *global* legacy getters inside its forward and must get its own engine's tp group; outside

@@ -1,4 +1,4 @@
-"""AutoTP engines on disjoint halves of a 4-rank world (run by tests/test_subworld_pipe.py).
+"""AutoTP engines on disjoint halves of a 4-rank world (run by tests/e2e/test_subworld_pipe.py).
 
 Each half builds its own tiny HF-style model (blocks with ``up_proj`` / ``down_proj`` linears, no
 ``transformers`` needed) and an engine with ``tensor_parallel.autotp_size=2`` over its half

@@ -1,4 +1,4 @@
-"""Two pipeline engines on disjoint halves of a 4-rank world (run by tests/test_subworld_pipe.py).
+"""Two pipeline engines on disjoint halves of a 4-rank world (run by tests/e2e/test_subworld_pipe.py).
 
 Ranks 0-1 build a 2-stage pipeline of model A, ranks 2-3 a 2-stage pipeline of model B (with a weight
 tied between its first and last stage), each half constructing its PipelineModule with

@@ -19,7 +19,7 @@ QUERIES = [0]  # MpuMesh queries answered (a migrated package asks mesh_of; the 
 
 
 def count_queries() -> None:
-    from mesh_core.mpu_mesh import MpuMesh
+    from mesh_core.roles.mpu_mesh import MpuMesh
 
     original = MpuMesh._call
 

@@ -1,4 +1,4 @@
-"""Engine-to-engine weight transfers on 4 gloo ranks (run by tests/test_transfer_engines.py).
+"""Engine-to-engine weight transfers on 4 gloo ranks (run by tests/e2e/test_transfer_engines.py).
 
 Each case trains the actor engine one step (so its weights differ from any init), moves them with
 ``mesh_core.transfer_engines.transfer_weights`` into the rollout engine, then gathers the actor's

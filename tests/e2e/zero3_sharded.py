@@ -1,4 +1,4 @@
-"""A zero.Init-sharded ZeRO-3 model handed to engines on other ranks (run by tests/test_zero3_partitions_gloo.py).
+"""A zero.Init-sharded ZeRO-3 model handed to engines on other ranks (run by tests/e2e/test_zero3_partitions_gloo.py).
 
 What transformers / TRL do: the model is built under ``deepspeed.zero.Init`` with the world (its
 parameters partitioned over [0, 1]), then an engine is initialised on it. Each part runs on a
