@@ -6,11 +6,10 @@ over the mesh's own ranks only (non-members of a sub-world mesh take no part) an
 default store, for a whole-world mesh as for a sub-world one (no communicator, so no raw backend
 error and no collective another thread could interleave with):
 
-- each member publishes its description and its digest, appends its rank to the arrivals, counts
-  itself under its digest, and waits until all members arrived (O(1) store operations per member);
-- the last member to arrive marks the check done; a member whose wait runs out (the process-group
-  timeout by default) marks it abandoned instead, atomically (``compare_set``), so a late member
-  either completes the check for everyone or learns it was given up — never half of each;
+- each member publishes its description and its digest, counts itself under its digest, and meets
+  the others in one :func:`mesh_core.rendezvous.arrive` (O(1) store operations per member; the wait
+  is the process-group timeout by default): a late member either completes the check for everyone
+  or learns it was given up — never half of each;
 - a timed-out check raises on every waiting member, naming the mesh, the ranks that arrived and
   the missing ones; a member arriving after that raises too (it would wait for groups nobody
   creates); a member late by less than the timeout is simply waited for;
@@ -39,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from .rendezvous import arrive, differing_fields, ranks_text
 from .spec import MeshSpec, MeshSpecError
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 DIGEST_WORDS = 4  # 4 x int64 = the first 32 bytes of a sha256
 SKIPPED_BACKENDS = ("fake",)  # its collectives are no-ops: nothing to compare
 STORE_PREFIX = "mesh_core/check"
-DONE, ABANDONED = "done", "abandoned"
 # per world: how many checks each rank set has run (the same on every member)
 _CHECKS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -63,7 +62,7 @@ def mesh_fields(spec: MeshSpec, **options: Any) -> dict[str, str]:
     fields = {
         "world_size": str(spec.world_size),
         "dims": ", ".join(f"{n}={s}" for n, s in zip(spec.names, spec.sizes)),
-        "ranks": _ranks_text(spec.ranks),
+        "ranks": ranks_text(spec.ranks),
         "ep": str(spec.ep),
         "data_before_expert": str(spec.data_before_expert),
     }
@@ -151,18 +150,7 @@ def _run_check(
     store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
     store.set(f"{prefix}/digest_of/{rank}", mine)
     store.add(f"{prefix}/digest/{mine}", 1)
-    store.append(f"{prefix}/who", f"{rank},")
-    state_key = f"{prefix}/state"
-    if store.add(f"{prefix}/arrived", 1) == len(members):
-        state = store.compare_set(state_key, "", DONE).decode()
-    else:
-        try:
-            store.wait([state_key], timeout)
-        except (RuntimeError, dist.DistError):
-            pass
-        state = store.compare_set(state_key, "", ABANDONED).decode()  # the current value if set
-    if state != DONE:
-        raise MeshSpecError(_absent_message(store, prefix, spec, members, timeout))
+    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_message(spec, members, arrived, missing, timeout))
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")
@@ -181,13 +169,11 @@ def _run_check(
     raise MeshSpecError(message)
 
 
-def _absent_message(store: Any, prefix: str, spec: MeshSpec, members: list[int], timeout: timedelta) -> str:
-    arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
-    missing = sorted(set(members) - set(arrived))
+def _absent_message(spec: MeshSpec, members: list[int], arrived: list[int], missing: list[int], timeout: timedelta) -> str:
     if missing:
         return (
             f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
-            f"{timeout} (arrived: {_ranks_text(arrived, 'rank')}; missing: {_ranks_text(missing, 'rank')}); the "
+            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}); the "
             "missing ranks build a different mesh (or none), or are later than the process-group timeout: every "
             "member must build the same mesh in the same order"
         )
@@ -201,18 +187,10 @@ def _absent_message(store: Any, prefix: str, spec: MeshSpec, members: list[int],
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:
     """A message naming each differing field and which ranks hold which value (``per_rank[i]``
     belongs to ``ranks[i]``, default rank ``i``)."""
-    parts = []
     ranks = list(range(len(per_rank))) if ranks is None else list(ranks)
-    for name in per_rank[0]:
-        holders: dict[str, list[int]] = {}
-        for rank, fields in zip(ranks, per_rank):
-            holders.setdefault(fields.get(name, "<missing>"), []).append(rank)
-        if len(holders) > 1:
-            values = "; ".join(f"{value!r} on {_ranks_text(ranks, 'rank')}" for value, ranks in holders.items())
-            parts.append(f"{name}: {values}")
     return (
         "ranks disagree on the mesh, so creating its groups would hang; every rank must build the same "
-        "mesh in the same order. Differing fields: " + " | ".join(parts)
+        "mesh in the same order. Differing fields: " + " | ".join(differing_fields(per_rank, ranks, show=repr))
     )
 
 
@@ -225,20 +203,3 @@ def _option_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_option_text(v) for v in value) + "]"
     return str(value)
-
-
-def _ranks_text(ranks: Sequence[int], noun: str = "") -> str:
-    prefix = f"{noun}s " if noun and len(ranks) > 1 else (f"{noun} " if noun else "")
-    if isinstance(ranks, range) and ranks.step == 1:
-        return prefix + (f"{ranks.start}..{ranks.stop - 1}" if len(ranks) > 1 else str(ranks.start))
-    ranks = list(ranks)
-    runs = []
-    start = prev = ranks[0]
-    for r in ranks[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        runs.append(str(start) if start == prev else f"{start}..{prev}")
-        if r is not None:
-            start = prev = r
-    return prefix + ",".join(runs)

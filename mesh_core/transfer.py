@@ -335,7 +335,18 @@ def run_transfer(
     layouts = {side: None if known_layouts.get(side) is None else
                {n: layout_fields(v) for n, v in known_layouts[side].items()} for side in SIDES}  # type: ignore[union-attr]
     record = record_for((src_spec, dst_spec), layouts, metas, problems, dict(flags or {}))
-    agreed = agree(participants, record, key=f"{src_spec.describe()} -> {dst_spec.describe()}", timeout=timeout)
+    agreed, finish = agree(participants, record, key=f"{src_spec.describe()} -> {dst_spec.describe()}", timeout=timeout)
+    try:
+        stats = _run_agreed(agreed, src_spec, dst_spec, sides, rank, bucket_bytes, window)
+    finally:
+        finish()
+    logger.debug("transfer on rank %d: %s", rank, stats)
+    return stats
+
+
+def _run_agreed(agreed: Agreed, src_spec: MeshSpec, dst_spec: MeshSpec, sides: Mapping[str, Optional[Side]], rank: int,
+                bucket_bytes: int, window: int) -> TransferStats:
+    """The messages of an agreed transfer, group by group."""
     prepared = _prepared(agreed, src_spec, dst_spec, bucket_bytes)
     stats = TransferStats()
     for names, pieces, buckets in prepared:
@@ -358,7 +369,6 @@ def run_transfer(
                     stats.sent += box_numel(p.box)
                 else:
                     stats.received += box_numel(p.box)
-    logger.debug("transfer on rank %d: %s", rank, stats)
     return stats
 
 

@@ -6,14 +6,15 @@ found in its own tensors (missing, ``None``, wrong shape, a cast that is refused
 exchanged through the default store among the participants only (no communicator, no message on the
 data path), in two steps:
 
-- every call: one counter per participant (arrived + "my record changed or has a problem"); when no
-  participant flags anything, the previous call's agreed result is reused;
+- every call: one :func:`mesh_core.rendezvous.arrive` of the participants, each flagging "my record
+  changed or has a problem"; when no participant flags anything, the previous call's agreed result
+  is reused;
 - otherwise every participant publishes its record, reads all of them, and computes the same verdict:
   one :class:`~mesh_core.MeshSpecError` (naming parameters, values and ranks) on every participant,
   or the merged layouts and dtypes the transfer runs with.
 
 A participant that never arrives (it disagrees on who takes part, or is not calling) makes the others'
-wait end after ``timeout`` with an error naming how many arrived.
+wait end after ``timeout`` with an error naming the ranks that arrived and the missing ones.
 
 Dtype policy (what :func:`check_dtypes` enforces): the data travel in the sender's dtype (after the
 source layout's ``dtype`` cast, if given) and are converted on arrival like ``Tensor.copy_``; between
@@ -30,13 +31,13 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from .consistency import _ranks_text
+from .rendezvous import arrive, differing_fields, forget, ranks_text
 from .spec import MeshSpec, MeshSpecError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 STORE_PREFIX = "mesh_core/transfer"
 MAX_LISTED = 6  # problems / parameters named in one message
 SIDES = ("source", "destination")
+ABSENT = "<not given>"
 REFUSED = "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
 _ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -107,8 +109,11 @@ def record_for(
     }
 
 
-def agree(participants: Sequence[int], record: dict, *, key: str, timeout: Optional[timedelta]) -> Agreed:
-    """Exchange ``record`` with every participant; the same :class:`Agreed` or error on each."""
+def agree(participants: Sequence[int], record: dict, *, key: str,
+          timeout: Optional[timedelta]) -> tuple[Agreed, Callable[[], None]]:
+    """Exchange ``record`` with every participant: the same :class:`Agreed` or error on each, and
+    this rank's clean-up to run once the transfer's messages are done (off the critical path: this
+    round's last arrival deletes the round before's store keys, every participant being past it)."""
     store = c10d._get_default_store()
     members = sorted(participants)
     world = c10d._get_default_group()
@@ -122,28 +127,27 @@ def agree(participants: Sequence[int], record: dict, *, key: str, timeout: Optio
     cache = _AGREED.setdefault(world, {})
     previous = cache.get(key)
     flagged = bool(record["problems"]) or previous is None or previous[0] != mine
-    n = len(members)
+    wait = timeout if timeout is not None else store.timeout
     slow_rounds = _SLOW.setdefault(world, {}).setdefault(set_id, set())
-    value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flagged))
-    if value % (n + 1) == n:  # the last to arrive: everyone has finished round - 2 (and round - 1)
-        store.set(f"{prefix}/done", "1")
-        _forget_round(store, f"{STORE_PREFIX}/{set_id}/{round_no - 2}", members, round_no - 2 in slow_rounds)
-    else:
-        _wait(store, f"{prefix}/done", prefix, members, timeout)
-        value = store.add(f"{prefix}/arrived", 0)
-    slow_rounds.discard(round_no - 2)
-    if value // (n + 1) == 0:
-        return previous[1]  # type: ignore[index]
+    arrival = arrive(store, prefix, members, wait, lambda arrived, missing: _absent(members, arrived, missing, wait),
+                     flag=flagged)
+    before = f"{STORE_PREFIX}/{set_id}/{round_no - 1}"
+    finish = _Finish(store, before, members, round_no - 1 in slow_rounds) if arrival.last and round_no else _NOTHING
+    slow_rounds.discard(round_no - 1)
+    if arrival.flagged == 0:
+        return previous[1], finish  # type: ignore[index]
     slow_rounds.add(round_no)
     cache.pop(key, None)
     store.set(f"{prefix}/record/{dist.get_rank()}", raw)
-    if store.add(f"{prefix}/published", 1) == n:
-        store.set(f"{prefix}/all", "1")
-    _wait(store, f"{prefix}/all", prefix, members, timeout, counter="published")
+    arrive(store, f"{prefix}/published", members, wait, lambda arrived, missing: _absent(members, arrived, missing, wait))
     records = [json.loads(v) for v in _get_all(store, [f"{prefix}/record/{r}" for r in members])]
-    agreed = merge(members, records)
+    try:
+        agreed = merge(members, records)
+    except MeshSpecError:
+        finish()
+        raise
     cache[key] = (mine, agreed)
-    return agreed
+    return agreed, finish
 
 
 def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
@@ -151,7 +155,7 @@ def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
     problems = [f"rank {r}: {p}" for r, rec in zip(members, records) for p in rec["problems"]]
     if problems:
         raise MeshSpecError(_listing("transfer refused before any message was sent", problems))
-    differ = _differing(members, [{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records])
+    differ = differing_fields([{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records], members)
     layouts: dict[str, dict[str, tuple]] = {}
     for side in SIDES:
         known = [(r, rec["layouts"][side]) for r, rec in zip(members, records) if rec["layouts"][side] is not None]
@@ -159,12 +163,12 @@ def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
             raise MeshSpecError(f"no rank gave the {side} layouts: the ranks of the {side} mesh must pass them")
         names = sorted(set().union(*(set(v) for _, v in known)))
         rows = [{f"{side} parameter {n!r}": _layout_text(v.get(n)) for n in names} for _, v in known]
-        differ += _differing([r for r, _ in known], rows)
+        differ += differing_fields(rows, [r for r, _ in known], absent=ABSENT)
         layouts[side] = {n: tuple(v) for n, v in known[0][1].items()}
     for side in SIDES:
         values = {json.dumps(rec["flags"].get(side)) for rec in records if rec["flags"].get(side) is not None}
         if len(values) > 1:
-            differ += _differing(members, [{f"{side} engine": json.dumps(rec["flags"].get(side))} for rec in records])
+            differ += differing_fields([{f"{side} engine": json.dumps(rec["flags"].get(side))} for rec in records], members)
     if differ:
         raise MeshSpecError(_listing("ranks disagree on the transfer, so it would hang or deliver wrong values; "
                                      "every rank of both meshes must pass the same meshes and layouts", differ))
@@ -190,18 +194,6 @@ def check_dtypes(pieces: Sequence[Any], agreed: Agreed) -> None:
         raise MeshSpecError(_listing(f"transfer refused before any message was sent: {REFUSED}", refused))
 
 
-def _differing(ranks: Sequence[int], rows: Sequence[Mapping[str, str]]) -> list[str]:
-    out = []
-    fields = sorted(set().union(*(set(r) for r in rows))) if rows else []
-    for name in fields:
-        holders: dict[str, list[int]] = {}
-        for rank, row in zip(ranks, rows):
-            holders.setdefault(row.get(name, "<not given>"), []).append(rank)
-        if len(holders) > 1:
-            out.append(f"{name}: " + "; ".join(f"{v} on {_ranks_text(rs, 'rank')}" for v, rs in holders.items()))
-    return out
-
-
 def _layout_text(fields: Optional[Sequence]) -> str:
     if fields is None:
         return "<not given>"
@@ -219,17 +211,16 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def _wait(store, key: str, prefix: str, members: Sequence[int], timeout: Optional[timedelta],
-          counter: str = "arrived") -> None:
-    try:
-        store.wait([key]) if timeout is None else store.wait([key], timeout)
-    except (RuntimeError, dist.DistError) as err:
-        arrived = store.add(f"{prefix}/{counter}", 0) % (len(members) + 1)
-        raise MeshSpecError(
-            f"transfer: only {arrived} of the {len(members)} ranks taking part ({_ranks_text(members, 'rank')}) "
-            f"started it ({type(err).__name__}: timed out); every rank of both meshes must call it with the same "
-            "meshes, in the same order as its other transfers"
-        ) from None
+def _absent(members: Sequence[int], arrived: Sequence[int], missing: Sequence[int], timeout: timedelta) -> str:
+    if not missing:
+        return (f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
+                f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "
+                "must call it with the same meshes, in the same order as its other transfers")
+    return (
+        f"transfer: only {len(arrived)} of the {len(members)} ranks taking part ({ranks_text(members, 'rank')}) "
+        f"started it within {timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}); "
+        "every rank of both meshes must call it with the same meshes, in the same order as its other transfers"
+    )
 
 
 def _get_all(store, keys: list[str]) -> list[bytes]:
@@ -242,13 +233,19 @@ def _get_all(store, keys: list[str]) -> list[bytes]:
     return [store.get(k) for k in keys]
 
 
-def _forget_round(store, prefix: str, members: Sequence[int], published: bool) -> None:
-    """Delete a finished round's keys (its records too when it published them)."""
-    if prefix.endswith(("/-1", "/-2")):
-        return
-    keys = ["arrived", "done"] + (["published", "all"] + [f"record/{r}" for r in members] if published else [])
-    for key in keys:
-        try:
-            store.delete_key(f"{prefix}/{key}")
-        except (RuntimeError, NotImplementedError, AttributeError):
-            return
+class _Finish:
+    """Deletes a finished round's keys (its records too when it published them)."""
+
+    def __init__(self, store: Any, prefix: str, members: Sequence[int], published: bool) -> None:
+        self._args = (store, prefix, members, published)
+
+    def __call__(self) -> None:
+        store, prefix, members, published = self._args
+        forget(store, prefix)
+        if published:
+            forget(store, f"{prefix}/published")
+            forget(store, prefix, [f"record/{r}" for r in members])
+
+
+def _NOTHING() -> None:
+    return None

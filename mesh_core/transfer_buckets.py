@@ -170,27 +170,30 @@ def execute(
     in_flight: deque = deque()
     alive = 0
     buffered = 0
+    directs: dict[int, Optional[torch.Tensor]] = {}
+
+    def direct(bucket: Bucket) -> Optional[torch.Tensor]:
+        if bucket.tag not in directs:
+            sending = bucket.src == rank
+            item = bucket.items[0]
+            directs[bucket.tag] = _direct(bucket, source if sending else target,
+                                          item.src_box if sending else item.dst_box, wire_dtype)
+        return directs[bucket.tag]
 
     def can_post() -> bool:
         if not mine or len(in_flight) >= MAX_IN_FLIGHT:
             return False
-        if buffered < window:
-            return True
-        bucket = mine[0]
-        sending = bucket.src == rank
-        item = bucket.items[0]
-        return _direct(bucket, source if sending else target, item.src_box if sending else item.dst_box,
-                       wire_dtype) is not None
+        return buffered < window or direct(mine[0]) is not None
 
     def post() -> None:
         nonlocal alive, buffered
         bucket = mine.popleft()
         if bucket.src == rank:
-            buffer, owned = _pack(bucket, source, wire_dtype, pool)
+            buffer, owned = _pack(bucket, source, wire_dtype, pool, direct(bucket))
             work = dist.isend(buffer, dst=bucket.dst, tag=bucket.tag)
             run.sent_bytes += bucket.nbytes
         else:
-            buffer, owned = _landing(bucket, target, wire_dtype, pool)
+            buffer, owned = _landing(bucket, target, pool, direct(bucket))
             work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
             run.received_bytes += bucket.nbytes
         alive += buffer.numel() if owned else 0
@@ -237,8 +240,7 @@ def _slot(buffer: torch.Tensor, item: Item, wire: torch.dtype) -> torch.Tensor:
     return buffer[item.offset : item.offset + item.nbytes].view(wire).view([hi - lo for lo, hi in item.box])
 
 
-def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
-    direct = _direct(bucket, source, bucket.items[0].src_box, wire_dtype)
+def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional[torch.Tensor]) -> tuple[torch.Tensor, bool]:
     if direct is not None:
         return direct, False
     buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
@@ -248,8 +250,7 @@ def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool) -> tuple[torch.T
     return buffer, True
 
 
-def _landing(bucket: Bucket, target, wire_dtype, pool: BufferPool) -> tuple[torch.Tensor, bool]:
-    direct = _direct(bucket, target, bucket.items[0].dst_box, wire_dtype)
+def _landing(bucket: Bucket, target, pool: BufferPool, direct: Optional[torch.Tensor]) -> tuple[torch.Tensor, bool]:
     if direct is not None:
         return direct, False
     return pool.take(bucket.nbytes, target(bucket.items[0].name).device), True

@@ -241,6 +241,7 @@ def test_a_rank_that_never_calls_is_an_error_after_the_timeout_not_a_hang(result
     errors = [res["a_rank_not_calling"]["error"] for res in results[:3]]
     assert len(set(errors)) == 1 and errors[0].startswith(
         "MeshSpecError: transfer: only 3 of the 4 ranks taking part (ranks 0..3) started it"), errors
+    assert "(arrived: ranks 0..2; missing: rank 3)" in errors[0], errors[0]
     assert results[3]["a_rank_not_calling"]["error"] is None  # rank 3 is in neither of its meshes
 
 

@@ -1,0 +1,105 @@
+"""A rendezvous of a rank set through the default store, and the texts that name ranks and fields.
+
+:func:`arrive` is the one barrier the pre-flight checks use (the mesh consistency check, the weight
+transfer's agreement): no communicator, O(1) store operations per member, and never a hang where a
+message could speak:
+
+- each member appends its rank to the arrivals and counts itself in (optionally *flagging*: "I need
+  the slow path"); the last member to arrive marks the round done, with the number that flagged;
+- a member whose wait runs out marks the round abandoned instead, atomically (``compare_set``), so
+  a late member either completes the round for everyone or learns that it was given up;
+- either way every member that gives up or comes late raises, naming the ranks that arrived and the
+  missing ones (the caller words the message).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Mapping, Sequence
+
+import torch.distributed as dist
+
+from .spec import MeshSpecError
+
+DONE, ABANDONED = "done", "abandoned"
+ROUND_KEYS = ("who", "arrived", "state")
+
+# (arrived, missing) -> the message; ``missing`` is empty when this rank came after the others gave up
+AbsentMessage = Callable[[list[int], list[int]], str]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """The outcome of one :func:`arrive`, the same on every member (``last``: this rank completed it)."""
+
+    flagged: int
+    last: bool
+
+
+def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
+           *, flag: bool = False) -> Arrival:
+    """Count this rank in at ``prefix`` and wait for every one of ``members``.
+
+    Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
+    ``absent(arrived, missing)`` when not all arrived within ``timeout``."""
+    n = len(members)
+    store.append(f"{prefix}/who", f"{dist.get_rank()},")
+    value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
+    state_key = f"{prefix}/state"
+    last = value % (n + 1) == n
+    if last:
+        state = store.compare_set(state_key, "", f"{DONE}:{value // (n + 1)}").decode()
+    else:
+        try:
+            store.wait([state_key], timeout)
+        except (RuntimeError, dist.DistError):
+            pass
+        state = store.compare_set(state_key, "", ABANDONED).decode()  # the current value if set
+    if not state.startswith(DONE):
+        arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
+        raise MeshSpecError(absent(arrived, sorted(set(members) - set(arrived))))
+    return Arrival(int(state.partition(":")[2] or 0), last)
+
+
+def forget(store: Any, prefix: str, keys: Sequence[str] = ROUND_KEYS) -> None:
+    """Delete a finished round's keys (once every member is past it)."""
+    for key in keys:
+        try:
+            store.delete_key(f"{prefix}/{key}")
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return
+
+
+def differing_fields(rows: Sequence[Mapping[str, str]], ranks: Sequence[int], *, absent: str = "<missing>",
+                     show: Callable[[str], str] = str) -> list[str]:
+    """``"field: value on ranks …; other on rank …"`` for each field whose value differs between
+    ``rows`` (``rows[i]`` belongs to ``ranks[i]``), fields in first-seen order."""
+    fields = list(dict.fromkeys(name for row in rows for name in row))
+    out = []
+    for name in fields:
+        holders: dict[str, list[int]] = {}
+        for rank, row in zip(ranks, rows):
+            holders.setdefault(row.get(name, absent), []).append(rank)
+        if len(holders) > 1:
+            out.append(f"{name}: " + "; ".join(f"{show(v)} on {ranks_text(rs, 'rank')}" for v, rs in holders.items()))
+    return out
+
+
+def ranks_text(ranks: Sequence[int], noun: str = "") -> str:
+    """``"ranks 0..3,6"``: ranks as runs (``noun`` pluralised when there are several)."""
+    prefix = f"{noun}s " if noun and len(ranks) > 1 else (f"{noun} " if noun else "")
+    if isinstance(ranks, range) and ranks.step == 1:
+        return prefix + (f"{ranks.start}..{ranks.stop - 1}" if len(ranks) > 1 else str(ranks.start))
+    ranks = list(ranks)
+    if not ranks:
+        return prefix + "none"
+    runs = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}..{prev}")
+        if r is not None:
+            start = prev = r
+    return prefix + ",".join(runs)
