@@ -15,7 +15,7 @@ NAMES = {f"block.{n}" for n in ("up_proj.weight", "up_proj.bias", "down_proj.wei
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("transfer_engines.py", str(tmp_path_factory.mktemp("engines")), "zero3,autotp,zero2,zero3_dst", timeout=500)
+    return torchrun("transfer_engines.py", str(tmp_path_factory.mktemp("engines")), "zero3,autotp,zero2,zero3_dst,zero3_autotp", timeout=600)
 
 
 def _bit_for_bit(runs, case, rollout_ranks):
@@ -51,3 +51,11 @@ def test_zero1_actor_to_zero3_rollout_written_while_gathered(runs):
     _bit_for_bit(runs, "zero3_dst", [2, 3])
     for rank in (2, 3):  # partitioned again after the transfer; whole inside a gather
         assert runs[rank]["zero3_dst"]["rollout_partitioned"] and runs[rank]["zero3_dst"]["rollout_up_numel"] == 128
+
+
+def test_zero3_autotp_actor_to_dp_rollout_gathers_over_dp_and_takes_both_tp_shards(runs):
+    _bit_for_bit(runs, "zero3_autotp", [2, 3])
+    assert all(runs[r]["zero3_autotp"]["actor_up_shape"] == [0] for r in range(4))  # ZeRO-3 partitioned the tp shards
+    for rank in (2, 3):  # each rollout rank is also an actor rank: its own tp shard is copied, the other one travels
+        res = runs[rank]["zero3_autotp"]
+        assert res["copied"] > 0 and res["received"] > 0 and res["copied"] + res["received"] == 296, res

@@ -10,7 +10,9 @@ point-to-point, which compares bit for bit.
 - autotp: actor AutoTP tp=2 on ranks 0-1 -> rollout dp=2 on ranks 2-3;
 - zero2:  actor ZeRO-2 dp=4 on the whole world -> rollout on ranks 1-3 (a sub-world; ranks 1-3
   hold both sides, so their pieces are copied locally);
-- zero3_dst: actor ZeRO-1 on ranks 0-1 -> a ZeRO-3 rollout on ranks 2-3 (written while gathered).
+- zero3_dst: actor ZeRO-1 on ranks 0-1 -> a ZeRO-3 rollout on ranks 2-3 (written while gathered);
+- zero3_autotp: actor ZeRO-3 + AutoTP (dp=2 x tp=2) on the whole world -> rollout dp=2 on ranks 2-3
+  (gathered over dp per bucket, the tp shards from both tp ranks).
 
 usage: transfer_engines.py OUT_DIR [zero3,autotp,zero2,zero3_dst]
 """
@@ -45,6 +47,9 @@ CASES = {
     "zero2": ({**BASE, **ADAM, "zero_optimization": {"stage": 2}}, {**BASE, "mesh": {"ranks": [1, 2, 3]}}),
     "zero3_dst": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "zero_optimization": {"stage": 1}},
                   {**BASE, "mesh": {"ranks": [2, 3]}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}),
+    "zero3_autotp": ({**BASE, **ADAM, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                      "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION}},
+                     {**BASE, "mesh": {"ranks": [2, 3]}}),
 }
 
 
@@ -71,18 +76,17 @@ class MLP(torch.nn.Module):
 def full_weights(case: str, actor) -> dict[str, torch.Tensor]:
     """The actor's full parameters on this actor rank, gathered without mesh_core.transfer."""
     params = dict(actor.module.named_parameters())
-    if case == "zero3":
-        with deepspeed.zero.GatheredParameters(list(params.values())):
-            return {n: p.detach().clone() for n, p in params.items()}
+    with deepspeed.zero.GatheredParameters(list(params.values()), enabled=case in ("zero3", "zero3_autotp")):
+        local = {n: p.detach().clone() for n, p in params.items()}  # ZeRO-3: over dp; AutoTP: this tp shard
     out = {}
     for name, p in params.items():
         meta = getattr(p, "ds_autotp_universal_checkpoint_meta", None)
-        if case == "autotp" and meta and meta.get("partition_dim") is not None and not meta.get("replicated"):
-            parts = [torch.empty_like(p) for _ in range(2)]
-            dist.all_gather(parts, p.detach().contiguous(), group=actor.mpu.get_tensor_model_parallel_group())
+        if case in ("autotp", "zero3_autotp") and meta and meta.get("partition_dim") is not None and not meta.get("replicated"):
+            parts = [torch.empty_like(local[name]) for _ in range(2)]
+            dist.all_gather(parts, local[name].contiguous(), group=actor.mesh_device.get_group("tp"))
             out[name] = torch.cat(parts, dim=meta["partition_dim"])
         else:
-            out[name] = p.detach().clone()
+            out[name] = local[name]
     return out
 
 
@@ -102,7 +106,8 @@ def run(case: str, rank: int) -> dict:
         torch.manual_seed(2)
         rollout, *_ = deepspeed.initialize(model=MLP(), config=rollout_cfg)
     # ZeRO-3: a bucket of 400 bytes makes the 1184-byte model travel in several gathered groups
-    stats = transfer_weights(actor_spec, rollout_spec, actor, rollout, **({"bucket_bytes": 400} if case == "zero3" else {}))
+    stats = transfer_weights(actor_spec, rollout_spec, actor, rollout,
+                             **({"bucket_bytes": 400} if case in ("zero3", "zero3_autotp") else {}))
     sender = min(actor_spec.ranks)
     expected = full_weights(case, actor) if actor is not None else None
     report = {"messages": stats.messages, "copied": stats.copied, "received": stats.received, "same": None}
@@ -149,4 +154,4 @@ def main(out_dir: str, cases: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "zero3,autotp,zero2").split(","))
+    main(sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "zero3,autotp,zero2,zero3_dst,zero3_autotp").split(","))
