@@ -26,6 +26,7 @@ DeepSpeed engines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -68,6 +69,16 @@ class ParamLayout:
         object.__setattr__(self, "over", (self.over,) if isinstance(self.over, str) else tuple(self.over))
         if self.shard_dim is not None and not 0 <= self.shard_dim < len(self.shape):
             raise MeshSpecError(f"shard_dim={self.shard_dim} is out of range for shape {self.shape}")
+        object.__setattr__(self, "_hash", hash((self.shape, self.shard_dim, self.over, self.stage, self.dtype)))
+
+    def __hash__(self) -> int:  # looked up on every transfer call (the box cache): computed once
+        return self._hash  # type: ignore[attr-defined]
+
+    @functools.cached_property
+    def fields(self) -> tuple:
+        """The layout as JSON-able values (what the agreement exchanges)."""
+        return (list(self.shape), self.shard_dim, list(self.over), self.stage,
+                None if self.dtype is None else dtype_name(self.dtype))
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ def _spec(mesh: SpecLike) -> MeshSpec:
 
 def _holders(spec: MeshSpec, layout: ParamLayout, name: str, side: str) -> list[tuple[int, Box]]:
     """(rank, box) of every rank of ``spec`` holding a part of the parameter, in rank order."""
-    mesh_layout = MeshLayout(spec)
+    mesh_layout = _mesh_layout(spec)
     out = []
     for rank in sorted(spec.ranks):
         box = own_box(spec, mesh_layout, layout, rank, name, side)
@@ -197,7 +208,7 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
                   tensors: Mapping[str, Any], shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
                   ) -> tuple[dict[str, TensorMeta], list[str]]:
     """This rank's checks of one side: every tensor its layout places here (``shapes`` overrides a tensor's shape)."""
-    mesh_layout = MeshLayout(spec)
+    mesh_layout = _mesh_layout(spec)
     metas: dict[str, TensorMeta] = {}
     problems: list[str] = []
     for name in sorted(layouts):
@@ -244,7 +255,15 @@ _MISSING = object()
 
 def own_box(spec: MeshSpec, mesh_layout: MeshLayout, layout: ParamLayout, rank: int, name: str, side: str) -> Optional[Box]:
     """The box of the parameter ``rank`` holds on this side (None: none, another pipeline stage)."""
-    _validate(spec, layout, name, side)
+    problem = _layout_problem(spec, layout)
+    if problem:
+        raise MeshSpecError(f"{side} parameter {name!r}: {problem}")
+    return _box(spec, layout, rank)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # every call of a training loop asks the same (spec, layout, rank)
+def _box(spec: MeshSpec, layout: ParamLayout, rank: int) -> Optional[Box]:
+    mesh_layout = _mesh_layout(spec)
     if layout.stage is not None and mesh_layout.coordinate(rank).get("pp", 0) != layout.stage:
         return None
     box = [(0, s) for s in layout.shape]
@@ -255,9 +274,13 @@ def own_box(spec: MeshSpec, mesh_layout: MeshLayout, layout: ParamLayout, rank: 
     return tuple(box)
 
 
+@functools.lru_cache(maxsize=256)
+def _mesh_layout(spec: MeshSpec) -> MeshLayout:
+    return MeshLayout(spec)
+
+
 def layout_fields(layout: ParamLayout) -> tuple:
-    return (list(layout.shape), layout.shard_dim, list(layout.over), layout.stage,
-            None if layout.dtype is None else dtype_name(layout.dtype))
+    return layout.fields
 
 
 def layout_from(fields: Sequence) -> ParamLayout:
@@ -426,15 +449,15 @@ def _getter(tensors: Optional[Mapping[str, torch.Tensor]]):
 
 
 def _member(spec: MeshSpec, rank: int) -> bool:
-    return MeshLayout(spec).contains(rank)
+    return _mesh_layout(spec).contains(rank)
 
 
-def _validate(spec: MeshSpec, layout: ParamLayout, name: str, side: str) -> None:
+@functools.lru_cache(maxsize=1 << 16)
+def _layout_problem(spec: MeshSpec, layout: ParamLayout) -> Optional[str]:
     shards = spec_size(spec, layout.over) if layout.shard_dim is not None else 1
     if layout.shard_dim is not None and layout.shape[layout.shard_dim] % shards:
-        raise MeshSpecError(
-            f"{side} parameter {name!r}: dim {layout.shard_dim} of shape {layout.shape} does not split evenly "
-            f"over {'x'.join(layout.over)}={shards} of {spec.describe()}"
-        )
+        return (f"dim {layout.shard_dim} of shape {layout.shape} does not split evenly "
+                f"over {'x'.join(layout.over)}={shards} of {spec.describe()}")
     if layout.stage is not None and not 0 <= layout.stage < spec.dim_size("pp"):
-        raise MeshSpecError(f"{side} parameter {name!r}: stage={layout.stage} but {spec.describe()} has pp={spec.dim_size('pp')}")
+        return f"stage={layout.stage} but {spec.describe()} has pp={spec.dim_size('pp')}"
+    return None

@@ -14,6 +14,7 @@ each received bucket is copied once into its destinations.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -43,6 +44,20 @@ class Item:
     dst_box: Box
     offset: int
     nbytes: int
+
+    @functools.cached_property
+    def src_index(self) -> tuple[slice, ...]:
+        """The box inside the sender's shard."""
+        return local_index(self.box, self.src_box)
+
+    @functools.cached_property
+    def dst_index(self) -> tuple[slice, ...]:
+        """The box inside the receiver's shard."""
+        return local_index(self.box, self.dst_box)
+
+    @functools.cached_property
+    def shape(self) -> list[int]:
+        return [hi - lo for lo, hi in self.box]
 
 
 @dataclass(frozen=True)
@@ -175,9 +190,7 @@ def execute(
     def direct(bucket: Bucket) -> Optional[torch.Tensor]:
         if bucket.tag not in directs:
             sending = bucket.src == rank
-            item = bucket.items[0]
-            directs[bucket.tag] = _direct(bucket, source if sending else target,
-                                          item.src_box if sending else item.dst_box, wire_dtype)
+            directs[bucket.tag] = _direct(bucket, source if sending else target, sending, wire_dtype)
         return directs[bucket.tag]
 
     def can_post() -> bool:
@@ -220,24 +233,21 @@ def execute(
     return run
 
 
-def _region(tensor: torch.Tensor, item: Item, shard: Box) -> torch.Tensor:
-    return tensor[local_index(item.box, shard)]
-
-
-def _direct(bucket: Bucket, tensor_of, shard: Box, wire_dtype) -> Optional[torch.Tensor]:
+def _direct(bucket: Bucket, tensor_of, sending: bool, wire_dtype) -> Optional[torch.Tensor]:
     """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
     if len(bucket.items) != 1:
         return None
     item = bucket.items[0]
-    region = _region(tensor_of(item.name), item, shard)
+    region = tensor_of(item.name)[item.src_index if sending else item.dst_index]
     if region.dtype == wire_dtype(item.name, bucket.src) and region.is_contiguous():
         return region.reshape(-1).view(torch.uint8)
     return None
 
 
-def _slot(buffer: torch.Tensor, item: Item, wire: torch.dtype) -> torch.Tensor:
-    """The item's place in a bucket, as a tensor of its box's shape in the travelling dtype."""
-    return buffer[item.offset : item.offset + item.nbytes].view(wire).view([hi - lo for lo, hi in item.box])
+def _slots(buffer: torch.Tensor, bucket: Bucket, wire_dtype) -> list[torch.Tensor]:
+    """Each item's place in a bucket, as a tensor of its box's shape in the travelling dtype."""
+    return [buffer[item.offset : item.offset + item.nbytes].view(wire_dtype(item.name, bucket.src)).view(item.shape)
+            for item in bucket.items]
 
 
 def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional[torch.Tensor]) -> tuple[torch.Tensor, bool]:
@@ -245,8 +255,7 @@ def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional
         return direct, False
     buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
     with torch.no_grad():
-        for item in bucket.items:
-            _slot(buffer, item, wire_dtype(item.name, bucket.src)).copy_(_region(source(item.name), item, item.src_box))
+        torch._foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
     return buffer, True
 
 
@@ -258,19 +267,15 @@ def _landing(bucket: Bucket, target, pool: BufferPool, direct: Optional[torch.Te
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
     with torch.no_grad():
-        for item in bucket.items:
-            _region(target(item.name), item, item.dst_box).copy_(_slot(buffer, item, wire_dtype(item.name, bucket.src)))
+        torch._foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
 
 
 def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
                  rank: int) -> int:
     """Copy the pieces this rank both holds and needs; the number of elements copied."""
-    copied = 0
-    with torch.no_grad():
-        for p in pieces:
-            if p.src == p.dst == rank:
-                item = Item(p.name, p.box, p.src_box, p.dst_box, 0, 0)
-                _region(target(p.name), item, p.dst_box).copy_(_region(source(p.name), item, p.src_box))
-                copied += box_numel(p.box)
-    return copied
+    mine = [Item(p.name, p.box, p.src_box, p.dst_box, 0, 0) for p in pieces if p.src == p.dst == rank]
+    if mine:
+        with torch.no_grad():
+            torch._foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
+    return sum(box_numel(i.box) for i in mine)
 
