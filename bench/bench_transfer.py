@@ -17,7 +17,7 @@ end (max over ranks). GB/s = bytes delivered to the rollout ranks (model bytes x
 Memory: the most bytes of bucket buffers alive at once on a rank (``TransferStats.peak_buffer_bytes``)
 beside one bucket; the naive method holds the largest full parameter on every actor rank.
 
-    python bench/bench_transfer.py [--sizes 16,64] [--repeat 5] [--bucket-mb 64]
+    python bench/bench_transfer.py [--sizes 16,64] [--repeat 5] [--bucket-mb 16] [--blocks 4]
 """
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ BLOCKS = 4
 METHODS = ("transfer", "raw", "raw+placement", "gather+bcast")
 
 
-def model_shapes(mb: float) -> dict[str, tuple]:
+def model_shapes(mb: float, blocks: int = BLOCKS) -> dict[str, tuple]:
     # 8 H^2 + H floats per block
-    hidden = max(8, int((mb * MiB / 4 / BLOCKS / 8) ** 0.5) // 8 * 8)
+    hidden = max(8, int((mb * MiB / 4 / blocks / 8) ** 0.5) // 8 * 8)
     shapes = {}
-    for b in range(BLOCKS):
+    for b in range(blocks):
         shapes[f"{b}.up"] = (4 * hidden, hidden)
         shapes[f"{b}.down"] = (hidden, 4 * hidden)
         shapes[f"{b}.bias"] = (hidden,)
@@ -70,7 +70,7 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
     actor_group, bcast_group = dist.new_group(ACTOR), dist.new_group([0] + ROLLOUT)
     report = {}
     for mb in args.sizes:
-        shapes = model_shapes(mb)
+        shapes = model_shapes(mb, args.blocks)
         src_l, dst_l = layouts(shapes)
         src = {n: torch.randn([hi - lo for lo, hi in box]) for n in shapes
                for r, box in _holders(actor, src_l[n], n, "s") if r == rank} if rank in ACTOR else None
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=16)
     parser.add_argument("--window", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=BLOCKS, help="model blocks (3 parameters each)")
     args = parser.parse_args()
     args.sizes = [float(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,7 +182,8 @@ def main() -> None:
         rows.append([f"{res['model_bytes'] / 1e6:.1f} MB",
                      f"peak bucket memory/rank {res['peak'] / MiB:.1f} MiB (bucket {args.bucket_mb:g} MiB); "
                      f"naive holds {res['largest_param'] / MiB:.1f} MiB; messages/rank {res['messages']}", "", "", "", ""])
-    print(f"actor tp=2 (ranks 0-1) -> rollout dp=2 (ranks 2-3), gloo, {args.repeat} alternated repetitions")
+    print(f"actor tp=2 (ranks 0-1) -> rollout dp=2 (ranks 2-3), gloo, {3 * args.blocks} parameters, "
+          f"{args.repeat} alternated repetitions")
     print(table(["model", "method", "min GB/s", "median", "max", "median ms"], rows))
 
 

@@ -51,7 +51,7 @@ ROLES = {
 CLI = {"cli": "cli.commands", "render": "cli.render", "legacy_counts": "cli.legacy_counts"}
 CORE_KNOWN = {
     "__init__", "__main__", "spec", "layout", "registry", "device_mesh", "consistency", "plan", "config",
-    "transfer", "transfer_agree", "transfer_buckets", "transfer_engines",
+    "transfer", "transfer_agree", "transfer_buckets", "transfer_engines", "rendezvous",
 }
 
 ROLES_INIT = '''"""DeepSpeed's process-wide roles on the mesh: what migrated DeepSpeed code calls where legacy read
