@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from .default import _current
+from .default import live_default_mesh
 from .legacy_state import legacy_groups_view
 from ..spec import MeshSpecError
 
@@ -33,7 +33,7 @@ _world_mesh: list = [None, None]  # [default group, mesh]
 def current_mesh() -> "DeepSpeedDeviceMesh":
     """The default mesh if one is set; else, where legacy DeepSpeed recorded an mpu (or device mesh),
     a :class:`~mesh_core.roles.legacy_state.LegacyGroupsView` of it; else the data-parallel world mesh."""
-    mesh = _current.get()
+    mesh = live_default_mesh()
     if mesh is not None:
         return mesh
     legacy = legacy_groups_view(_world_dp_mesh)

@@ -7,26 +7,60 @@ mesh (the compat layer, a training script). Migrated code that had no engine at 
 from __future__ import annotations
 
 import contextlib
+import logging
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Iterator, Optional
 
+import torch.distributed as dist
+
+from ..registry import registry_for_world
 from ..spec import MeshSpecError
 
 if TYPE_CHECKING:
     from ..device_mesh import DeepSpeedDeviceMesh
 
+logger = logging.getLogger(__name__)
+
 _current: ContextVar[Optional["DeepSpeedDeviceMesh"]] = ContextVar("mesh_core_default_mesh", default=None)
 
 
 def default_mesh() -> "DeepSpeedDeviceMesh":
-    """The mesh set by :func:`set_default_mesh` / :func:`use_mesh`; raises if none is set."""
+    """The mesh set by :func:`set_default_mesh` / :func:`use_mesh`; raises if none is set, or if
+    it is destroyed or was built over a process group that is no longer the default one."""
     mesh = _current.get()
+    stale = stale_reason(mesh)
+    if stale:
+        raise MeshSpecError(f"the default mesh {mesh.spec.describe()} {stale}; set the mesh of this world with "
+                            "mesh_core.set_default_mesh(mesh)")
     if mesh is None:
         raise MeshSpecError(
             "no default mesh is set; pass the model's mesh (engine.mesh_device) or call "
             "mesh_core.set_default_mesh(mesh) first"
         )
     return mesh
+
+
+def live_default_mesh() -> Optional["DeepSpeedDeviceMesh"]:
+    """The default mesh, or None when none is set or it is stale (:func:`stale_reason`); a stale
+    one is cleared, so a later world never sees a mesh of an earlier one."""
+    mesh = _current.get()
+    if mesh is not None and stale_reason(mesh):
+        logger.info("the default mesh %s %s; ignoring it", mesh.spec.describe(), stale_reason(mesh))
+        _current.set(None)
+        return None
+    return mesh
+
+
+def stale_reason(mesh: Optional["DeepSpeedDeviceMesh"]) -> str:
+    """Why ``mesh`` can no longer serve ("" if it can): destroyed, or built in another world."""
+    if mesh is None:
+        return ""
+    if getattr(mesh, "_destroyed", False):
+        return "is destroyed"
+    registry = getattr(mesh, "_registry", None)
+    if registry is not None and dist.is_initialized() and registry is not registry_for_world():
+        return "was built over a process group that has since been destroyed"
+    return ""
 
 
 def set_default_mesh(mesh: Optional["DeepSpeedDeviceMesh"]) -> None:
