@@ -5,7 +5,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
-# tests/<package>/ folders (tools/restructure.py): a test may import a test module of another folder (``from test_layout import specs``)
+# tests/<package>/ folders: a test may import a test module of another folder (``from test_layout import specs``)
 for _folder in ("mesh_core", "compat", "codemods", "e2e"):
     sys.path.insert(1, os.path.join(os.path.dirname(__file__), _folder))
 
