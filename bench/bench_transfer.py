@@ -11,13 +11,14 @@ Methods, alternated within each repetition, each moving the same model into the 
 - ``gather+bcast``: what RL frameworks do: per parameter, all-gather the tp shards onto the actor
   ranks, then rank 0 broadcasts the full tensor to the rollout ranks (group [0, 2, 3]).
 
-Model: blocks of ``up`` (4H x H, split on dim 0) / ``down`` (H x 4H, split on dim 1) / bias (H),
+Model: blocks of ``up`` (4H x H, split on dim 0) / ``down`` (H x 4H, split on dim 1; on dim 0 with
+``--split rows``) / bias (H),
 fp32, H chosen for each ``--sizes`` entry (MB). Time per call: from a barrier to the last rank's
 end (max over ranks). GB/s = bytes delivered to the rollout ranks (model bytes x 2) / time.
 Memory: the most bytes of bucket buffers alive at once on a rank (``TransferStats.peak_buffer_bytes``)
 beside one bucket; the naive method holds the largest full parameter on every actor rank.
 
-    python bench/bench_transfer.py [--sizes 16,64] [--repeat 5] [--bucket-mb 16] [--blocks 4]
+    python bench/bench_transfer.py [--sizes 16,64] [--repeat 5] [--bucket-mb 16] [--blocks 4] [--split rows]
 """
 from __future__ import annotations
 
@@ -52,10 +53,13 @@ def model_shapes(mb: float, blocks: int = BLOCKS) -> dict[str, tuple]:
     return shapes
 
 
-def layouts(shapes):
+def layouts(shapes, split: str = "megatron"):
+    """Actor layouts: ``megatron`` splits ``up`` on dim 0 and ``down`` on dim 1 (its pieces land in a
+    block of columns: strided); ``rows`` splits both on dim 0 (every piece lands contiguous)."""
     from mesh_core.transfer import ParamLayout
 
-    src = {n: ParamLayout(s, shard_dim=0 if n.endswith("up") else 1 if n.endswith("down") else None)
+    down_dim = 1 if split == "megatron" else 0
+    src = {n: ParamLayout(s, shard_dim=0 if n.endswith("up") else down_dim if n.endswith("down") else None)
            for n, s in shapes.items()}
     return src, {n: ParamLayout(s) for n, s in shapes.items()}
 
@@ -71,7 +75,7 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
     report = {}
     for mb in args.sizes:
         shapes = model_shapes(mb, args.blocks)
-        src_l, dst_l = layouts(shapes)
+        src_l, dst_l = layouts(shapes, args.split)
         src = {n: torch.randn([hi - lo for lo, hi in box]) for n in shapes
                for r, box in _holders(actor, src_l[n], n, "s") if r == rank} if rank in ACTOR else None
         dst = {n: torch.zeros(s) for n, s in shapes.items()} if rank in ROLLOUT else None
@@ -158,6 +162,8 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=16)
     parser.add_argument("--window", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="model blocks (3 parameters each)")
+    parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
+                        help="actor layout: down_proj split on dim 1 (megatron) or dim 0 (rows)")
     args = parser.parse_args()
     args.sizes = [float(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +188,7 @@ def main() -> None:
         rows.append([f"{res['model_bytes'] / 1e6:.1f} MB",
                      f"peak bucket memory/rank {res['peak'] / MiB:.1f} MiB (bucket {args.bucket_mb:g} MiB); "
                      f"naive holds {res['largest_param'] / MiB:.1f} MiB; messages/rank {res['messages']}", "", "", "", ""])
-    print(f"actor tp=2 (ranks 0-1) -> rollout dp=2 (ranks 2-3), gloo, {3 * args.blocks} parameters, "
+    print(f"actor tp=2 (ranks 0-1, {args.split} split) -> rollout dp=2 (ranks 2-3), gloo, {3 * args.blocks} parameters, "
           f"{args.repeat} alternated repetitions")
     print(table(["model", "method", "min GB/s", "median", "max", "median ms"], rows))
 

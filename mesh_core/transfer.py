@@ -308,8 +308,8 @@ def transfer(
     ``dst_tensors`` are this rank's shards by name (None on a rank outside that mesh). The layouts
     must be given on the ranks of their mesh (ranks outside the source mesh may pass
     ``src_layouts=None``: they learn them in the agreement); ``dst_layouts`` defaults to
-    ``src_layouts``. ``bucket_bytes`` bounds each message, ``window`` the buckets needing a buffer in
-    flight per rank, ``timeout`` the wait for the other participants
+    ``src_layouts``. ``bucket_bytes`` bounds each message, ``window`` the buffers in flight per
+    rank (at most ``window * bucket_bytes`` bytes), ``timeout`` the wait for the other participants
     (default: the store's). ``plan`` is accepted for compatibility: the plan is computed once per
     agreed layouts and cached. Raises :class:`~mesh_core.MeshSpecError` on every participant, before
     any message, for a bad tensor or layout on any of them.
@@ -380,7 +380,7 @@ def _run_agreed(agreed: Agreed, src_spec: MeshSpec, dst_spec: MeshSpec, sides: M
             target = _getter(tensors.get("destination"))
             copied = []
             run = execute(buckets, source, target, prepared.wire, lambda: copied.append(local_copies(pieces, source, target, rank)),
-                          window=window, pool=prepared.pool)
+                          buffer_bytes=window * bucket_bytes, pool=prepared.pool)
         stats.copied += sum(copied)
         stats.messages += run.messages
         stats.sent_bytes += run.sent_bytes

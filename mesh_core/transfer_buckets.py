@@ -6,8 +6,9 @@ of 256 KiB or a quarter bucket or more travels alone); the buckets of all pairs 
 round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
 message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
 
-:func:`execute` posts and waits this rank's buckets in that global order, with at most ``window``
-buckets needing a buffer in flight (and ``MAX_IN_FLIGHT`` in all): every rank posts a prefix of its
+:func:`execute` posts and waits this rank's buckets in that global order, with at most
+``buffer_bytes`` of buckets needing a buffer in flight (at least one such bucket; ``window`` full
+buckets by default) and ``MAX_IN_FLIGHT`` messages in all: every rank posts a prefix of its
 buckets and waits on its oldest, so the oldest unfinished bucket of the whole transfer is posted on
 both ends and completes (no deadlock). The next bucket is packed while the previous ones travel;
 each received bucket is copied once into its destinations.
@@ -170,14 +171,15 @@ def execute(
     wire_dtype: Callable[[str, int], torch.dtype],
     local: Callable[[], None],
     *,
-    window: int = DEFAULT_WINDOW,
+    buffer_bytes: int,
     pool: Optional[BufferPool] = None,
 ) -> Run:
     """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight.
 
-    At most ``window`` buckets needing a buffer (from ``pool``, given back after) are in flight at
-    once; buckets sent from / received into the tensors themselves only count against
-    ``MAX_IN_FLIGHT``."""
+    Buckets needing a buffer (from ``pool``, given back after) are in flight while their bytes fit
+    ``buffer_bytes`` (one always may: a receiver that posts few buffers stalls its senders, since a
+    pair delivers its messages in order); buckets sent from / received into the tensors themselves
+    only count against ``MAX_IN_FLIGHT``."""
     rank = dist.get_rank()
     pool = pool if pool is not None else BufferPool()
     mine = deque(b for b in buckets if rank in (b.src, b.dst))
@@ -196,7 +198,9 @@ def execute(
     def can_post() -> bool:
         if not mine or len(in_flight) >= MAX_IN_FLIGHT:
             return False
-        return buffered < window or direct(mine[0]) is not None
+        if direct(mine[0]) is not None or buffered == 0:
+            return True
+        return alive + mine[0].nbytes <= buffer_bytes
 
     def post() -> None:
         nonlocal alive, buffered
