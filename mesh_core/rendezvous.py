@@ -50,15 +50,23 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
     if last:
         state = store.compare_set(state_key, "", f"{DONE}:{value // (n + 1)}").decode()
     else:
-        try:
-            store.wait([state_key], timeout)
-        except (RuntimeError, dist.DistError):
-            pass
-        state = store.compare_set(state_key, "", ABANDONED).decode()  # the current value if set
+        state = _await(store, state_key, timeout)
     if not state.startswith(DONE):
         arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
         raise MeshSpecError(absent(arrived, sorted(set(members) - set(arrived))))
     return Arrival(int(state.partition(":")[2] or 0), last)
+
+
+def _await(store: Any, key: str, timeout: timedelta) -> str:
+    """The value of ``key`` once set, or (``timeout`` run out) what ``compare_set`` leaves there:
+    ``ABANDONED``, or the value a late last arrival set in between."""
+    try:
+        if timeout == getattr(store, "timeout", None):
+            return store.get(key).decode()  # waits with the store's own timeout: one round trip
+        store.wait([key], timeout)
+    except (RuntimeError, dist.DistError):
+        pass
+    return store.compare_set(key, "", ABANDONED).decode()  # the current value if set
 
 
 def forget(store: Any, prefix: str, keys: Sequence[str] = ROUND_KEYS) -> None:

@@ -9,7 +9,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from fakepg import fake_world
 from mesh_core import MeshSpecError
-from mesh_core.rendezvous import arrive, differing_fields, forget, ranks_text
+from mesh_core.rendezvous import Arrival, arrive, differing_fields, forget, ranks_text
 
 
 def _absent(arrived, missing):
@@ -85,3 +85,16 @@ def test_differing_fields_and_rank_runs():
         "ranks: '0..3' on ranks 0..1; '<not given>' on rank 5")
     assert ranks_text([0, 1, 2, 5, 7, 8], "rank") == "ranks 0..2,5,7..8"
     assert ranks_text(range(4)) == "0..3" and ranks_text([3], "rank") == "rank 3" and ranks_text([], "rank") == "rank none"
+
+
+def test_with_the_store_timeout_a_waiter_reads_the_outcome_in_one_blocking_get_and_still_names_the_missing():
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=0.3))
+    members = [0, 1, 2]
+    with fake_world(1, 3):
+        with pytest.raises(MeshSpecError, match=r"^arrived \[1\] missing \[0, 2\]$"):
+            arrive(store, "r", members, store.timeout, _absent)
+        assert store.get("r/state") == b"abandoned"
+        _other_arrives(store, "s", 0, members, flag=True)
+        store.set("s/state", "done:1")  # as the last arrival will have written it (rank 1 reads it, waiting)
+        assert arrive(store, "s", members, store.timeout, _absent) == Arrival(1, False)
