@@ -187,7 +187,7 @@ def _header_facts(tree: ast.Module) -> Optional[tuple[dict[str, str], dict[str, 
 
 
 def plan(
-    source: str, group_bytes: int = GROUP_BYTES, calls: frozenset = frozenset(), keywords: frozenset = frozenset()
+    source: str, group_bytes: Optional[int] = None, calls: frozenset = frozenset(), keywords: frozenset = frozenset()
 ) -> Optional[Plan]:
     """``source`` cut into a header (the top-level statements before the first definition, all simple
     statements) and groups of top-level ``def`` / ``class`` statements, or None when the file does
@@ -196,6 +196,7 @@ def plan(
     than ``\\n``, or lines between definitions other than blank lines and column-0 comments.
     ``calls`` / ``keywords``: the calls whose argument names each piece's ``call_names`` holds
     (import aliases of ``calls`` count as ``calls``)."""
+    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
     if "\r" in source or not source.endswith("\n"):
         return None
     scanned = _statements(source)
