@@ -15,13 +15,13 @@ import ast
 import io
 import tokenize
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import libcst as cst
 
 # Only files at least this big take the piecewise path (smaller ones cost little either way).
 MIN_BYTES = 150_000
-# Source bytes per group of definitions (a group ends at the first cut after this many).
+# Source bytes per group of definitions migrated together (a group ends at the first cut after this many).
 GROUP_BYTES = 24_000
 
 _DEFINITION_STARTS = ("def", "class", "@", "async")
@@ -45,7 +45,7 @@ class Plan:
     """A module cut into its header and groups of top-level definitions (texts concatenate to it)."""
 
     header: Piece
-    groups: list[Piece]
+    units: list[Piece]  # the definitions between two places where the text may be cut, in order
     header_imports: dict[str, str]  # {bound name: imported dotted name} of the header's imports
     aliases: dict[str, str]  # {alias: last part of the imported name} of ``import ... as alias``
     header_code_names: set[str]  # identifiers of the header's statements other than imports
@@ -187,16 +187,16 @@ def _header_facts(tree: ast.Module) -> Optional[tuple[dict[str, str], dict[str, 
 
 
 def plan(
-    source: str, group_bytes: Optional[int] = None, calls: frozenset = frozenset(), keywords: frozenset = frozenset()
+    source: str, calls: frozenset = frozenset(), keywords: frozenset = frozenset()
 ) -> Optional[Plan]:
     """``source`` cut into a header (the top-level statements before the first definition, all simple
-    statements) and groups of top-level ``def`` / ``class`` statements, or None when the file does
+    statements) and units of top-level ``def`` / ``class`` statements (one each, or several where
+    the text between them is no place to cut), or None when the file does
     not have that shape: a statement after the first definition that is not one, an import,
     ``global`` / ``nonlocal`` or ``.mpu`` assignment inside a definition, a line ending other
     than ``\\n``, or lines between definitions other than blank lines and column-0 comments.
     ``calls`` / ``keywords``: the calls whose argument names each piece's ``call_names`` holds
     (import aliases of ``calls`` count as ``calls``)."""
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
     if "\r" in source or not source.endswith("\n"):
         return None
     scanned = _statements(source)
@@ -227,24 +227,55 @@ def plan(
     calls = calls | {alias for alias, name in found[1].items() if name in calls}
     _facts(header, header_tree, calls, keywords)
     del header_tree
-    groups: list[Piece] = []
-    begin, count = cuts[0], 0
-    for index, cut in enumerate(cuts[1:], 1):
-        count += 1
-        if cut < 0 or cut - begin < group_bytes:
-            continue
-        groups.append(Piece(source[begin:cut], count))
-        begin, count = cut, 0
-    groups.append(Piece(source[begin:], count + 1))
-    for group in groups:
+    units: list[Piece] = []
+    bounds = [c for c in cuts if c >= 0] + [len(source)]
+    counts = [0] * len(bounds)
+    at = -1
+    for cut in cuts:
+        at += cut >= 0
+        counts[at] += 1
+    for begin, end, count in zip(bounds, bounds[1:], counts):
+        unit = Piece(source[begin:end], count)
         try:
-            tree = ast.parse(group.text)
+            tree = ast.parse(unit.text)
         except (SyntaxError, ValueError):
             return None
-        if len(tree.body) != group.statements or not _group_is_plain(tree):
+        if len(tree.body) != unit.statements or not _group_is_plain(tree):
             return None
-        _facts(group, tree, calls, keywords)
-    return Plan(header, groups, *found, indent)
+        _facts(unit, tree, calls, keywords)
+        units.append(unit)
+    return Plan(header, units, *found, indent)
+
+
+@dataclass
+class Group:
+    """Consecutive units migrated together (``candidate``) or kept as they are."""
+
+    text: str
+    statements: int
+    candidate: bool
+    units: range  # their indices in Plan.units
+
+
+def groups(plan: Plan, candidate: Callable[[Piece], bool], group_bytes: Optional[int] = None) -> list[Group]:
+    """``plan``'s units in runs of the same ``candidate`` answer, a run of candidates cut after
+    ``group_bytes`` (default :data:`GROUP_BYTES`) of source."""
+    limit = GROUP_BYTES if group_bytes is None else group_bytes
+    found: list[Group] = []
+    units = plan.units
+    answers = [candidate(u) for u in units]
+    begin, size = 0, 0
+    for index, unit in enumerate(units):
+        size += len(unit.text)
+        last = index + 1 == len(units)
+        if not last and answers[index + 1] == answers[begin] and not (answers[begin] and size >= limit):
+            continue
+        chosen = units[begin:index + 1]
+        found.append(Group(
+            "".join(u.text for u in chosen), sum(u.statements for u in chosen), answers[begin], range(begin, index + 1),
+        ))
+        begin, size = index + 1, 0
+    return found
 
 
 def split_output(tree: cst.Module, definitions: int) -> Optional[tuple[str, str]]:

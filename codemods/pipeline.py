@@ -243,27 +243,29 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
     plan = chunks.plan(source, calls=frozenset({"initialize"}), keywords=frozenset({"mpu", "mesh_param"}))
     if plan is None:
         return _whole_file("not a header and top-level definitions (codemods.chunks.plan)")
-    names = set(plan.header.names).union(*(g.names for g in plan.groups))
+    names = set(plan.header.names).union(*(u.names for u in plan.units))
     if not any(not c.CLEANUP and _applies(c, source, names, module) for c in codemods):
         return Migration(source, skipped="no codemod applies")
     applied = [c for c in codemods if _applies(c, source, names, module)]
-    defs = [name for group in plan.groups for name in group.defs]
+    defs = [name for unit in plan.units for name in unit.defs]
     top_level = set(plan.header.binds) | set(defs)
     triggers = _triggers(plan, applied)
     if (
         not names.isdisjoint(_FILE_WIDE) or len(set(defs)) != len(defs) or not plan.header.binds.isdisjoint(defs)
         or not triggers.isdisjoint(defs) or not triggers.isdisjoint(plan.header_code_names)
-        or any(not g.call_names.isdisjoint(top_level) for g in plan.groups)
+        or any(not u.call_names.isdisjoint(top_level) for u in plan.units)
     ):
         return _whole_file("a file-wide fact, a name bound twice at the top level, or a module-level name passed to initialize")
     legacy_bound = {b for b, full in plan.header_imports.items() if full.startswith(_LEGACY_ROOTS)}
+    bound = Counter(name for unit in plan.units for name in unit.binds)  # in how many units each name is bound
     pieces: list[str] = []
     head: Optional[str] = None
     effects = None
+    kept_alive = False  # an unchanged group names a legacy import (the whole file then keeps it)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    for index, group in enumerate(plan.groups):
-        if group.names.isdisjoint(triggers):
+    for group in chunks.groups(plan, lambda unit: not unit.names.isdisjoint(triggers)):
+        if not group.candidate:
             pieces.append(group.text)
             continue
         notes: list = []
@@ -275,9 +277,8 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         if isinstance(done, str):
             return _whole_file("a codemod skipped a group")
         parsed, tree, group_sites, group_todos, group_effects = done
-        if tree is parsed:  # unchanged here; in the whole file too, unless it keeps a legacy import alive
-            if not group.names.isdisjoint(legacy_bound):
-                return _whole_file("a group the codemods left unchanged names a legacy import")
+        if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)
+            kept_alive = kept_alive or any(not plan.units[i].names.isdisjoint(legacy_bound) for i in group.units)
             pieces.append(group.text)
             continue
         if parsed.default_indent != plan.indent:  # the indentation of the code the codemods add
@@ -291,14 +292,17 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
             head, effects = split[0], group_effects
         elif (split[0], group_effects) != (head, effects):
             return _whole_file("the groups leave the header differently")
-        others = set().union(*(g.binds for j, g in enumerate(plan.groups) if j != index))
-        if any(not foreign and name in others for name, foreign in notes):
-            return _whole_file("a mesh_core name a group imports is bound in another group")  # the whole file binds the name elsewhere: it would write mesh_core.<name>
+        here = Counter(name for i in group.units for name in plan.units[i].binds)
+        if any(not foreign and bound[name] > here[name] for name, foreign in notes):
+            # bound in another group: the whole file would write mesh_core.<name>
+            return _whole_file("a mesh_core name a group imports is bound in another group")
         pieces.append(split[1])
         sites.update(group_sites)
         todos.update(group_todos)
-    if head is None:
-        return _whole_file("no group changed")  # nothing changed anywhere: the whole-file path decides (and costs little)
+    if head is None:  # no group changed, nor asked anything of the header: neither does the whole file
+        return Migration(source, +sites, +todos)
+    if kept_alive and any(effect is not None and effect[2] for _, effect in effects):
+        return _whole_file("an unchanged group names a legacy import that the others remove")
     rest = "".join(pieces)
     code = head + rest
     if not _in_deepspeed(module) and needs_runtime(source, code, sites):
