@@ -22,7 +22,7 @@ import libcst as cst
 # Only files at least this big take the piecewise path (smaller ones cost little either way).
 MIN_BYTES = 150_000
 # Source bytes per group of definitions migrated together (a group ends at the first cut after this many).
-GROUP_BYTES = 24_000
+GROUP_BYTES = 12_000
 
 _DEFINITION_STARTS = ("def", "class", "@", "async")
 _SKIPPED = (tokenize.NL, tokenize.COMMENT, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING)
