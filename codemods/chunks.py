@@ -21,6 +21,8 @@ import libcst as cst
 
 # Only files at least this big take the piecewise path (smaller ones cost little either way).
 MIN_BYTES = 150_000
+# A header longer than this (it is parsed again with every group) sends the file down the whole-file path.
+HEADER_BYTES = 60_000
 # Source bytes per group of definitions migrated together (a group ends at the first cut after this many).
 GROUP_BYTES = 12_000
 
@@ -193,7 +195,8 @@ def plan(
     statements) and units of top-level ``def`` / ``class`` statements (one each, or several where
     the text between them is no place to cut), or None when the file does
     not have that shape: a statement after the first definition that is not one, an import,
-    ``global`` / ``nonlocal`` or ``.mpu`` assignment inside a definition, a line ending other
+    ``global`` / ``nonlocal`` or ``.mpu`` assignment inside a definition, a header over
+    :data:`HEADER_BYTES`, a line ending other
     than ``\\n``, or lines between definitions other than blank lines and column-0 comments.
     ``calls`` / ``keywords``: the calls whose argument names each piece's ``call_names`` holds
     (import aliases of ``calls`` count as ``calls``)."""
@@ -215,6 +218,8 @@ def plan(
             continue
         cuts.append(cut)
     if cuts[0] < 0:
+        return None
+    if cuts[0] > HEADER_BYTES:
         return None
     header = Piece(source[: cuts[0]], first)
     try:

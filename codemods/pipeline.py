@@ -131,7 +131,11 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
             cst.parse_module(source)
         return Migration(source, skipped="no legacy import")
     if len(source) >= chunks.MIN_BYTES and module not in DEFINING_MODULES:
-        pieces = _migrate_in_pieces(source, filename, module, package, codemods)
+        try:
+            pieces = _migrate_in_pieces(source, filename, module, package, codemods)
+        except Exception:  # e.g. a group libcst cannot parse: the whole-file path reports it as it does
+            logger.debug("big file migrated whole: the piecewise path failed", exc_info=True)
+            pieces = None
         if pieces is not None:
             return pieces
     names = identifiers(source)
