@@ -281,6 +281,8 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         if isinstance(done, str):
             return _whole_file("a codemod skipped a group")
         parsed, tree, group_sites, group_todos, group_effects = done
+        sites.update(group_sites)  # a site flagged again (its TODOV1 already there) changes nothing but counts
+        todos.update(group_todos)
         if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)
             kept_alive = kept_alive or any(not plan.units[i].names.isdisjoint(legacy_bound) for i in group.units)
             pieces.append(group.text)
@@ -301,8 +303,6 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
             # bound in another group: the whole file would write mesh_core.<name>
             return _whole_file("a mesh_core name a group imports is bound in another group")
         pieces.append(split[1])
-        sites.update(group_sites)
-        todos.update(group_todos)
     if head is None:  # no group changed, nor asked anything of the header: neither does the whole file
         return Migration(source, +sites, +todos)
     if kept_alive and any(effect is not None and effect[2] for _, effect in effects):
