@@ -1,10 +1,14 @@
 """CPU time and peak memory of migrating one large generated file, against a plain libcst parse +
-print of the same file (the floor), alternated, in fresh processes.
+print of the same file (the floor), alternated, in fresh processes; per MB of source and as a
+multiple of the file size, min / median / max over the repeats.
 
 The file repeats a block of ordinary code with legacy sites (groups getters, an ``initialize`` with
 ``mpu=``, a topology) among unrelated code (f-strings, comments, classes), so that every codemod runs.
+``--paths pieces`` is ``migrate_code`` as it is (a big file a group of definitions at a time,
+codemods/chunks.py, when it takes that path: the ``pieces`` column says); ``whole`` forces the
+whole-file path (what every file took before), for a before / after in one run.
 
-    python bench/bench_big_file.py [--mb 1 3.8] [--repeat 3]
+    python bench/bench_big_file.py [--mb 1 3.8] [--sites-every 1 50] [--repeat 3] [--paths pieces whole]
 """
 from __future__ import annotations
 
@@ -82,12 +86,19 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 path, what = sys.argv[2], sys.argv[3]
 source = open(path, encoding="utf-8").read()
+if what in ("pieces", "whole"):
+    from codemods import chunks, pipeline
+    if what == "whole":
+        chunks.MIN_BYTES = float("inf")
+    taken = []
+    inner = pipeline._migrate_in_pieces
+    pipeline._migrate_in_pieces = lambda *a: taken.append(inner(*a)) or taken[-1]
 before = resource.getrusage(resource.RUSAGE_SELF)
 start = time.process_time()
-if what == "migrate":
-    from codemods.pipeline import migrate_code
-    result = migrate_code(source, filename=path)
-    extra = {"sites": sum(result.sites.values()), "todos": sum(result.todos.values())}
+if what in ("pieces", "whole"):
+    result = pipeline.migrate_code(source, filename=path)
+    extra = {"sites": sum(result.sites.values()), "todos": sum(result.todos.values()),
+             "pieces": bool(taken) and taken[-1] is not None}
 else:
     import libcst as cst
     assert cst.parse_module(source).code == source
@@ -100,7 +111,7 @@ print(json.dumps({"cpu": cpu, "peak": peak, **extra}))
 BASELINE = r"""
 import resource, sys
 sys.path.insert(0, sys.argv[1])
-import libcst, codemods.pipeline  # the same imports, nothing run
+import libcst, codemods.pipeline, codemods.chunks  # the same imports, nothing run
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
@@ -112,33 +123,45 @@ def one(path: Path, what: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    values = sorted(values)
+    return "/".join(fmt.format(v) for v in (values[0], statistics.median(values), values[-1]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, nargs="+", default=[1.0, 3.8])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sites-every", type=int, nargs="+", default=[1, 50],
                         help="one block with sites per N blocks (1: every block; 50: a mostly generated file)")
+    parser.add_argument("--paths", nargs="+", default=["pieces"], choices=["pieces", "whole"],
+                        help="pieces: migrate_code as it is; whole: the whole-file path forced (before)")
     args = parser.parse_args()
     base = int(subprocess.run([sys.executable, "-c", BASELINE, str(REPO)], capture_output=True, text=True).stdout)
     print(f"(peak memory of the process before any file is read: {base / 2**20:.0f} MiB; subtracted below)")
-    print("size MB | migrate CPU s min/median/max | parse+print CPU s median | ratio | migrate extra memory MiB "
-          "(x file size) | sites rewritten / TODOV1")
+    print("size MB (sites) | path | pieces taken | CPU s/MB min/median/max | floor CPU s/MB median | ratio | "
+          "extra memory x file size min/median/max | floor memory x | sites rewritten / TODOV1", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for mb, every in [(mb, every) for every in args.sites_every for mb in args.mb]:
             path = Path(tmp) / f"big_{mb}_{every}.py"
             path.write_text(generate(mb, every), encoding="utf-8")
             size = path.stat().st_size
-            runs: dict[str, list[dict]] = {"migrate": [], "floor": []}
-            for _ in range(args.repeat):  # alternated A/B
-                runs["migrate"].append(one(path, "migrate"))
-                runs["floor"].append(one(path, "floor"))
-            cpu = sorted(r["cpu"] for r in runs["migrate"])
-            floor = statistics.median(r["cpu"] for r in runs["floor"])
-            extra = max(r["peak"] for r in runs["migrate"]) - base
-            last = runs["migrate"][-1]
-            print(f"{size / 1e6:.2f} (sites in 1/{every} blocks) | {cpu[0]:.2f}/{statistics.median(cpu):.2f}/{cpu[-1]:.2f} | {floor:.2f} | "
-                  f"{statistics.median(cpu) / floor:.2f}x | {extra / 2**20:.0f} ({extra / size:.0f}x) | "
-                  f"{last['sites']} / {last['todos']}")
+            runs: dict[str, list[dict]] = {what: [] for what in (*args.paths, "floor")}
+            for _ in range(args.repeat):  # alternated
+                for what in runs:
+                    runs[what].append(one(path, what))
+            per_mb = size / 1e6
+            floor_cpu = statistics.median(r["cpu"] for r in runs["floor"]) / per_mb
+            floor_mem = statistics.median((r["peak"] - base) / size for r in runs["floor"])
+            for what in args.paths:
+                done = runs[what]
+                cpu = [r["cpu"] / per_mb for r in done]
+                memory = [(r["peak"] - base) / size for r in done]
+                last = done[-1]
+                taken = sum(r["pieces"] for r in done)
+                print(f"{per_mb:.2f} (1/{every} blocks) | {what} | {taken}/{len(done)} | {_spread(cpu)} | {floor_cpu:.2f} | "
+                      f"{statistics.median(cpu) / floor_cpu:.1f}x | {_spread(memory, '{:.0f}')} | {floor_mem:.0f} | "
+                      f"{last['sites']} / {last['todos']}", flush=True)
     return 0
 
 

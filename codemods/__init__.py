@@ -9,6 +9,9 @@ Run ``python -m codemods.migrate PATH...``. Each transform is its own codemod co
 - :class:`~codemods.mpu_calls.MpuCallsCommand` — calls on an ``mpu`` passed to ``deepspeed.initialize``;
 - :class:`~codemods.legacy_imports.LegacyImportsCommand` — drop unused legacy imports.
 
+A big file is migrated a group of top-level definitions at a time (:mod:`codemods.chunks`) where
+that gives the whole-file path's bytes.
+
 The codemods only write code that references ``mesh_core``; they import neither it nor deepspeed.
 """
 from .groups_getters import GroupsGettersCommand

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -30,6 +31,9 @@ SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
 TODO_TAG = "TODOV1"
 MESH_MODULE = "mesh_core"
+# Within a piecewise migration (codemods.pipeline), every (name, bound to something else here)
+# that mesh_ref decided, for the check that the whole file would decide the same.
+MESH_REFS: ContextVar[Optional[list]] = ContextVar("codemods_mesh_refs", default=None)
 
 _Compound = Union[
     cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef,
@@ -201,7 +205,11 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         """Code naming ``mesh_core.<name>``, its import added: ``name`` itself, or
         ``mesh_core.<name>`` when the file binds ``name`` to something else anywhere (a parameter,
         an assignment, another import), which a ``from mesh_core import`` would clash with."""
-        if name in self._foreign_names():
+        foreign = name in self._foreign_names()
+        notes = MESH_REFS.get()
+        if notes is not None:
+            notes.append((name, foreign))
+        if foreign:
             AddImportsVisitor.add_needed_import(self.context, MESH_MODULE)
             return f"{MESH_MODULE}.{name}"
         self.add_mesh_import(name)

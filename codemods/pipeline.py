@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -9,14 +10,16 @@ from typing import Optional, Sequence, Type
 
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from .base import MigrationCommand, counters, find_all, identifiers
+from . import chunks
+from .base import MESH_REFS, MigrationCommand, counters, find_all, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
-from .metadata import prune_unless, queried_near, sharing
+from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
 from .grid_users import GridUsersCommand
-from .groups_getters import ALL_FUNCTIONS, STATE, GroupsGettersCommand
+from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
@@ -25,6 +28,8 @@ from .local_imports import localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
+
+logger = logging.getLogger(__name__)
 
 # Order matters: the topology codemod turns grids into meshes that the initialize codemod then
 # moves into the config; the mpu codemod sees what is left; imports are cleaned up last.
@@ -125,6 +130,14 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         if not _parses(source):
             cst.parse_module(source)
         return Migration(source, skipped="no legacy import")
+    if len(source) >= chunks.MIN_BYTES and module not in DEFINING_MODULES:
+        try:
+            pieces = _migrate_in_pieces(source, filename, module, package, codemods)
+        except Exception:  # e.g. a group libcst cannot parse: the whole-file path reports it as it does
+            logger.debug("big file migrated whole: the piecewise path failed", exc_info=True)
+            pieces = None
+        if pieces is not None:
+            return pieces
     names = identifiers(source)
     if names is None:
         cst.parse_module(source)
@@ -132,35 +145,173 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         return Migration(source, skipped=f"{module} defines legacy APIs")
     if not any(not c.CLEANUP and _applies(c, source, names, module) for c in codemods):
         return Migration(source, skipped="no codemod applies")
+    applied = [c for c in codemods if _applies(c, source, names, module)]
+    done = _transform(source, filename, module, package, applied)
+    if isinstance(done, str):
+        return Migration(source, skipped=done)
+    parsed, tree, sites, todos, _ = done
+    # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
+    # code is the source (libcst round-trips exactly): no printing
+    code = source if tree is parsed else tree.code
+    if code != source and not _in_deepspeed(module) and needs_runtime(source, code, sites):  # library code never installs
+        tree = add_runtime(tree)
+        code = tree.code
+    if code != source:
+        tree = _finish(parsed, tree, code, package)
+        code = tree.code
+        problem = parse_error(code)
+        if problem is not None and parse_error(source) is None:
+            raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
+    return Migration(code, +sites, +todos)
+
+
+def _in_deepspeed(module: Optional[str]) -> bool:
+    return bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
+
+
+def _finish(parsed: cst.Module, tree: cst.Module, code: str, package: Optional[str]) -> cst.Module:
+    """The steps after the codemods on a changed tree (whose text is ``code``): imports into the
+    scopes of the ones they replace, f-string quotes for Python < 3.12."""
+    tree = localize(parsed, tree, in_package=bool(package))
+    return requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
+
+
+def _transform(source, filename, module, package, applied):
+    """(parsed tree, migrated tree, sites, TODOV1 sites, what each codemod asked of the header's
+    imports) of running ``applied`` over ``source``; or why the file is skipped."""
     parsed = tree = cst.parse_module(source)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    with sharing(codemods):  # metadata resolved on a tree serves every codemod that gets that same tree
-        for command_class in codemods:
-            if not _applies(command_class, source, names, module):
-                continue
+    effects: list = []
+    with sharing(applied):  # metadata resolved on a tree serves every codemod that gets that same tree
+        for command_class in applied:
             if command_class.CLEANUP and not sites:
+                effects.append((command_class.__name__, None))
                 continue  # nothing was rewritten, so no import became unused
             context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
             try:
                 tree = command_class(context).transform_module(tree)
             except SkipFile as skip:
-                return Migration(source, skipped=str(skip))
+                return str(skip)
             done, flagged = counters(context)
             sites.update(done)
             todos.update(flagged)
-    # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
-    # code is the source (libcst round-trips exactly): no printing
-    code = source if tree is parsed else tree.code
-    in_deepspeed = bool(module) and (module == "deepspeed" or module.startswith("deepspeed."))
-    if code != source and not in_deepspeed and needs_runtime(source, code, sites):  # library code never installs
-        tree = add_runtime(tree)
+            effects.append((command_class.__name__, _import_effect(context)))
+    return parsed, tree, sites, todos, effects
+
+
+def _import_effect(context: CodemodContext) -> tuple:
+    """What a codemod asked libcst's import passes to add and remove (their order of modules and
+    their sets of items: all that those passes' output depends on besides the module)."""
+    added = [repr(item) for item in context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])]
+    modules = tuple(dict.fromkeys(getattr(item, "module", None) for item in context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])))
+    removed = frozenset(repr(item) for item in context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, []))
+    return modules, frozenset(added), removed
+
+
+# Names whose sites decide something for the whole file (groups_getters: expert sites move together;
+# a file building AutoTP groups or setting a default mesh): a file naming any is migrated whole.
+_FILE_WIDE = EXPERT_RELATED | frozenset(INIT_TP) | {"set_default_mesh", "use_mesh"}
+# Names a codemod may act at (beyond its IDENTIFIERS): a group naming none of these, nor a name the
+# header imports from a legacy module, is left as it is without being parsed.
+_ACTS_AT = frozenset({"mpu", "mesh_param", "grid", "_grid", "mesh_device", "comm", "groups", "deepspeed", "compat"})
+_LEGACY_ROOTS = ("deepspeed", "compat", "megatron", ".")
+
+
+def _triggers(plan: chunks.Plan, applied) -> set[str]:
+    names = set(_ACTS_AT) | set().union(*_PRUNE.values(), *_QUERIED.values())
+    for command_class in (*CODEMODS, CommToTorchCommand, *applied):
+        names |= set().union(*command_class.IDENTIFIERS)
+    names |= {alias for alias, name in plan.aliases.items() if name in names}
+    names |= {bound for bound, full in plan.header_imports.items() if full.startswith(_LEGACY_ROOTS)}
+    return names
+
+
+def _whole_file(reason: str) -> None:
+    logger.debug("big file migrated whole: %s", reason)
+    return None
+
+
+def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[Migration]:
+    """The whole-file migration of a big ``source`` computed a group of top-level definitions at a
+    time (codemods.chunks), or None when the file's shape or what the codemods did in a group
+    leaves any doubt that the whole-file path gives these bytes (then that path runs).
+
+    Each group is migrated behind a copy of the header; the groups' code is spliced back after the
+    header as every group left it, which must be the same text, from the same requests to the
+    import passes, in every group the codemods changed. Groups naming nothing a codemod acts at
+    are kept byte for byte. The conditions (checked here and in :func:`codemods.chunks.plan`) are
+    what makes each group see the module it would see in the whole file: no name bound twice at
+    the top level, no module-wide fact (see ``_FILE_WIDE``), no module-level name passed to
+    ``deepspeed.initialize``, and every ``mesh_core`` name a group imports unbound elsewhere."""
+    plan = chunks.plan(source, calls=frozenset({"initialize"}), keywords=frozenset({"mpu", "mesh_param"}))
+    if plan is None:
+        return _whole_file("not a header and top-level definitions (codemods.chunks.plan)")
+    names = set(plan.header.names).union(*(u.names for u in plan.units))
+    if not any(not c.CLEANUP and _applies(c, source, names, module) for c in codemods):
+        return Migration(source, skipped="no codemod applies")
+    applied = [c for c in codemods if _applies(c, source, names, module)]
+    defs = [name for unit in plan.units for name in unit.defs]
+    top_level = set(plan.header.binds) | set(defs)
+    triggers = _triggers(plan, applied)
+    if (
+        not names.isdisjoint(_FILE_WIDE) or len(set(defs)) != len(defs) or not plan.header.binds.isdisjoint(defs)
+        or not triggers.isdisjoint(defs) or not triggers.isdisjoint(plan.header_code_names)
+        or any(not u.call_names.isdisjoint(top_level) for u in plan.units)
+    ):
+        return _whole_file("a file-wide fact, a name bound twice at the top level, or a module-level name passed to initialize")
+    legacy_bound = {b for b, full in plan.header_imports.items() if full.startswith(_LEGACY_ROOTS)}
+    bound = Counter(name for unit in plan.units for name in unit.binds)  # in how many units each name is bound
+    pieces: list[str] = []
+    head: Optional[str] = None
+    effects = None
+    kept_alive = False  # an unchanged group names a legacy import (the whole file then keeps it)
+    sites: Counter = Counter()
+    todos: Counter = Counter()
+    for group in chunks.groups(plan, lambda unit: not unit.names.isdisjoint(triggers)):
+        if not group.candidate:
+            pieces.append(group.text)
+            continue
+        notes: list = []
+        token = MESH_REFS.set(notes)
+        try:
+            done = _transform(plan.header.text + group.text, filename, module, package, applied)
+        finally:
+            MESH_REFS.reset(token)
+        if isinstance(done, str):
+            return _whole_file("a codemod skipped a group")
+        parsed, tree, group_sites, group_todos, group_effects = done
+        sites.update(group_sites)  # a site flagged again (its TODOV1 already there) changes nothing but counts
+        todos.update(group_todos)
+        if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)
+            kept_alive = kept_alive or any(not plan.units[i].names.isdisjoint(legacy_bound) for i in group.units)
+            pieces.append(group.text)
+            continue
+        if parsed.default_indent != plan.indent:  # the indentation of the code the codemods add
+            return _whole_file("a group's indentation is not the module's")
         code = tree.code
-    if code != source:
-        tree = localize(parsed, tree, in_package=bool(package))
-        tree = requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
-        code = tree.code
-        problem = parse_error(code)
-        if problem is not None and parse_error(source) is None:
-            raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
+        tree = _finish(parsed, tree, code, package)
+        split = chunks.split_output(tree, group.statements)
+        if split is None or parse_error(tree.code) is not None:
+            return _whole_file("a group's migration has another shape, or does not parse")
+        if head is None:
+            head, effects = split[0], group_effects
+        elif (split[0], group_effects) != (head, effects):
+            return _whole_file("the groups leave the header differently")
+        here = Counter(name for i in group.units for name in plan.units[i].binds)
+        if any(not foreign and bound[name] > here[name] for name, foreign in notes):
+            # bound in another group: the whole file would write mesh_core.<name>
+            return _whole_file("a mesh_core name a group imports is bound in another group")
+        pieces.append(split[1])
+    if head is None:  # no group changed, nor asked anything of the header: neither does the whole file
+        return Migration(source, +sites, +todos)
+    if kept_alive and any(effect is not None and effect[2] for _, effect in effects):
+        return _whole_file("an unchanged group names a legacy import that the others remove")
+    rest = "".join(pieces)
+    code = head + rest
+    if not _in_deepspeed(module) and needs_runtime(source, code, sites):
+        head = chunks.header_with_runtime(head, add_runtime)
+        if head is None:
+            return _whole_file("the runtime lines do not go after the header")
+        code = head + rest
     return Migration(code, +sites, +todos)
