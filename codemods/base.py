@@ -444,6 +444,11 @@ def identifiers(source: str) -> Optional[set[str]]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
+    return ast_identifiers(tree)
+
+
+def ast_identifiers(tree: ast.AST) -> set[str]:
+    """Every identifier an ``ast`` tree uses (node by node: the union over a file's pieces is the file's)."""
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):

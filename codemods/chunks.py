@@ -19,6 +19,8 @@ from typing import Callable, Iterator, Optional
 
 import libcst as cst
 
+from .base import ast_identifiers
+
 # Only files at least this big take the piecewise path (smaller ones cost little either way).
 MIN_BYTES = 150_000
 # A header longer than this (it is parsed again with every group) sends the file down the whole-file path.
@@ -118,21 +120,6 @@ def _binders(tree: ast.AST) -> Iterator[str]:
             yield (node.asname or node.name).split(".")[0]
 
 
-def _identifiers(tree: ast.AST) -> set[str]:
-    """What ``codemods.base.identifiers`` finds (node by node, so the union over pieces is the file's)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            names.add(node.id)
-        elif isinstance(node, ast.Attribute):
-            names.add(node.attr)
-        elif isinstance(node, ast.keyword) and node.arg:
-            names.add(node.arg)
-        elif isinstance(node, ast.alias):
-            names.update(node.name.split("."))
-    return names
-
-
 def _last_name(node: ast.AST) -> Optional[str]:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
 
@@ -140,7 +127,7 @@ def _last_name(node: ast.AST) -> Optional[str]:
 def _facts(piece: Piece, tree: ast.Module, calls: frozenset = frozenset(), keywords: frozenset = frozenset()) -> None:
     """Fill in what ``ast`` finds in ``piece``; ``call_names`` from the calls of a function whose
     last name is in ``calls`` or with a keyword argument in ``keywords``."""
-    piece.names = _identifiers(tree)
+    piece.names = ast_identifiers(tree)
     piece.binds = set(_binders(tree))
     piece.defs = [s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     for node in ast.walk(tree):
@@ -184,7 +171,7 @@ def _header_facts(tree: ast.Module) -> Optional[tuple[dict[str, str], dict[str, 
                 if alias.asname:
                     aliases[alias.asname] = alias.name.rpartition(".")[2]
         else:
-            code_names |= _identifiers(statement)
+            code_names |= ast_identifiers(statement)
     return imports, aliases, code_names
 
 
