@@ -1,6 +1,7 @@
 """Shared set-up for the examples: CPU/gloo defaults and rank-0 printing."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -23,8 +24,10 @@ def init_gloo() -> int:
 
 
 def shutdown() -> None:
-    """Wait for every rank, then tear the groups down: a rank exiting while gloo peers still hold
-    connections to it can abort ("terminate called without an active exception")."""
+    """Free what the run left unreachable, wait for every rank, then tear the groups down: a group
+    freed later, at interpreter exit, or a rank exiting while gloo peers still hold connections to it
+    can abort ("terminate called without an active exception")."""
+    gc.collect()  # an engine / mesh in a reference cycle: its groups go now, on every rank alike
     dist.barrier()
     dist.destroy_process_group()
 

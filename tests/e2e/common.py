@@ -8,6 +8,7 @@ rank dumps what it saw to ``<out>/rank<r>.pt`` for the pytest side to compare.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -30,8 +31,10 @@ def init_world() -> int:
 
 
 def shutdown() -> None:
-    """Wait for every rank, then tear the groups down (a rank exiting while gloo peers still hold
-    connections to it can abort with "terminate called without an active exception")."""
+    """Free what the run left unreachable, wait for every rank, then tear the groups down: a group
+    freed later, at interpreter exit, or a rank exiting while gloo peers still hold connections to it
+    can abort ("terminate called without an active exception")."""
+    gc.collect()  # an engine / mesh in a reference cycle: its groups go now, on every rank alike
     dist.barrier()
     dist.destroy_process_group()
 
