@@ -102,10 +102,9 @@ def _spec(mesh: SpecLike) -> MeshSpec:
 
 def _holders(spec: MeshSpec, layout: ParamLayout, name: str, side: str) -> list[tuple[int, Box]]:
     """(rank, box) of every rank of ``spec`` holding a part of the parameter, in rank order."""
-    mesh_layout = _mesh_layout(spec)
     out = []
     for rank in sorted(spec.ranks):
-        box = own_box(spec, mesh_layout, layout, rank, name, side)
+        box = own_box(spec, layout, rank, name, side)
         if box is not None:
             out.append((rank, box))
     return out
@@ -208,13 +207,12 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
                   tensors: Mapping[str, Any], shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
                   ) -> tuple[dict[str, TensorMeta], list[str]]:
     """This rank's checks of one side: every tensor its layout places here (``shapes`` overrides a tensor's shape)."""
-    mesh_layout = _mesh_layout(spec)
     metas: dict[str, TensorMeta] = {}
     problems: list[str] = []
     for name in sorted(layouts):
         layout = layouts[name]
         try:
-            box = own_box(spec, mesh_layout, layout, rank, name, side)
+            box = own_box(spec, layout, rank, name, side)
         except MeshSpecError as err:
             problems.append(str(err))
             continue
@@ -253,7 +251,7 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
 _MISSING = object()
 
 
-def own_box(spec: MeshSpec, mesh_layout: MeshLayout, layout: ParamLayout, rank: int, name: str, side: str) -> Optional[Box]:
+def own_box(spec: MeshSpec, layout: ParamLayout, rank: int, name: str, side: str) -> Optional[Box]:
     """The box of the parameter ``rank`` holds on this side (None: none, another pipeline stage)."""
     problem = _layout_problem(spec, layout)
     if problem:
@@ -277,10 +275,6 @@ def _box(spec: MeshSpec, layout: ParamLayout, rank: int) -> Optional[Box]:
 @functools.lru_cache(maxsize=256)
 def _mesh_layout(spec: MeshSpec) -> MeshLayout:
     return MeshLayout(spec)
-
-
-def layout_fields(layout: ParamLayout) -> tuple:
-    return layout.fields
 
 
 def layout_from(fields: Sequence) -> ParamLayout:
@@ -356,7 +350,7 @@ def run_transfer(
             metas[side], found = sides[side].metas(specs[side], rank, side)  # type: ignore[union-attr]
             problems += found
     layouts = {side: None if known_layouts.get(side) is None else
-               {n: layout_fields(v) for n, v in known_layouts[side].items()} for side in SIDES}  # type: ignore[union-attr]
+               {n: v.fields for n, v in known_layouts[side].items()} for side in SIDES}  # type: ignore[union-attr]
     record = record_for((src_spec, dst_spec), layouts, metas, problems, dict(flags or {}))
     agreed, finish = agree(participants, record, key=f"{src_spec.describe()} -> {dst_spec.describe()}", timeout=timeout)
     try:

@@ -24,6 +24,7 @@ bool, complex ↔ real) is refused before a message is sent: it would truncate o
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -49,7 +50,7 @@ ABSENT = "<not given>"
 REFUSED = "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
 _ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-_SLOW: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: rounds that published records
+_PUBLISHED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: did its last round publish records
 
 
 @dataclass(frozen=True)
@@ -128,18 +129,18 @@ def agree(participants: Sequence[int], record: dict, *, key: str,
     previous = cache.get(key)
     flagged = bool(record["problems"]) or previous is None or previous[0] != mine
     wait = timeout if timeout is not None else store.timeout
-    slow_rounds = _SLOW.setdefault(world, {}).setdefault(set_id, set())
-    arrival = arrive(store, prefix, members, wait, lambda arrived, missing: _absent(members, arrived, missing, wait),
-                     flag=flagged)
+    absent = functools.partial(_absent, members, timeout=wait)
+    published = _PUBLISHED.setdefault(world, {})
+    arrival = arrive(store, prefix, members, wait, absent, flag=flagged)
     before = f"{STORE_PREFIX}/{set_id}/{round_no - 1}"
-    finish = _Finish(store, before, members, round_no - 1 in slow_rounds) if arrival.last and round_no else _NOTHING
-    slow_rounds.discard(round_no - 1)
+    finish = (functools.partial(_forget_round, store, before, members, published.get(set_id, False))
+              if arrival.last and round_no else _nothing)
+    published[set_id] = arrival.flagged > 0
     if arrival.flagged == 0:
         return previous[1], finish  # type: ignore[index]
-    slow_rounds.add(round_no)
     cache.pop(key, None)
     store.set(f"{prefix}/record/{dist.get_rank()}", raw)
-    arrive(store, f"{prefix}/published", members, wait, lambda arrived, missing: _absent(members, arrived, missing, wait))
+    arrive(store, f"{prefix}/published", members, wait, absent)
     records = [json.loads(v) for v in _get_all(store, [f"{prefix}/record/{r}" for r in members])]
     try:
         agreed = merge(members, records)
@@ -233,19 +234,13 @@ def _get_all(store, keys: list[str]) -> list[bytes]:
     return [store.get(k) for k in keys]
 
 
-class _Finish:
-    """Deletes a finished round's keys (its records too when it published them)."""
-
-    def __init__(self, store: Any, prefix: str, members: Sequence[int], published: bool) -> None:
-        self._args = (store, prefix, members, published)
-
-    def __call__(self) -> None:
-        store, prefix, members, published = self._args
-        forget(store, prefix)
-        if published:
-            forget(store, f"{prefix}/published")
-            forget(store, prefix, [f"record/{r}" for r in members])
+def _forget_round(store: Any, prefix: str, members: Sequence[int], published: bool) -> None:
+    """Delete a finished round's keys (its records too when it published them)."""
+    forget(store, prefix)
+    if published:
+        forget(store, f"{prefix}/published")
+        forget(store, prefix, [f"record/{r}" for r in members])
 
 
-def _NOTHING() -> None:
+def _nothing() -> None:
     return None

@@ -44,8 +44,9 @@ def live_default_mesh() -> Optional["DeepSpeedDeviceMesh"]:
     """The default mesh, or None when none is set or it is stale (:func:`stale_reason`); a stale
     one is cleared, so a later world never sees a mesh of an earlier one."""
     mesh = _current.get()
-    if mesh is not None and stale_reason(mesh):
-        logger.info("the default mesh %s %s; ignoring it", mesh.spec.describe(), stale_reason(mesh))
+    stale = stale_reason(mesh)
+    if stale:
+        logger.info("the default mesh %s %s; ignoring it", mesh.spec.describe(), stale)  # type: ignore[union-attr]
         _current.set(None)
         return None
     return mesh
