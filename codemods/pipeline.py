@@ -203,10 +203,10 @@ def _transform(source, filename, module, package, applied):
 def _import_effect(context: CodemodContext) -> tuple:
     """What a codemod asked libcst's import passes to add and remove (their order of modules and
     their sets of items: all that those passes' output depends on besides the module)."""
-    added = [repr(item) for item in context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])]
-    modules = tuple(dict.fromkeys(getattr(item, "module", None) for item in context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])))
+    added = context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])
+    modules = tuple(dict.fromkeys(getattr(item, "module", None) for item in added))
     removed = frozenset(repr(item) for item in context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, []))
-    return modules, frozenset(added), removed
+    return modules, frozenset(repr(item) for item in added), removed
 
 
 # Names whose sites decide something for the whole file (groups_getters: expert sites move together;
