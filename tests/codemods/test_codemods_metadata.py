@@ -174,6 +174,7 @@ def migrate_eagerly(monkeypatch, source: str, **kwargs):
     provider up front) and a full transform pass of the import cleanup."""
     with monkeypatch.context() as patch:
         patch.delattr(metadata.LazyMetadata, "_handle_metadata_reference")
+        patch.delattr(metadata.LazyMetadata, "__dir__")
         patch.delattr(LegacyImportsCommand, "transform_module_impl")
         patch.setattr("codemods.base.lazy", lambda cls: cls)
         return migrate_code(source, **kwargs)
@@ -214,3 +215,48 @@ def test_import_statements_are_all_imports_in_source_order(name):
     module = cst.parse_module(SOURCES[name])
     found = import_statements(module)
     assert found == find_all(module, cst.Import, cst.ImportFrom) and found
+
+
+def test_matcher_decorated_hooks_are_found_as_with_the_full_listing():
+    """LazyMetadata lists only matcher-decorated names to dir(): libcst's matcher __init__ then finds
+    the same hooks (and calls them) as it does with every name listed."""
+    import libcst.matchers as m
+    from libcst.codemod import CodemodContext, ContextAwareTransformer
+    from libcst.matchers._visitors import (
+        _gather_constructed_leave_funcs, _gather_constructed_visit_funcs, _gather_matchers,
+    )
+
+    class Renamer(metadata.LazyMetadata, ContextAwareTransformer):
+        seen: list
+
+        @m.call_if_inside(m.FunctionDef(name=m.Name("f")))
+        @m.leave(m.Name("x"))
+        def _rename(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+            return updated.with_changes(value="y")
+
+        @m.visit(m.Call())
+        def _count(self, node: cst.Call) -> None:
+            self.seen.append(node)
+
+        @m.call_if_not_inside(m.ClassDef())
+        def visit_Arg(self, node: cst.Arg) -> None:
+            self.seen.append(node)
+
+    codemod = Renamer(CodemodContext())
+    codemod.seen = []
+    assert set(dir(codemod)) >= {"_rename", "_count", "visit_Arg"} and len(dir(codemod)) < 20
+    full = object.__dir__(codemod)
+    assert len(full) > 1000
+    for gather in (_gather_constructed_visit_funcs, _gather_constructed_leave_funcs, _gather_matchers):
+        ours = gather(codemod)
+        assert ours  # each finds something, so the comparison is not of two empty results
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Renamer, "__dir__", lambda self: object.__dir__(self))
+            theirs = gather(codemod)
+        assert {k: [getattr(f, "__func__", f) for f in v] if isinstance(v, tuple) else v for k, v in ours.items()} == {
+            k: [getattr(f, "__func__", f) for f in v] if isinstance(v, tuple) else v for k, v in theirs.items()
+        }
+    source = "def f(x):\n    return g(x)\n\n\nclass C:\n    h(x)\n"
+    out = cst.parse_module(source).visit(codemod)
+    assert out.code == "def f(y):\n    return g(y)\n\n\nclass C:\n    h(x)\n"
+    assert [type(n).__name__ for n in codemod.seen] == ["Call", "Arg", "Call"]
