@@ -271,9 +271,10 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         if scope is None:
             return None
         name = self._engine_self(scope)
-        if name is None:
+        engines = self._engines_of(scope) if name is None else ()
+        if engines:  # (positions only where there is an engine to compare with: they cost a print of the tree)
             line = self.line_of(node)
-            candidates = [name for name, at in self._engines_of(scope) if at < line]
+            candidates = [name for name, at in engines if at < line]
             name = candidates[-1] if candidates else None
         if name is not None and self._rebound_in_comprehension(node, name):
             return None
@@ -284,8 +285,8 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         scope = self.scope_of(node)
         if scope is None or self._rebound_in_comprehension(node, name):
             return False
-        line = self.line_of(node)
-        return any(n == name and at < line for n, at in self._engines_of(scope))
+        lines = [at for n, at in self._engines_of(scope) if n == name]
+        return bool(lines) and min(lines) < self.line_of(node)
 
     def _rebound_in_comprehension(self, node: cst.CSTNode, name: str) -> bool:
         """``name`` is a comprehension variable at ``node`` (``[... for engine in ...]``)."""

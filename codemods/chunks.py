@@ -270,6 +270,41 @@ def groups(plan: Plan, candidate: Callable[[Piece], bool], group_bytes: Optional
     return found
 
 
+def batches(found: list[Group], group_bytes: Optional[int] = None) -> list[list[int]]:
+    """The indices of ``found``'s candidate groups in runs migrated together, skipping the groups
+    kept between them (whose definitions name nothing a codemod acts at), each run cut after
+    ``group_bytes`` (default :data:`GROUP_BYTES`) of source: a sparse file then pays the per-module
+    cost of the codemods once per ~``group_bytes``, not once per definition holding a site."""
+    limit = GROUP_BYTES if group_bytes is None else group_bytes
+    runs: list[list[int]] = []
+    size = limit
+    for index, group in enumerate(found):
+        if not group.candidate:
+            continue
+        if size >= limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(index)
+        size += len(group.text)
+    return runs
+
+
+def split_statements(tree: cst.Module, rest: str, counts: list[int]) -> Optional[list[str]]:
+    """``rest`` (the code of ``tree``'s last ``sum(counts)`` top-level statements and its footer)
+    cut into the code of each run of ``counts`` statements, the footer with the last; None when
+    the statements' code does not concatenate to ``rest``."""
+    body = tree.body[len(tree.body) - sum(counts):]
+    pieces, at = [], 0
+    for count in counts:
+        pieces.append("".join(tree.code_for_node(statement) for statement in body[at:at + count]))
+        at += count
+    joined = "".join(pieces)
+    if not rest.startswith(joined):
+        return None
+    pieces[-1] += rest[len(joined):]
+    return pieces
+
+
 def split_output(tree: cst.Module, definitions: int) -> Optional[tuple[str, str]]:
     """(header, rest) of the code of a migrated piece module whose last ``definitions`` top-level
     statements are the group's definitions, or None when its shape is not that."""

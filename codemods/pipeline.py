@@ -237,10 +237,10 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
     time (codemods.chunks), or None when the file's shape or what the codemods did in a group
     leaves any doubt that the whole-file path gives these bytes (then that path runs).
 
-    Each group is migrated behind a copy of the header; the groups' code is spliced back after the
-    header as every group left it, which must be the same text, from the same requests to the
-    import passes, in every group the codemods changed. Groups naming nothing a codemod acts at
-    are kept byte for byte. The conditions (checked here and in :func:`codemods.chunks.plan`) are
+    The groups naming something a codemod acts at are migrated ~GROUP_BYTES of them at a time
+    (those in between left out), behind a copy of the header; their code is spliced back after
+    the header as every batch left it, which must be the same text, from the same requests to the
+    import passes, in every batch the codemods changed. The other groups are kept byte for byte. The conditions (checked here and in :func:`codemods.chunks.plan`) are
     what makes each group see the module it would see in the whole file: no name bound twice at
     the top level, no module-wide fact (see ``_FILE_WIDE``), no module-level name passed to
     ``deepspeed.initialize``, and every ``mesh_core`` name a group imports unbound elsewhere."""
@@ -262,20 +262,22 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         return _whole_file("a file-wide fact, a name bound twice at the top level, or a module-level name passed to initialize")
     legacy_bound = {b for b, full in plan.header_imports.items() if full.startswith(_LEGACY_ROOTS)}
     bound = Counter(name for unit in plan.units for name in unit.binds)  # in how many units each name is bound
-    pieces: list[str] = []
     head: Optional[str] = None
     effects = None
     kept_alive = False  # an unchanged group names a legacy import (the whole file then keeps it)
     sites: Counter = Counter()
     todos: Counter = Counter()
-    for group in chunks.groups(plan, lambda unit: not unit.names.isdisjoint(triggers)):
-        if not group.candidate:
-            pieces.append(group.text)
-            continue
+    found = chunks.groups(plan, lambda unit: not unit.names.isdisjoint(triggers))
+    pieces: list[str] = [group.text for group in found]  # a kept group's text; a migrated one's replaced below
+    for batch in chunks.batches(found):
+        members = [found[i] for i in batch]
+        units = [i for group in members for i in group.units]
         notes: list = []
         token = MESH_REFS.set(notes)
         try:
-            done = _transform(plan.header.text + group.text, filename, module, package, applied)
+            done = _transform(
+                plan.header.text + "".join(group.text for group in members), filename, module, package, applied,
+            )
         finally:
             MESH_REFS.reset(token)
         if isinstance(done, str):
@@ -284,25 +286,29 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         sites.update(group_sites)  # a site flagged again (its TODOV1 already there) changes nothing but counts
         todos.update(group_todos)
         if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)
-            kept_alive = kept_alive or any(not plan.units[i].names.isdisjoint(legacy_bound) for i in group.units)
-            pieces.append(group.text)
+            kept_alive = kept_alive or any(not plan.units[i].names.isdisjoint(legacy_bound) for i in units)
             continue
         if parsed.default_indent != plan.indent:  # the indentation of the code the codemods add
             return _whole_file("a group's indentation is not the module's")
         code = tree.code
         tree = _finish(parsed, tree, code, package)
-        split = chunks.split_output(tree, group.statements)
+        statements = sum(group.statements for group in members)
+        split = chunks.split_output(tree, statements)
         if split is None or parse_error(tree.code) is not None:
             return _whole_file("a group's migration has another shape, or does not parse")
         if head is None:
             head, effects = split[0], group_effects
         elif (split[0], group_effects) != (head, effects):
             return _whole_file("the groups leave the header differently")
-        here = Counter(name for i in group.units for name in plan.units[i].binds)
+        here = Counter(name for i in units for name in plan.units[i].binds)
         if any(not foreign and bound[name] > here[name] for name, foreign in notes):
             # bound in another group: the whole file would write mesh_core.<name>
             return _whole_file("a mesh_core name a group imports is bound in another group")
-        pieces.append(split[1])
+        texts = chunks.split_statements(tree, split[1], [group.statements for group in members])
+        if texts is None:
+            return _whole_file("a group's migrated statements do not give its code")
+        for index, text in zip(batch, texts):
+            pieces[index] = text
     if head is None:  # no group changed, nor asked anything of the header: neither does the whole file
         return Migration(source, +sites, +todos)
     if kept_alive and any(effect is not None and effect[2] for _, effect in effects):

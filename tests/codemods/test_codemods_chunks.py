@@ -55,6 +55,35 @@ def test_the_bench_shape_takes_the_piecewise_path_with_the_same_bytes(monkeypatc
     assert fast is None or same(fast, expected)
 
 
+@pytest.mark.parametrize("trailer", ["", "\n\n# a trailing comment at column 0\n"])
+def test_groups_with_sites_apart_are_migrated_together_with_the_same_bytes(monkeypatch, trailer):
+    """Definitions holding sites with plain ones between them are parsed together (one module per
+    ~GROUP_BYTES of them), the plain ones kept; the bytes are the whole-file path's."""
+    source = generate(0.03, 5) + trailer
+    expected = whole(monkeypatch, source)
+    calls = []
+    real = pipeline._transform
+    monkeypatch.setattr(pipeline, "_transform", lambda *a: calls.append(a[0]) or real(*a))
+    fast = pieces(monkeypatch, source, 4000)
+    assert fast is not None and expected.code != source and same(fast, expected)
+    runs = chunks.groups(chunks.plan(source), lambda unit: "groups" in unit.names)
+    candidates = [g for g in runs if g.candidate]
+    assert all(not b.candidate for a, b in zip(runs, runs[1:]) if a.candidate)  # they are apart
+    assert 1 < len(calls) < len(candidates)  # fewer modules parsed than groups holding sites
+
+
+def test_split_statements_gives_each_run_its_code_and_the_footer_to_the_last():
+    import libcst as cst
+
+    tree = cst.parse_module("import x\n\n\ndef a():\n    pass\n\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n")
+    code = tree.code
+    rest = code[len("import x\n"):]
+    assert chunks.split_statements(tree, rest, [1, 2]) == [
+        "\n\ndef a():\n    pass\n", "\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n",
+    ]
+    assert chunks.split_statements(tree, "something else", [1, 2]) is None
+
+
 def test_migrate_code_takes_it_for_a_big_file(monkeypatch):
     source = generate(0.012, 1)
     taken = []
