@@ -293,6 +293,8 @@ def split_statements(tree: cst.Module, rest: str, counts: list[int]) -> Optional
     """``rest`` (the code of ``tree``'s last ``sum(counts)`` top-level statements and its footer)
     cut into the code of each run of ``counts`` statements, the footer with the last; None when
     the statements' code does not concatenate to ``rest``."""
+    if len(counts) == 1:
+        return [rest]
     body = tree.body[len(tree.body) - sum(counts):]
     pieces, at = [], 0
     for count in counts:

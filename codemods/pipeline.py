@@ -240,10 +240,11 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
     The groups naming something a codemod acts at are migrated ~GROUP_BYTES of them at a time
     (those in between left out), behind a copy of the header; their code is spliced back after
     the header as every batch left it, which must be the same text, from the same requests to the
-    import passes, in every batch the codemods changed. The other groups are kept byte for byte. The conditions (checked here and in :func:`codemods.chunks.plan`) are
-    what makes each group see the module it would see in the whole file: no name bound twice at
-    the top level, no module-wide fact (see ``_FILE_WIDE``), no module-level name passed to
-    ``deepspeed.initialize``, and every ``mesh_core`` name a group imports unbound elsewhere."""
+    import passes, in every batch the codemods changed. The other groups are kept byte for byte.
+    The conditions (checked here and in :func:`codemods.chunks.plan`) are what makes each group
+    see the module it would see in the whole file: no name bound twice at the top level, no
+    module-wide fact (see ``_FILE_WIDE``), no module-level name passed to ``deepspeed.initialize``,
+    and every ``mesh_core`` name a group imports unbound elsewhere."""
     plan = chunks.plan(source, calls=frozenset({"initialize"}), keywords=frozenset({"mpu", "mesh_param"}))
     if plan is None:
         return _whole_file("not a header and top-level definitions (codemods.chunks.plan)")
@@ -294,7 +295,7 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         tree = _finish(parsed, tree, code, package)
         statements = sum(group.statements for group in members)
         split = chunks.split_output(tree, statements)
-        if split is None or parse_error(tree.code) is not None:
+        if split is None or parse_error(split[0] + split[1]) is not None:  # (their sum is tree.code: no second print)
             return _whole_file("a group's migration has another shape, or does not parse")
         if head is None:
             head, effects = split[0], group_effects
