@@ -37,6 +37,7 @@ from libcst.matchers._decorators import (
 )
 from libcst.matchers._visitors import _gather_matchers
 from libcst._metadata_dependent import LazyValue
+from libcst._typed_visitor import CSTTypedBaseFunctions
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
 
 from .imports import import_aliases
@@ -370,6 +371,20 @@ def _same_fields(node: cst.CSTNode, other: cst.CSTNode) -> bool:
 _ATTRIBUTE_HOOK = re.compile(r"(visit|leave)_[A-Z][A-Za-z]*_")
 
 
+def _has_attribute_hooks(cls: type) -> bool:
+    """``cls`` defines a ``visit_<Node>_<field>`` / ``leave_<Node>_<field>`` hook of its own: not one
+    of the do-nothing stubs libcst's typed visitor bases give every visitor (so an attribute
+    dispatch per field of every node would call only those)."""
+    return any(
+        _ATTRIBUTE_HOOK.match(name)
+        for base in cls.__mro__ if base.__module__ != _TYPED_STUBS
+        for name in vars(base)
+    )
+
+
+_TYPED_STUBS = CSTTypedBaseFunctions.__module__
+
+
 class _Hooks:
     """A transformer class's ``visit_<Node>`` / ``leave_<Node>`` functions by node type."""
 
@@ -377,7 +392,7 @@ class _Hooks:
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
-        self.attributes = any(_ATTRIBUTE_HOOK.match(name) for name in dir(cls))  # visit_<Node>_<field>
+        self.attributes = _has_attribute_hooks(cls)
         self._visit: dict[type, Optional[object]] = {}
         self._leave: dict[type, Optional[object]] = {}
 
