@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
-from types import FunctionType
+from types import FunctionType, MappingProxyType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
@@ -37,10 +36,13 @@ from libcst.matchers._decorators import (
 )
 from libcst.matchers._visitors import _gather_matchers
 from libcst._metadata_dependent import LazyValue
-from libcst._typed_visitor import CSTTypedBaseFunctions
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import (
+    ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider,
+)
+from libcst.metadata.base_provider import BatchableMetadataProvider
 
 from .imports import import_aliases
+from .walk import _has_attribute_hooks, fast_visits
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,8 @@ def sharing(codemods: Collection[type] = ()) -> Generator[None, None, None]:
     queried = frozenset().union(*(_QUERIED.get(c, ()) for c in codemods))
     token = _SHARED.set(_Shared(queried))
     try:
-        yield
+        with fast_visits():
+            yield
     finally:
         _SHARED.reset(token)
 
@@ -120,28 +123,49 @@ def preorder(module: cst.Module) -> Optional[list[cst.CSTNode]]:
     return collector.nodes
 
 
+class _Subclasses(dict):
+    """``{type: issubclass(type, classes)}``, filled on first use: ``isinstance`` as a dict lookup
+    by ``type(value)`` (libcst's node classes are ABCs, whose ``isinstance`` is slow)."""
+
+    def __init__(self, classes) -> None:
+        super().__init__()
+        self.classes = classes
+
+    def __missing__(self, value_type: type) -> bool:
+        found = self[value_type] = issubclass(value_type, self.classes)
+        return found
+
+
+_IS_NODE = _Subclasses(cst.CSTNode)
+_IS_SEQUENCE = {tuple: True, list: True}
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node``'s child nodes, field by field (the order of its dataclass fields)."""
+    found: list[cst.CSTNode] = []
+    is_node = _IS_NODE
+    for name in _fields(type(node)):
+        value = getattr(node, name)
+        value_type = type(value)
+        if value_type in _IS_SEQUENCE:
+            found.extend(child for child in value if is_node[type(child)])
+        elif is_node[value_type]:
+            found.append(value)
+    return found
+
+
 def parent_map(module: cst.Module) -> Optional[dict[cst.CSTNode, cst.CSTNode]]:
     """``{child: parent}`` for every node below ``module``, or None when a node object occurs twice
     in the tree (then positions, parents and scopes need libcst's deep copy to be unambiguous)."""
     parents: dict[cst.CSTNode, cst.CSTNode] = {}
     stack: list[cst.CSTNode] = [module]
-    node_type = cst.CSTNode
     while stack:
         node = stack.pop()
-        for name in _fields(type(node)):
-            value = getattr(node, name)
-            if isinstance(value, node_type):
-                children = (value,)
-            elif isinstance(value, (tuple, list)):
-                children = value
-            else:
-                continue
-            for child in children:
-                if isinstance(child, node_type):
-                    if child in parents:
-                        return None
-                    parents[child] = node
-                    stack.append(child)
+        for child in _children(node):
+            if child in parents:
+                return None
+            parents[child] = node
+            stack.append(child)
     return parents
 
 
@@ -160,7 +184,7 @@ def queried_near(codemod_class: type, names) -> None:
 _BLOCK_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
 
 
-def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, set, set]]:
+def reduced_scopes(module: cst.Module, queried, min_share: float = 0.0) -> Optional[tuple[Mapping, set, set, set]]:
     """libcst's ScopeProvider on a copy of ``module`` in which the body of every function that
     names none of ``queried`` (nor an import alias of one) and declares nothing
     ``global`` / ``nonlocal`` is a bare ``pass``; returns its ``{node: scope}``, the set of
@@ -173,13 +197,17 @@ def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, 
     body adds assignments and accesses only to its own scopes, except through ``global`` /
     ``nonlocal`` (kept), and each scope's assignment count (the order of assignments and
     accesses) is unchanged. Nodes outside the emptied bodies keep their identity, unless they
-    enclose an emptied function (then they are new objects and have no scope here)."""
+    enclose an emptied function (then they are new objects and have no scope here).
+
+    Also None when the functions left out hold less than ``min_share`` of the tree's nodes (then
+    the whole tree's scopes, which a codemod may need later anyway, cost little more)."""
     found = statements(module)
     triggers = set(queried)
     triggers |= {alias for alias, name in import_aliases(module).items() if name in triggers}
     emptied: set = set()
     dropped: set = set()
     rebuilt: set = set()
+    left_out: list = []  # the functions emptied, as they are in ``module``
     names, declares = found.names, found.declares
     pass_type, simple = cst.FunctionDef, (cst.SimpleStatementLine, cst.SimpleStatementSuite)
 
@@ -191,6 +219,7 @@ def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, 
             if below is not None and node not in declares and triggers.isdisjoint(below):
                 new = node.with_changes(body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])]))
                 emptied.add(new)
+                left_out.append(node)
                 rebuilt.add(node)
                 dropped.add(node.body)
                 return new
@@ -213,7 +242,57 @@ def reduced_scopes(module: cst.Module, queried) -> Optional[tuple[Mapping, set, 
     reduced = rebuild(module)
     if not emptied:
         return None
-    return MetadataWrapper(reduced, unsafe_skip_copy=True).resolve(ScopeProvider), emptied, dropped, rebuilt
+    if min_share and sum(found.sizes[f] for f in left_out) < min_share * sum(found.sizes[s] for s in module.body):
+        return None
+    return resolve_scopes(MetadataWrapper(reduced, unsafe_skip_copy=True)), emptied, dropped, rebuilt
+
+
+def _module_hook_only(provider: type) -> bool:
+    """``provider`` (a batchable provider) has no visitor hook but its own ``visit_Module``."""
+    hooks = {
+        name for base in provider.__mro__[: provider.__mro__.index(BatchableMetadataProvider)] for name in vars(base)
+        if name.startswith(("visit_", "leave_"))
+    }
+    return hooks == {"visit_Module"} and "visit_Module" in vars(provider)
+
+
+# (libcst's private names may move: checked for the libcst installed)
+_DIRECT = (ExpressionContextProvider, ScopeProvider)
+_DIRECT_OK = (
+    ScopeProvider.METADATA_DEPENDENCIES == (ExpressionContextProvider,)
+    and not ExpressionContextProvider.METADATA_DEPENDENCIES
+    and all(_module_hook_only(p) and not p.gen_cache for p in _DIRECT)
+)
+
+
+def _resolved(wrapper: MetadataWrapper, provider: type) -> bool:
+    found = wrapper._metadata.get(provider)
+    return found is not None and not (isinstance(found, _OnFirstUse) and found._values is None)
+
+
+def resolve_scopes(wrapper: MetadataWrapper) -> Mapping:
+    """``ScopeProvider``'s values on ``wrapper``'s module, stored in the wrapper, as libcst's
+    ``wrapper.resolve(ScopeProvider)`` gives them: each of it and its dependency
+    (``ExpressionContextProvider``) is libcst's provider, its ``visit_Module`` called directly
+    rather than under libcst's batched visitor (whose walk of the rest of the tree then calls
+    nothing: neither has another hook), and the walks with :func:`codemods.walk.fast_visits`."""
+    if not _DIRECT_OK:
+        return MetadataWrapper.resolve_many(wrapper, [ScopeProvider])[ScopeProvider]
+    with fast_visits():
+        for provider_class in _DIRECT:
+            if _resolved(wrapper, provider_class):
+                continue
+            provider = provider_class()
+            with provider.resolve(wrapper):
+                provider.visit_Module(wrapper.module)
+            wrapper._metadata[provider_class] = MappingProxyType(dict(provider._computed))
+    return wrapper._metadata[ScopeProvider]
+
+
+# Scopes for qualified names leave out functions only where those hold at least this share of the
+# tree's nodes: the reduced scopes' cost is the rest, and a codemod reading scopes (``scope_of``)
+# then resolves the whole tree's as well.
+REDUCE_MIN_SHARE = 0.5
 
 
 class _QualifiedNames(Mapping):
@@ -239,7 +318,9 @@ class _QualifiedNames(Mapping):
             return full.get(node, None)  # resolved already
         if self._reduced is None:
             shared = _SHARED.get()
-            self._reduced = (reduced_scopes(self._module, shared.queried) if shared is not None and shared.queried else None) or ()
+            self._reduced = (
+                reduced_scopes(self._module, shared.queried, REDUCE_MIN_SHARE) if shared is not None and shared.queried else None
+            ) or ()
         if not self._reduced:
             return self._full().get(node, None)
         scopes, emptied, dropped, rebuilt = self._reduced
@@ -315,7 +396,10 @@ class _OnFirstUse(Mapping):
                 return self._values
             if wrapper._metadata.get(provider) is self:
                 del wrapper._metadata[provider]  # libcst resolves what is not there (and its dependencies)
-            self._values = MetadataWrapper.resolve_many(wrapper, [provider])[provider]
+            if provider is ScopeProvider:
+                self._values = resolve_scopes(wrapper)
+            else:
+                self._values = MetadataWrapper.resolve_many(wrapper, [provider])[provider]
         return self._values
 
     def __getitem__(self, node):
@@ -366,23 +450,6 @@ def _same_fields(node: cst.CSTNode, other: cst.CSTNode) -> bool:
             continue
         return False
     return True
-
-
-_ATTRIBUTE_HOOK = re.compile(r"(visit|leave)_[A-Z][A-Za-z]*_")
-
-
-def _has_attribute_hooks(cls: type) -> bool:
-    """``cls`` defines a ``visit_<Node>_<field>`` / ``leave_<Node>_<field>`` hook of its own: not one
-    of the do-nothing stubs libcst's typed visitor bases give every visitor (so an attribute
-    dispatch per field of every node would call only those)."""
-    return any(
-        _ATTRIBUTE_HOOK.match(name)
-        for base in cls.__mro__ if base.__module__ != _TYPED_STUBS
-        for name in vars(base)
-    )
-
-
-_TYPED_STUBS = CSTTypedBaseFunctions.__module__
 
 
 class _Hooks:
@@ -475,11 +542,32 @@ def prune_unless(codemod_class: type, names) -> None:
     _PRUNE[codemod_class] = frozenset(names)
 
 
+_STATEMENT, _NAME, _STAR, _DECLARES, _IMPORT = 1, 2, 3, 4, 5
+
+
+class _Kinds(dict):
+    """``{node type: what _Statements records of such a node}`` (0: nothing), filled on first use."""
+
+    def __missing__(self, node_type: type) -> int:
+        for kind, classes in (
+            (_STATEMENT, cst.BaseStatement), (_NAME, cst.Name), (_STAR, cst.ImportStar),
+            (_DECLARES, (cst.Global, cst.Nonlocal)), (_IMPORT, (cst.Import, cst.ImportFrom)),
+        ):
+            if issubclass(node_type, classes):
+                self[node_type] = kind
+                return kind
+        self[node_type] = 0
+        return 0
+
+
+_KINDS = _Kinds()
+
+
 class _Statements:
     """For one tree: the identifiers (``Name`` values) under each statement, and which statements
     hold a star import. One walk, shared by the codemods that get this tree."""
 
-    __slots__ = ("names", "stars", "declares", "imports")
+    __slots__ = ("names", "stars", "declares", "imports", "sizes")
 
     def __init__(self, module: cst.Module) -> None:
         names: dict[cst.CSTNode, set[str]] = {}
@@ -487,40 +575,41 @@ class _Statements:
         declares: set = set()  # statements holding a ``global`` / ``nonlocal`` declaration
         imports: set = set()  # statements holding an import
         outer: dict[cst.CSTNode, Optional[cst.CSTNode]] = {}
-        statement_type, name_type, node_type = cst.BaseStatement, cst.Name, cst.CSTNode
+        sizes: dict[cst.CSTNode, int] = {}  # nodes under each statement (itself included)
+        kinds = _KINDS
         stack: list[tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(module, None)]
         while stack:
             node, statement = stack.pop()
-            if isinstance(node, statement_type):
+            kind = kinds[type(node)]
+            if kind == _STATEMENT:
                 names[node] = set()
+                sizes[node] = 0
                 outer[node] = statement
                 statement = node
-            elif statement is not None:
-                if isinstance(node, name_type):
+            elif statement is not None and kind:
+                if kind == _NAME:
                     names[statement].add(node.value)
-                elif isinstance(node, cst.ImportStar):
+                elif kind == _STAR:
                     stars.add(statement)
-                elif isinstance(node, (cst.Global, cst.Nonlocal)):
+                elif kind == _DECLARES:
                     declares.add(statement)
-                elif isinstance(node, (cst.Import, cst.ImportFrom)):
+                else:
                     imports.add(statement)
-            for field_name in _fields(type(node)):
-                value = getattr(node, field_name)
-                if isinstance(value, node_type):
-                    stack.append((value, statement))
-                elif isinstance(value, (tuple, list)):
-                    stack.extend((child, statement) for child in value if isinstance(child, node_type))
+            if statement is not None:
+                sizes[statement] += 1
+            stack.extend((child, statement) for child in _children(node))
         for statement in reversed(list(names)):  # inner statements were met after their outer one
             parent = outer[statement]
             if parent is not None:
                 names[parent] |= names[statement]
+                sizes[parent] += sizes[statement]
                 if statement in stars:
                     stars.add(parent)
                 if statement in declares:
                     declares.add(parent)
                 if statement in imports:
                     imports.add(parent)
-        self.names, self.stars, self.declares, self.imports = names, stars, declares, imports
+        self.names, self.stars, self.declares, self.imports, self.sizes = names, stars, declares, imports, sizes
 
 
 def statements(module: cst.Module) -> _Statements:
@@ -693,6 +782,8 @@ def lazy(codemod_class: type) -> type:
     if issubclass(codemod_class, LazyMetadata):
         return codemod_class
     if codemod_class not in _LAZY_CLASSES:
-        mixins = (_TopImportsOnly,) if codemod_class is AddImportsVisitor and _TOP_GATHERER_LEAVES_ONLY else ()
+        mixins: tuple = ()
+        if codemod_class is AddImportsVisitor and _TOP_GATHERER_LEAVES_ONLY:
+            mixins = (_TopImportsOnly,)
         _LAZY_CLASSES[codemod_class] = type(codemod_class.__name__, (*mixins, LazyMetadata, codemod_class), {})
     return _LAZY_CLASSES[codemod_class]

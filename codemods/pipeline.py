@@ -28,6 +28,7 @@ from .local_imports import localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, needs_runtime
 from .topology import TopologyCommand
+from .walk import fast_visits
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,8 @@ def migrate_code(
         codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
     source = source[len(bom):]
-    migration = _migrate(source, filename, module, package, codemods)
+    with fast_visits():  # read-only visitors walk trees without copying them (same calls; codemods.walk)
+        migration = _migrate(source, filename, module, package, codemods)
     migration.code = bom + migration.code
     return migration
 

@@ -194,6 +194,7 @@ def test_reduced_scopes_give_libcsts_qualified_names_for_every_node(monkeypatch,
         return full["scopes"]
 
     monkeypatch.setattr(metadata._QualifiedNames, "_full", separately)
+    monkeypatch.setattr(metadata, "REDUCE_MIN_SHARE", 0.0)  # functions left out however small
     eager_wrapper = MetadataWrapper(module)
     eager = eager_wrapper.resolve(QualifiedNameProvider)
     with metadata.sharing(pipeline.CODEMODS):
