@@ -27,6 +27,8 @@ from typing import Collection, Generator, Iterator, Optional
 import libcst as cst
 from libcst.codemod import ContextAwareTransformer, ContextAwareVisitor
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.codemod.visitors._gather_unused_imports import MODULES_IGNORED_BY_DEFAULT
+from libcst.helpers import get_absolute_module_from_package_for_import
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.matchers._decorators import (
     CONSTRUCTED_LEAVE_MATCHER_ATTR,
@@ -41,7 +43,7 @@ from libcst.metadata import (
 )
 from libcst.metadata.base_provider import BatchableMetadataProvider
 
-from .imports import import_aliases
+from .imports import import_aliases, import_statements
 from .walk import _has_attribute_hooks, fast_visits
 
 logger = logging.getLogger(__name__)
@@ -760,6 +762,128 @@ class _TopImportsOnly:
         return super().visit_Module(_leading_imports(node))  # type: ignore[misc]
 
 
+_GATHER_IGNORES = frozenset({"__future__"})  # the modules whose imports libcst's gatherer skips
+
+
+class _Mentions:
+    """Every ``Name`` value in a tree outside import statements, the raw text of its plain string
+    literals, and whether it holds an implicitly concatenated string: where a name may be read."""
+
+    __slots__ = ("names", "strings", "concatenated")
+
+    def __init__(self, module: cst.Module) -> None:
+        self.names: set[str] = set()
+        self.strings: list[str] = []
+        self.concatenated = False
+        stack: list[cst.CSTNode] = [module]
+        while stack:
+            node = stack.pop()
+            node_type = type(node)
+            if node_type is cst.Name:
+                self.names.add(node.value)
+            elif node_type is cst.SimpleString:
+                self.strings.append(node.value)
+            elif node_type is cst.ConcatenatedString:
+                self.concatenated = True
+            elif node_type is cst.Import or node_type is cst.ImportFrom:
+                continue  # libcst's scopes record no access in an import
+            stack.extend(_children(node))
+
+    def may_read(self, name: str) -> bool:
+        """``name`` may be read: a ``Name`` of that value, or a string literal that may hold it (a
+        string annotation, an ``__all__`` entry; escapes and concatenations are not looked into)."""
+        return (
+            name in self.names or self.concatenated
+            or any(name in text or "\\" in text for text in self.strings)
+        )
+
+
+def _bound_name(alias: cst.ImportAlias) -> Optional[str]:
+    """The name an import alias binds (the first part of a plain ``import a.b``)."""
+    if alias.asname is not None:
+        name = alias.asname.name
+        return name.value if isinstance(name, cst.Name) else None
+    return alias.evaluated_name.split(".")[0]
+
+
+def _requested(statement, module_imports: Mapping, obj_imports: Mapping, package: Optional[str]) -> list:
+    """The aliases of an import statement whose use RemoveImportsVisitor checks (those it was asked
+    to remove: the same tests as its ``leave_Import`` / ``leave_ImportFrom``)."""
+    if isinstance(statement, cst.Import):
+        return [
+            alias for alias in statement.names
+            if alias.evaluated_name in module_imports and alias.evaluated_alias == module_imports[alias.evaluated_name]
+        ]
+    if isinstance(statement.names, cst.ImportStar):
+        return []
+    module_name = get_absolute_module_from_package_for_import(package, statement)
+    if module_name is None or module_name not in obj_imports:
+        return []
+    wanted = obj_imports[module_name]
+    return [alias for alias in statement.names if (alias.evaluated_name, alias.evaluated_alias) in wanted]
+
+
+def unused_requested_imports(
+    module: cst.Module, module_imports: Mapping, obj_imports: Mapping, package: Optional[str],
+) -> Optional[dict]:
+    """``{alias: import statement}`` for each import alias that RemoveImportsVisitor was asked to
+    remove (``module_imports``, ``obj_imports``: its ``unused_module_imports`` /
+    ``unused_obj_imports``) and that libcst's ``GatherUnusedImportsVisitor`` finds unused: the
+    only entries of its result that the pass reads. Found without scopes: a name nothing may read
+    (see :class:`_Mentions`) has no reference, nor is it exported or in a string annotation; an
+    import the gatherer skips (``from . import``, ``from __future__ import``) is in use. None when
+    a name the pass may remove may be read (then libcst's gatherer decides)."""
+    mentions: Optional[_Mentions] = None
+    unused: dict = {}
+    for statement in import_statements(module):
+        for alias in _requested(statement, module_imports, obj_imports, package):
+            if isinstance(statement, cst.ImportFrom) and (
+                statement.module is None
+                or (isinstance(statement.module, cst.Name) and statement.module.value in _GATHER_IGNORES)
+            ):
+                continue
+            name = _bound_name(alias)
+            if mentions is None:
+                mentions = _Mentions(module)
+            if name is None or mentions.may_read(name):
+                return None
+            unused[alias] = statement
+    return unused
+
+
+class _UnusedImportsWithoutScopes:
+    """RemoveImportsVisitor whose pre-pass (libcst's ``GatherUnusedImportsVisitor``: the scopes of
+    the whole tree and three more walks) is :func:`unused_requested_imports` where that decides."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        unused = None
+        if UNUSED_WITHOUT_SCOPES:
+            unused = unused_requested_imports(
+                node, self.unused_module_imports, self.unused_obj_imports, self.context.full_package_name,
+            )
+        if unused is None:
+            return super().visit_Module(node)  # type: ignore[misc]
+        self._unused_imports = unused
+        return None
+
+
+UNUSED_WITHOUT_SCOPES = True  # False: libcst's gatherer always (tests compare the two)
+
+
+def _remove_pass_known() -> bool:
+    """libcst's RemoveImportsVisitor reads its gatherer's result as :func:`unused_requested_imports`
+    expects (checked for the libcst installed; its private names may move)."""
+    try:
+        gatherer_ignores = MODULES_IGNORED_BY_DEFAULT == _GATHER_IGNORES
+        names = RemoveImportsVisitor.visit_Module.__code__.co_names + RemoveImportsVisitor.__init__.__code__.co_names
+    except AttributeError:
+        return False
+    return gatherer_ignores and {"_unused_imports", "unused_module_imports", "unused_obj_imports"} <= set(names)
+
+
+_REMOVE_PASS_KNOWN = _remove_pass_known()
+
+
 def _top_gatherer_leaves_only() -> bool:
     """The gatherer AddImportsVisitor runs has no hook but ``leave_Module`` (checked for the libcst
     installed; its private names may move)."""
@@ -785,5 +909,7 @@ def lazy(codemod_class: type) -> type:
         mixins: tuple = ()
         if codemod_class is AddImportsVisitor and _TOP_GATHERER_LEAVES_ONLY:
             mixins = (_TopImportsOnly,)
+        elif codemod_class is RemoveImportsVisitor and _REMOVE_PASS_KNOWN:
+            mixins = (_UnusedImportsWithoutScopes,)
         _LAZY_CLASSES[codemod_class] = type(codemod_class.__name__, (*mixins, LazyMetadata, codemod_class), {})
     return _LAZY_CLASSES[codemod_class]
