@@ -154,16 +154,30 @@ def _visit(self: cst.CSTNode, visitor):
     is_visitor = _IS_VISITOR.get(type(visitor))
     if is_visitor is None:
         is_visitor = _IS_VISITOR[type(visitor)] = issubclass(type(visitor), cst.CSTVisitor)
-    if not is_visitor:
+    if not is_visitor or _overrides_visit(type(self)):  # (an override's ``super().visit``: libcst's)
         return _LIBCST_VISIT(self, visitor)
     _walk(self, visitor, _silent_attributes(visitor))
     return self
+
+
+_OVERRIDES: dict[type, bool] = {}
+
+
+def _overrides_visit(node_type: type) -> bool:
+    """``node_type`` has a ``visit`` of its own (``Module``, a subclass of a node type)."""
+    found = _OVERRIDES.get(node_type)
+    if found is None:
+        found = _OVERRIDES[node_type] = node_type.visit is not _visit
+    return found
 
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, silent: bool) -> None:
     """libcst's calls of ``visitor`` for ``node`` and its subtree (the attribute calls left out
     where ``silent``: they would call nothing)."""
     node_type = type(node)
+    if _overrides_visit(node_type):
+        node.visit(visitor)  # its own visit first, as in libcst
+        return
     order = _ORDERS.get(node_type, _UNKNOWN)
     if order is _UNKNOWN:
         order = field_order(node_type)

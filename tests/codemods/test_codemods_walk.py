@@ -4,6 +4,7 @@ as libcst's own traversal and ``MetadataWrapper.resolve(ScopeProvider)``; the sa
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -150,6 +151,29 @@ def _calls(tree: cst.Module, visitor_class: type, fast: bool) -> list:
 def test_fast_visits_make_libcsts_calls(name, source, visitor_class):
     tree = cst.parse_module(source)
     assert _calls(tree, visitor_class, True) == _calls(tree, visitor_class, False)
+
+
+@dataclass(frozen=True)
+class _LoudName(cst.Name):
+    """A node type with a ``visit`` of its own (libcst calls it for each such child)."""
+
+    def visit(self, visitor):
+        visitor.calls.append(("own visit", id(self)))
+        return super().visit(visitor)
+
+
+def test_a_node_types_own_visit_is_called_as_libcst_calls_it():
+    tree = cst.parse_module("def f(a, b):\n    return a + g(b, c=a)\n")
+
+    class Louder(cst.CSTTransformer):
+        def leave_Name(self, original_node, updated_node):
+            return _LoudName(value=updated_node.value, lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    loud = tree.visit(Louder())
+    for visitor_class in (_Recorder, _Hooked, _Plain):
+        calls = _calls(loud, visitor_class, True)
+        assert calls == _calls(loud, visitor_class, False)
+        assert sum(call[0] == "own visit" for call in calls) == 8
 
 
 def test_every_node_type_has_a_field_order_but_the_conditional_ones():
