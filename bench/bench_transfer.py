@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mesh_core.transfer_buckets import DEFAULT_WINDOW
+
 WORLD, ACTOR, ROLLOUT = 4, [0, 1], [2, 3]
 BLOCKS = 4
 METHODS = ("transfer", "raw", "raw+placement", "gather+bcast")
@@ -97,8 +99,8 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
         model_bytes = sum(4 * torch.Size(s).numel() for s in shapes.values())
 
         def run_transfer():
-            window = {} if args.window is None else {"window": args.window}
-            return transfer(actor, rollout, src, dst, src_l, dst_l, bucket_bytes=int(args.bucket_mb * MiB), **window)
+            return transfer(actor, rollout, src, dst, src_l, dst_l, bucket_bytes=int(args.bucket_mb * MiB),
+                            window=args.window)
 
         def run_raw():
             works = [(dist.isend if pair[0] == rank else dist.irecv)(buf, pair[1] if pair[0] == rank else pair[0])
@@ -160,7 +162,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,64", help="model sizes in MB, comma-separated")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=16)
-    parser.add_argument("--window", type=int, default=None, help="buffers in flight (default: the transfer's)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="buffers in flight (default: the transfer's)")
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="model blocks (3 parameters each)")
     parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
                         help="actor layout: down_proj split on dim 1 (megatron) or dim 0 (rows)")

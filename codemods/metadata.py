@@ -44,7 +44,7 @@ from libcst.metadata import (
 from libcst.metadata.base_provider import BatchableMetadataProvider
 
 from .imports import import_aliases, import_statements
-from .walk import _has_attribute_hooks, fast_visits
+from .walk import fast_visits, has_attribute_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -249,13 +249,16 @@ def reduced_scopes(module: cst.Module, queried, min_share: float = 0.0) -> Optio
     return resolve_scopes(MetadataWrapper(reduced, unsafe_skip_copy=True)), emptied, dropped, rebuilt
 
 
+def own_hooks(cls: type, base: type) -> set[str]:
+    """The ``visit_*`` / ``leave_*`` names defined by ``cls`` and its bases that come before ``base``
+    in its MRO (what ``cls`` adds to ``base``'s hooks)."""
+    mro = cls.__mro__
+    return {name for owner in mro[: mro.index(base)] for name in vars(owner) if name.startswith(("visit_", "leave_"))}
+
+
 def _module_hook_only(provider: type) -> bool:
     """``provider`` (a batchable provider) has no visitor hook but its own ``visit_Module``."""
-    hooks = {
-        name for base in provider.__mro__[: provider.__mro__.index(BatchableMetadataProvider)] for name in vars(base)
-        if name.startswith(("visit_", "leave_"))
-    }
-    return hooks == {"visit_Module"} and "visit_Module" in vars(provider)
+    return own_hooks(provider, BatchableMetadataProvider) == {"visit_Module"} and "visit_Module" in vars(provider)
 
 
 # (libcst's private names may move: checked for the libcst installed)
@@ -461,7 +464,7 @@ class _Hooks:
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
-        self.attributes = _has_attribute_hooks(cls)
+        self.attributes = has_attribute_hooks(cls)
         self._visit: dict[type, Optional[object]] = {}
         self._leave: dict[type, Optional[object]] = {}
 
@@ -528,10 +531,7 @@ _PRUNE: dict[type, frozenset] = {}
 # visited. Their own gathering visitors still see the whole tree.
 _IMPORT_PASSES = (AddImportsVisitor, RemoveImportsVisitor)
 _IMPORT_PASS_HOOKS_ONLY = all(
-    {
-        name for base in cls.__mro__[: cls.__mro__.index(ContextAwareTransformer)] for name in vars(base)
-        if name.startswith(("visit_", "leave_"))
-    } <= {"visit_Module", "leave_Module", "leave_Import", "leave_ImportFrom"}
+    own_hooks(cls, ContextAwareTransformer) <= {"visit_Module", "leave_Module", "leave_Import", "leave_ImportFrom"}
     and not _gather_matchers(cls)
     for cls in _IMPORT_PASSES
 )
@@ -891,11 +891,7 @@ def _top_gatherer_leaves_only() -> bool:
         from libcst.codemod.visitors._add_imports import _GatherTopImportsBeforeStatements as gatherer
     except ImportError:
         return False
-    hooks = {
-        name for base in gatherer.__mro__[: gatherer.__mro__.index(ContextAwareVisitor)] for name in vars(base)
-        if name.startswith(("visit_", "leave_"))
-    }
-    return hooks == {"leave_Module"}
+    return own_hooks(gatherer, ContextAwareVisitor) == {"leave_Module"}
 
 
 _TOP_GATHERER_LEAVES_ONLY = _top_gatherer_leaves_only()

@@ -122,7 +122,7 @@ def _silent_attributes(visitor: cst.CSTVisitor) -> bool:
         silent = _SILENT[cls] = (
             cls.on_visit_attribute is cst.CSTVisitor.on_visit_attribute
             and cls.on_leave_attribute is cst.CSTVisitor.on_leave_attribute
-            and not _has_attribute_hooks(cls)
+            and not has_attribute_hooks(cls)
         )
     return silent and not any(_ATTRIBUTE_HOOK.match(name) for name in getattr(visitor, "__dict__", ()))
 
@@ -132,7 +132,7 @@ _ATTRIBUTE_HOOK = re.compile(r"(visit|leave)_[A-Z][A-Za-z]*_")
 _TYPED_STUBS = CSTTypedBaseFunctions.__module__
 
 
-def _has_attribute_hooks(cls: type) -> bool:
+def has_attribute_hooks(cls: type) -> bool:
     """``cls`` defines a ``visit_<Node>_<field>`` / ``leave_<Node>_<field>`` hook other than libcst's
     do-nothing stubs."""
     return any(
