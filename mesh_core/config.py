@@ -6,19 +6,24 @@ The new ``"mesh"`` section states the layout in one place::
 
 Without it, the layout is inferred from the keys users already set: ``sequence_parallel_size``,
 ``data_parallel_size``, ``tensor_parallel.autotp_size``, plus what code declares (the pipeline's
-``num_stages`` and the MoE ``ep_size``). When both are present they must agree; a disagreement
-raises :class:`MeshSpecError` naming both sources.
+``num_stages``, the MoE ``ep_size``, and any other ``(dim, size, source)`` a caller states, such as
+an mpu's sizes). Every source that states a dim must agree; a disagreement raises
+:class:`MeshSpecError` naming both sources. This is the one config → spec path: the mesh API and
+the shim (``compat.engine_spec``) both use it.
 """
 from __future__ import annotations
 
 import difflib
 import json
 import os
-from typing import Any, Mapping, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from .spec import MESH_DIMS, MeshSpec, MeshSpecError, _resolve_order, _validate_ranks
 
 MESH_SECTION_KEYS = set(MESH_DIMS) | {"ep", "order", "ranks", "data_before_expert"}
+SECTION_SOURCE = "config 'mesh' section"
+AUTO = "auto"
 
 
 def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> dict[str, Any]:
@@ -78,7 +83,7 @@ def check_section_values(section: Mapping[str, Any]) -> None:
     for key, value in section.items():
         where = f"config 'mesh.{key}'={value!r}"
         if key in MESH_DIMS or key == "ep":
-            if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+            if _is_auto(value):
                 continue
             if isinstance(value, bool):
                 raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\"), not a boolean")
@@ -107,10 +112,8 @@ def check_section_values(section: Mapping[str, Any]) -> None:
                 raise MeshSpecError(f"{where} holds {bad[:4]}; every entry is a dim name such as \"dp\"")
 
 
-def legacy_sizes(
-    config: Mapping[str, Any], *, num_stages: Optional[int] = None, ep_size: Optional[int] = None
-) -> dict[str, tuple[int, str]]:
-    """Dim sizes implied by legacy keys and code, each with the source that set it."""
+def legacy_sizes(config: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """Dim sizes implied by the legacy config keys, each with the key that set it."""
     found: dict[str, tuple[int, str]] = {}
     if config.get("sequence_parallel_size") not in (None, 1):
         source = "config key 'sequence_parallel_size'"
@@ -125,11 +128,67 @@ def legacy_sizes(
     if autotp not in (None, 0, 1):
         source = "config key 'tensor_parallel.autotp_size'"
         found["tp"] = (_size(autotp, source), source)
-    if num_stages not in (None, 1):
-        found["pp"] = (_size(num_stages, "PipelineModule num_stages"), "PipelineModule num_stages")
-    if ep_size not in (None, 1):
-        found["ep"] = (_size(ep_size, "MoE ep_size"), "MoE ep_size")
     return found
+
+
+def _is_auto(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() == AUTO)
+
+
+@dataclass
+class LayoutSources:
+    """Dim sizes each source states: ``{dim: [(size, source), ...]}``; ``ep`` apart (see
+    :func:`spec_from_config`)."""
+
+    sizes: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    ep_sizes: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, dim: str, size: Any, source: str) -> None:
+        """Record that ``source`` states ``dim=size``; a size that is not a positive int raises."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise MeshSpecError(f"{source} gives {dim}={size!r}; it must be a positive integer")
+        if dim == "ep":
+            self.ep_sizes.append((size, source))
+        else:
+            self.sizes.setdefault(dim, []).append((size, source))
+
+    def agreed(self) -> dict[str, int]:
+        """One size per dim; raises naming the first two sources that disagree."""
+        out = {}
+        for dim, stated in self.sizes.items():
+            first_size, first_source = stated[0]
+            for size, source in stated[1:]:
+                if size != first_size:
+                    raise MeshSpecError(
+                        f"{first_source} sets {dim}={first_size} but {source} sets {dim}={size}; "
+                        "make them equal or drop one"
+                    )
+            out[dim] = first_size
+        return out
+
+
+def layout_sources(
+    config: Mapping[str, Any],
+    *,
+    num_stages: Optional[int] = None,
+    stated: Iterable[tuple[str, int, str]] = (),
+) -> tuple[LayoutSources, Optional[dict[str, Any]]]:
+    """Every dim size the config (its ``"mesh"`` section, then its legacy keys), the pipeline's
+    ``num_stages`` and ``stated`` (``(dim, size, source)`` from code) give, by source; also the
+    checked ``"mesh"`` section. Needs no world size: run it before any process group exists."""
+    section = config.get("mesh")
+    section = None if section is None else check_section(section)
+    sources = LayoutSources()
+    for dim, value in (section or {}).items():
+        if (dim in MESH_DIMS or dim == "ep") and not _is_auto(value):
+            sources.add(dim, _size(value, f"config 'mesh.{dim}'"), SECTION_SOURCE)
+    for dim, (size, source) in legacy_sizes(config).items():
+        sources.add(dim, size, source)
+    if num_stages not in (None, 1):
+        sources.add("pp", _size(num_stages, "PipelineModule num_stages"), "PipelineModule num_stages")
+    for dim, size, source in stated:
+        sources.add(dim, size, source)
+    return sources, section
 
 
 def spec_from_config(
@@ -137,35 +196,44 @@ def spec_from_config(
     world_size: int,
     *,
     num_stages: Optional[int] = None,
-    ep_size: Optional[int] = None,
+    ep_size: Union[int, Iterable[int], None] = None,
     ranks: Optional[list[int]] = None,
+    stated: Iterable[tuple[str, int, str]] = (),
 ) -> MeshSpec:
-    """The mesh spec a DeepSpeed config (plus model-declared sizes) describes."""
+    """The mesh spec a DeepSpeed config describes, with what code declares: the pipeline's
+    ``num_stages``, the MoE layers' ``ep_size`` (one, or every size the model's layers use: the
+    mesh's ep is the config's, which must be one of them, else the largest) and ``stated``
+    (``(dim, size, source)`` triples, e.g. from an mpu). Every source that states a dim must agree;
+    a disagreement raises :class:`MeshSpecError` naming both."""
     cfg = load_config(config)
-    section = cfg.get("mesh")
-    inferred = legacy_sizes(cfg, num_stages=num_stages, ep_size=ep_size)
-    if section is None:
-        sizes: dict[str, Any] = {k: v for k, (v, _) in inferred.items()}
-        ep = sizes.pop("ep", 1)
-        return MeshSpec.build(world_size, ranks=ranks, ep=ep, **sizes)
-    section = check_section(section)
-    sizes = {k: v for k, v in section.items() if k in MESH_DIMS}
-    for dim, (value, source) in inferred.items():
-        declared = section.get(dim)
-        if declared is None or (isinstance(declared, str) and declared.lower() == "auto"):
-            if dim != "ep":
-                sizes.setdefault(dim, value)
-            continue
-        if _size(declared, f"config 'mesh.{dim}'") != value:
-            raise MeshSpecError(f"config 'mesh.{dim}'={declared} disagrees with {source}={value}; set them equal or drop one")
-    ep = section.get("ep")
-    if ep is None or (isinstance(ep, str) and ep.lower() == "auto"):
-        ep = inferred.get("ep", (1, ""))[0]
-    return MeshSpec.build(
-        world_size,
-        order=section.get("order"),
-        ranks=section.get("ranks", ranks),
-        ep=_size(ep, "config 'mesh.ep'"),
-        data_before_expert=section.get("data_before_expert", False),
-        **sizes,
-    )
+    sources, section = layout_sources(cfg, num_stages=num_stages, stated=stated)
+    sizes: dict[str, Any] = dict(sources.agreed())
+    section = section or {}
+    for dim, value in section.items():
+        if dim in MESH_DIMS and dim not in sizes:
+            sizes[dim] = value  # "auto"
+    if ep_size is None or isinstance(ep_size, int):
+        ep_size = [] if ep_size is None else [ep_size]
+    moe_sizes = sorted({_size(size, "MoE ep_size") for size in ep_size})
+    ep = max(moe_sizes, default=1)
+    if sources.ep_sizes:
+        ep, ep_source = sources.ep_sizes[0]
+        if moe_sizes and ep not in moe_sizes:
+            raise MeshSpecError(
+                f"{ep_source} sets ep={ep} but the model's MoE layers use ep_size {moe_sizes}; "
+                "make them equal or drop one"
+            )
+    try:
+        return MeshSpec.build(
+            world_size,
+            order=section.get("order"),
+            ranks=section.get("ranks", ranks),
+            ep=ep,
+            data_before_expert=bool(section.get("data_before_expert", False)),
+            **sizes,
+        )
+    except MeshSpecError as err:
+        if not sources.sizes:
+            raise
+        stated_text = "; ".join(f"{d}={s[0][0]} from {s[0][1]}" for d, s in sorted(sources.sizes.items()))
+        raise MeshSpecError(f"{err} (layout stated: {stated_text})") from None

@@ -127,10 +127,10 @@ def test_config_infers_from_legacy_keys_and_model_declarations():
 @pytest.mark.parametrize(
     "cfg, kwargs, message",
     [
-        ({"mesh": {"tp": 4}, "tensor_parallel": {"autotp_size": 2}}, {}, r"'mesh.tp'=4 disagrees with config key 'tensor_parallel.autotp_size'=2"),
-        ({"mesh": {"sp": 2}, "sequence_parallel_size": 4}, {}, r"'mesh.sp'=2 disagrees with config key 'sequence_parallel_size'=4"),
-        ({"mesh": {"pp": 4}}, {"num_stages": 2}, r"'mesh.pp'=4 disagrees with PipelineModule num_stages=2"),
-        ({"mesh": {"ep": 2}}, {"ep_size": 4}, r"'mesh.ep'=2 disagrees with MoE ep_size=4"),
+        ({"mesh": {"tp": 4}, "tensor_parallel": {"autotp_size": 2}}, {}, r"config 'mesh' section sets tp=4 but config key 'tensor_parallel.autotp_size' sets tp=2; make them equal"),
+        ({"mesh": {"sp": 2}, "sequence_parallel_size": 4}, {}, r"config 'mesh' section sets sp=2 but config key 'sequence_parallel_size' sets sp=4"),
+        ({"mesh": {"pp": 4}}, {"num_stages": 2}, r"config 'mesh' section sets pp=4 but PipelineModule num_stages sets pp=2"),
+        ({"mesh": {"ep": 2}}, {"ep_size": 4}, r"config 'mesh' section sets ep=2 but the model's MoE layers use ep_size \[4\]"),
         ({"mesh": {"tp": 2, "zz": 1}}, {}, r"unknown key\(s\) \['zz'\] in config 'mesh'"),
         ({"mesh": [2, 2]}, {}, r"must be a dict"),
         ({"mesh": {"tp": 3}}, {}, r"tp=3 does not divide world_size=16"),
@@ -138,7 +138,7 @@ def test_config_infers_from_legacy_keys_and_model_declarations():
         ({"tensor_parallel": 5}, {}, r"config key 'tensor_parallel' must be a dict, got 5"),
         ({"tensor_parallel": {"autotp_size": [2]}}, {}, r"'tensor_parallel.autotp_size'=\[2\] is not valid"),
         ({"mesh": {"ep": "x"}}, {}, r"config 'mesh.ep'='x' is not valid"),
-        ({"mesh": {"tp": "x"}}, {}, r"tp='x' is not valid"),
+        ({"mesh": {"tp": "x"}}, {}, r"config 'mesh.tp'='x' is not valid"),
         ({"mesh": {"sp": "two"}, "sequence_parallel_size": 2}, {}, r"config 'mesh.sp'='two' is not valid"),
     ],
 )
