@@ -72,7 +72,8 @@ MANUAL: dict[str, str] = {
     "_is_grid_valid": "a mesh is valid by construction",
 }
 
-# topology axis name -> mesh dim (stage_to_global keyword arguments, ProcessTopology axes).
+# topology axis name -> mesh dim (stage_to_global keyword arguments, ProcessTopology axes): a copy of
+# mesh_core.axis_names.AXIS_TO_DIM (the codemods never import mesh_core; tests/test_structure.py holds them equal).
 AXIS_TO_DIM = {"pipe": "pp", "data": "dp", "model": "tp"}
 
 NEEDS_PP_TP = {name for name, t in {**METHODS, **ATTRIBUTES}.items() if PP_TP in t}

@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from mesh_core import MeshSpec, MeshSpecError
+from mesh_core.axis_names import AXIS_TO_DIM
 from mesh_core.config import SECTION_SOURCE, layout_sources, spec_from_config
 
 __all__ = ["SECTION_SOURCE", "check_before_world", "code_sources", "engine_spec", "mpu_sizes", "topology_sizes"]
 
-# ProcessTopology axis → mesh dim
-TOPOLOGY_AXES = {"pipe": "pp", "data": "dp", "model": "tp"}
 
 
 def check_before_world(config: Mapping[str, Any], *, mesh_param: Any = None) -> None:
@@ -59,10 +58,10 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
 def topology_sizes(topology: Any) -> dict[str, int]:
     """Mesh dim sizes of a ``ProcessTopology`` (axes pipe / data / model)."""
     axes = list(topology.get_axis_names())
-    unknown = [a for a in axes if a not in TOPOLOGY_AXES]
+    unknown = [a for a in axes if a not in AXIS_TO_DIM]
     if unknown:
-        raise MeshSpecError(f"topology axes {unknown} have no mesh dim; supported axes are {sorted(TOPOLOGY_AXES)}")
-    return {TOPOLOGY_AXES[a]: int(topology.get_dim(a)) for a in axes}
+        raise MeshSpecError(f"topology axes {unknown} have no mesh dim; supported axes are {sorted(AXIS_TO_DIM)}")
+    return {AXIS_TO_DIM[a]: int(topology.get_dim(a)) for a in axes}
 
 
 def code_sources(

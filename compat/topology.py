@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import namedtuple
-from functools import cached_property
-from itertools import product as cartesian_product
 from typing import Any, Optional
 
-import numpy as np
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from mesh_core.axis_names import AXIS_TO_DIM, DIM_TO_AXIS
+from mesh_core.roles.pipe_topology import PipelineTopology, _index  # noqa: F401 (_index: subworld_pipe)
 
 from .deprecation import legacy_entry
 from .device import default_device_type
 
 logger = logging.getLogger(__name__)
 
-AXIS_TO_DIM = {"pipe": "pp", "data": "dp", "model": "tp"}
-DIM_TO_AXIS = {v: k for k, v in AXIS_TO_DIM.items()}
 
 _TOPOLOGY = "deepspeed.runtime.pipe.topology"
 _W_PROCESS_TOPOLOGY = legacy_entry(
@@ -45,7 +41,7 @@ _W_GRID = legacy_entry(
 )
 
 
-class ProcessTopology:
+class ProcessTopology(PipelineTopology):
     """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest)."""
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
@@ -53,101 +49,9 @@ class ProcessTopology:
         _W_PROCESS_TOPOLOGY.warn()
         self._setup(axes, dims)
 
-    def _setup(self, axes: list[str], dims: list[int]) -> None:
-        self.axes = axes  # by reference, as in DeepSpeed
-        self.dims = dims
-        self.ProcessCoord = namedtuple("ProcessCoord", axes)  # type: ignore[misc]
-        self._axis_index = {a: i for i, a in enumerate(axes)}
-        strides = [1] * len(dims)
-        for i in range(len(dims) - 2, -1, -1):
-            strides[i] = strides[i + 1] * dims[i + 1]
-        self._strides = strides
-        self._size = math.prod(dims)
-
-    @cached_property
-    def mapping(self) -> dict[Any, int]:
-        """``ProcessCoord`` → rank for every rank, in rank order (O(N); built on first use)."""
-        return {self.ProcessCoord(*c): r for r, c in enumerate(cartesian_product(*[range(d) for d in self.dims]))}
-
-    def get_rank(self, **coord_kwargs: int) -> int:
-        if len(coord_kwargs) != len(self.axes):
-            raise ValueError("get_rank() does not support slices. Use filter_match())")
-        key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
-        coord = [_index(c) for c in key]
-        if not all(c is not None and 0 <= c < d for c, d in zip(coord, self.dims)):
-            raise AssertionError(f"key {coord_kwargs} invalid")
-        return sum(c * s for c, s in zip(coord, self._strides))
-
-    def get_axis_names(self) -> list[str]:
-        return self.axes
-
-    def get_rank_repr(
-        self, rank: int, omit_axes: Any = ("data", "pipe"), inner_sep: str = "_", outer_sep: str = "-"
-    ) -> str:
-        omit = frozenset(omit_axes)
-        axes = [ax for ax in self.axes if ax not in omit]
-        coord = self.get_coord(rank) if axes else None  # DeepSpeed looks the rank up per kept axis
-        return outer_sep.join(f"{ax}{inner_sep}{getattr(coord, ax):02d}" for ax in axes)
-
-    def get_dim(self, axis: str) -> int:
-        """Length of ``axis``; 0 for an axis the topology lacks (DeepSpeed's behaviour)."""
-        index = self._axis_index.get(axis)
-        return 0 if index is None else self.dims[index]
-
-    def get_coord(self, rank: int) -> Any:
-        index = _index(rank)
-        if index is None or not 0 <= index < self._size:
-            raise ValueError(f"rank {rank} not found in topology.")
-        return self.ProcessCoord(*((index // s) % d for s, d in zip(self._strides, self.dims)))
-
-    def get_axis_comm_lists(self, axis: str) -> list[list[int]]:
-        """Rank lists that differ only in ``axis`` (``[]`` for an unknown axis)."""
-        index = self._axis_index.get(axis)
-        if index is None:
-            return []
-        ranks = np.arange(self._size).reshape(self.dims)
-        return np.moveaxis(ranks, index, -1).reshape(-1, self.dims[index]).tolist()
-
-    def filter_match(self, **filter_kwargs: int) -> list[int]:
-        for key in filter_kwargs:
-            if key not in self._axis_index:
-                raise AttributeError(f"'ProcessCoord' object has no attribute '{key}'")
-        ranks = np.arange(self._size).reshape(self.dims)
-        index = tuple(
-            _matching(filter_kwargs[a], d) if a in filter_kwargs else slice(None) for a, d in zip(self.axes, self.dims)
-        )
-        return np.sort(ranks[index].reshape(-1)).tolist()
-
-    def get_axis_list(self, axis: str, idx: int) -> list[int]:
-        """All ranks whose coordinate on ``axis`` is ``idx`` (ValueError for an unknown axis)."""
-        axis_num = self.axes.index(axis)
-        ranks = np.arange(self._size).reshape(self.dims)
-        return ranks.take(_matching(idx, self.dims[axis_num]), axis=axis_num).reshape(-1).tolist()
-
-    def world_size(self) -> int:
-        return self._size
-
-    def __str__(self) -> str:
-        return str(self.mapping)
-
 
 def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
     return tuple((n, s) for n, s in zip(spec.names, spec.sizes) if s > 1)
-
-
-def _index(value: Any) -> Optional[int]:
-    """``value`` as an int if it equals one, else None (DeepSpeed finds coordinates by ``==``, so
-    ``1.0``, ``True`` and ``np.int64(1)`` all mean 1)."""
-    try:
-        index = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return index if index == value else None
-
-
-def _matching(value: Any, dim: int) -> list[int]:
-    index = _index(value)
-    return [index] if index is not None and 0 <= index < dim else []
 
 
 def _prime_factors(N: int) -> list[int]:

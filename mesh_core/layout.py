@@ -21,6 +21,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from . import row_major
 from .spec import HSDP_DIMS, MeshSpec, MeshSpecError, check_dim_name
 
 Dims = Union[str, Sequence[str]]
@@ -32,10 +33,7 @@ class MeshLayout:
     def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
         self._index = {n: i for i, n in enumerate(spec.names)}
-        strides = [1] * len(spec.sizes)
-        for i in range(len(spec.sizes) - 2, -1, -1):
-            strides[i] = strides[i + 1] * spec.sizes[i + 1]
-        self._strides = tuple(strides)
+        self._strides = row_major.strides(spec.sizes)
         self._contiguous = isinstance(spec.ranks, range)
         self._position = None if self._contiguous else {r: i for i, r in enumerate(spec.ranks)}
 
@@ -59,7 +57,7 @@ class MeshLayout:
     def coordinate(self, rank: int) -> dict[str, int]:
         """The rank's coordinate in every declared dim."""
         idx = self.local_index(rank)
-        return {n: (idx // st) % sz for n, st, sz in zip(self.spec.names, self._strides, self.spec.sizes)}
+        return dict(zip(self.spec.names, row_major.coords(idx, self.spec.sizes, self._strides)))
 
     def coordinate_of(self, rank: int, dims: Dims) -> int:
         """The rank's index inside its group along ``dims`` (also ``ep``/``edp``/flattened dims)."""

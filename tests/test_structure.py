@@ -33,3 +33,48 @@ def test_one_config_to_spec_path():
     assert not any(isinstance(n, ast.Attribute) and n.attr == "build" for n in ast.walk(tree)), (
         "compat.engine_spec builds a MeshSpec itself; it must go through mesh_core.config.spec_from_config"
     )
+
+
+def _dict_literals_mapping(keys: set, values: set) -> list[str]:
+    """Dict displays / comprehensions whose constant keys and values are ``keys`` → ``values``
+    (either way round)."""
+    found = []
+    for folder in SOURCE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys):
+                    ks = {k.value for k in node.keys}
+                    vs = {v.value for v in node.values if isinstance(v, ast.Constant)}
+                    if (ks, vs) in ((keys, values), (values, keys)):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_one_axis_name_map():
+    """pipe/data/model ↔ pp/dp/tp is written once in mesh_core and once in the codemods (which do
+    not import mesh_core at run time); the two are equal."""
+    from codemods import grid_api
+    from mesh_core import axis_names
+
+    written = _dict_literals_mapping({"pipe", "data", "model"}, {"pp", "dp", "tp"})
+    assert sorted(p.split(":")[0] for p in written) == ["codemods/grid_api.py", "mesh_core/axis_names.py"], written
+    assert grid_api.AXIS_TO_DIM == axis_names.AXIS_TO_DIM
+    assert axis_names.DIM_TO_AXIS == {v: k for k, v in axis_names.AXIS_TO_DIM.items()}
+
+
+def test_one_row_major_math():
+    """Strides are computed in ``mesh_core.row_major`` only; the topologies share one class."""
+    from compat.topology import ProcessTopology
+    from mesh_core.roles.pipe_topology import PipelineTopology
+
+    assert issubclass(ProcessTopology, PipelineTopology)
+    computing = []
+    for folder in ("mesh_core", "compat"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if path.name != "row_major.py" and ("strides[i + 1] *" in text or "math.prod(dims[i + 1:])" in text):
+                computing.append(str(path.relative_to(ROOT)))
+    assert not computing, f"row-major strides computed outside mesh_core/row_major.py: {computing}"
+    topo = PipelineTopology(["pipe", "data", "model"], [2, 3, 2])
+    for rank in range(12):
+        assert topo.get_rank(**topo.get_coord(rank)._asdict()) == rank

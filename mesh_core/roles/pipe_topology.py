@@ -8,7 +8,8 @@ no process group, no world-size check (the grid that the module builds from it c
 same axes, answers and exceptions as DeepSpeed 0.19.8's ``PipeModelDataParallelTopology(num_pp,
 num_mp, num_dp)`` (``tp`` given, even 1: the ``'model'`` axis is kept, so checkpoint names are the
 same) and ``PipeDataParallelTopology(num_pp, num_dp)`` (``tp`` omitted). Legacy rank lookups scan
-every rank; these are O(number of axes) (``mapping`` is still built, on first use).
+every rank; these are O(number of axes) (``mapping`` is still built, on first use). The shim's
+``ProcessTopology`` is this class too (:mod:`compat.topology`).
 """
 from __future__ import annotations
 
@@ -18,78 +19,106 @@ from functools import cached_property
 from itertools import product
 from typing import Any, Iterable, Optional
 
-AXIS_OF_DIM = {"pp": "pipe", "dp": "data", "tp": "model"}
+import numpy as np
+
+from .. import row_major
+
+__all__ = ["PipelineTopology", "pipeline_topology"]
 
 
 class PipelineTopology:
     """Named axes over ranks ``0..N-1``, row-major (the last axis varies fastest)."""
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
-        self.axes = axes
+        self._setup(axes, dims)
+
+    def _setup(self, axes: list[str], dims: list[int]) -> None:
+        self.axes = axes  # by reference, as in DeepSpeed
         self.dims = dims
         self.ProcessCoord = namedtuple("ProcessCoord", axes)  # type: ignore[misc]
-        self._index = {a: i for i, a in enumerate(axes)}
-        self._strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+        self._axis_index = {a: i for i, a in enumerate(axes)}
+        self._strides = row_major.strides(dims)
         self._size = math.prod(dims)
 
     @cached_property
     def mapping(self) -> dict[Any, int]:
-        """``ProcessCoord`` → rank for every rank, in rank order."""
+        """``ProcessCoord`` → rank for every rank, in rank order (O(N); built on first use)."""
         return {self.ProcessCoord(*c): r for r, c in enumerate(product(*[range(d) for d in self.dims]))}
 
     def get_rank(self, **coord_kwargs: int) -> int:
         if len(coord_kwargs) != len(self.axes):
             raise ValueError("get_rank() does not support slices. Use filter_match())")
-        key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis
-        if key not in self.mapping:
+        key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
+        coord = [_index(c) for c in key]
+        if not all(c is not None and 0 <= c < d for c, d in zip(coord, self.dims)):
             raise AssertionError(f"key {coord_kwargs} invalid")
-        return self.mapping[key]
+        return row_major.flat_index(coord, self._strides)  # type: ignore[arg-type]
 
     def get_axis_names(self) -> list[str]:
         return self.axes
 
-    def get_rank_repr(self, rank: int, omit_axes: Iterable[str] = ("data", "pipe"), inner_sep: str = "_",
-                      outer_sep: str = "-") -> str:
+    def get_rank_repr(
+        self, rank: int, omit_axes: Iterable[str] = ("data", "pipe"), inner_sep: str = "_", outer_sep: str = "-"
+    ) -> str:
         omit = frozenset(omit_axes)
-        kept = [a for a in self.axes if a not in omit]
-        return outer_sep.join(f"{a}{inner_sep}{getattr(self.get_coord(rank=rank), a):02d}" for a in kept)
+        axes = [ax for ax in self.axes if ax not in omit]
+        coord = self.get_coord(rank) if axes else None  # DeepSpeed looks the rank up per kept axis
+        return outer_sep.join(f"{ax}{inner_sep}{getattr(coord, ax):02d}" for ax in axes)
 
     def get_dim(self, axis: str) -> int:
-        """Length of ``axis``; 0 for an axis the topology lacks."""
-        index = self._index.get(axis)
+        """Length of ``axis``; 0 for an axis the topology lacks (DeepSpeed's behaviour)."""
+        index = self._axis_index.get(axis)
         return 0 if index is None else self.dims[index]
 
     def get_coord(self, rank: int) -> Any:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._size:
-            for coord, index in self.mapping.items():  # legacy's lookup by ==, for any rank value
-                if index == rank:
-                    return coord
+        index = _index(rank)
+        if index is None or not 0 <= index < self._size:
             raise ValueError(f"rank {rank} not found in topology.")
-        return self.ProcessCoord(*((rank // s) % d for s, d in zip(self._strides, self.dims)))
+        return self.ProcessCoord(*row_major.coords(index, self.dims, self._strides))
 
     def get_axis_comm_lists(self, axis: str) -> list[list[int]]:
-        """Rank lists whose coordinates differ only in ``axis`` (``[]`` for an unknown axis)."""
-        if axis not in self._index:
+        """Rank lists that differ only in ``axis`` (``[]`` for an unknown axis)."""
+        index = self._axis_index.get(axis)
+        if index is None:
             return []
-        others = [a for a in self.axes if a != axis]
-        lists = []
-        for coord in product(*[range(self.get_dim(a)) for a in others]):
-            fixed = dict(zip(others, coord))
-            lists.append([self.get_rank(**fixed, **{axis: i}) for i in range(self.get_dim(axis))])
-        return lists
+        return np.moveaxis(row_major.rank_grid(self.dims), index, -1).reshape(-1, self.dims[index]).tolist()
 
     def filter_match(self, **filter_kwargs: int) -> list[int]:
-        return [r for c, r in self.mapping.items() if all(getattr(c, k) == v for k, v in filter_kwargs.items())]
+        for key in filter_kwargs:
+            if key not in self._axis_index:
+                raise AttributeError(f"'ProcessCoord' object has no attribute '{key}'")
+        ranks = row_major.rank_grid(self.dims)
+        index = tuple(
+            _matching(filter_kwargs[a], d) if a in filter_kwargs else slice(None) for a, d in zip(self.axes, self.dims)
+        )
+        return np.sort(ranks[index].reshape(-1)).tolist()
 
     def get_axis_list(self, axis: str, idx: int) -> list[int]:
+        """All ranks whose coordinate on ``axis`` is ``idx`` (ValueError for an unknown axis)."""
         axis_num = self.axes.index(axis)
-        return [r for c, r in self.mapping.items() if c[axis_num] == idx]
+        ranks = row_major.rank_grid(self.dims)
+        return ranks.take(_matching(idx, self.dims[axis_num]), axis=axis_num).reshape(-1).tolist()
 
     def world_size(self) -> int:
         return self._size
 
     def __str__(self) -> str:
         return str(self.mapping)
+
+
+def _index(value: Any) -> Optional[int]:
+    """``value`` as an int if it equals one, else None (DeepSpeed finds coordinates by ``==``, so
+    ``1.0``, ``True`` and ``np.int64(1)`` all mean 1)."""
+    try:
+        index = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return index if index == value else None
+
+
+def _matching(value: Any, dim: int) -> list[int]:
+    index = _index(value)
+    return [index] if index is not None and 0 <= index < dim else []
 
 
 def pipeline_topology(*, pp: int, dp: int, tp: Optional[int] = None) -> PipelineTopology:

@@ -1,0 +1,30 @@
+"""Row-major rank ↔ coordinate math (the last dim varies fastest), shared by every layout:
+:class:`~mesh_core.MeshLayout`, the pipeline topologies and the shim's ``ProcessTopology``."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["coords", "flat_index", "rank_grid", "strides"]
+
+
+def strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    """How far apart (in flat index) neighbours along each dim are: ``prod(sizes[i+1:])``."""
+    return tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
+
+
+def coords(index: int, sizes: Sequence[int], steps: Sequence[int]) -> tuple[int, ...]:
+    """The coordinate of flat ``index`` (``steps`` is :func:`strides` of ``sizes``)."""
+    return tuple((index // step) % size for step, size in zip(steps, sizes))
+
+
+def flat_index(coordinate: Sequence[int], steps: Sequence[int]) -> int:
+    """The flat index of ``coordinate`` (``steps`` is :func:`strides` of the sizes)."""
+    return sum(c * step for c, step in zip(coordinate, steps))
+
+
+def rank_grid(sizes: Sequence[int]) -> np.ndarray:
+    """Flat indices ``0..prod(sizes)-1`` laid out row-major in an array of shape ``sizes``."""
+    return np.arange(math.prod(sizes)).reshape(list(sizes))
