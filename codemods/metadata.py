@@ -27,23 +27,26 @@ from typing import Collection, Generator, Iterator, Optional
 import libcst as cst
 from libcst.codemod import ContextAwareTransformer, ContextAwareVisitor
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.codemod.visitors._gather_unused_imports import MODULES_IGNORED_BY_DEFAULT
 from libcst.helpers import get_absolute_module_from_package_for_import
 from libcst.matchers import MatcherDecoratableTransformer
-from libcst.matchers._decorators import (
-    CONSTRUCTED_LEAVE_MATCHER_ATTR,
-    CONSTRUCTED_VISIT_MATCHER_ATTR,
-    VISIT_NEGATIVE_MATCHER_ATTR,
-    VISIT_POSITIVE_MATCHER_ATTR,
-)
-from libcst.matchers._visitors import _gather_matchers
-from libcst._metadata_dependent import LazyValue
 from libcst.metadata import (
     ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider,
 )
 from libcst.metadata.base_provider import BatchableMetadataProvider
 
 from .imports import import_aliases, import_statements
+from .libcst_private import (
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    EXTRA_LEAVE_FUNCS,
+    EXTRA_VISIT_FUNCS,
+    MODULES_IGNORED_BY_DEFAULT,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    VISIT_POSITIVE_MATCHER_ATTR,
+    LazyValue,
+    gather_matchers,
+    top_imports_gatherer,
+)
 from .walk import fast_visits, has_attribute_hooks
 
 logger = logging.getLogger(__name__)
@@ -475,7 +478,7 @@ class _Hooks:
         ``getattr`` by name, which a table reproduces)."""
         if not isinstance(transformer, MatcherDecoratableTransformer) or not isinstance(transformer, cst.CSTTransformer):
             return None
-        if transformer._extra_visit_funcs or transformer._extra_leave_funcs or _gather_matchers(transformer):
+        if getattr(transformer, EXTRA_VISIT_FUNCS) or getattr(transformer, EXTRA_LEAVE_FUNCS) or gather_matchers(transformer):
             return None
         if any(name.startswith(("visit_", "leave_")) for name in getattr(transformer, "__dict__", {})):
             return None
@@ -532,7 +535,7 @@ _PRUNE: dict[type, frozenset] = {}
 _IMPORT_PASSES = (AddImportsVisitor, RemoveImportsVisitor)
 _IMPORT_PASS_HOOKS_ONLY = all(
     own_hooks(cls, ContextAwareTransformer) <= {"visit_Module", "leave_Module", "leave_Import", "leave_ImportFrom"}
-    and not _gather_matchers(cls)
+    and not gather_matchers(cls)
     for cls in _IMPORT_PASSES
 )
 
@@ -887,11 +890,8 @@ _REMOVE_PASS_KNOWN = _remove_pass_known()
 def _top_gatherer_leaves_only() -> bool:
     """The gatherer AddImportsVisitor runs has no hook but ``leave_Module`` (checked for the libcst
     installed; its private names may move)."""
-    try:
-        from libcst.codemod.visitors._add_imports import _GatherTopImportsBeforeStatements as gatherer
-    except ImportError:
-        return False
-    return own_hooks(gatherer, ContextAwareVisitor) == {"leave_Module"}
+    gatherer = top_imports_gatherer()
+    return gatherer is not None and own_hooks(gatherer, ContextAwareVisitor) == {"leave_Module"}
 
 
 _TOP_GATHERER_LEAVES_ONLY = _top_gatherer_leaves_only()

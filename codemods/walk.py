@@ -25,7 +25,8 @@ from contextvars import ContextVar
 from typing import Generator, Optional
 
 import libcst as cst
-from libcst._typed_visitor import CSTTypedBaseFunctions
+
+from .libcst_private import VISIT_AND_REPLACE_CHILDREN, CSTTypedBaseFunctions
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def field_order(node_type: type) -> Optional[tuple[str, ...]]:
         return _ORDERS[node_type]
     order = None
     try:
-        source = textwrap.dedent(inspect.getsource(node_type._visit_and_replace_children))
+        source = textwrap.dedent(inspect.getsource(getattr(node_type, VISIT_AND_REPLACE_CHILDREN)))
         function = ast.parse(source).body[0]
         order = _parse_order(function)
     except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
