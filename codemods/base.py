@@ -3,11 +3,12 @@ and ``# TODOV1:`` comments for sites that cannot be rewritten safely."""
 from __future__ import annotations
 
 import ast
+import string
 
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile, VisitorBasedCodemodCommand
@@ -31,6 +32,16 @@ SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
 TODO_TAG = "TODOV1"
 MESH_MODULE = "mesh_core"
+# what the codemods write into DeepSpeed's own modules that is not user API: imported from
+# mesh_core.runtime_hooks (a copy of names in its __all__: the codemods never import mesh_core;
+# tests/test_structure.py holds them in it)
+HOOKS_MODULE = "mesh_core.runtime_hooks"
+RUNTIME_HOOK_NAMES = frozenset({
+    "autotp_groups", "create_hpz_group", "expert_groups_named", "expert_tensor_parallel_size", "hpz_group",
+    "hpz_group_rank", "hpz_group_ranks", "hpz_group_size", "init_autotp", "largest_expert_groups_name",
+    "local_all_to_all_groups", "model_parallel_world_size", "named_expert_data_parallel_groups",
+    "named_expert_parallel_groups",
+})
 # Within a piecewise migration (codemods.pipeline), every (name, bound to something else here)
 # that mesh_ref decided, for the check that the whole file would decide the same.
 MESH_REFS: ContextVar[Optional[list]] = ContextVar("codemods_mesh_refs", default=None)
@@ -39,6 +50,19 @@ _Compound = Union[
     cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef,
     cst.ExceptHandler, cst.ExceptStarHandler, cst.Match, cst.MatchCase,
 ]
+
+
+def mesh_module_of(name: str) -> str:
+    """The module migrated code imports mesh name ``name`` from."""
+    return HOOKS_MODULE if name in RUNTIME_HOOK_NAMES else MESH_MODULE
+
+
+def fill_hooks(template: str, ref: Callable[[str], str], **parts: str) -> str:
+    """``template`` with ``{mesh}``-style ``parts`` and each ``{<runtime hook>}`` field filled with
+    ``ref(<hook>)`` (the name as the file can call it)."""
+    fields = {f for _, f, _, _ in string.Formatter().parse(template) if f}
+    hooks = {f: ref(f) for f in fields if f in RUNTIME_HOOK_NAMES and f not in parts}
+    return template.format(**parts, **hooks)
 
 
 def counters(context: CodemodContext) -> tuple[Counter, Counter]:
@@ -199,19 +223,20 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
 
     # --- imports ------------------------------------------------------------------------------
     def add_mesh_import(self, name: str) -> None:
-        AddImportsVisitor.add_needed_import(self.context, MESH_MODULE, name)
+        AddImportsVisitor.add_needed_import(self.context, mesh_module_of(name), name)
 
     def mesh_ref(self, name: str) -> str:
-        """Code naming ``mesh_core.<name>``, its import added: ``name`` itself, or
-        ``mesh_core.<name>`` when the file binds ``name`` to something else anywhere (a parameter,
-        an assignment, another import), which a ``from mesh_core import`` would clash with."""
+        """Code naming ``mesh_core.<name>`` (``mesh_core.runtime_hooks.<name>`` for a runtime hook),
+        its import added: ``name`` itself, or the dotted name when the file binds ``name`` to
+        something else anywhere (a parameter, an assignment, another import), which a ``from
+        mesh_core import`` would clash with."""
         foreign = name in self._foreign_names()
         notes = MESH_REFS.get()
         if notes is not None:
             notes.append((name, foreign))
         if foreign:
-            AddImportsVisitor.add_needed_import(self.context, MESH_MODULE)
-            return f"{MESH_MODULE}.{name}"
+            AddImportsVisitor.add_needed_import(self.context, mesh_module_of(name))
+            return f"{mesh_module_of(name)}.{name}"
         self.add_mesh_import(name)
         return name
 
@@ -232,7 +257,9 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         node = getattr(assignment, "node", None)
         if not isinstance(node, cst.ImportFrom) or node.relative or node.module is None:
             return False
-        if cst.Module([]).code_for_node(node.module) != MESH_MODULE or isinstance(node.names, cst.ImportStar):
+        if cst.Module([]).code_for_node(node.module) not in (MESH_MODULE, HOOKS_MODULE) or isinstance(
+            node.names, cst.ImportStar
+        ):
             return False
         return any(a.evaluated_alias is None and a.evaluated_name == assignment.name for a in node.names)
 
@@ -287,6 +314,15 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
             return False
         lines = [at for n, at in self._engines_of(scope) if n == name]
         return bool(lines) and min(lines) < self.line_of(node)
+
+    def engine_owner(self, node: cst.CSTNode) -> Optional[str]:
+        """The name of the DeepSpeed engine ``self`` whose method ``node`` is in (not rebound by a
+        comprehension there), or None."""
+        scope = self.scope_of(node)
+        owner = self._engine_self(scope) if scope is not None else None
+        if owner is None or self._rebound_in_comprehension(node, owner):
+            return None
+        return owner
 
     def _rebound_in_comprehension(self, node: cst.CSTNode, name: str) -> bool:
         """``name`` is a comprehension variable at ``node`` (``[... for engine in ...]``)."""

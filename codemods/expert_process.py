@@ -1,13 +1,13 @@
 """Rules for DeepSpeed's process-wide expert state, called from ``groups_getters.leave_Call``.
 
 Legacy ``deepspeed.utils.groups`` keeps one name-keyed expert table and one expert tensor-parallel
-size per process. The mesh runtime serves both to every mesh (``mesh_core.serve_process_experts``,
+size per process. The mesh runtime serves both to every mesh (``mesh_core.runtime_hooks.serve_process_experts``,
 set by ``compat.install()``), so inside DeepSpeed's package:
 
 - ``groups._get_expert_model_parallel_world_size()`` → ``expert_tensor_parallel_size()`` (mesh_core;
   it needs no mesh and no process group, as legacy's global read: MoE gating may run before
   ``torch.distributed`` is initialised), in any module;
-- the name-keyed getters (``NAMED_EXPERT`` / ``NAMED_NO_ARGS``) read ``<mesh>.expert_groups_named(name)``
+- the name-keyed getters (``NAMED_EXPERT`` / ``NAMED_NO_ARGS``) read ``expert_groups_named(<mesh>, name)``
   etc. in any DeepSpeed module, not only the engine-scoped ones: whichever mesh is current there (an
   engine's, the default, the world mesh) serves the process table first;
 - in a function whose ``groups`` *parameter* is ``deepspeed.utils.groups`` for every caller in the

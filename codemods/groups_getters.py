@@ -11,10 +11,12 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+import ds_mesh_advice
+
 from . import autotp, expert_process, hpz
 from . import legacy_names as ln
 from . import mpu_exact
-from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
+from .base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args, last_name
 
 KIND = "groups getter"
 
@@ -60,7 +62,7 @@ EXPERT: dict[str, str] = {
 # Inside DeepSpeed's engine-scoped modules (ENGINE_SCOPED_MODULES) the expert getters read the
 # name-keyed groups the MoE layers / the engine built; the model's mesh serves that table by name
 # (the mesh runtime mirrors every legacy expert builder into it), so any name expression is exact.
-_NAMED = "{mesh}.expert_groups_named({name})"
+_NAMED = "{expert_groups_named}({mesh}, {name})"
 NAMED_EXPERT: dict[str, str] = {
     "_get_expert_parallel_group": _NAMED + ".ep_group",
     "_get_expert_parallel_group_ranks": _NAMED + ".ep_ranks",
@@ -73,10 +75,10 @@ NAMED_EXPERT: dict[str, str] = {
     "_get_expert_broadcast_src_rank": "torch.distributed.get_global_rank(" + _NAMED + ".edp_group, 0)",
 }
 NAMED_NO_ARGS: dict[str, str] = {
-    "_get_expert_parallel_group_dict": "{mesh}.named_expert_parallel_groups()",
-    "_get_expert_data_parallel_group_dict": "{mesh}.named_expert_data_parallel_groups()",
-    "_get_max_expert_size_name": "{mesh}.largest_expert_groups_name()",
-    "_get_max_expert_parallel_group": "{mesh}.expert_groups_named({mesh}.largest_expert_groups_name()).ep_group",
+    "_get_expert_parallel_group_dict": "{named_expert_parallel_groups}({mesh})",
+    "_get_expert_data_parallel_group_dict": "{named_expert_data_parallel_groups}({mesh})",
+    "_get_max_expert_size_name": "{largest_expert_groups_name}({mesh})",
+    "_get_max_expert_parallel_group": "{expert_groups_named}({mesh}, {largest_expert_groups_name}({mesh})).ep_group",
 }
 
 # process-wide legacy state the mesh runtime serves to every mesh (codemods/expert_process.py);
@@ -85,44 +87,31 @@ PROCESS: dict[str, str] = {
     "_get_expert_model_parallel_world_size": "{expert_tp}()",
 }
 
-_EXPERT_DICT = "use <mesh>.expert_groups(N).ep_group / .edp_group for each ep size N instead of the name-keyed dict"
-_MAX_EXPERT = "track the largest ep size N yourself and use <mesh>.expert_groups(N)"
-_INIT_TP = (
-    "build the mesh once with set_default_mesh(DeepSpeedDeviceMesh.build(tp=N)) (or config \"mesh\": {\"tp\": N}); "
-    "its groups are <mesh>.get_group(\"dp\") and <mesh>.get_group(\"tp\")"
+# legacy function -> what a human must do (left unchanged with a TODOV1 comment): the replacement the one
+# advice table gives (ds_mesh_advice; the shim's warnings and MIGRATION.md say the same).
+_MANUAL_NAMES = (
+    "initialize",
+    "set_tensor_model_parallel_world_size",
+    "set_tensor_model_parallel_rank",
+    "_get_model_parallel_world_size",
+    "_get_expert_parallel_group_dict",
+    "_get_expert_data_parallel_group_dict",
+    "_get_max_expert_size",
+    "_get_max_expert_size_name",
+    "_get_max_expert_parallel_group",
+    "_get_expert_model_parallel_world_size",
+    "_create_expert_data_and_model_parallel",
+    "_get_expert_parallel_ranks",
+    "_create_model_parallel",
+    "_get_local_all_to_all_group",
+    "_zero_param_parallel_is_initialized",
+    "_ensure_divisibility",
+    "_release_process_group_references",
+    "_init_tp_groups_with_new_group",
+    "_init_tp_mesh_device",
+    "_create_expert_and_data_parallel",
 )
-
-# legacy function -> what a human must do (left unchanged with a TODOV1 comment).
-MANUAL: dict[str, str] = {
-    "initialize": "groups.initialize() always raises in 0.19.8; pass ep_size to deepspeed.moe.layer.MoE",
-    "set_tensor_model_parallel_world_size": "size overrides have no mesh equivalent; the mesh derives the TP size from its layout",
-    "set_tensor_model_parallel_rank": "rank overrides have no mesh equivalent; the mesh derives the TP rank from its layout",
-    "_get_model_parallel_world_size": (
-        "the result depends on the mpu: <mesh>.size((\"pp\", \"tp\")) for a PipelineParallelGrid, "
-        "<mesh>.size(\"tp\") for AutoTP, 1 without an mpu"
-    ),
-    "_get_expert_parallel_group_dict": _EXPERT_DICT,
-    "_get_expert_data_parallel_group_dict": _EXPERT_DICT,
-    "_get_max_expert_size": _MAX_EXPERT,
-    "_get_max_expert_size_name": _MAX_EXPERT,
-    "_get_max_expert_parallel_group": _MAX_EXPERT,
-    "_get_expert_model_parallel_world_size": (
-        "expert tensor parallelism: mesh_core.expert_tensor_parallel_size() once the mesh runtime serves it "
-        "(compat.install()), or <mesh>.size(\"tp\") when experts are TP-sharded, else 1"
-    ),
-    "_create_expert_data_and_model_parallel": "expert-TP groups: build the mesh with tp= and ep= and use <mesh>.expert_groups(N)",
-    "_get_expert_parallel_ranks": "use MeshLayout(MeshSpec.build(W, pp=..., tp=..., ep=N)).groups(\"ep\") / .groups(\"edp\")",
-    "_create_model_parallel": "use DeepSpeedDeviceMesh.build(tp=N); this legacy helper never stored its groups",
-    "_get_local_all_to_all_group": "per-node all-to-all groups are not mesh dims; create them with torch.distributed.new_group",
-    "_zero_param_parallel_is_initialized": "never returns True in 0.19.8; remove the check",
-    "_ensure_divisibility": "inline the divisibility check (raise with a clear message)",
-    "_release_process_group_references": "release groups with <mesh>.destroy()",
-    "_init_tp_groups_with_new_group": _INIT_TP,
-    "_init_tp_mesh_device": _INIT_TP,
-    "_create_expert_and_data_parallel": (
-        "use <mesh>.expert_groups(N); data_before_expert is a MeshSpec option and mp/pp sizes come from the mesh"
-    ),
-}
+MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(f"deepspeed.utils.groups.{name}") for name in _MANUAL_NAMES}
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
@@ -303,7 +292,7 @@ class GroupsGettersCommand(MigrationCommand):
             if replacement is not None:
                 return self._replace(original_node, replacement)
         if fname in SIMPLE and not original_node.args:
-            if self._outside_engine():
+            if self.outside_engine():
                 call = SIMPLE[fname].format(mesh="<mesh>")
                 self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=call))
                 return updated_node
@@ -319,13 +308,13 @@ class GroupsGettersCommand(MigrationCommand):
                           "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
                           "torch.distributed.group.WORLD for the world")
                 return updated_node
-            return self._rewrite(original_node, SIMPLE[fname])
+            return self.rewrite(original_node, SIMPLE[fname])
         if fname == "_clone_world_group" and not original_node.args:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
             return self._replace(original_node, WORLD)
         if fname in PROCESS and not original_node.args and in_deepspeed(self.context.full_module_name):
             return self._replace(original_node, PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size")))
-        named_here = self._engine_scoped() or expert_process.named_reads_here(self.context.full_module_name)
+        named_here = self.engine_scoped() or expert_process.named_reads_here(self.context.full_module_name)
         if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and named_here:
             named = self._named_expert(original_node, updated_node, fname)
             if named is not None:
@@ -333,12 +322,12 @@ class GroupsGettersCommand(MigrationCommand):
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             if expert_process.named_reads_here(self.context.full_module_name):
                 self.flag(KIND, f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
-                          "what <mesh>.expert_groups_named(name) serves (see MIGRATION.md 'Expert groups by name')")
+                          "what expert_groups_named(<mesh>, name) serves (see MIGRATION.md 'Expert groups by name')")
                 return updated_node
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
                       "see MIGRATION.md 'Expert groups'")
             return updated_node
-        if fname in EXPERT and self._outside_engine():
+        if fname in EXPERT and self.outside_engine():
             self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
             return updated_node
         if fname in EXPERT:
@@ -346,15 +335,15 @@ class GroupsGettersCommand(MigrationCommand):
             if size is None:
                 self.flag(KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)")
                 return updated_node
-            return self._rewrite(original_node, EXPERT[fname], n=code(size))
-        replacement = None if self._outside_engine(also_scoped=True) else self._statement_call(original_node, fname)
+            return self.rewrite(original_node, EXPERT[fname], n=code(size))
+        replacement = None if self.outside_engine(also_scoped=True) else self._statement_call(original_node, fname)
         if replacement is not None:
             self.record(KIND)
             return cst.parse_expression(replacement)
         self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
         return updated_node
 
-    def _engine_scoped(self) -> bool:
+    def engine_scoped(self) -> bool:
         module = self.context.full_module_name
         return in_deepspeed(module) and module in ENGINE_SCOPED_MODULES
 
@@ -363,15 +352,15 @@ class GroupsGettersCommand(MigrationCommand):
         exact equivalent, e.g. extra arguments). The name is taken from ``updated`` (its own legacy
         calls already rewritten)."""
         if fname in NAMED_NO_ARGS:
-            return self._rewrite(call, NAMED_NO_ARGS[fname]) if not call.args else None
+            return self.rewrite(call, NAMED_NO_ARGS[fname]) if not call.args else None
         arg = arg_by(updated, 0, "group_name")
         if arg is None or len(updated.args) != 1:
             return None
         if "torch.distributed" in NAMED_EXPERT[fname]:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
-        return self._rewrite(call, NAMED_EXPERT[fname], name=code(arg.value))
+        return self.rewrite(call, NAMED_EXPERT[fname], name=code(arg.value))
 
-    def _outside_engine(self, also_scoped: bool = False) -> bool:
+    def outside_engine(self, also_scoped: bool = False) -> bool:
         """This file is part of DeepSpeed and its reads may run outside an engine's scope (with
         ``also_scoped``: any DeepSpeed module, for builders that must stay legacy there)."""
         module = self.context.full_module_name
@@ -384,9 +373,8 @@ class GroupsGettersCommand(MigrationCommand):
         ``deepspeed.initialize`` returns), else ``current_mesh()``; see ENGINE_SCOPED_MODULES."""
         if not in_deepspeed(self.context.full_module_name):
             return super().model_mesh(node)
-        scope = self.scope_of(node)
-        owner = self._engine_self(scope) if scope is not None else None
-        if owner is not None and not self._rebound_in_comprehension(node, owner):
+        owner = self.engine_owner(node)
+        if owner is not None:
             return cst.parse_expression(f"{self.mesh_ref('model_mesh')}({owner})")
         return cst.Call(func=cst.parse_expression(self.mesh_ref("current_mesh")))
 
@@ -421,8 +409,8 @@ class GroupsGettersCommand(MigrationCommand):
         self.record(KIND)
         return cst.parse_expression(replacement)
 
-    def _rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
-        new = self._replace(call, template.format(mesh=code(self.model_mesh(call)), **parts))
+    def rewrite(self, call: cst.Call, template: str, **parts: str) -> cst.BaseExpression:
+        new = self._replace(call, fill_hooks(template, self.mesh_ref, mesh=code(self.model_mesh(call)), **parts))
         return new.with_changes(lpar=call.lpar, rpar=call.rpar) if call.lpar else new
 
     def _statement_call(self, call: cst.Call, fname: str) -> Optional[str]:

@@ -1,8 +1,9 @@
-"""Codemod rules: DeepSpeed's ZeRO++ hpZ helpers in ``deepspeed.utils.groups`` → mesh methods.
+"""Codemod rules: DeepSpeed's ZeRO++ hpZ helpers in ``deepspeed.utils.groups`` → the mesh's hpZ
+functions (``mesh_core.runtime_hooks``).
 
 ``groups._create_zero_param_parallel_group(N)`` (a bare statement) becomes
-``<mesh>.create_hpz_group(N)``; the four getters become ``<mesh>.hpz_group()``,
-``.hpz_group_size()``, ``.hpz_group_rank()`` and ``.hpz_group_ranks()``. ``<mesh>`` is the
+``create_hpz_group(<mesh>, N)``; the four getters become ``hpz_group(<mesh>)``,
+``hpz_group_size(<mesh>)``, ``hpz_group_rank(<mesh>)`` and ``hpz_group_ranks(<mesh>)``. ``<mesh>`` is the
 model's mesh (``model_mesh(self)`` in a DeepSpeed engine, ``current_mesh()`` elsewhere; see
 ``GroupsGettersCommand.model_mesh``).
 
@@ -22,19 +23,21 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from .base import arg_by
+from .base import arg_by, fill_hooks
 
 if TYPE_CHECKING:
-    from .groups_getters import GroupsGettersCommand
+    from .rule_api import RuleHost
 
 CREATE = "_create_zero_param_parallel_group"
+CREATE_TEMPLATE = "{create_hpz_group}({mesh}, {n})"
 GETTERS: dict[str, str] = {
-    "_get_zero_param_intra_parallel_group": "{mesh}.hpz_group()",
-    "_get_zero_param_intra_parallel_group_world_size": "{mesh}.hpz_group_size()",
-    "_get_zero_param_intra_parallel_rank_in_mygroup": "{mesh}.hpz_group_rank()",
-    "_get_zero_param_intra_parallel_group_ranks": "{mesh}.hpz_group_ranks()",
+    "_get_zero_param_intra_parallel_group": "{hpz_group}({mesh})",
+    "_get_zero_param_intra_parallel_group_world_size": "{hpz_group_size}({mesh})",
+    "_get_zero_param_intra_parallel_rank_in_mygroup": "{hpz_group_rank}({mesh})",
+    "_get_zero_param_intra_parallel_group_ranks": "{hpz_group_ranks}({mesh})",
 }
 FUNCTIONS = frozenset(GETTERS) | {CREATE}
+_HPZ_GROUP = "_get_zero_param_intra_parallel_group"
 KIND = "groups getter"
 # DeepSpeed modules whose hpZ calls run only with torch.distributed initialised (zero.Init calls
 # init_distributed first; the engine and its ZeRO-3 optimizer exist only after it). Elsewhere a
@@ -48,27 +51,32 @@ _ELSEWHERE = (
 )
 
 
-def rewrite(command: "GroupsGettersCommand", call: cst.Call, updated: cst.Call, fname: str) -> cst.BaseExpression:
+def rewrite(command: "RuleHost", call: cst.Call, updated: cst.Call, fname: str) -> cst.BaseExpression:
     """The mesh form of hpZ helper ``fname`` at ``call``, or ``updated`` with a TODOV1."""
     if command.context.full_module_name not in MODULES:
-        shown = _show(fname) if fname in GETTERS else "<mesh>.create_hpz_group(N)"
+        shown = _show(fname) if fname in GETTERS else _show_template(CREATE_TEMPLATE, n="N")
         command.flag(KIND, f"groups.{fname}: " + _ELSEWHERE.format(call=shown))
         return updated
     if fname in GETTERS:
         if call.args:
             command.flag(KIND, f"groups.{fname} takes no arguments (legacy raises TypeError); use {_show(fname)}")
             return updated
-        return command._rewrite(call, GETTERS[fname])
+        return command.rewrite(call, GETTERS[fname])
     size = arg_by(updated, 0, "group_size")
     if size is None or len(call.args) != 1:
-        command.flag(KIND, f"groups.{fname} takes one argument, group_size; use <mesh>.create_hpz_group(N)")
+        command.flag(KIND, f"groups.{fname} takes one argument, group_size; use " + _show_template(CREATE_TEMPLATE, n="N"))
         return updated
     if not isinstance(command.parent(call), cst.Expr):
-        command.flag(KIND, f"groups.{fname} returns None, <mesh>.create_hpz_group(N) this rank's group: "
-                     "call it as a statement, then read <mesh>.hpz_group()")
+        command.flag(KIND, f"groups.{fname} returns None, {_show_template(CREATE_TEMPLATE, n='N')} this rank's "
+                     f"group: call it as a statement, then read {_show(_HPZ_GROUP)}")
         return updated
-    return command._rewrite(call, "{mesh}.create_hpz_group({n})", n=cst.Module([]).code_for_node(size.value))
+    return command.rewrite(call, CREATE_TEMPLATE, n=cst.Module([]).code_for_node(size.value))
 
 
 def _show(fname: str) -> str:
-    return GETTERS[fname].format(mesh="<mesh>")
+    return _show_template(GETTERS[fname])
+
+
+def _show_template(template: str, **parts: str) -> str:
+    """A template as advice text: ``<mesh>`` for the mesh, each function by its own name."""
+    return fill_hooks(template, lambda name: name, mesh="<mesh>", **parts)

@@ -34,7 +34,7 @@ from . import node_groups
 from .autotp import GETTERS as AUTOTP_GETTERS
 
 if TYPE_CHECKING:
-    from .base import MigrationCommand
+    from .rule_api import RuleHost
 
 PIPE_ENGINE = "deepspeed.runtime.pipe.engine"
 _QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_rank"}
@@ -46,7 +46,7 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def mpu_getter(command: "MigrationCommand", call: cst.Call, receiver: str, method: str) -> Optional[str]:
+def mpu_getter(command: "RuleHost", call: cst.Call, receiver: str, method: str) -> Optional[str]:
     """Replacement code for ``<receiver>.<method>()`` (None: no rule proves it exact here)."""
     if call.args:
         return None
@@ -60,7 +60,7 @@ def mpu_getter(command: "MigrationCommand", call: cst.Call, receiver: str, metho
     return None
 
 
-def _hasattr_guarded(command: "MigrationCommand", call: cst.Call, receiver: str, method: str) -> bool:
+def _hasattr_guarded(command: "RuleHost", call: cst.Call, receiver: str, method: str) -> bool:
     """``call`` is the body of ``... if hasattr(<receiver>, "<method>") else ...``."""
     parent = command.parent(call)
     if not isinstance(parent, cst.IfExp) or parent.body is not call:
@@ -74,7 +74,7 @@ def _hasattr_guarded(command: "MigrationCommand", call: cst.Call, receiver: str,
     return code(test.args[0].value) == receiver and isinstance(name, cst.SimpleString) and name.evaluated_value == method
 
 
-def _mpu_is_groups_here(command: "MigrationCommand", call: cst.Call) -> bool:
+def _mpu_is_groups_here(command: "RuleHost", call: cst.Call) -> bool:
     """``call`` runs inside a method (or a function nested in it) whose body assigns
     ``self.mpu = groups`` (``deepspeed.utils.groups``) in a statement before the one that holds
     ``call``, and the class assigns ``self.mpu`` nowhere else than there and in ``__init__`` (the
@@ -134,17 +134,16 @@ def _assignments(statement: cst.CSTNode):
                 yield target.target, small.value
 
 
-def _is_groups(command: "MigrationCommand", value: cst.BaseExpression) -> bool:
+def _is_groups(command: "RuleHost", value: cst.BaseExpression) -> bool:
     return ln.GROUPS in command.legacy_names(value)
 
 
-def engine_model_parallel_world_size(command: "MigrationCommand", call: cst.Call) -> Optional[str]:
+def engine_model_parallel_world_size(command: "RuleHost", call: cst.Call) -> Optional[str]:
     """``groups._get_model_parallel_world_size()`` inside an engine method (None elsewhere)."""
     if call.args:
         return None
-    scope = command.scope_of(call)
-    owner = command._engine_self(scope) if scope is not None else None
-    if owner is None or command._rebound_in_comprehension(call, owner):
+    owner = command.engine_owner(call)
+    if owner is None:
         return None
     return f"{command.mesh_ref('model_parallel_world_size')}({owner}.mpu)"
 
@@ -152,11 +151,11 @@ def engine_model_parallel_world_size(command: "MigrationCommand", call: cst.Call
 GROUPS_CALLS = frozenset({"_get_model_parallel_world_size", node_groups.FUNCTION})
 
 
-def groups_call(command: "MigrationCommand", call: cst.Call, fname: str) -> Optional[str]:
+def groups_call(command: "RuleHost", call: cst.Call, fname: str) -> Optional[str]:
     """Replacement code for ``groups.<fname>(...)`` (one of GROUPS_CALLS) inside DeepSpeed, or None."""
     module = command.context.full_module_name or ""
     if fname == node_groups.FUNCTION:
         return node_groups.replacement(command, call) if module.startswith("deepspeed.") else None
-    if not command._engine_scoped():  # type: ignore[attr-defined]  (GroupsGettersCommand)
+    if not command.engine_scoped():
         return None
     return engine_model_parallel_world_size(command, call)

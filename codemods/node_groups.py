@@ -1,7 +1,7 @@
-"""Rule: ``groups._get_local_all_to_all_group()`` inside DeepSpeed → ``mesh_core.local_all_to_all_groups``.
+"""Rule: ``groups._get_local_all_to_all_group()`` inside DeepSpeed → ``mesh_core.runtime_hooks.local_all_to_all_groups``.
 
 Legacy builds the node all-to-all groups from ``get_accelerator().device_count()`` into one
-process-global dict it hands out; ``mesh_core.local_all_to_all_groups(devices_per_node)`` builds the
+process-global dict it hands out; ``mesh_core.runtime_hooks.local_all_to_all_groups(devices_per_node)`` builds the
 same rank sets into mesh_core's one dict (the mesh runtime's legacy getter serves that very dict), so
 the call is rewritten with the device count passed in, where the module has DeepSpeed's
 ``get_accelerator`` imported at module level under that name. Called from
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 if TYPE_CHECKING:
-    from .groups_getters import GroupsGettersCommand
+    from .rule_api import RuleHost
 
 FUNCTION = "_get_local_all_to_all_group"
 
@@ -23,7 +23,7 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-def replacement(command: "GroupsGettersCommand", call: cst.Call) -> Optional[str]:
+def replacement(command: "RuleHost", call: cst.Call) -> Optional[str]:
     """Code for ``call`` (None: ``get_accelerator`` is not provably DeepSpeed's there)."""
     if call.args:
         return None

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-from mesh_core import registry_for_world
+from mesh_core.runtime_hooks import registry_for_world
 
 logger = logging.getLogger(__name__)
 

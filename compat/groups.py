@@ -5,7 +5,7 @@ Group memberships, return values and the legacy quirks (``range`` objects for le
 pipeline stage that ignores TP when ``mp_size`` is None, ...) are DeepSpeed's. What differs:
 
 - every communicator comes from a :class:`~mesh_core.DeepSpeedDeviceMesh` or its world's
-  :class:`~mesh_core.GroupRegistry`, so a rank set gets one communicator however many legacy
+  :class:`~mesh_core.runtime_hooks.GroupRegistry`, so a rank set gets one communicator however many legacy
   builders ask for it (the world clone is WORLD itself; ``_get_local_all_to_all_group`` no longer
   creates new communicators per call);
 - the state is one :class:`GroupsState` object around one default mesh (:func:`bind_mesh`), plus
@@ -37,11 +37,13 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
+from mesh_core.runtime_hooks import register_expert_groups, registry_for_world
 import mesh_core.roles.hpz as _hpz
 from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
-from mesh_core.roles.node_groups import all_to_all_groups, local_all_to_all_groups
-from mesh_core.roles.tensor_parallel import autotp_groups, init_autotp
+from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
+
+import ds_mesh_advice
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -173,8 +175,9 @@ def set_legacy_global(name: str, value: Any) -> bool:
     return True
 
 
-def _w(name: str, replacement: str, *, hot: bool = False):
-    return legacy_entry(f"{_GROUPS}.{name}", replacement, hot=hot)
+def _w(name: str, *, hot: bool = False):
+    """The legacy entry of ``groups.<name>``; its advice is the one table's (:mod:`ds_mesh_advice`)."""
+    return legacy_entry(f"{_GROUPS}.{name}", ds_mesh_advice.plain(f"{_GROUPS}.{name}"), hot=hot)
 
 
 # --- the default mesh ------------------------------------------------------------------------
@@ -265,7 +268,7 @@ def _divisible(numerator: int, denominator: int) -> None:
     assert numerator % denominator == 0, "{} is not divisible by {}".format(numerator, denominator)
 
 
-_W_ENSURE = _w("_ensure_divisibility", "mesh_core.MeshSpec.build(...) (raises MeshSpecError)")
+_W_ENSURE = _w("_ensure_divisibility")
 
 
 def _ensure_divisibility(numerator: int, denominator: int) -> None:
@@ -275,7 +278,7 @@ def _ensure_divisibility(numerator: int, denominator: int) -> None:
     _divisible(numerator, denominator)
 
 
-_W_INITIALIZE = _w("initialize", "deepspeed.moe.layer.MoE(..., ep_size=N)")
+_W_INITIALIZE = _w("initialize")
 
 
 def initialize(ep_size: int = 1, mpu: Any = None) -> None:
@@ -289,7 +292,7 @@ def initialize(ep_size: int = 1, mpu: Any = None) -> None:
 
 
 # --- teardown --------------------------------------------------------------------------------
-_W_RELEASE = _w("_release_process_group_references", "mesh.destroy()")
+_W_RELEASE = _w("_release_process_group_references")
 
 
 def _release_process_group_references(group: Any = None) -> None:
@@ -394,8 +397,8 @@ def _comm_rank() -> int:
 
 
 # --- tensor / data parallel (AutoTP, "lettered" API) -------------------------------------------
-_W_TP_NEW_GROUP = _w("_init_tp_groups_with_new_group", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
-_W_TP_MESH = _w("_init_tp_mesh_device", "mesh_core.DeepSpeedDeviceMesh.build(tp=N)")
+_W_TP_NEW_GROUP = _w("_init_tp_groups_with_new_group")
+_W_TP_MESH = _w("_init_tp_mesh_device")
 
 
 def _tp_mesh(tensor_model_parallel_size: int, data_parallel_size: int) -> tuple[DeepSpeedDeviceMesh, tuple[Any, Any]]:
@@ -510,18 +513,18 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
                      _comm_rank(), tensor_model_parallel_size, data_parallel_size))
 
 
-_W_GET_TP_GROUP = _w("get_tensor_model_parallel_group", "mesh.get_group('tp')")
-_W_GET_MP_GROUP = _w("get_model_parallel_group", "mesh.get_group('tp')")
-_W_GET_DP_GROUP = _w("get_data_parallel_group", "mesh.get_group('dp')")
-_W_SET_TP_WS = _w("set_tensor_model_parallel_world_size", "mesh.size('tp') (sizes are fixed by the mesh)")
-_W_GET_TP_WS = _w("get_tensor_model_parallel_world_size", "mesh.size('tp')")
-_W_GET_MP_WS = _w("get_model_parallel_world_size", "mesh.size('tp')")
-_W_SET_TP_RANK = _w("set_tensor_model_parallel_rank", "mesh.get_rank('tp') (ranks are fixed by the mesh)")
-_W_GET_TP_RANK = _w("get_tensor_model_parallel_rank", "mesh.get_rank('tp')")
-_W_GET_MP_RANK = _w("get_model_parallel_rank", "mesh.get_rank('tp')")
-_W_GET_TP_SRC = _w("get_tensor_model_parallel_src_rank", "mesh.get_group_ranks('tp')[0]")
-_W_GET_DP_WS = _w("get_data_parallel_world_size", "mesh.size('dp')")
-_W_GET_DP_RANK = _w("get_data_parallel_rank", "mesh.get_rank('dp')")
+_W_GET_TP_GROUP = _w("get_tensor_model_parallel_group")
+_W_GET_MP_GROUP = _w("get_model_parallel_group")
+_W_GET_DP_GROUP = _w("get_data_parallel_group")
+_W_SET_TP_WS = _w("set_tensor_model_parallel_world_size")
+_W_GET_TP_WS = _w("get_tensor_model_parallel_world_size")
+_W_GET_MP_WS = _w("get_model_parallel_world_size")
+_W_SET_TP_RANK = _w("set_tensor_model_parallel_rank")
+_W_GET_TP_RANK = _w("get_tensor_model_parallel_rank")
+_W_GET_MP_RANK = _w("get_model_parallel_rank")
+_W_GET_TP_SRC = _w("get_tensor_model_parallel_src_rank")
+_W_GET_DP_WS = _w("get_data_parallel_world_size")
+_W_GET_DP_RANK = _w("get_data_parallel_rank")
 
 
 def get_tensor_model_parallel_group():
@@ -621,7 +624,7 @@ def get_data_parallel_rank() -> int:
 
 
 _W_CREATE_MP = _w(
-    "_create_model_parallel", "mesh_core.DeepSpeedDeviceMesh.build(tp=N): mesh.get_group('dp'), mesh.get_group('tp')"
+    "_create_model_parallel"
 )
 
 
@@ -639,10 +642,10 @@ def _create_model_parallel(model_parallel_size_: int):
 
 
 # --- expert parallel -------------------------------------------------------------------------
-_W_CREATE_EP = _w("_create_expert_and_data_parallel", "mesh.expert_groups(N)")
-_W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel", "mesh.expert_groups(N)")
+_W_CREATE_EP = _w("_create_expert_and_data_parallel")
+_W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel")
 _W_EP_RANKS = _w(
-    "_get_expert_parallel_ranks", "mesh_core.MeshLayout(MeshSpec.build(W, pp=, dp=, tp=, ep=N)).groups('ep'/'edp')"
+    "_get_expert_parallel_ranks"
 )
 
 
@@ -667,7 +670,7 @@ def _default_or_none() -> Optional[DeepSpeedDeviceMesh]:
 
 def _mirror_expert(mesh: DeepSpeedDeviceMesh, name: str) -> None:
     """Serve the legacy table's expert groups ``name`` from ``mesh`` too, so that migrated DeepSpeed
-    code (``model_mesh(self).expert_groups_named(name)``) reads exactly what the legacy getters read."""
+    code (``expert_groups_named(model_mesh(self), name)``) reads exactly what the legacy getters read."""
     state = _state
     if name not in state.expert_parallel_group or name not in state.expert_data_parallel_group:
         return
@@ -679,7 +682,7 @@ def _mirror_expert(mesh: DeepSpeedDeviceMesh, name: str) -> None:
         ep_ranks=state.expert_parallel_group_ranks[name],
         edp_ranks=state.expert_data_parallel_group_ranks[name],
     )
-    mesh.register_expert_groups(name, groups)
+    register_expert_groups(mesh, name, groups)
 
 
 def _as_range(ranks: list[int]) -> range:
@@ -862,22 +865,22 @@ def _create_expert_data_and_model_parallel(
     _store_expert(name, ep_group, _member_list(ep_lists, rank), edp_group, _member_list(edp_lists, rank))
 
 
-_W_MAX_SIZE = _w("_get_max_expert_size", "mesh.spec.ep")
-_W_MAX_NAME = _w("_get_max_expert_size_name", "f'ep_size_{mesh.spec.ep}'")
-_W_MAX_GROUP = _w("_get_max_expert_parallel_group", "mesh.get_group('ep')")
-_W_EP_GROUP = _w("_get_expert_parallel_group", "mesh.expert_groups(N).ep_group", hot=True)
-_W_EP_GROUP_RANKS = _w("_get_expert_parallel_group_ranks", "mesh.expert_groups(N).ep_ranks")
-_W_EP_DICT = _w("_get_expert_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).ep_group}")
-_W_EDP_GROUP = _w("_get_expert_data_parallel_group", "mesh.expert_groups(N).edp_group", hot=True)
-_W_EDP_GROUP_RANKS = _w("_get_expert_data_parallel_group_ranks", "mesh.expert_groups(N).edp_ranks")
-_W_EDP_DICT = _w("_get_expert_data_parallel_group_dict", "{f'ep_size_{N}': mesh.expert_groups(N).edp_group}")
-_W_EP_BCAST = _w("_get_expert_broadcast_src_rank", "mesh.expert_groups(N).edp_ranks[0]")
-_W_EP_WS = _w("_get_expert_parallel_world_size", "len(mesh.expert_groups(N).ep_ranks)")
-_W_EDP_WS = _w("_get_expert_data_parallel_world_size", "len(mesh.expert_groups(N).edp_ranks)")
-_W_EP_RANK = _w("_get_expert_parallel_rank", "mesh.expert_groups(N).ep_ranks.index(rank)")
-_W_EP_SRC = _w("_get_expert_parallel_src_rank", "mesh.expert_groups(N).ep_ranks[0]")
-_W_EDP_RANK = _w("_get_expert_data_parallel_rank", "mesh.expert_groups(N).edp_ranks.index(rank)")
-_W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size", "mesh.size('tp')")
+_W_MAX_SIZE = _w("_get_max_expert_size")
+_W_MAX_NAME = _w("_get_max_expert_size_name")
+_W_MAX_GROUP = _w("_get_max_expert_parallel_group")
+_W_EP_GROUP = _w("_get_expert_parallel_group", hot=True)
+_W_EP_GROUP_RANKS = _w("_get_expert_parallel_group_ranks")
+_W_EP_DICT = _w("_get_expert_parallel_group_dict")
+_W_EDP_GROUP = _w("_get_expert_data_parallel_group", hot=True)
+_W_EDP_GROUP_RANKS = _w("_get_expert_data_parallel_group_ranks")
+_W_EDP_DICT = _w("_get_expert_data_parallel_group_dict")
+_W_EP_BCAST = _w("_get_expert_broadcast_src_rank")
+_W_EP_WS = _w("_get_expert_parallel_world_size")
+_W_EDP_WS = _w("_get_expert_data_parallel_world_size")
+_W_EP_RANK = _w("_get_expert_parallel_rank")
+_W_EP_SRC = _w("_get_expert_parallel_src_rank")
+_W_EDP_RANK = _w("_get_expert_data_parallel_rank")
+_W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size")
 
 
 def _get_max_expert_size() -> Optional[int]:
@@ -1050,10 +1053,9 @@ def _get_expert_model_parallel_world_size() -> int:
 
 
 # --- world clone and all-to-all ------------------------------------------------------------------
-_W_CLONE_WORLD = _w("_clone_world_group", "torch.distributed.group.WORLD")
+_W_CLONE_WORLD = _w("_clone_world_group")
 _W_ALL_TO_ALL = _w(
     "_get_local_all_to_all_group",
-    "mesh_core.DeepSpeedDeviceMesh.build(dp=W // devices_per_node, tp=devices_per_node): 'tp' (local), 'dp' (global)",
 )
 
 
@@ -1117,18 +1119,18 @@ def _mesh_device_group(dim: str):
     return mesh_device.get_group(mesh_dim=dim)
 
 
-_W_DP_GROUP = _w("_get_data_parallel_group", "mesh.get_group('dp')", hot=True)
-_W_DP_GROUP_RANKS = _w("_get_data_parallel_group_ranks", "mesh.get_group_ranks('dp')")
-_W_BCAST = _w("_get_broadcast_src_rank", "mesh.get_group_ranks(('dp', 'sp'))[0]")
-_W_DP_WS = _w("_get_data_parallel_world_size", "mesh.size('dp')")
-_W_MP_WS = _w("_get_model_parallel_world_size", "mesh.size(('pp', 'tp'))")
-_W_DP_RANK = _w("_get_data_parallel_rank", "mesh.get_rank('dp')")
-_W_SP_WS = _w("_get_sequence_parallel_world_size", "mesh.size('sp')")
-_W_SP_RANK = _w("_get_sequence_parallel_rank", "mesh.get_rank('sp')")
-_W_SP_GROUP = _w("_get_sequence_parallel_group", "mesh.get_group('sp')")
-_W_SDP_WS = _w("_get_sequence_data_parallel_world_size", "mesh.size(('dp', 'sp'))")
-_W_SDP_RANK = _w("_get_sequence_data_parallel_rank", "mesh.get_rank(('dp', 'sp'))")
-_W_SDP_GROUP = _w("_get_sequence_data_parallel_group", "mesh.get_group(('dp', 'sp'))")
+_W_DP_GROUP = _w("_get_data_parallel_group", hot=True)
+_W_DP_GROUP_RANKS = _w("_get_data_parallel_group_ranks")
+_W_BCAST = _w("_get_broadcast_src_rank")
+_W_DP_WS = _w("_get_data_parallel_world_size")
+_W_MP_WS = _w("_get_model_parallel_world_size")
+_W_DP_RANK = _w("_get_data_parallel_rank")
+_W_SP_WS = _w("_get_sequence_parallel_world_size")
+_W_SP_RANK = _w("_get_sequence_parallel_rank")
+_W_SP_GROUP = _w("_get_sequence_parallel_group")
+_W_SDP_WS = _w("_get_sequence_data_parallel_world_size")
+_W_SDP_RANK = _w("_get_sequence_data_parallel_rank")
+_W_SDP_GROUP = _w("_get_sequence_data_parallel_group")
 
 
 def _dp_group():
@@ -1304,22 +1306,18 @@ def _get_sequence_data_parallel_group():
 # --- ZeRO++ hpZ (secondary partition) groups ---------------------------------------------------
 # The right replacement depends on the mesh: on an HSDP mesh (dp_replicate x dp_shard) the group
 # all-gathers stay in is the dp_shard group (sp folded in when sp > 1); a dp-only mesh has no dim for it.
-_HPZ_ADVICE = (
-    "a mesh declaring dp_replicate x dp_shard, e.g. {\"mesh\": {\"dp_replicate\": W // N, \"dp_shard\": N}} "
-    "(HSDP: ZeRO then partitions over and gathers within dp_shard itself, docs/hsdp.md); then "
-)
-_W_ZP_CREATE = _w("_create_zero_param_parallel_group", "<mesh>.create_hpz_group(N); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
-_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group", "<mesh>.hpz_group(); or " + _HPZ_ADVICE + "mesh.get_group(('dp_shard', 'sp'))")
-_W_ZP_INIT = _w("_zero_param_parallel_is_initialized", _HPZ_ADVICE + "mesh.size('dp_replicate') > 1")
-_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup", "<mesh>.hpz_group_rank(); or " + _HPZ_ADVICE + "mesh.get_rank(('dp_shard', 'sp'))")
-_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size", "<mesh>.hpz_group_size(); or " + _HPZ_ADVICE + "mesh.size(('dp_shard', 'sp'))")
-_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks", "<mesh>.hpz_group_ranks(); or " + _HPZ_ADVICE + "mesh.get_group_ranks(('dp_shard', 'sp'))")
+_W_ZP_CREATE = _w("_create_zero_param_parallel_group")
+_W_ZP_GROUP = _w("_get_zero_param_intra_parallel_group")
+_W_ZP_INIT = _w("_zero_param_parallel_is_initialized")
+_W_ZP_RANK = _w("_get_zero_param_intra_parallel_rank_in_mygroup")
+_W_ZP_WS = _w("_get_zero_param_intra_parallel_group_world_size")
+_W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks")
 
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
     """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
     with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.roles.hpz.hpz_rank_lists`). Kept in
-    mesh_core per world and ZeRO domain, so ``<mesh>.hpz_group()`` (migrated code) sees them too."""
+    mesh_core per world and ZeRO domain, so ``hpz_group(<mesh>)`` (migrated code) sees them too."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()

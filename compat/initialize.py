@@ -27,7 +27,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core.runtime_hooks import registry_for_world
 from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config

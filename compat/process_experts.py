@@ -1,11 +1,11 @@
-"""DeepSpeed's process-wide expert state, served to every mesh (``mesh_core.serve_process_experts``).
+"""DeepSpeed's process-wide expert state, served to every mesh (``mesh_core.runtime_hooks.serve_process_experts``).
 
 Legacy ``deepspeed.utils.groups`` keeps one name-keyed expert table and one expert tensor-parallel
 size per process. Under the shim that state lives in :mod:`compat.groups`; :class:`LegacyExperts`
 is a live, read-only view of it, so migrated DeepSpeed code reading through whichever mesh is
 current (an engine's, the default, the world mesh) reads exactly what the legacy getters read:
-``current_mesh().expert_groups_named(name)`` is ``_get_expert_parallel_group(name)``'s group, and
-``mesh_core.expert_tensor_parallel_size()`` is ``_get_expert_model_parallel_world_size()``.
+``expert_groups_named(current_mesh(), name)`` is ``_get_expert_parallel_group(name)``'s group, and
+``mesh_core.runtime_hooks.expert_tensor_parallel_size()`` is ``_get_expert_model_parallel_world_size()``.
 :func:`compat.install` serves it; :func:`compat.uninstall` stops.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _NamedView(Mapping):
 
 
 class LegacyExperts:
-    """compat.groups' expert table and expert tensor-parallel size (a ``mesh_core.ProcessExperts``)."""
+    """compat.groups' expert table and expert tensor-parallel size (a ``mesh_core.runtime_hooks.ProcessExperts``)."""
 
     def __init__(self) -> None:
         self._named = _NamedView()
@@ -67,13 +67,13 @@ class LegacyExperts:
 
 
 def serve() -> None:
-    from mesh_core import serve_process_experts
+    from mesh_core.runtime_hooks import serve_process_experts
 
     serve_process_experts(LegacyExperts())
 
 
 def stop() -> None:
-    from mesh_core import process_experts, serve_process_experts
+    from mesh_core.runtime_hooks import process_experts, serve_process_experts
 
     if isinstance(process_experts(), LegacyExperts):
         serve_process_experts(None)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+import ds_mesh_advice
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.axis_names import AXIS_TO_DIM, DIM_TO_AXIS
 from mesh_core.roles.pipe_topology import PipelineTopology, _index  # noqa: F401 (_index: subworld_pipe)
@@ -27,14 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 _TOPOLOGY = "deepspeed.runtime.pipe.topology"
-_W_PROCESS_TOPOLOGY = legacy_entry(
-    f"{_TOPOLOGY}.ProcessTopology", "mesh_core.MeshSpec.build(W, ...) and mesh_core.MeshLayout(spec)"
-)
-_W_PIPE_DATA = legacy_entry(
-    f"{_TOPOLOGY}.PipeDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)"
-)
-_W_PIPE_MODEL_DATA = legacy_entry(
-    f"{_TOPOLOGY}.PipeModelDataParallelTopology", "mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp, tp=num_mp)"
+_W_PROCESS_TOPOLOGY, _W_PIPE_DATA, _W_PIPE_MODEL_DATA = (
+    legacy_entry(f"{_TOPOLOGY}.{name}", ds_mesh_advice.plain(f"{_TOPOLOGY}.{name}"))  # the one advice table
+    for name in ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology")
 )
 _W_GRID = legacy_entry(
     f"{_TOPOLOGY}.PipelineParallelGrid", "engine.mesh_device / mesh_core.DeepSpeedDeviceMesh.build(pp=..., tp=...)"

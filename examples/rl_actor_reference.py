@@ -21,7 +21,8 @@ compat.install()  # or leave this out and run with DS_MESH=1
 import deepspeed  # noqa: E402
 
 from common import check_replicas, init_gloo, ranks, say, say0, shutdown  # noqa: E402
-from mesh_core import DeepSpeedDeviceMesh, registry_for_world  # noqa: E402
+from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
+from mesh_core.runtime_hooks import registry_for_world  # noqa: E402
 
 BASE = {"train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6}
 ACTOR_CONFIG = {**BASE, "mesh": {"tp": 2}, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh, rank_set_slot
 from .layout import Dims, MeshLayout
-from .roles.process_experts import process_expert_groups
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 
@@ -80,22 +79,6 @@ class ExpertGroups:
         if self.layout is None:
             raise MeshSpecError(f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout")
         return self.layout
-
-
-class _NamedGroupsView(Mapping):
-    """A live read-only ``{name: groups.<attr>}`` view of a mesh's named expert groups."""
-
-    def __init__(self, named: Callable[[], Mapping[str, ExpertGroups]], attr: str) -> None:
-        self._named, self._attr = named, attr
-
-    def __getitem__(self, name: str) -> Optional[ProcessGroup]:
-        return getattr(self._named()[name], self._attr)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._named())
-
-    def __len__(self) -> int:
-        return len(self._named())
 
 
 class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
@@ -159,14 +142,17 @@ class DeepSpeedDeviceMesh:
     def _build(self, flatten_keys: list[tuple[str, ...]], p2p_groups: bool) -> None:
         spec, backend = self.spec, self.backend
         self._registry: GroupRegistry = registry_for_world()
+        self.registry = self._registry  # the world's group registry (shared by its meshes)
         self.creation_path = choose_creation_path(
             CreationInputs.probe(backend, whole_world=spec.size == spec.world_size)
         )
         self._label = spec.describe()
         self._keys: list = []
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
-        self._expert: dict[int, ExpertGroups] = {}
-        self._named_expert: dict[str, ExpertGroups] = {}  # DeepSpeed's MoE group names -> groups
+        # expert groups built per ep size, and by the name DeepSpeed's MoE layers use (the first
+        # registration of a name wins; mesh_core.roles.named_experts reads and registers them)
+        self.built_expert_groups: dict[int, ExpertGroups] = {}
+        self.expert_names: dict[str, ExpertGroups] = {}
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
         self.source_mpu: Any = None  # the mpu from_mpu built this mesh from (None otherwise)
@@ -178,8 +164,7 @@ class DeepSpeedDeviceMesh:
         for dims in flatten_keys:
             self._ensure_group(dims)
         if spec.ep > 1:
-            self._expert[spec.ep] = self._build_expert_groups(self.layout)
-            self.register_expert_groups(expert_groups_name(spec.ep), self._expert[spec.ep])
+            self._register_built(spec.ep, self._build_expert_groups(self.layout))
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
@@ -295,9 +280,6 @@ class DeepSpeedDeviceMesh:
             out *= self.spec.dim_size(name)
         return out
 
-    def get_coordinate(self) -> dict[str, int]:
-        return self.layout.coordinate(self.rank)
-
     def stage_to_global(self, stage_id: int, **coords: int) -> int:
         """Global rank of this rank's coordinate with ``pp`` set to ``stage_id`` (and ``coords``)."""
         coord = self.layout.coordinate(self.rank)
@@ -319,7 +301,7 @@ class DeepSpeedDeviceMesh:
         it the first time a size is asked for (this rank's two groups are created then)."""
         self._check_alive()
         ep = self.spec.ep if ep_size is None else ep_size
-        if ep not in self._expert:
+        if ep not in self.built_expert_groups:
             try:
                 spec = MeshSpec.build(
                     self.spec.world_size,
@@ -331,105 +313,8 @@ class DeepSpeedDeviceMesh:
                 )
             except MeshSpecError as err:
                 raise MeshSpecError(f"ep_size={ep} is not valid for {self.spec.describe()}: {err}") from None
-            self._expert[ep] = self._build_expert_groups(MeshLayout(spec))
-            self.register_expert_groups(expert_groups_name(ep), self._expert[ep])
-        return self._expert[ep]
-
-    # --- expert groups by the name MoE layers use ("ep_size_N") ------------------------------
-    def register_expert_groups(self, name: str, groups: ExpertGroups) -> ExpertGroups:
-        """Serve ``groups`` under ``name`` (the first registration of a name wins, as DeepSpeed's
-        builders skip a name that exists); returns what ``name`` serves. :meth:`expert_groups`
-        registers each size it builds as ``ep_size_<N>``. Creates nothing."""
-        if not isinstance(name, str) or not name:
-            raise MeshSpecError(f"an expert group name is a non-empty string like 'ep_size_4', got {name!r}")
-        return self._named_expert.setdefault(name, groups)
-
-    def named_expert_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
-        """A live read-only view ``{name: this rank's EP group}`` of the registered expert groups."""
-        return _NamedGroupsView(self._named_table, "ep_group")
-
-    def named_expert_data_parallel_groups(self) -> Mapping[str, Optional[ProcessGroup]]:
-        """A live read-only view ``{name: this rank's EDP group}`` of the registered expert groups."""
-        return _NamedGroupsView(self._named_table, "edp_group")
-
-    def expert_groups_named(self, name: str) -> ExpertGroups:
-        """The expert groups registered under ``name`` (a runtime's process-wide table first, see
-        :mod:`mesh_core.roles.process_experts`); creates nothing, raises :class:`ExpertGroupsNotBuilt`
-        (naming the registered names) if there are none."""
-        served = process_expert_groups()
-        try:
-            if served is not None and name in served:  # the hot path: one lookup in the process table
-                return served[name]
-            return self._named_table()[name]
-        except (KeyError, TypeError):
-            known = ", ".join(sorted(self._named_table())) or "none"
-            raise ExpertGroupsNotBuilt(
-                f"no expert groups named {name!r} on {self._label} (registered: {known}); build them with "
-                "expert_groups(N) or a MoE layer first"
-            ) from None
-
-    def expert_group_names(self) -> list[str]:
-        """The names expert groups are registered under, in registration order."""
-        return list(self._named_table())
-
-    def largest_expert_groups_name(self) -> str:
-        """``ep_size_<N>`` for the largest N registered (DeepSpeed's ``_get_max_expert_size_name``:
-        ``ep_size_None`` when there is none)."""
-        prefix = expert_groups_name("")
-        sizes = [int(n[len(prefix):]) for n in self._named_table() if n.startswith(prefix) and n[len(prefix):].isdigit()]
-        return expert_groups_name(max(sizes) if sizes else None)
-
-    def _named_table(self) -> Mapping[str, ExpertGroups]:
-        """The names this mesh serves: those a runtime serves per process (mesh_core.roles.process_experts:
-        DeepSpeed's one name-keyed table, whichever mesh reads it), then the groups this mesh built
-        itself (:meth:`expert_groups`); without a runtime source, every name registered here."""
-        served = process_expert_groups()
-        if served is None:
-            return self._named_expert
-        built = {id(g) for g in self._expert.values()}
-        own = {n: g for n, g in self._named_expert.items() if id(g) in built and n not in served}
-        return {**served, **own} if own else served
-
-    # --- ZeRO++ hpZ groups, shared by the meshes of one world and ZeRO domain (mesh_core.roles.hpz) ----
-    def create_hpz_group(self, group_size: int) -> Optional[ProcessGroup]:
-        """Build this mesh's ZeRO++ hpZ groups of ``group_size`` ranks and return this rank's (legacy
-        ``groups._create_zero_param_parallel_group(N)``). Every mesh of the world with the same ZeRO
-        groups shares them (see :mod:`mesh_core.roles.hpz`); a second build raises ``HpzGroupError``."""
-        from .roles.hpz import create_hpz_group
-
-        self._check_alive()
-        return create_hpz_group(self, group_size)
-
-    def hpz_group(self) -> Optional[ProcessGroup]:
-        """This rank's hpZ group, None before one is built (``_get_zero_param_intra_parallel_group``)."""
-        from .roles.hpz import hpz_group
-
-        return hpz_group(self)
-
-    def hpz_group_size(self) -> int:
-        """Size of this rank's hpZ group; the world size while none is built
-        (``_get_zero_param_intra_parallel_group_world_size``)."""
-        from .roles.hpz import hpz_group_size
-
-        return hpz_group_size(self)
-
-    def hpz_group_rank(self) -> int:
-        """This rank's index in its hpZ group; the global rank while none is built
-        (``_get_zero_param_intra_parallel_rank_in_mygroup``)."""
-        from .roles.hpz import hpz_group_rank
-
-        return hpz_group_rank(self)
-
-    def hpz_group_ranks(self) -> list[int]:
-        """Global ranks of this rank's hpZ group, ``[]`` while none is built
-        (``_get_zero_param_intra_parallel_group_ranks``)."""
-        from .roles.hpz import hpz_group_ranks
-
-        return hpz_group_ranks(self)
-
-    @property
-    def registry(self) -> GroupRegistry:
-        return self._registry
+            self._register_built(ep, self._build_expert_groups(MeshLayout(spec)))
+        return self.built_expert_groups[ep]
 
     def destroy(self) -> int:
         """Release every group this mesh holds; groups no other mesh shares are destroyed."""
@@ -439,8 +324,8 @@ class DeepSpeedDeviceMesh:
         destroyed = self._registry.release(self._keys)
         self._keys.clear()
         self._groups.clear()
-        self._expert.clear()
-        self._named_expert.clear()
+        self.built_expert_groups.clear()
+        self.expert_names.clear()
         self.device_mesh = None
         return destroyed
 
@@ -496,6 +381,10 @@ class DeepSpeedDeviceMesh:
             return None
         self._keys.append(self._registry.key([self.rank], self.backend))
         return self._registry.get([self.rank], self.backend, asker=f"{self._label} dims=()")
+
+    def _register_built(self, ep: int, groups: ExpertGroups) -> None:
+        self.built_expert_groups[ep] = groups
+        self.expert_names.setdefault(expert_groups_name(ep), groups)
 
     def _build_expert_groups(self, layout: MeshLayout) -> ExpertGroups:
         ep_group = self._create(("ep",), layout)

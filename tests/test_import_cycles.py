@@ -1,8 +1,10 @@
 """The import graph of mesh_core / compat / codemods: no cycles, and the layers stay apart.
 
 The graph is built from the source (``ast``), not by importing. An edge is every import that runs:
-module-level imports *and* imports inside functions (a deferred import is still a dependency; it
-only hides a cycle). Imports under ``if TYPE_CHECKING:`` are left out (they never run). The
+module-level imports, imports inside functions (a deferred import is still a dependency; it only
+hides a cycle) *and* imports under ``if TYPE_CHECKING:`` (a type-only import is a dependency of the
+module's interface: a cycle through one means the two modules do not know which is the lower
+layer). The
 implicit import of a parent package is not an edge; ``from pkg import name`` is an edge to
 ``pkg.name`` when that is a module, else to ``pkg`` itself.
 """
@@ -60,12 +62,13 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _runtime_imports(tree: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.stmt, bool]]:
-    """Every import statement that can run (anywhere but under ``if TYPE_CHECKING:``), and whether
-    it sits inside a function (runs only when that is called)."""
+    """Every import statement, and whether it runs only later: inside a function (when that is
+    called) or under ``if TYPE_CHECKING:`` (never at run time, but still a dependency)."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node, in_function
         elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _runtime_imports(ast.Module(body=node.body, type_ignores=[]), True)
             for child in node.orelse:
                 yield from _runtime_imports(ast.Module(body=[child], type_ignores=[]), in_function)
         else:
@@ -174,9 +177,20 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles():
     cycles = _cycles(EDGES)
-    assert not cycles, "import cycles (module-level or inside functions): " + "; ".join(
+    assert not cycles, "import cycles (module-level, inside functions or type-only): " + "; ".join(
         " <-> ".join(c) for c in cycles
     )
+
+
+def test_the_graph_counts_type_only_and_deferred_imports():
+    """A cycle through ``if TYPE_CHECKING:`` or an in-function import is found like any other."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg import b\n"
+        "def f():\n    from pkg import c\n"
+    )
+    found = [(type(n).__name__, later) for n, later in _runtime_imports(ast.parse(source))]
+    assert found == [("ImportFrom", False), ("ImportFrom", True), ("ImportFrom", True)]
 
 
 @pytest.mark.parametrize("package,forbidden", [("mesh_core", {"compat", "codemods"}), ("codemods", {"mesh_core", "compat"})])
@@ -232,12 +246,12 @@ def test_the_mesh_api_is_defined_in_its_class():
     assert not bad, f"attributes attached to DeepSpeedDeviceMesh outside its class: {bad}"
     from mesh_core import DeepSpeedDeviceMesh
 
-    for name in ("from_groups", "from_mpu", "create_hpz_group", "hpz_group", "hpz_group_size", "hpz_group_rank", "hpz_group_ranks"):
+    for name in ("from_groups", "from_mpu", "expert_groups"):
         assert name in vars(DeepSpeedDeviceMesh), name
 
 
 def test_process_roles_have_one_owner():
-    from mesh_core import all_to_all_groups, autotp_groups, process_experts
+    from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, process_experts
     from mesh_core.roles.state import PROCESS_ROLES
 
     assert autotp_groups() is PROCESS_ROLES.autotp

@@ -78,3 +78,59 @@ def test_one_row_major_math():
     topo = PipelineTopology(["pipe", "data", "model"], [2, 3, 2])
     for rank in range(12):
         assert topo.get_rank(**topo.get_coord(rank)._asdict()) == rank
+
+
+def test_a_narrow_public_api():
+    """``mesh_core`` exports user names only (at most 15, ``transfer_weights`` among them); what the
+    DeepSpeed runtime uses lives in ``mesh_core.runtime_hooks``, and the two do not overlap."""
+    import mesh_core
+    from mesh_core import runtime_hooks
+
+    assert len(mesh_core.__all__) <= 15, mesh_core.__all__
+    assert "transfer_weights" in mesh_core.__all__ and callable(mesh_core.transfer_weights)
+    assert not set(mesh_core.__all__) & set(runtime_hooks.__all__)
+    for name in ("serve_process_experts", "release_hpz_groups", "registry_for_world", "hpz_group", "init_autotp"):
+        assert name in runtime_hooks.__all__ and not hasattr(mesh_core, name), name
+    for module in (mesh_core, runtime_hooks):
+        assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_the_mesh_class_has_at_most_15_public_methods():
+    """The legacy roles (expert groups by name, hpZ) are functions taking the mesh, not methods."""
+    import inspect
+
+    from mesh_core import DeepSpeedDeviceMesh
+
+    public = sorted(n for n, v in vars(DeepSpeedDeviceMesh).items() if not n.startswith("_")
+                    and (inspect.isfunction(v) or isinstance(v, (classmethod, staticmethod, property))))
+    assert len(public) <= 15, public
+    for role in ("hpz_group", "create_hpz_group", "expert_groups_named", "register_expert_groups"):
+        assert not hasattr(DeepSpeedDeviceMesh, role), role
+
+
+def test_codemods_import_runtime_hooks_from_their_module():
+    """The codemods (which never import mesh_core) list the names they import from
+    ``mesh_core.runtime_hooks``; every one is there, and none is a user name."""
+    import mesh_core
+    from codemods import base
+    from mesh_core import runtime_hooks
+
+    assert base.HOOKS_MODULE == runtime_hooks.__name__
+    assert base.RUNTIME_HOOK_NAMES <= set(runtime_hooks.__all__)
+    assert not base.RUNTIME_HOOK_NAMES & set(mesh_core.__all__)
+
+
+def test_codemod_rules_call_no_private_method_of_a_command():
+    """Rule modules reach their command through ``codemods.rule_api.RuleHost`` only."""
+    bad = []
+    for path in sorted((ROOT / "codemods").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "command"
+                    and node.attr.startswith("_")):
+                bad.append(f"{path.name}:{node.lineno} command.{node.attr}")
+    assert not bad, f"private command members used by rules: {bad}"
+    from codemods.groups_getters import GroupsGettersCommand
+    from codemods.rule_api import RuleHost
+
+    members = {n for n in vars(RuleHost) if not n.startswith("_")} - {"context"}
+    assert members and all(callable(getattr(GroupsGettersCommand, n, None)) for n in members), members

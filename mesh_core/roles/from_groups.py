@@ -9,7 +9,7 @@ where the mpu's layout is only known at run time (``mpu=mpu if cond else None``)
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,8 +18,9 @@ from ..layout import MeshLayout
 from ..registry import registry_for_world
 from ..spec import MeshSpec, MeshSpecError
 
-if TYPE_CHECKING:
-    from ..device_mesh import DeepSpeedDeviceMesh
+# the mesh class to build (DeepSpeedDeviceMesh or a subclass; passed in, so this module does not
+# import the core class that calls it)
+MeshT = TypeVar("MeshT")
 
 logger = logging.getLogger(__name__)
 
@@ -136,12 +137,12 @@ def _device_type() -> str:
 
 
 def from_groups(
-    cls: "type[DeepSpeedDeviceMesh]",
+    cls: "type[MeshT]",
     *,
     device_type: Optional[str] = None,
     check_agreement: bool = True,
     **groups: Any,
-) -> "DeepSpeedDeviceMesh":
+) -> MeshT:
     """A mesh whose ``dp`` / ``tp`` / ``pp`` / ``sp`` groups are the given ones (this rank's
     ``ProcessGroup`` or its rank list per dim; None or a missing dim means size 1).
 
@@ -173,8 +174,8 @@ def from_groups(
 
 
 def from_mpu(
-    cls: "type[DeepSpeedDeviceMesh]", mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
-) -> "DeepSpeedDeviceMesh":
+    cls: "type[MeshT]", mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
+) -> MeshT:
     """A mesh reproducing ``mpu``'s groups (Megatron ``parallel_state``, a ``PipelineParallelGrid``,
     DeepSpeed's AutoTP ``groups`` module, DeepSpeed's Ulysses ``parallel_state_sp`` module (dp x sp),
     or any object with the mpu getters); see :func:`from_groups`. Collective. The mesh keeps ``mpu``

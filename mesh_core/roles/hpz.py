@@ -22,7 +22,7 @@ own mesh object agree, as the legacy global did:
 
 Why process state in mesh_core: the legacy group is process-global and built before the engine's
 mesh exists, so it cannot live on a mesh object; it is held by
-:data:`mesh_core.roles.state.PROCESS_ROLES`, keyed by the world's :class:`~mesh_core.GroupRegistry`
+:data:`mesh_core.roles.state.PROCESS_ROLES`, keyed by the world's :class:`~mesh_core.runtime_hooks.GroupRegistry`
 (a new world starts empty) and by the domain, nothing else.
 :func:`release_hpz_groups` is DeepSpeed's ``_release_process_group_references`` for these groups.
 """
@@ -124,7 +124,7 @@ def create_hpz_group(mesh: Optional["DeepSpeedDeviceMesh"], group_size: int) -> 
     store, domain = _store(), zero_domain(mesh)
     if domain in store:
         where = "the world" if mesh is None else mesh.spec.describe()
-        raise HpzGroupError(f"{ALREADY_BUILT} (hpZ groups of {where}); read them with <mesh>.hpz_group()")
+        raise HpzGroupError(f"{ALREADY_BUILT} (hpZ groups of {where}); read them with hpz_group(<mesh>)")
     rank_lists = hpz_rank_lists(mesh, group_size)
     asker = f"hpZ {group_size} of {'the world' if mesh is None else mesh.spec.describe()}"
     group, _ = registry_for_world().partition(rank_lists, asker=asker)

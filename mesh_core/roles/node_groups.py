@@ -6,7 +6,7 @@ and hands that very dict out; a later world teardown / group release empties it 
 engine that holds it. :func:`local_all_to_all_groups` is that dict and its builder: one object per
 process, held by :data:`mesh_core.roles.state.PROCESS_ROLES` (the mesh runtime's legacy getter
 serves the same object), every group from the world's
-:class:`~mesh_core.GroupRegistry`, so asking again creates nothing new.
+:class:`~mesh_core.runtime_hooks.GroupRegistry`, so asking again creates nothing new.
 """
 from __future__ import annotations
 

@@ -4,33 +4,25 @@ DeepSpeed's MoE layers name their expert groups per *process* (``"ep_size_N"``: 
 and engine of the process shares one name-keyed table) and record one expert tensor-parallel size
 per process (the TP size of the expert-TP groups built last; MoE gating reads it with no mesh at
 hand, even before ``torch.distributed`` is initialised). Code that reads those facts through a mesh
-(``current_mesh().expert_groups_named(name)``) must see them whichever mesh is current: an engine's,
+(``expert_groups_named(current_mesh(), name)``) must see them whichever mesh is current: an engine's,
 the default, or the world mesh.
 
 So a runtime that builds groups under those names (the compat layer, for DeepSpeed's builders)
 serves them here with :func:`serve_process_experts`; this is one explicit, opt-in pointer (held by
 :data:`mesh_core.roles.state.PROCESS_ROLES`) (like :func:`mesh_core.set_default_mesh`), None unless a runtime set it. Every
 :class:`~mesh_core.DeepSpeedDeviceMesh` serves the names of that source before its own
-(:meth:`~mesh_core.DeepSpeedDeviceMesh.expert_groups_named`), and :func:`expert_tensor_parallel_size`
+(:func:`mesh_core.runtime_hooks.expert_groups_named`), and :func:`expert_tensor_parallel_size`
 answers its size. Without a source a mesh serves only the groups registered on it, and the expert
 tensor-parallel size is 1 (experts are not tensor-parallel).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from .state import PROCESS_ROLES
+from .state import PROCESS_ROLES, ProcessExperts
 
 if TYPE_CHECKING:
     from ..device_mesh import ExpertGroups
-
-
-class ProcessExperts(Protocol):
-    """What a runtime serves: its live name-keyed expert groups and its expert tensor-parallel size."""
-
-    def named_expert_groups(self) -> Mapping[str, "ExpertGroups"]: ...
-
-    def expert_tensor_parallel_size(self) -> int: ...
 
 
 def serve_process_experts(source: Optional[ProcessExperts]) -> None:

@@ -10,11 +10,11 @@ reason about them:
   the process — legacy callers hold them, so a runtime empties them *in place* at world teardown
   (``AutoTPGroups.reset()``, ``dict.clear()``), never replaces them;
 - ``experts``: the runtime that serves DeepSpeed's expert table and expert-TP size
-  (:func:`mesh_core.serve_process_experts`); None unless one is served; may be set before
+  (:func:`mesh_core.runtime_hooks.serve_process_experts`); None unless one is served; may be set before
   ``torch.distributed`` is initialised;
 - hpZ groups: per world and ZeRO domain (:meth:`ProcessRoles.hpz_store`), keyed weakly by the
-  world's :class:`~mesh_core.GroupRegistry`, so a new world starts empty and a dead world's entries
-  go with it; :func:`mesh_core.release_hpz_groups` drops them explicitly.
+  world's :class:`~mesh_core.runtime_hooks.GroupRegistry`, so a new world starts empty and a dead world's entries
+  go with it; :func:`mesh_core.runtime_hooks.release_hpz_groups` drops them explicitly.
 
 Lifetime: :data:`PROCESS_ROLES` is created when :mod:`mesh_core` is imported and lives as long as the
 process (one object per process; its per-world part is the hpZ store). The role modules
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 import torch.distributed as dist
 
@@ -34,7 +34,16 @@ from ..registry import GroupRegistry, registry_for_world
 
 if TYPE_CHECKING:
     from ..device_mesh import DeepSpeedDeviceMesh
-    from .process_experts import ProcessExperts
+
+
+class ProcessExperts(Protocol):
+    """What a runtime serves: its live name-keyed expert groups and its expert tensor-parallel size
+    (:func:`mesh_core.roles.process_experts.serve_process_experts`)."""
+
+    def named_expert_groups(self) -> Mapping[str, Any]: ...
+
+    def expert_tensor_parallel_size(self) -> int: ...
+
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 DeepSpeed's AutoTP code (``auto_tp``, ``tp_manager``, ``init_utils``, ``tp_collectives``) reads the
 process's TP groups with no engine at hand; the codemod rewrites those reads to
-``mesh_core.autotp_groups().<getter>()`` and ``groups._init_tp_mesh_device`` to
-``mesh_core.init_autotp``. Legacy side: the real deepspeed 0.19.8 on fake worlds. Migrated side: the
+``mesh_core.runtime_hooks.autotp_groups().<getter>()`` and ``groups._init_tp_mesh_device`` to
+``mesh_core.runtime_hooks.init_autotp``. Legacy side: the real deepspeed 0.19.8 on fake worlds. Migrated side: the
 codemod's output on the mesh runtime (compat installed), the groups built by the migrated builder or by
 unmigrated (legacy) code, before any engine, with a grid as ``groups.mpu``, in an engine's scope,
 after a second build with another size and after the TP group was released. Same results as legacy,
@@ -92,7 +92,7 @@ def test_autotp_sites_are_rewritten_to_the_one_autotp_state():
     assert "groups." not in code and "TODOV1" not in code, code
     assert "autotp_groups().tensor_parallel_src_rank()" in code
     assert "init_autotp(tensor_model_parallel_size=n, data_parallel_size=dp)" in code
-    assert "from mesh_core import autotp_groups, init_autotp" in code
+    assert "from mesh_core.runtime_hooks import autotp_groups, init_autotp" in code
     # engine-scoped modules keep the model's mesh; user scripts keep their own rule
     engine = migrate_code(PROBE, module="deepspeed.runtime.engine", package="deepspeed.runtime").code
     assert "autotp_groups" not in engine
@@ -192,7 +192,8 @@ def test_in_an_autotp_engines_scope_the_rewritten_reads_serve_the_engines_tp_gro
 def test_init_autotp_is_legacy_shaped_and_validates_first(world):
     import torch.distributed as dist
 
-    from mesh_core import MeshSpecError, autotp_groups, init_autotp
+    from mesh_core import MeshSpecError
+    from mesh_core.runtime_hooks import autotp_groups, init_autotp
 
     state = autotp_groups()
     state.reset()

@@ -2,7 +2,7 @@
 
 DeepSpeed's engine reads the expert groups its MoE layers built through a name-keyed table
 (``groups._get_expert_parallel_group(group_name)`` with a run-time ``group_name``). The codemod
-rewrites those reads to ``model_mesh(self).expert_groups_named(group_name)``; the mesh runtime
+rewrites those reads to ``expert_groups_named(model_mesh(self), group_name)``; the mesh runtime
 mirrors every legacy expert builder into the mesh of the engine in scope. Legacy side: the real
 deepspeed 0.19.8 on fake worlds. Migrated side: the codemod's output run on the mesh runtime (compat
 installed) in the engine's groups state, the builders called before the engine's state was bound
@@ -15,6 +15,14 @@ import pytest
 
 from codemods.pipeline import migrate_code
 from fakepg import fake_world, plain, record_new_groups, build_expert_groups as _build, exec_source as _load
+from mesh_core.runtime_hooks import (
+    expert_group_names,
+    expert_groups_named,
+    largest_expert_groups_name,
+    named_expert_data_parallel_groups,
+    named_expert_parallel_groups,
+    register_expert_groups,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -77,10 +85,10 @@ def _names(eps) -> list[str]:
 def test_every_expert_getter_of_the_engine_is_rewritten_to_the_mesh_by_name():
     code = _migrated()
     assert "groups._" not in code and "TODOV1" not in code, code
-    assert "model_mesh(self).expert_groups_named(group_name).ep_group" in code
-    assert "model_mesh(self).largest_expert_groups_name()" in code
-    assert "dict(model_mesh(self).named_expert_data_parallel_groups())" in code
-    assert "model_mesh(self).expert_groups_named(model_mesh(self).largest_expert_groups_name())" in code
+    assert "expert_groups_named(model_mesh(self), group_name).ep_group" in code
+    assert "largest_expert_groups_name(model_mesh(self))" in code
+    assert "dict(named_expert_data_parallel_groups(model_mesh(self)))" in code
+    assert "expert_groups_named(model_mesh(self), largest_expert_groups_name(model_mesh(self)))" in code
 
 
 def test_outside_deepspeed_a_runtime_name_stays_with_a_todo():
@@ -156,28 +164,29 @@ def test_rewritten_expert_reads_equal_legacy(world, pp, tp, dp, eps, builder, bu
 
 
 def test_mesh_serves_expert_groups_by_name(world):
-    from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, MeshSpecError
+    from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshSpecError
+    from mesh_core.runtime_hooks import ExpertGroupsNotBuilt
 
     mesh = DeepSpeedDeviceMesh.build(dp=4, verify=False)
-    assert mesh.expert_group_names() == [] and mesh.largest_expert_groups_name() == "ep_size_None"
+    assert expert_group_names(mesh) == [] and largest_expert_groups_name(mesh) == "ep_size_None"
     with pytest.raises(ExpertGroupsNotBuilt, match=r"'ep_size_2'.*registered: none"):
-        mesh.expert_groups_named("ep_size_2")
+        expert_groups_named(mesh, "ep_size_2")
     with pytest.raises(AssertionError):  # DeepSpeed's "expert parallel group is not initialized" type
-        mesh.expert_groups_named("ep_size_2")
-    ep_view, edp_view = mesh.named_expert_parallel_groups(), mesh.named_expert_data_parallel_groups()
+        expert_groups_named(mesh, "ep_size_2")
+    ep_view, edp_view = named_expert_parallel_groups(mesh), named_expert_data_parallel_groups(mesh)
     two = mesh.expert_groups(2)
-    assert mesh.expert_groups_named("ep_size_2") is two
+    assert expert_groups_named(mesh, "ep_size_2") is two
     assert dict(ep_view) == {"ep_size_2": two.ep_group} and dict(edp_view) == {"ep_size_2": two.edp_group}  # live
     with pytest.raises(TypeError):
         ep_view["ep_size_8"] = None  # read-only
     other = ExpertGroups(ep_size=2, ep_group=None, edp_group=None, ep_ranks=[1], edp_ranks=[1])
-    assert mesh.register_expert_groups("ep_size_2", other) is two  # the first registration wins
-    assert mesh.register_expert_groups("ep_size_4", other) is other
-    assert mesh.expert_group_names() == ["ep_size_2", "ep_size_4"]
-    assert mesh.largest_expert_groups_name() == "ep_size_4"
+    assert register_expert_groups(mesh, "ep_size_2", other) is two  # the first registration wins
+    assert register_expert_groups(mesh, "ep_size_4", other) is other
+    assert expert_group_names(mesh) == ["ep_size_2", "ep_size_4"]
+    assert largest_expert_groups_name(mesh) == "ep_size_4"
     with pytest.raises(MeshSpecError, match="without a layout"):
         other.all_ep_ranks
     with pytest.raises(MeshSpecError, match="non-empty string"):
-        mesh.register_expert_groups("", other)
+        register_expert_groups(mesh, "", other)
     mesh.destroy()
-    assert mesh.expert_group_names() == [] and not ep_view
+    assert expert_group_names(mesh) == [] and not ep_view

@@ -4,8 +4,8 @@ Legacy ``deepspeed.utils.groups`` keeps one name-keyed expert table and one expe
 size per process; DeepSpeed reads them outside any engine too (MoE gating and layers, the overflow
 check and the MoE grad norm of ``runtime/utils.py``, the checkpoint writer's expert info). The
 codemod rewrites those reads inside DeepSpeed to ``expert_tensor_parallel_size()`` and
-``current_mesh().expert_groups_named(name)...``; the mesh runtime serves the legacy state to every
-mesh (``mesh_core.serve_process_experts``). Legacy side: the real deepspeed 0.19.8 on fake worlds.
+``expert_groups_named(current_mesh(), name)...``; the mesh runtime serves the legacy state to every
+mesh (``mesh_core.runtime_hooks.serve_process_experts``). Legacy side: the real deepspeed 0.19.8 on fake worlds.
 Migrated side: the codemod's output (and the migrated real ``model_checkpointing/utils.py``) on the
 mesh runtime, in every state DeepSpeed reaches those sites: no process group yet, groups built with
 no engine (current mesh = the world mesh), inside an engine's scope, after it (default mesh), after
@@ -27,6 +27,13 @@ from fakepg import (
     build_expert_groups as _build,
     exec_source as _load,
     probe_ranks as _ranks,
+)
+from mesh_core.runtime_hooks import (
+    expert_group_names,
+    expert_groups_named,
+    largest_expert_groups_name,
+    named_expert_parallel_groups,
+    register_expert_groups,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -104,13 +111,13 @@ def test_the_sites_are_rewritten():
     assert "groups._" not in tp and "TODOV1" not in tp and "expert_tensor_parallel_size() == 1" in tp, tp
     named = _migrate(NAMED_PROBE, "deepspeed.runtime.utils")
     assert "groups._" not in named and "TODOV1" not in named, named
-    assert "current_mesh().expert_groups_named(current_mesh().largest_expert_groups_name()).ep_group" in named
-    assert "name in current_mesh().named_expert_parallel_groups()" in named
+    assert "expert_groups_named(current_mesh(), largest_expert_groups_name(current_mesh())).ep_group" in named
+    assert "name in named_expert_parallel_groups(current_mesh())" in named
     import deepspeed
 
     source = (Path(deepspeed.__file__).parent / CHECKPOINT_UTILS).read_text()
     out = migrate_code(source, module="deepspeed.runtime.model_checkpointing.utils", package="deepspeed.runtime.model_checkpointing")
-    assert "groups._get" not in out.code and "current_mesh().largest_expert_groups_name()" in out.code, out.code
+    assert "groups._get" not in out.code and "largest_expert_groups_name(current_mesh())" in out.code, out.code
     # a `groups` parameter elsewhere is still unknown: flagged, not rewritten
     other = "def f(groups):\n    return groups._get_max_expert_size_name()\n"
     elsewhere = migrate_code(other, module="deepspeed.runtime.other", package="deepspeed.runtime")
@@ -259,7 +266,8 @@ def test_named_expert_reads_outside_the_engine_equal_legacy(world, pp, tp, dp, e
 
 
 def test_a_mesh_serves_the_process_table_first(world):
-    from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, ExpertGroupsNotBuilt, process_experts, serve_process_experts
+    from mesh_core import DeepSpeedDeviceMesh, ExpertGroups
+    from mesh_core.runtime_hooks import ExpertGroupsNotBuilt, process_experts, serve_process_experts
 
     class Source:
         def __init__(self):
@@ -274,7 +282,7 @@ def test_a_mesh_serves_the_process_table_first(world):
     mesh = DeepSpeedDeviceMesh.build(dp=4, verify=False)
     own = mesh.expert_groups(2)
     registered = ExpertGroups(ep_size=4, ep_group=None, edp_group=None, ep_ranks=[1], edp_ranks=[1])
-    mesh.register_expert_groups("ep_size_4", registered)
+    register_expert_groups(mesh, "ep_size_4", registered)
     source = Source()
     with pytest.raises(TypeError, match="named_expert_groups"):
         serve_process_experts(object())
@@ -283,18 +291,18 @@ def test_a_mesh_serves_the_process_table_first(world):
         assert process_experts() is source
         served = ExpertGroups(ep_size=2, ep_group=None, edp_group=None, ep_ranks=[0, 1], edp_ranks=[1])
         # registered copies (what compat mirrored) give way to the source; groups the mesh built stay
-        assert mesh.expert_group_names() == ["ep_size_2"] and mesh.expert_groups_named("ep_size_2") is own
+        assert expert_group_names(mesh) == ["ep_size_2"] and expert_groups_named(mesh, "ep_size_2") is own
         with pytest.raises(ExpertGroupsNotBuilt, match="ep_size_4"):
-            mesh.expert_groups_named("ep_size_4")
+            expert_groups_named(mesh, "ep_size_4")
         source.named["ep_size_2"] = served
         source.named["ep_size_8"] = served
-        assert mesh.expert_groups_named("ep_size_2") is served  # the process table first
-        assert mesh.largest_expert_groups_name() == "ep_size_8"
-        assert list(mesh.named_expert_parallel_groups()) == ["ep_size_2", "ep_size_8"]
+        assert expert_groups_named(mesh, "ep_size_2") is served  # the process table first
+        assert largest_expert_groups_name(mesh) == "ep_size_8"
+        assert list(named_expert_parallel_groups(mesh)) == ["ep_size_2", "ep_size_8"]
     finally:
         serve_process_experts(None)
-    assert mesh.expert_groups_named("ep_size_4") is registered
-    assert mesh.largest_expert_groups_name() == "ep_size_4"
+    assert expert_groups_named(mesh, "ep_size_4") is registered
+    assert largest_expert_groups_name(mesh) == "ep_size_4"
     mesh.destroy()
 
 

@@ -115,15 +115,15 @@ def test_the_ten_deepspeed_sites_become_mesh_calls():
     part, stage3, engine = (_migrate(k) for k in ("partition", "stage3", "engine"))
     for out in (part, stage3, engine):
         assert "groups." not in out.code and "TODOV1" not in out.code and not out.todos, out.code
-    assert "current_mesh().create_hpz_group(hpz)" in part.code
-    assert "current_mesh().create_hpz_group(group_size=n)" not in part.code  # keyword form: value kept
-    assert "current_mesh().create_hpz_group(n)" in part.code
-    assert 'zero_param_process_group = current_mesh().hpz_group()' in part.code
-    assert '"ranks {}".format(current_mesh().hpz_group_ranks())' in part.code
-    assert "current_mesh().hpz_group_size()" in part.code and "current_mesh().hpz_group_rank()" in part.code
-    assert "current_mesh().create_hpz_group(self.zero_hpz_partition_size)" in stage3.code
-    assert stage3.code.count("current_mesh().hpz_group()") == 2
-    assert engine.code.count("model_mesh(self).hpz_group()") == 2
+    assert "create_hpz_group(current_mesh(), hpz)" in part.code
+    assert "create_hpz_group(current_mesh(), group_size=n)" not in part.code  # keyword form: value kept
+    assert "create_hpz_group(current_mesh(), n)" in part.code
+    assert 'zero_param_process_group = hpz_group(current_mesh())' in part.code
+    assert '"ranks {}".format(hpz_group_ranks(current_mesh()))' in part.code
+    assert "hpz_group_size(current_mesh())" in part.code and "hpz_group_rank(current_mesh())" in part.code
+    assert "create_hpz_group(current_mesh(), self.zero_hpz_partition_size)" in stage3.code
+    assert stage3.code.count("hpz_group(current_mesh())") == 2
+    assert engine.code.count("hpz_group(model_mesh(self))") == 2
     assert "self._set_zero_group_parallelism()" in engine.code  # legacy's AttributeError stays
     for which, out in zip(("partition", "stage3", "engine"), (part, stage3, engine)):  # idempotent
         module = MODULES[which][1]
@@ -151,7 +151,7 @@ def test_call_forms_without_an_exact_equivalent_stay_with_a_todo(source, needle)
 def test_outside_the_verified_modules_a_read_stays_with_the_mesh_form_named(module):
     code = "from deepspeed.utils import groups\ng = groups._get_zero_param_intra_parallel_group()\n"
     out = migrate_code(code, module=module, package=module.rpartition(".")[0] or None)
-    assert out.todos and "<mesh>.hpz_group()" in out.code and "torch.distributed is initialised" in out.code
+    assert out.todos and "hpz_group(<mesh>)" in out.code and "torch.distributed is initialised" in out.code
     assert "g = groups._get_zero_param_intra_parallel_group()" in out.code
     assert migrate_code(out.code, module=module, package=module.rpartition(".")[0] or None).code == out.code
 
@@ -364,7 +364,7 @@ def test_a_bad_size_creates_no_group_on_either_side(monkeypatch):
         assert group_count() == before
     installer.install()
     try:
-        from mesh_core import HpzGroupError
+        from mesh_core.runtime_hooks import HpzGroupError
 
         probes = Probes(True)
         with fake_world(1, 8, deepspeed_comm=True), record_new_groups() as created:
@@ -377,46 +377,48 @@ def test_a_bad_size_creates_no_group_on_either_side(monkeypatch):
 
 # --- the mesh API itself (no deepspeed): domains, sub-worlds, TP meshes ----------------------------
 def test_meshes_of_one_domain_share_the_groups_and_others_have_their_own():
-    from mesh_core import DeepSpeedDeviceMesh, HpzGroupError, current_mesh, release_hpz_groups
+    from mesh_core import DeepSpeedDeviceMesh, current_mesh
+    from mesh_core.runtime_hooks import HpzGroupError, release_hpz_groups
 
     with fake_world(5, 8):
         world = current_mesh()
         engine = DeepSpeedDeviceMesh.build(dp=8)
         tp = DeepSpeedDeviceMesh.build(dp=4, tp=2)
-        assert (world.hpz_group(), world.hpz_group_size(), world.hpz_group_rank(), world.hpz_group_ranks()) == (
+        assert (hpz_group(world), hpz_group_size(world), hpz_group_rank(world), hpz_group_ranks(world)) == (
             None, 8, 5, [])
         with record_new_groups() as created:
-            group = world.create_hpz_group(4)
+            group = create_hpz_group(world, 4)
         assert created == [[4, 5, 6, 7]]  # member-only: this rank's block, nothing else
-        assert engine.hpz_group() is group and engine.hpz_group_ranks() == [4, 5, 6, 7]
-        assert (engine.hpz_group_size(), engine.hpz_group_rank()) == (4, 1)
+        assert hpz_group(engine) is group and hpz_group_ranks(engine) == [4, 5, 6, 7]
+        assert (hpz_group_size(engine), hpz_group_rank(engine)) == (4, 1)
         with pytest.raises(AssertionError, match="already initialized"):
-            engine.create_hpz_group(2)
+            create_hpz_group(engine, 2)
         # TP: blocks inside this rank's ZeRO group [1, 3, 5, 7], not the world block [4, 5]
-        assert tp.hpz_group() is None
-        assert dist.get_process_group_ranks(tp.create_hpz_group(2)) == [5, 7]
+        assert hpz_group(tp) is None
+        assert dist.get_process_group_ranks(create_hpz_group(tp, 2)) == [5, 7]
         # a sub-world mesh groups its own ranks only
         sub = DeepSpeedDeviceMesh.build(dp=4, ranks=range(4, 8))
-        assert sorted(dist.get_process_group_ranks(sub.create_hpz_group(2))) == [4, 5]
-        assert sub.hpz_group_ranks() == [4, 5] and world.hpz_group() is group
+        assert sorted(dist.get_process_group_ranks(create_hpz_group(sub, 2))) == [4, 5]
+        assert hpz_group_ranks(sub) == [4, 5] and hpz_group(world) is group
         with pytest.raises(HpzGroupError, match=r"zero_hpz_partition_size=0 must be a positive int"):
-            DeepSpeedDeviceMesh.build(dp=2, tp=4).create_hpz_group(0)
+            create_hpz_group(DeepSpeedDeviceMesh.build(dp=2, tp=4), 0)
         assert release_hpz_groups(group) == 1  # one entry: the world mesh and the engine share a domain
-        assert world.hpz_group() is None and engine.hpz_group() is None and tp.hpz_group() is not None
+        assert hpz_group(world) is None and hpz_group(engine) is None and hpz_group(tp) is not None
         release_hpz_groups()
-        assert tp.hpz_group() is None and sub.hpz_group() is None
+        assert hpz_group(tp) is None and hpz_group(sub) is None
 
 
 def test_hsdp_hpz_is_the_shard_group_and_must_match_its_size():
-    from mesh_core import DeepSpeedDeviceMesh, HpzGroupError, MeshSpecError
+    from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
+    from mesh_core.runtime_hooks import HpzGroupError
 
     with fake_world(5, 8):
         mesh = DeepSpeedDeviceMesh.build(dp_replicate=2, dp_shard=4, order=["dp_shard", "dp_replicate"])
         with pytest.raises(MeshSpecError, match=r"does not match .* dp_shard x sp = 4"):
-            mesh.create_hpz_group(2)
-        assert sorted(dist.get_process_group_ranks(mesh.create_hpz_group(4))) == [1, 3, 5, 7]
+            create_hpz_group(mesh, 2)
+        assert sorted(dist.get_process_group_ranks(create_hpz_group(mesh, 4))) == [1, 3, 5, 7]
         with pytest.raises(HpzGroupError):
-            mesh.create_hpz_group(4)
+            create_hpz_group(mesh, 4)
 
 
 @pytest.mark.deepspeed
@@ -453,6 +455,13 @@ def test_with_a_tp_engine_the_migrated_sites_serve_what_the_shim_serves(monkeypa
 # --- call shapes (hypothesis): import forms, argument forms, function / method, legacy vs migrated --
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from mesh_core.runtime_hooks import (  # noqa: E402
+    create_hpz_group,
+    hpz_group,
+    hpz_group_rank,
+    hpz_group_ranks,
+    hpz_group_size,
+)
 
 IMPORTS = {
     "module": ("from deepspeed.utils import groups", "groups.{}"),

@@ -20,7 +20,8 @@ import compat.groups as cgroups
 from compat import topology as ctopology
 from compat.deprecation import HOT_PROBES, LegacyAPIDeprecationWarning, warn_legacy
 from fakepg import fake_world, group_count, record_new_groups
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from mesh_core.runtime_hooks import registry_for_world
 
 pytestmark = [
     pytest.mark.deepspeed,
@@ -581,7 +582,7 @@ def test_legacy_calls_warn_once_per_call_site_and_obey_filters():
             assert len(caught) == 2 and all(w.category is LegacyAPIDeprecationWarning for w in caught)
             assert str(caught[0].message) == (
                 "TODOV1: deepspeed.utils.groups._get_expert_parallel_group is deprecated; use "
-                "mesh.expert_groups(N).ep_group (MIGRATION.md row 'deepspeed.utils.groups._get_expert_parallel_group')"
+                "<mesh>.expert_groups(N).ep_group (MIGRATION.md row 'deepspeed.utils.groups._get_expert_parallel_group')"
             )
             assert caught[0].filename == __file__
             with warnings.catch_warnings():

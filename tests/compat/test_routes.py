@@ -22,7 +22,8 @@ from fakepg import FAKE_RANK, FAKE_WORLD
 import compat.install as installer
 from compat import comm_routes, group_trace, use_engine
 from compat.config_loading import DeepSpeedConfigFileError, load_deepspeed_config
-from mesh_core import MeshSpecError, registry_for_world, spec_from_config
+from mesh_core import MeshSpecError, spec_from_config
+from mesh_core.runtime_hooks import registry_for_world
 
 pytestmark = pytest.mark.deepspeed
 RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from fakepg import FAKE_RANK, FAKE_WORLD
 
 from compat import group_trace
-from mesh_core import registry_for_world
+from mesh_core.runtime_hooks import registry_for_world
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
 SPLIT_ERROR = "No backend for the parent process group or its backend does not support splitting"

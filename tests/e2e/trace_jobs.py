@@ -270,7 +270,7 @@ JOBS = {"pipe_tied": job_pipe_tied, "ulysses": job_ulysses, "zero3_hpz": job_zer
 
 def run(job: str, shim: bool, rank: int) -> dict:
     from compat import group_trace
-    from mesh_core import registry_for_world
+    from mesh_core.runtime_hooks import registry_for_world
 
     common.set_mode(shim)
     import deepspeed.utils.groups as legacy_groups

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakepg import fake_world, record_new_groups
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, registry_for_world
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core.runtime_hooks import registry_for_world
 from test_layout import dim_sets, specs
 
 

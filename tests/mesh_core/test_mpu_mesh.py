@@ -17,7 +17,8 @@ from codemods.pipeline import migrate_code
 from compat import group_trace
 from e2e.simple_mpu import DSTestMPU  # DeepSpeed's test MPU, shared with the e2e scripts
 from fakepg import fake_world
-from mesh_core import DeepSpeedDeviceMesh, MpuMesh, mesh_of
+from mesh_core import DeepSpeedDeviceMesh, mesh_of
+from mesh_core.runtime_hooks import MpuMesh
 
 pytestmark = pytest.mark.deepspeed
 

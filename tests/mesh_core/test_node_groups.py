@@ -1,5 +1,5 @@
 """``groups._get_local_all_to_all_group()`` in DeepSpeed's engine (ZeRO++ qgZ), rewritten to
-``mesh_core.local_all_to_all_groups(get_accelerator().device_count())`` (issue 10m). Legacy: the real
+``mesh_core.runtime_hooks.local_all_to_all_groups(get_accelerator().device_count())`` (issue 10m). Legacy: the real
 deepspeed 0.19.8 on fake worlds and devices-per-node counts; migrated: the codemod's output on the mesh
 runtime. Same names and rank sets (non-members get ``NON_GROUP_MEMBER``), the same legacy assertion, the
 very dict and groups compat's legacy getter hands out, nothing created when asked again, and a released
