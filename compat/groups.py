@@ -623,9 +623,7 @@ def get_data_parallel_rank() -> int:
     return autotp_groups().data_parallel_rank()
 
 
-_W_CREATE_MP = _w(
-    "_create_model_parallel"
-)
+_W_CREATE_MP = _w("_create_model_parallel")
 
 
 def _create_model_parallel(model_parallel_size_: int):
@@ -644,9 +642,7 @@ def _create_model_parallel(model_parallel_size_: int):
 # --- expert parallel -------------------------------------------------------------------------
 _W_CREATE_EP = _w("_create_expert_and_data_parallel")
 _W_CREATE_EP_TP = _w("_create_expert_data_and_model_parallel")
-_W_EP_RANKS = _w(
-    "_get_expert_parallel_ranks"
-)
+_W_EP_RANKS = _w("_get_expert_parallel_ranks")
 
 
 def _store_expert(name: str, ep_group: Any, ep_ranks: Any, edp_group: Any, edp_ranks: Any) -> None:
@@ -1054,9 +1050,7 @@ def _get_expert_model_parallel_world_size() -> int:
 
 # --- world clone and all-to-all ------------------------------------------------------------------
 _W_CLONE_WORLD = _w("_clone_world_group")
-_W_ALL_TO_ALL = _w(
-    "_get_local_all_to_all_group",
-)
+_W_ALL_TO_ALL = _w("_get_local_all_to_all_group")
 
 
 def _world_group():
