@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import wrapt
 
+from mesh_core import torch_compat
+
 from . import group_trace, releases
 from .install_patches import ImportRoutes, PatchSet
 
@@ -71,6 +73,7 @@ def install() -> None:
     with _lock:
         if _active:
             return
+        torch_compat.check_torch()  # outside the supported torch range: an error, nothing patched
         version = releases.check()  # outside the supported range: an error, nothing patched
         _active = True
         try:

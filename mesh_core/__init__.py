@@ -18,6 +18,7 @@ from .roles.process_experts import ProcessExperts, expert_tensor_parallel_size, 
 from .registry import GroupRegistry, registry_for_world
 from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
+from .torch_compat import UnsupportedTorchError
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -32,6 +33,7 @@ __all__ = [
     "MeshSpec",
     "MeshSpecError",
     "MpuMesh",
+    "UnsupportedTorchError",
     "PipelineTopology",
     "ProcessExperts",
     "current_mesh",

@@ -34,10 +34,8 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
-
+from . import torch_compat
 from .rendezvous import arrive, differing_fields, ranks_text
 from .spec import MeshSpec, MeshSpecError
 
@@ -92,19 +90,18 @@ def check_same_mesh(spec: MeshSpec, *, timeout: Optional[timedelta] = None, **op
 
 def world_timeout() -> timedelta:
     """The default process group's timeout (the store's where the backend does not expose it)."""
-    world = c10d._get_default_group()
+    world = torch_compat.default_group()
     try:
-        device = getattr(world, "bound_device_id", None) or torch.device(_collective_device())
-        return world._get_backend(device).options._timeout
+        return torch_compat.backend_timeout(world, torch_compat.default_device())
     except (AttributeError, RuntimeError, TypeError):
-        return c10d._get_default_store().timeout
+        return torch_compat.default_store().timeout
 
 
 @contextlib.contextmanager
 def rank_set_slot(spec: MeshSpec) -> Iterator[None]:
     """Hold this process's slot for building a mesh over ``spec``'s rank set (re-entrant in one
     thread); raise :class:`ConcurrentCheckError` if another thread holds it."""
-    slot = (id(c10d._get_default_group()), _set_id(sorted(spec.ranks)))
+    slot = (id(torch_compat.default_group()), _set_id(sorted(spec.ranks)))
     me = threading.get_ident()
     with _LOCK:
         holder, depth = _IN_FLIGHT.get(slot, (me, 0))
@@ -131,12 +128,12 @@ def _set_id(members: Sequence[int]) -> str:
 
 
 def _check_over_store(spec: MeshSpec, fields: dict[str, str], timeout: Optional[timedelta]) -> None:
-    store = c10d._get_default_store()
+    store = torch_compat.default_store()
     members = sorted(spec.ranks)
     set_id = _set_id(members)
     with rank_set_slot(spec):
         with _LOCK:
-            counts = _CHECKS.setdefault(c10d._get_default_group(), Counter())
+            counts = _CHECKS.setdefault(torch_compat.default_group(), Counter())
             prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
             counts[set_id] += 1
         _run_check(store, prefix, spec, members, fields, timeout or world_timeout())
@@ -192,11 +189,6 @@ def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional
         "ranks disagree on the mesh, so creating its groups would hang; every rank must build the same "
         "mesh in the same order. Differing fields: " + " | ".join(differing_fields(per_rank, ranks, show=repr))
     )
-
-
-def _collective_device() -> str:
-    # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
-    return dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
 
 
 def _option_text(value: Any) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
+from .. import torch_compat
 from ..layout import MeshLayout
 from ..registry import registry_for_world
 from ..spec import MeshSpec, MeshSpecError
@@ -117,8 +118,9 @@ def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> 
         code = [-1] * (2 * len(GROUP_DIMS))
     else:
         code = [spec.dim_size(d) for d in GROUP_DIMS] + [spec.names.index(d) for d in GROUP_DIMS]
-    device = dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
-    low = torch.tensor(code, dtype=torch.int64, device=device)
+    # on the world's bound device (cuda:LOCAL_RANK under DeepSpeed), not the current one: before
+    # DeepSpeed sets the device every rank's current device is cuda:0
+    low = torch.tensor(code, dtype=torch.int64, device=torch_compat.default_device())
     high = low.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
@@ -127,12 +129,6 @@ def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> 
             f"ranks inferred different meshes from the groups (this rank: {spec.describe() if spec else None}); "
             "they are not a row-major mesh"
         )
-
-
-def _device_type() -> str:
-    if not dist.is_initialized() or dist.get_backend() in ("fake", "gloo"):
-        return "cpu"
-    return dist.distributed_c10d._get_object_coll_device(None).type  # type: ignore[attr-defined]
 
 
 def from_groups(
@@ -169,7 +165,7 @@ def from_groups(
         if not isinstance(group, (list, tuple, range)):
             registry.adopt(layout.groups(dim), group)
     logger.debug("from_groups: %s", spec.describe())
-    return cls(spec, device_type=device_type or _device_type())
+    return cls(spec, device_type=device_type or torch_compat.default_device_type())
 
 
 def from_mpu(
