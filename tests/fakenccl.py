@@ -24,7 +24,8 @@ What a CPU run never meets and a GPU world does, made to hold here:
   device allocate on the CPU instead and record the device asked for (:attr:`RankLog.allocations`).
 
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
-and check the contract. ``split_non_member`` picks what ``split_group`` returns to a rank in none of
+and check the contract. ``creation_s`` makes each creation take that long (thread tests).
+``split_non_member`` picks what ``split_group`` returns to a rank in none of
 the splits: None (torch ≤ 2.13) or ``GroupMember.NON_GROUP_MEMBER`` (-100, torch 2.14).
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import contextlib
 import dataclasses
 import inspect
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Optional
 
@@ -85,6 +87,7 @@ def nccl_world(
     local_rank: Optional[int] = None,
     split_non_member: Any = None,
     deepspeed_comm: bool = False,
+    creation_s: float = 0.0,
 ) -> Iterator[RankLog]:
     """Rank ``rank`` of a fake world of ``world_size`` that torch reports as NCCL (module docstring)."""
     log = RankLog(rank)
@@ -156,6 +159,8 @@ def nccl_world(
             try:
                 if device is not None and nccl and (rank in ranks or not local_sync):
                     log.world.append(("comm_split", tuple(ranks)))  # ncclCommSplit of the world: all must join
+                if creation_s:
+                    time.sleep(creation_s)  # widens the window in which another thread could interleave
                 group = real_new(*args, **kwargs)
             finally:
                 with lock:

@@ -136,3 +136,69 @@ def test_unbound_nccl_world_still_builds_cuda_meshes():
     logs = run_ranks(scenario, WORLD, bound=False)
     assert [log.result for log in logs] == ["cuda"] * WORLD
     assert all(log.world == [] for log in logs)
+
+
+def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_world(monkeypatch):
+    """Every NCCL run of deepspeed.initialize under the shim used to crash reading the device; every
+    rank of the bound world makes the same world splits."""
+    import deepspeed
+
+    import compat
+
+    config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6, "mesh": {"tp": 2},
+              "tensor_parallel": {"autotp_size": 1}, "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}
+
+    def scenario(rank):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("RANK", str(rank))
+        compat.install()
+        try:
+            engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config)[0]
+            out = (engine.mesh_device.device_type, engine.mesh_device.device_mesh.device_type,
+                   engine.mesh_device.get_group_ranks("tp"))
+            engine.destroy()
+            return out
+        finally:
+            compat.uninstall()
+
+    monkeypatch.setenv("WORLD_SIZE", str(WORLD))
+    logs = run_ranks(scenario, WORLD, deepspeed_comm=True)
+    assert [log.result for log in logs] == [("cuda", "cuda", [0, 1]), ("cuda", "cuda", [0, 1]),
+                                            ("cuda", "cuda", [2, 3]), ("cuda", "cuda", [2, 3])]
+    assert logs[0].world == [("split_group", ((0, 2), (1, 3))), ("split_group", ((0, 1), (2, 3)))]
+
+
+def test_threads_building_sub_world_meshes_on_a_bound_world_create_one_at_a_time():
+    """Meshes built from threads on a bound world: each creation clears the process-wide bound device,
+    so creations are serialized per process (none of them waits on peers there)."""
+    import threading
+
+    def scenario(rank):
+        pair = [rank - rank % 2, rank - rank % 2 + 1]
+        column = [rank % 2, rank % 2 + 2]
+        got, errors = {}, []
+
+        def build(name, ranks):
+            try:
+                for _ in range(3):
+                    mesh = _mesh(ranks=ranks, tp=2)
+                    got.setdefault(name, []).append(mesh.get_group_ranks("tp"))
+                    mesh.destroy()
+            except Exception as err:  # noqa: BLE001 (reported below)
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=build, args=a) for a in (("pair", pair), ("column", column))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        return got, dist.distributed_c10d._get_default_group().bound_device_id
+
+    logs = run_ranks(scenario, WORLD, creation_s=0.02)
+    for log in logs:
+        got, bound = log.result
+        assert got == {"pair": [[log.rank - log.rank % 2, log.rank - log.rank % 2 + 1]] * 3,
+                       "column": [[log.rank % 2, log.rank % 2 + 2]] * 3}
+        assert bound == torch.device("cuda", log.rank)
+        assert log.max_concurrent_creations == 1 and log.world == []
