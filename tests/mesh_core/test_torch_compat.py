@@ -55,12 +55,13 @@ def test_build_refuses_an_unsupported_torch_before_any_group(monkeypatch, versio
 
 @pytest.mark.deepspeed
 def test_install_refuses_an_unsupported_torch_and_patches_nothing(monkeypatch):
-    import deepspeed  # noqa: F401
+    import importlib
 
-    import compat.install as installer
+    import deepspeed  # noqa: F401
 
     from test_install import differences, snapshot_deepspeed
 
+    installer = importlib.import_module("compat.install")  # the module (compat.install is also the function)
     installer.uninstall()
     before = snapshot_deepspeed()
     monkeypatch.setattr(torch, "__version__", "2.5.1")
