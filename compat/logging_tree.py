@@ -286,6 +286,8 @@ class RoutingLogger(logging.Logger):
     """A shared logger object whose records go to the logger of the module that called it."""
 
     def isEnabledFor(self, level: int) -> bool:
+        if not _tree_enables(self, level):  # the usual answer on a training step: no frame walk
+            return False
         frame = sys._getframe(1)
         while frame is not None:
             name = frame.f_globals.get("__name__", "")
@@ -314,6 +316,24 @@ class RoutingLogger(logging.Logger):
         target = _target(module)
         if target.isEnabledFor(level):
             _emit(target, level, msg, args, frame, exc_info, extra, stack_info)
+
+
+_TREE_KEY = "compat.logging_tree"
+
+
+def _tree_enables(router: logging.Logger, level: int) -> bool:
+    """Whether any logger of the tree is enabled for ``level`` (else no caller's can be), cached in
+    the router's ``_cache``, which ``logging`` clears on every level change and ``logging.disable``."""
+    cache = router.__dict__.get("_cache")
+    enabled = None if cache is None else cache.get((_TREE_KEY, level))
+    if enabled is None:
+        loggers = logging.Logger.manager.loggerDict
+        tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
+                                            if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
+        enabled = any(lg.isEnabledFor(level) for lg in tree)
+        if cache is not None and loggers.get(router.name) is router:  # cleared by logging with the others
+            cache[(_TREE_KEY, level)] = enabled
+    return enabled
 
 
 def _route_object(obj: Any) -> None:
