@@ -102,7 +102,8 @@ def agreed_problems(members: Sequence[int], records: Sequence[Mapping[str, Any]]
     for rank, rec in zip(members, records):
         for devices in (rec.get("devices") or {}).values():
             for device in (devices or {}).values():
-                by_type.setdefault(device.split(":")[0], []).append(rank)
+                if not device.startswith("meta"):  # refused on its rank already
+                    by_type.setdefault(device.split(":")[0], []).append(rank)
     if len(by_type) > 1:
         problems.append("tensors on different device types cannot travel between ranks: " + "; ".join(
             f"{t} on {ranks_text(sorted(set(rs)), 'rank')}" for t, rs in sorted(by_type.items())))
