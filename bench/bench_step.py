@@ -1,21 +1,20 @@
 """Per-step cost of the shim: plain DeepSpeed vs ``compat.install()`` on a launch-bound step, same run.
 
-    python bench/bench_step.py [--stages 0,1,2,3] [--steps 200] [--reps 9] [--profile STAGE]
+    python bench/bench_step.py [--stages 0,1,2,3] [--pairs 7] [--blocks 9] [--steps 50] [--profile STAGE]
 
 The model is 2 x Linear(8, 8) on one CPU rank (a gloo world of 1, ``DS_ACCELERATOR=cpu``): a step
 is nothing but launches and Python, what a GPU step of a small or well-overlapped model is made of,
-so any per-step work of the shim shows. For each ZeRO stage one process builds a plain engine (shim
-uninstalled) and a shim engine (shim installed), warms both up, then alternates blocks of
-``--steps`` steps (forward, backward, step) between them, ``--reps`` times (the order flips every
-repetition; the shim is installed for the shim's blocks only, uninstalled for the plain ones, and
-each block follows ``WARM`` untimed steps: installing resets the call-site caches of the legacy
-getters, a one-time cost a training run pays once, not per block).
-Prints, per stage, the median microseconds per step of each and shim / plain per repetition as
-min / median / max, by wall clock and by this thread's CPU time (the step is CPU work: its CPU
-time is what the shim adds, and it is far less disturbed by other processes on a shared machine).
+so any per-step work of the shim shows. The run alternates child processes, plain (the shim never
+installed) and shim (``compat.install()`` once, before ``import deepspeed``, as ``DS_MESH=1``
+does), ``--pairs`` times (the order flips every pair). Each child builds one engine per ZeRO stage,
+runs 50 untimed steps, then ``--blocks`` blocks of ``--steps`` steps (forward, backward, step) and
+reports each block's wall and CPU time (this thread's: the step is CPU work, and its CPU time is far
+less disturbed by other processes on a shared machine). Per stage it prints the median microseconds
+per step of each mode and shim / plain per pair (each child's median block) as min / median / max.
 
-``--profile STAGE`` instead runs cProfile over the shim's and the plain engine's steps of that stage
-and prints the functions the shim adds (compat / mesh_core / wrapt frames), by own time.
+``--profile STAGE`` instead runs cProfile, in one process, over the plain and the shim engine's
+steps of that stage (the shim installed for the shim's steps only) and prints the functions whose
+call count or own time the shim adds.
 """
 from __future__ import annotations
 
@@ -35,10 +34,6 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-
-
-SHIM_FIRST = os.environ.get("BENCH_SHIM_FIRST") == "1"
-WARM = 10  # untimed steps after each switch between plain and shim
 
 
 def config(stage: int) -> dict:
@@ -77,28 +72,35 @@ def steps(engine, x, n: int) -> tuple[float, float]:
     return (time.perf_counter() - start) / n, (time.thread_time() - cpu) / n
 
 
-def measure(stage: int, n: int, reps: int) -> dict:
+def child(shim: bool, stages: list[int], n: int, blocks: int) -> dict:
+    """One mode in this process: per stage, every block's (wall, cpu) seconds per step."""
     import torch
 
-    if SHIM_FIRST:
-        shim, plain = build(stage, True), build(stage, False)
-    else:
-        plain, shim = build(stage, False), build(stage, True)
-    x = torch.randn(4, 8)
-    for shimmed, engine in ((False, plain), (True, shim)):
-        set_shim(shimmed)
-        steps(engine, x, max(20, n // 4))  # warm-up
-    times: dict[str, list[tuple[float, float]]] = {"plain": [], "shim": []}
-    for rep in range(reps):
-        order = (("plain", plain), ("shim", shim)) if rep % 2 == 0 else (("shim", shim), ("plain", plain))
-        for mode, engine in order:
-            set_shim(mode == "shim")
-            steps(engine, x, WARM)  # untimed: what (un)installing resets (call-site caches) refills here
-            times[mode].append(steps(engine, x, n))
-    set_shim(False)
-    for engine in (plain, shim):
+    out = {}
+    for stage in stages:
+        engine = build(stage, shim)
+        x = torch.randn(4, 8)
+        steps(engine, x, 50)  # warm-up
+        out[str(stage)] = [steps(engine, x, n) for _ in range(blocks)]
         engine.destroy()
-    return times
+    return out
+
+
+def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
+    """Plain and shim children alternated ``pairs`` times: per mode, per pair, each child's result."""
+    import json
+    import subprocess
+
+    runs: dict[str, list[dict]] = {"plain": [], "shim": []}
+    for pair in range(pairs):
+        for mode in (("plain", "shim") if pair % 2 == 0 else ("shim", "plain")):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--stages", ",".join(map(str, stages)),
+                   "--steps", str(n), "--blocks", str(blocks)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                raise SystemExit(f"{mode} child failed:\n{proc.stderr[-3000:]}")
+            runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
 
 
 def profile(stage: int, n: int) -> None:
@@ -139,14 +141,22 @@ def profile(stage: int, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", default="0,1,2,3")
-    parser.add_argument("--steps", type=int, default=200, help="steps per timed block")
-    parser.add_argument("--reps", type=int, default=9, help="alternated blocks of each")
+    parser.add_argument("--pairs", type=int, default=7, help="plain / shim child processes alternated")
+    parser.add_argument("--blocks", type=int, default=9, help="timed blocks per stage in each child")
+    parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
     parser.add_argument("--profile", type=int, default=None, metavar="STAGE")
+    parser.add_argument("--child", choices=("plain", "shim"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    stages = [int(s) for s in args.stages.split(",")]
+    if args.child is None and args.profile is None:
+        report(alternate(stages, args.pairs, args.steps, args.blocks), stages, args)
+        return
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's per-call deprecation notes (ZeRO-3)
+    if args.child == "shim" or args.profile is not None:
+        import compat  # noqa: F401  (the shim child installs it below, before deepspeed is imported)
+    if args.child == "shim":
+        set_shim(True)
     import deepspeed
-
-    import compat  # noqa: F401
 
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # skip the shm op's JIT build
     with socket_port() as port:
@@ -156,17 +166,23 @@ def main() -> None:
     if args.profile is not None:
         profile(args.profile, args.steps)
         return
-    print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.reps} alternated blocks of {args.steps} steps each; "
-          "us/step: medians; shim/plain per block pair: min / median / max")
+    import json
+
+    print(json.dumps(child(args.child == "shim", stages, args.steps, args.blocks)))
+
+
+def report(runs: dict, stages: list[int], args: argparse.Namespace) -> None:
+    print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.pairs} plain/shim child pairs, {args.blocks} blocks of "
+          f"{args.steps} steps per stage each; us/step: medians; shim/plain per pair: min / median / max")
     print(f"{'stage':>6} {'clock':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6}")
-    for stage in (int(s) for s in args.stages.split(",")):
-        times = measure(stage, args.steps, args.reps)
+    for stage in stages:
         for i, clock in enumerate(("wall", "cpu")):
-            plain = [t[i] for t in times["plain"]]
-            shim = [t[i] for t in times["shim"]]
-            ratios = sorted(s / p for s, p in zip(shim, plain))
-            print(f"{stage:>6} {clock:>6} {statistics.median(plain) * 1e6:>14.0f} {statistics.median(shim) * 1e6:>13.0f} "
-                  f"{ratios[0]:>15.3f} {statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f}", flush=True)
+            per_run = {mode: [statistics.median(block[i] for block in run[str(stage)]) for run in runs[mode]]
+                       for mode in runs}
+            ratios = sorted(s / p for s, p in zip(per_run["shim"], per_run["plain"]))
+            print(f"{stage:>6} {clock:>6} {statistics.median(per_run['plain']) * 1e6:>14.0f} "
+                  f"{statistics.median(per_run['shim']) * 1e6:>13.0f} {ratios[0]:>15.3f} {statistics.median(ratios):>7.3f} "
+                  f"{ratios[-1]:>6.3f}", flush=True)
 
 
 @contextlib.contextmanager
