@@ -322,17 +322,18 @@ _TREE_KEY = "compat.logging_tree"
 
 
 def _tree_enables(router: logging.Logger, level: int) -> bool:
-    """Whether any logger of the tree is enabled for ``level`` (else no caller's can be), cached in
-    the router's ``_cache``, which ``logging`` clears on every level change and ``logging.disable``."""
+    """False when no logger of the tree is enabled for ``level`` (so no caller's can be), cached in
+    the router's ``_cache``, which ``logging`` clears on every level change and ``logging.disable``;
+    True when it may be (or the router is not one ``logging`` clears: no cache, the full answer)."""
+    loggers = logging.Logger.manager.loggerDict
     cache = router.__dict__.get("_cache")
-    enabled = None if cache is None else cache.get((_TREE_KEY, level))
+    if cache is None or loggers.get(router.name) is not router:
+        return True
+    enabled = cache.get((_TREE_KEY, level))
     if enabled is None:
-        loggers = logging.Logger.manager.loggerDict
         tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
                                             if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
-        enabled = any(lg.isEnabledFor(level) for lg in tree)
-        if cache is not None and loggers.get(router.name) is router:  # cleared by logging with the others
-            cache[(_TREE_KEY, level)] = enabled
+        enabled = cache[(_TREE_KEY, level)] = any(lg.isEnabledFor(level) for lg in tree)
     return enabled
 
 
