@@ -286,7 +286,11 @@ class RoutingLogger(logging.Logger):
     """A shared logger object whose records go to the logger of the module that called it."""
 
     def isEnabledFor(self, level: int) -> bool:
-        if not _tree_enables(self, level):  # the usual answer on a training step: no frame walk
+        try:
+            enabled = self._cache[-1 - level]  # the usual answer on a training step: no frame walk
+        except KeyError:
+            enabled = _tree_enables(self, level)
+        if not enabled:
             return False
         frame = sys._getframe(1)
         while frame is not None:
@@ -318,22 +322,17 @@ class RoutingLogger(logging.Logger):
             _emit(target, level, msg, args, frame, exc_info, extra, stack_info)
 
 
-_TREE_KEY = "compat.logging_tree"
-
-
 def _tree_enables(router: logging.Logger, level: int) -> bool:
-    """False when no logger of the tree is enabled for ``level`` (so no caller's can be), cached in
-    the router's ``_cache``, which ``logging`` clears on every level change and ``logging.disable``;
-    True when it may be (or the router is not one ``logging`` clears: no cache, the full answer)."""
+    """False when no logger of the tree is enabled for ``level`` (so no caller's can be), kept in
+    the router's ``_cache`` under ``-1 - level``: ``logging`` clears that dict on every level change
+    and ``logging.disable``. True when one may be, or when the router is not a logger ``logging``
+    clears (then nothing is kept and the full answer is computed per call)."""
     loggers = logging.Logger.manager.loggerDict
-    cache = router.__dict__.get("_cache")
-    if cache is None or loggers.get(router.name) is not router:
+    if loggers.get(router.name) is not router:
         return True
-    enabled = cache.get((_TREE_KEY, level))
-    if enabled is None:
-        tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
-                                            if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
-        enabled = cache[(_TREE_KEY, level)] = any(lg.isEnabledFor(level) for lg in tree)
+    tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
+                                        if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
+    enabled = router._cache[-1 - level] = any(lg.isEnabledFor(level) for lg in tree)
     return enabled
 
 
