@@ -157,7 +157,9 @@ def _accelerator_type() -> Optional[str]:
 
 
 def _uninitialised(group: Any, device: torch.device) -> bool:
-    """True when the world's accelerator backend reports no communicator yet (GPU only)."""
+    """True when the world's accelerator backend reports no communicator yet (GPU only). torch's
+    ``ProcessGroupNCCL._is_initialized()`` counts every communicator of the group, so a world where
+    only pair communicators exist (made by earlier unbatched ``isend``/``irecv``) counts as created."""
     try:
         backend = group._get_backend(device)
     except RuntimeError:
