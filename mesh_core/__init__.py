@@ -5,6 +5,7 @@
 - :class:`DeepSpeedDeviceMesh` — the process groups, on top of ``torch.distributed.DeviceMesh``;
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
 """
+from .absence import AbsentRanksError
 from .config import spec_from_config
 from .roles.current import current_mesh, model_mesh
 from .roles.default import default_mesh, set_default_mesh, use_mesh
@@ -20,6 +21,7 @@ from .spec import DEFAULT_ORDER, MESH_DIMS, MeshSpec, MeshSpecError
 from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
+    "AbsentRanksError",
     "DEFAULT_ORDER",
     "MESH_DIMS",
     "DeepSpeedDeviceMesh",
