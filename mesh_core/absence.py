@@ -50,7 +50,7 @@ class AbsentRanksError(MeshSpecError):
         self.quiet = None if quiet is None else list(quiet)
         self.timeout = timeout
         self.hints = _collect_hints(self)
-        super().__init__(" ".join([message, *self.hints]))
+        super().__init__(" ".join([message if not self.hints or message.endswith(".") else message + ".", *self.hints]))
 
 
 def add_hint(hint: Hint) -> None:

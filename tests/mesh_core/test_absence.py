@@ -59,7 +59,7 @@ def test_hints_of_a_layer_above_end_the_message_and_a_failing_hint_is_left_out(s
         absence.remove_hint(hint)
         absence.remove_hint(broken)
     assert caught.value.hints == ["HINT: [1] never built a mesh"]
-    assert str(caught.value).endswith("in the same order HINT: [1] never built a mesh")
+    assert str(caught.value).endswith("in the same order. HINT: [1] never built a mesh")
     assert "boom" in caplog.text
     with fake_world(0, 2):  # removed: no hint any more
         with pytest.raises(AbsentRanksError) as caught:
