@@ -12,6 +12,10 @@ variables to every runner's exports, the way the runner adds ``PYTHONPATH``:
 - ``DS_MESH=1`` when the launching process has no ``DS_MESH`` (the shim was installed in code):
   the nodes run the shim too.
 
+Slurm's runner passes ``srun --export=ALL,K=V,...``: ``ALL`` already carries the launching
+environment, and ``srun`` splits that list at commas, so a value with a comma (``DS_LOG_LEVELS=
+deepspeed=info,deepspeed.runtime.zero=debug``) is left to ``ALL`` instead of being cut there.
+
 The runner adds its own prefixes' variables and ``.deepspeed_env`` after these, so a user's
 ``.deepspeed_env`` line for one of them wins. Without the shim nothing is added.
 """
@@ -21,6 +25,7 @@ import os
 from typing import Any, Callable, Mapping
 
 SHIM_ENV = "DS_MESH"
+SLURM = "slurm"  # the runner whose export list is comma-separated (srun --export=ALL,K=V)
 # every environment variable ds-mesh reads starts with one of these (tests/compat/test_launcher_env.py
 # checks the source for others)
 FORWARDED_PREFIXES = ("DS_MESH", "DS_LOG_LEVELS")
@@ -36,6 +41,8 @@ def forwarded(environ: Mapping[str, str]) -> dict[str, str]:
 def runner_init_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     """``MultiNodeRunner.__init__``: then export :func:`forwarded` of this process's environment."""
     result = wrapped(*args, **kwargs)
+    comma_splits = getattr(instance, "name", None) == SLURM
     for key, value in forwarded(os.environ).items():
-        instance.add_export(key, value)
+        if not (comma_splits and "," in value):
+            instance.add_export(key, value)
     return result
