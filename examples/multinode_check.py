@@ -10,6 +10,7 @@ A rank without the shim prints ``shim off`` (if the job gets that far: see docs/
 """
 import os
 import socket
+import sys
 
 import torch
 
@@ -37,8 +38,10 @@ def main() -> None:
     mesh = getattr(engine, "mesh_device", None)
     spec = getattr(mesh, "spec", None)  # the shim's engine mesh; plain DeepSpeed has none here
     state = f"shim on, mesh {spec.describe()}" if spec is not None else "shim off"
-    print(f"rank {rank} of {torch.distributed.get_world_size()} on {socket.gethostname()}: "
-          f"DS_MESH={os.environ.get('DS_MESH', '')}, {state}", flush=True)
+    # one write per line: the ranks of a node share its stdout (unbuffered under the launchers' python -u)
+    sys.stdout.write(f"rank {rank} of {torch.distributed.get_world_size()} on {socket.gethostname()}: "
+                     f"DS_MESH={os.environ.get('DS_MESH', '')}, {state}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
