@@ -152,3 +152,24 @@ def test_every_variable_ds_mesh_reads_is_forwarded():
         names.update(re.findall(r"[\"'](DS_(?:MESH|LOG)[A-Z_]*)[\"']", path.read_text()))
     assert {"DS_MESH", "DS_MESH_STRICT", "DS_LOG_LEVELS"} <= names
     assert all(name.startswith(launcher_env.FORWARDED_PREFIXES) for name in names), names
+
+
+def test_install_wraps_every_runner_and_uninstall_restores_it(monkeypatch):
+    import deepspeed.launcher.multinode_runner as mnr
+
+    import compat.install as installer
+
+    original = mnr.MultiNodeRunner.__dict__["__init__"]
+    args = type("Args", (), {"user_script": "train.py", "user_args": [], "launcher_args": ""})()
+    monkeypatch.setenv("DS_MESH_STRICT", "1")
+    monkeypatch.delenv("DS_MESH", raising=False)
+    installer.install()
+    try:
+        assert mnr.MultiNodeRunner.__dict__["__init__"] is not original
+        assert "deepspeed.launcher.multinode_runner.MultiNodeRunner.__init__" in installer.patched_names()
+        runner = mnr.PDSHRunner(args, "e30=")
+        assert runner.exports == {"DS_MESH_STRICT": "1", "DS_MESH": "1"}
+    finally:
+        installer.uninstall()
+    assert mnr.MultiNodeRunner.__dict__["__init__"] is original
+    assert mnr.PDSHRunner(args, "e30=").exports == {}
