@@ -40,7 +40,7 @@ print({out!r})
 def exports(launcher: str, argv: list[str]) -> dict[str, str]:
     """The variables a recorded command sets on the nodes, read in its runner's syntax."""
     out: dict[str, str] = {}
-    if launcher == "pdsh":  # pdsh ... -w HOSTS "export K=V; export K2=V2; " "cd ...;" python -m deepspeed.launcher.launch
+    if launcher == "pdsh":  # pdsh ... -w HOSTS "export K=V; export K2=V2; " "cd ...;" python -m deepspeed...launch
         for arg in argv:
             out.update(dict(re.findall(r"export ([A-Za-z_][A-Za-z0-9_]*)=(.*?); ", arg, re.S)))
     elif launcher == "slurm":  # srun ... --export=ALL,K=V,K2=V2

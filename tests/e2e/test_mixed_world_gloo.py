@@ -64,9 +64,9 @@ def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, .
             if deadline is None and all(m.exists() and m.read_text() for m in marks):
                 deadline = max(float(m.read_text()) for m in marks) + timeout_s + GRACE_S
             if time.time() > (deadline or start_deadline):
-                pytest.fail(f"ranks {[r for r in wait_for if procs[r][0].poll() is None]} still running "
-                            f"{'after the timeout plus ' + str(GRACE_S) + ' s' if deadline else 'before the world was up'}:\n"
-                            + _logs(tmp_path))
+                when = f"after the timeout plus {GRACE_S} s" if deadline else "before the world was up"
+                alive = [r for r in wait_for if procs[r][0].poll() is None]
+                pytest.fail(f"ranks {alive} still running {when}:\n" + _logs(tmp_path))
             time.sleep(0.5)
     finally:
         for p, log in procs:
