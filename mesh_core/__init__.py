@@ -5,6 +5,7 @@
 - :class:`DeepSpeedDeviceMesh` — the process groups, on top of ``torch.distributed.DeviceMesh``;
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys).
 """
+from .absence import AbsentRanksError
 from .config import spec_from_config
 from .roles.current import current_mesh, model_mesh
 from .roles.default import default_mesh, set_default_mesh, use_mesh
@@ -21,6 +22,7 @@ from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 from .torch_compat import UnsupportedTorchError
 
 __all__ = [
+    "AbsentRanksError",
     "DEFAULT_ORDER",
     "MESH_DIMS",
     "DeepSpeedDeviceMesh",

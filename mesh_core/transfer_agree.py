@@ -220,7 +220,11 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def _absent(members: Sequence[int], arrived: Sequence[int], missing: Sequence[int], timeout: timedelta) -> str:
+def _absent(members: Sequence[int], arrived: Sequence[int], missing: Optional[Sequence[int]], timeout: timedelta) -> str:
+    if missing is None:
+        return (f"transfer: rank {dist.get_rank()} could not finish the agreement of the ranks taking part "
+                f"({ranks_text(members, 'rank')}): the store went away (the process that held it ended, most likely "
+                f"after waiting {timeout} for missing ranks: see its message)")
     if not missing:
         return (f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
                 f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "
