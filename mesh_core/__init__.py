@@ -7,23 +7,59 @@
 - :func:`transfer_weights` — move a model's weights between two layouts;
 - the current / default mesh (:func:`current_mesh`, :func:`model_mesh`, :func:`default_mesh`,
   :func:`set_default_mesh`, :func:`use_mesh`), :func:`mesh_of` (the mesh of an mpu or grid) and
-  :func:`pipeline_topology` (a ``PipelineModule``'s ``topology=`` in mesh dims).
+  :func:`pipeline_topology` (a ``PipelineModule``'s ``topology=`` in mesh dims);
+- the errors :class:`MeshSpecError` and :class:`AbsentRanksError`.
 
 What the DeepSpeed runtime uses beside these (group registries, expert groups by name, hpZ,
-AutoTP's groups...) is in :mod:`mesh_core.runtime_hooks`.
+AutoTP's groups...) is in :mod:`mesh_core.runtime_hooks`; constants and the torch range are in
+:mod:`mesh_core.spec` and :mod:`mesh_core.torch_compat`.
 """
-from .config import spec_from_config
-from .device_mesh import DeepSpeedDeviceMesh, ExpertGroups
-from .layout import MeshLayout
-from .roles.current import current_mesh, model_mesh
-from .roles.default import default_mesh, set_default_mesh, use_mesh
-from .roles.mpu_mesh import mesh_of
-from .roles.pipe_topology import pipeline_topology
-from .spec import MESH_DIMS, MeshSpec, MeshSpecError
-from .transfer_engines import transfer_weights
+import importlib
+from typing import Any
+
+# public name -> the module defining it; each loads on first use (PEP 562), so `import mesh_core`
+# (and `mesh --help`, `mesh show`) imports no torch until a name that needs it is used
+_HOME: dict[str, str] = {
+    "AbsentRanksError": ".absence",
+    "DeepSpeedDeviceMesh": ".device_mesh",
+    "ExpertGroups": ".device_mesh",
+    "MeshLayout": ".layout",
+    "MeshSpec": ".spec",
+    "MeshSpecError": ".spec",
+    "current_mesh": ".roles.current",
+    "default_mesh": ".roles.default",
+    "mesh_of": ".roles.mpu_mesh",
+    "model_mesh": ".roles.current",
+    "pipeline_topology": ".roles.pipe_topology",
+    "set_default_mesh": ".roles.default",
+    "spec_from_config": ".config",
+    "transfer_weights": ".transfer_engines",
+    "use_mesh": ".roles.default",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name (or a submodule) on first use; torch is imported only then."""
+    home = _HOME.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home, __name__), name)
+    else:
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
-    "MESH_DIMS",
+    "AbsentRanksError",
     "DeepSpeedDeviceMesh",
     "ExpertGroups",
     "MeshLayout",
