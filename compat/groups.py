@@ -38,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
-from mesh_core.runtime_hooks import register_expert_groups, registry_for_world
+from mesh_core.runtime_hooks import register_expert_groups, registry_for_world, release_hpz_groups
 import mesh_core.roles.hpz as _hpz
-from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp, release_hpz_groups  # noqa: F401 (re-exported)
+from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp  # noqa: F401 (re-exported)
 from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
 
 import ds_mesh_advice

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping, Union
 import torch.distributed as torch_dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
-from mesh_core.registry import registry_for_world
+from mesh_core.runtime_hooks import registry_for_world
 
 from .device import default_device_type
 from .topology import DIM_TO_AXIS, ProcessTopology, _index

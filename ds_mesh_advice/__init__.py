@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import functools
 import json
-import os
+import pkgutil
 from typing import Mapping
 
 __all__ = ["plain", "replacement", "table"]
 
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replacements.json")
+_NAME = "replacements.json"
 
 
 @functools.lru_cache(maxsize=None)
 def table() -> Mapping[str, str]:
     """Every legacy API name → its replacement (MIGRATION.md Markdown)."""
-    with open(_PATH, encoding="utf-8") as fh:
-        return dict(json.load(fh))
+    data = pkgutil.get_data(__name__, _NAME)  # a wheel, an editable install or a zipapp alike
+    if data is None:
+        raise FileNotFoundError(f"{__name__}/{_NAME} is missing from this installation")
+    return dict(json.loads(data.decode("utf-8")))
 
 
 def replacement(legacy_name: str) -> str:
@@ -30,7 +32,7 @@ def replacement(legacy_name: str) -> str:
     try:
         return table()[legacy_name]
     except KeyError:
-        raise KeyError(f"{legacy_name!r} has no row in {_PATH}; add its replacement there (and to MIGRATION.md)") from None
+        raise KeyError(f"{legacy_name!r} has no row in {__name__}/{_NAME}; add its replacement there (and to MIGRATION.md)") from None
 
 
 def plain(legacy_name: str) -> str:

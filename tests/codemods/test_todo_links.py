@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ds_mesh_advice
 from codemods import todo_links
 from codemods.pipeline import migrate_code
 
@@ -84,7 +85,7 @@ def test_the_full_advice_is_kept_for_each_comment():
     m = migrate_code(LEGACY)
     assert m.todos and set(_todo_comments(m.code)) == set(m.advice)
     full = m.spelled_out()
-    assert "track the largest ep size N yourself and use <mesh>.expert_groups(N)" in full
+    assert ds_mesh_advice.plain("deepspeed.utils.groups._get_max_expert_size") in full  # the one advice table
     assert "mesh_core.pipeline_topology(pp=pp, tp=mp, dp=world // (pp * mp))" in full
     assert max(len(c) for c in _todo_comments(full)) > todo_links.MAX_COMMENT  # what is kept off the line
 

@@ -95,7 +95,7 @@ def test_zipapp_gives_one_shim(tmp_path):
     with zipfile.ZipFile(app, "w") as zf:
         zf.writestr("__main__.py", main)
         zf.write(os.path.join(ROOT, "_ds_mesh_startup.py"), "_ds_mesh_startup.py")
-        for package in ("compat", "mesh_core"):
+        for package in ("compat", "mesh_core", "ds_mesh_advice"):
             for folder, _, files in os.walk(os.path.join(ROOT, package)):
                 for name in files:
                     if name.endswith((".py", ".json")):
