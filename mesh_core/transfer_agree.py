@@ -37,8 +37,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
+from . import torch_compat
 from .rendezvous import arrive, differing_fields, forget, ranks_text
 from .spec import MeshSpec, MeshSpecError
 from .transfer_devices import agreed_problems
@@ -122,9 +122,9 @@ def agree(participants: Sequence[int], record: dict, *, key: str,
     """Exchange ``record`` with every participant: the same :class:`Agreed` or error on each, and
     this rank's clean-up to run once the transfer's messages are done (off the critical path: this
     round's last arrival deletes the round before's store keys, every participant being past it)."""
-    store = c10d._get_default_store()
+    store = torch_compat.default_store()
     members = sorted(participants)
-    world = c10d._get_default_group()
+    world = torch_compat.default_group()
     set_id = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
     rounds = _ROUNDS.setdefault(world, Counter())
     round_no = rounds[set_id]
@@ -220,7 +220,11 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def _absent(members: Sequence[int], arrived: Sequence[int], missing: Sequence[int], timeout: timedelta) -> str:
+def _absent(members: Sequence[int], arrived: Sequence[int], missing: Optional[Sequence[int]], timeout: timedelta) -> str:
+    if missing is None:
+        return (f"transfer: rank {dist.get_rank()} could not finish the agreement of the ranks taking part "
+                f"({ranks_text(members, 'rank')}): the store went away (the process that held it ended, most likely "
+                f"after waiting {timeout} for missing ranks: see its message)")
     if not missing:
         return (f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
                 f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "

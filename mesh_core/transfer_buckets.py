@@ -26,6 +26,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from . import torch_compat
+
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
 DEFAULT_BUCKET_BYTES = 16 << 20
@@ -283,7 +285,7 @@ def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional
         return direct, False
     buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
     with torch.no_grad():
-        torch._foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
+        torch_compat.foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
     return buffer, True
 
 
@@ -295,7 +297,7 @@ def _landing(bucket: Bucket, target, pool: BufferPool, direct: Optional[torch.Te
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
     with torch.no_grad():
-        torch._foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
+        torch_compat.foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
 
 
 def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
@@ -304,6 +306,6 @@ def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target
     mine = [Item(p.name, p.box, p.src_box, p.dst_box, 0, 0) for p in pieces if p.src == p.dst == rank]
     if mine:
         with torch.no_grad():
-            torch._foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
+            torch_compat.foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
     return sum(box_numel(i.box) for i in mine)
 

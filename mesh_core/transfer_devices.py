@@ -23,8 +23,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
+from . import torch_compat
 from .rendezvous import ranks_text
 
 
@@ -48,7 +48,7 @@ class WorldDevices:
 
 def world_devices() -> WorldDevices:
     """This rank's :class:`WorldDevices`, from the default group (the mesh's device, as the transfer needs it)."""
-    group = c10d._get_default_group()
+    group = torch_compat.default_group()
     backend = str(dist.get_backend(group))
     types = _backend_types(group, backend)
     bound = getattr(group, "bound_device_id", None)

@@ -4,9 +4,11 @@ NCCL refuses two ranks of one communicator on the same GPU, so the world is the 
 (capped at 4; the caller picks 1, 2 or 4). On one GPU every part still runs on NCCL, with the rank
 sets that exist in a world of one; the parts that need peers say so in their result:
 
-- probe: what ``CreationInputs.probe`` reads from a default group bound to a GPU, and the path;
-- member_only: a mesh with ``backend="nccl"`` (member-only ``new_group`` with the registry's name)
-  over ranks [0, 1] built by its members only (world 1: over [0]); an all_reduce over it;
+- probe: what ``CreationInputs.probe`` reads from a default group bound to a GPU, and the path; the
+  device a mesh built without ``device_type`` takes (cuda, the bound ``cuda:LOCAL_RANK``);
+- member_only: a mesh with ``backend="nccl"`` (member-only ``new_group`` with the registry's name,
+  the bound device cleared for the call and restored) over ranks [0, 1] built by its members only
+  (world 1: over [0]); an all_reduce over it;
 - split: a whole-world mesh on the ``split_group`` path (world 1: ``dist.split_group`` called
   directly, since a one-rank mesh has no group to split); all_reduces over its groups;
 - sharing: two meshes whose dims have the same rank set share one communicator;
@@ -56,17 +58,22 @@ def _expect(members) -> float:
 
 
 def part_probe(rank: int, world: int) -> dict:
+    from mesh_core import torch_compat
     from mesh_core.registry import CreationInputs, choose_creation_path
 
     if DRY:
         return {"ok": True, "skipped": "dry run"}
     inputs = CreationInputs.probe(None, whole_world=True)
     path = choose_creation_path(inputs)
+    local = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    device_type, device = torch_compat.default_device_type(), torch_compat.default_device()
     return {
-        "ok": path.name == "SPLIT" and inputs.supports_splitting,
+        "ok": path.name == "SPLIT" and inputs.supports_splitting and device_type == "cuda" and device == local,
         "bound_device": str(inputs.bound_device),
         "supports_splitting": inputs.supports_splitting,
         "path": path.name,
+        "default_device_type": device_type,  # what a mesh built without device_type runs on
+        "default_device": str(device),
     }
 
 
@@ -77,15 +84,18 @@ def part_member_only(rank: int, world: int) -> dict:
     members = [0, 1] if world >= 2 else [0]
     if rank not in members:  # non-members never construct it
         return {"ok": True, "member": False}
-    mesh = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members), backend=BACKEND, device_type=DEVICE)
+    bound = dist.distributed_c10d._get_default_group().bound_device_id
+    mesh = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members), backend=BACKEND)  # device follows the world
     group = mesh.get_group("tp")
     got = _sum_over(group, rank)
     name = group.group_name
+    restored = dist.distributed_c10d._get_default_group().bound_device_id == bound  # cleared only for the creation
     mesh.destroy()
     return {
         "ok": got == _expect(members) and name == group_name_for((BACKEND, tuple(members)))
-        and mesh.creation_path.name == "LOCAL",
+        and mesh.creation_path.name == "LOCAL" and mesh.device_type == DEVICE and restored,
         "sum": got, "name": name, "path": mesh.creation_path.name, "members": members,
+        "device_type": mesh.device_type, "bound_device_restored": restored,
     }
 
 
