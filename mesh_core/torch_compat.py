@@ -212,6 +212,16 @@ def backend_timeout(group: dist.ProcessGroup, device: torch.device) -> timedelta
     return _backend(group, device).options._timeout
 
 
+def backend_initialised(group: dist.ProcessGroup, device: torch.device) -> Optional[bool]:
+    """Whether ``group``'s backend for ``device`` has created its communicators (NCCL's
+    ``_is_initialized()``: every communicator of the group counts); None where it cannot tell."""
+    try:
+        probe = getattr(_backend(group, device), "_is_initialized", None)
+    except RuntimeError:
+        return None
+    return None if probe is None else bool(probe())
+
+
 def accelerator_available() -> bool:
     """Whether torch sees an accelerator (``torch.accelerator``, present in every supported release)."""
     return bool(torch.accelerator.is_available())

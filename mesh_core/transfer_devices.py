@@ -47,18 +47,17 @@ class WorldDevices:
 
 
 def world_devices() -> WorldDevices:
-    """This rank's :class:`WorldDevices`, from the default group (the mesh's device, as the transfer needs it)."""
+    """This rank's :class:`WorldDevices`, from the default group (its bound device, else the
+    accelerator's current device when the backend moves accelerator tensors)."""
     group = torch_compat.default_group()
     backend = str(dist.get_backend(group))
-    types = _backend_types(group, backend)
-    bound = getattr(group, "bound_device_id", None)
+    types = sorted(torch_compat.backend_devices(group)) or (["cuda"] if backend == "nccl" else ["cpu"])
+    bound = torch_compat.bound_device(group)
     own: Optional[torch.device] = bound
-    accelerators = [t for t in types if t != "cpu"]
-    if own is None and accelerators and _accelerator_type() in accelerators:
-        own = torch.device(_accelerator_type(), torch.accelerator.current_device_index())  # GPU only
-    lazy = False
-    if own is not None and bound is None:
-        lazy = _uninitialised(group, own)  # GPU only
+    if own is None and any(t != "cpu" for t in types):
+        device = torch_compat.default_device()  # the current accelerator device (GPU only)
+        own = device if device.type != "cpu" else None
+    lazy = own is not None and bound is None and torch_compat.backend_initialised(group, own) is False
     return WorldDevices(backend, tuple(types), None if own is None else device_text(own), bound is not None, lazy,
                         socket.gethostname(), dist.get_world_size())
 
@@ -136,33 +135,3 @@ def device_text(device: torch.device) -> str:
     """``"cuda:1"``, ``"cpu"``: a device as the records name it."""
     device = torch.device(device)
     return device.type if device.index is None else f"{device.type}:{device.index}"
-
-
-def _backend_types(group: Any, backend: str) -> list[str]:
-    """The device types the default group's backend moves, as torch's backend config names them."""
-    try:
-        config = str(dist.get_backend_config(group))  # "cpu:gloo,cuda:gloo", "cuda:nccl"
-        types = sorted({part.split(":")[0] for part in config.split(",") if ":" in part})
-        if types:
-            return types
-    except (RuntimeError, ValueError, AttributeError):
-        pass
-    return ["cuda"] if backend == "nccl" else ["cpu"]
-
-
-def _accelerator_type() -> Optional[str]:
-    if not torch.accelerator.is_available():
-        return None
-    return torch.accelerator.current_accelerator().type  # type: ignore[union-attr]  # GPU only
-
-
-def _uninitialised(group: Any, device: torch.device) -> bool:
-    """True when the world's accelerator backend reports no communicator yet (GPU only). torch's
-    ``ProcessGroupNCCL._is_initialized()`` counts every communicator of the group, so a world where
-    only pair communicators exist (made by earlier unbatched ``isend``/``irecv``) counts as created."""
-    try:
-        backend = group._get_backend(device)
-    except RuntimeError:
-        return False
-    probe = getattr(backend, "_is_initialized", None)
-    return probe is not None and not probe()

@@ -18,11 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "multinode.md").read_text(encoding="utf-8")
 CHECK = ROOT / "examples" / "multinode_check.py"
-TORCHRUN = [f"DS_MESH=1 torchrun --nnodes 2 --node-rank {n} --nproc-per-node 4 --master-addr HOST0 --master-port 29500 "
+TORCHRUN = [f"DS_MESH=1 .venv/bin/torchrun --nnodes 2 --node-rank {n} --nproc-per-node 4 --master-addr HOST0 --master-port 29500 "
             "train.py" for n in (0, 1)]
-DEEPSPEED = "DS_MESH=1 deepspeed --hostfile hostfile --launcher pdsh train.py"
-WRITE_PTH = "python -m compat.install --write-pth"
-SHOW = "mesh show -w 8 --pp 2 --tp 2 -g 4"
+DEEPSPEED = "DS_MESH=1 .venv/bin/deepspeed --hostfile hostfile --launcher pdsh train.py"
+WRITE_PTH = ".venv/bin/python -m compat.install --write-pth"
+SHOW = ".venv/bin/mesh show -w 8 --pp 2 --tp 2 -g 4"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -79,7 +79,7 @@ def test_torchrun_on_each_node_puts_every_rank_on_the_shim(tmp_path, hook):
     for command in TORCHRUN:
         argv = shlex.split(command.replace("HOST0", "127.0.0.1").replace("29500", port)
                            .replace("--nproc-per-node 4", "--nproc-per-node 2"))
-        assert argv[0] == "DS_MESH=1" and argv[1] == "torchrun"
+        assert argv[0] == "DS_MESH=1" and argv[1] == ".venv/bin/torchrun"
         argv = [sys.executable, "-m", "torch.distributed.run", *argv[2:-1], str(CHECK)]
         procs.append(subprocess.Popen(argv, env=_env(DS_MESH="1", PYTHONPATH=hook), cwd=str(tmp_path),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -114,7 +114,7 @@ def test_the_deepspeed_launcher_carries_ds_mesh_to_every_node(tmp_path, hook):
     pdsh.chmod(0o755)
     (tmp_path / "hostfile").write_text("node1 slots=2\nnode2 slots=2\n")
     argv = shlex.split(DEEPSPEED)
-    assert argv[:2] == ["DS_MESH=1", "deepspeed"] and argv[-1] == "train.py"
+    assert argv[:2] == ["DS_MESH=1", ".venv/bin/deepspeed"] and argv[-1] == "train.py"
     cmd = [sys.executable, "-c", "from deepspeed.launcher.runner import main; main()", *argv[2:-1],
            "--no_ssh_check", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(CHECK)]
     env = _env(DS_MESH="1", PYTHONPATH=hook, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",

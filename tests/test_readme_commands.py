@@ -25,6 +25,8 @@ ELSEWHERE = {
     "python3": "the set-up itself (.ci/run runs it in a fresh virtualenv)",
     ".venv/bin/torchrun": "several gloo processes: tests/e2e/test_e2e_examples.py runs the examples",
     "export": "an environment setting",
+    ".venv/bin/deepspeed": "several nodes: tests/test_docs_multinode.py runs docs/multinode.md's launches (-m slow)",
+    "srun": "a Slurm cluster (docs/multinode.md)",
 }
 SHELL = {"echo", "cd", "git", "mkdir", "rm", "cp", "ls", "cat", "source"}  # not Python tools
 LEGACY = "from deepspeed.utils import groups\n\ndef f():\n    return groups._get_data_parallel_world_size()\n"
