@@ -164,3 +164,26 @@ def test_the_bound_device_is_restored_when_creation_fails(monkeypatch):
         with pytest.raises(RuntimeError, match="NCCL error"):
             registry_mod.new_member_group([0, 1], "mesh_core.x.0")
         assert c10d._get_default_group().bound_device_id == torch.device("cuda", 0)
+
+
+def test_device_with_no_world_and_of_an_unknown_backend(monkeypatch):
+    assert torch_compat.default_device_type() == "cpu"  # no world, no accelerator
+    with fake_world(0, 2):
+        monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "custom")
+        assert torch_compat.default_device_type() == "cpu"
+
+
+def test_device_of_an_nccl_world_torch_sees_no_accelerator_in(monkeypatch):
+    with nccl_world(2, 4, bound=False):
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+        assert torch_compat.default_device() == torch.device("cuda")
+
+
+def test_backend_questions_on_an_nccl_world():
+    from mesh_core.consistency import world_timeout
+
+    with nccl_world(0, 4) as log:
+        assert world_timeout() == log.parent_options._timeout  # the NCCL backend's own timeout
+        world = torch_compat.default_group()
+        assert torch_compat.backend_supports_splitting(world, torch.device("cuda", 0))
+        assert not torch_compat.backend_supports_splitting(world, torch.device("mps"))  # no backend for it
