@@ -10,9 +10,11 @@ error and no collective another thread could interleave with):
   the others in one :func:`mesh_core.rendezvous.arrive` (O(1) store operations per member; the wait
   is the process-group timeout by default): a late member either completes the check for everyone
   or learns it was given up — never half of each;
-- a timed-out check raises on every waiting member, naming the mesh, the ranks that arrived and
-  the missing ones; a member arriving after that raises too (it would wait for groups nobody
-  creates); a member late by less than the timeout is simply waited for;
+- a timed-out check raises :class:`~mesh_core.absence.AbsentRanksError` on every waiting member,
+  naming the mesh, the ranks that arrived and the missing ones, and which of those have built no mesh
+  at all in this world (plus the hints a layer above registered); a member arriving after that raises
+  too (it would wait for groups nobody creates); a member late by less than the timeout is simply
+  waited for;
 - when digests differ, every member reads one description per distinct digest and raises, naming
   the fields and ranks that disagree; when they agree, each member deletes its description.
 
@@ -35,7 +37,8 @@ from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch.distributed as dist
-from . import torch_compat
+from . import absence, torch_compat
+from .absence import AbsentRanksError
 from .rendezvous import arrive, differing_fields, ranks_text
 from .spec import MeshSpec, MeshSpecError
 
@@ -143,11 +146,13 @@ def _run_check(
     store: Any, prefix: str, spec: MeshSpec, members: list[int], fields: dict[str, str], timeout: timedelta
 ) -> None:
     rank = dist.get_rank()
+    absence.announce(store, torch_compat.default_group(), rank)
     mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(fields))
     store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
     store.set(f"{prefix}/digest_of/{rank}", mine)
     store.add(f"{prefix}/digest/{mine}", 1)
-    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_message(spec, members, arrived, missing, timeout))
+    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_error(store, spec, members, arrived,
+                                                                                    missing, timeout))
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")
@@ -166,19 +171,33 @@ def _run_check(
     raise MeshSpecError(message)
 
 
-def _absent_message(spec: MeshSpec, members: list[int], arrived: list[int], missing: list[int], timeout: timedelta) -> str:
-    if missing:
-        return (
-            f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
-            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}); the "
-            "missing ranks build a different mesh (or none), or are later than the process-group timeout: every "
-            "member must build the same mesh in the same order"
+def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[int], missing: Optional[list[int]],
+                  timeout: timedelta) -> AbsentRanksError:
+    rank = dist.get_rank()
+    quiet = absence.quiet_ranks(store, missing) if missing else ([] if missing == [] else None)
+    if missing is None:
+        message = (
+            f"rank {rank} could not finish the check of {spec.describe()}: the store went away (the process that "
+            "held it ended, most likely with the error of this check: see that rank's message, which names the "
+            "missing ranks); some members did not start checking the mesh within "
+            f"{timeout}, or the store's process failed for another reason"
         )
-    return (
-        f"rank {dist.get_rank()} reached the check of {spec.describe()} after the other ranks gave up waiting "
-        f"for it ({timeout}); it was later than the process-group timeout: every member must build the same "
-        "mesh in the same order"
-    )
+    elif missing:
+        never = f"; of those, {ranks_text(quiet, 'rank')} built no mesh at all in this world" if quiet else ""
+        message = (
+            f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
+            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}{never}); "
+            "the missing ranks build a different mesh (or none), or are later than the process-group timeout: "
+            "every member must build the same mesh in the same order"
+        )
+    else:
+        message = (
+            f"rank {rank} reached the check of {spec.describe()} after the other ranks gave up waiting for it "
+            f"({timeout}); it was later than the process-group timeout: every member must build the same mesh "
+            "in the same order"
+        )
+    return AbsentRanksError(message, mesh=spec.describe(), rank=rank, arrived=arrived, missing=missing, quiet=quiet,
+                            timeout=timeout)
 
 
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:

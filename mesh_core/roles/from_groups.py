@@ -80,11 +80,63 @@ def _ranks_of(group: Any) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
+def unstated_pp(rank_lists: dict[str, list[int]], world: int, rank: int) -> Optional[list[int]]:
+    """The pp group through ``rank`` that groups covering fewer ranks than the world leave unstated,
+    or None when they cover the world (or state pp, or are no mesh: :func:`infer_spec` says why).
+
+    DeepSpeed reads only the groups an mpu has: one with only data- and model-parallel getters on a
+    pp=2 x tp=2 x dp=2 world trains with pipeline size 1, the other ranks being the other stages of
+    a pipeline the script runs itself (Megatron's schedule). The stated groups' strides leave one
+    gap in a row-major layout (inside, between or outside them); that gap is pp. Two gaps are two
+    unstated dims no getter names: an error saying what to write."""
+    if "pp" in rank_lists:
+        return None
+    strided = []
+    for dim, ranks in rank_lists.items():
+        if len(ranks) > 1:
+            step = ranks[1] - ranks[0]
+            if step < 1 or any(b - a != step for a, b in zip(ranks, ranks[1:])):
+                return None
+            strided.append((step, len(ranks), dim))
+    gaps, covered = [], 1  # (stride, size) of each run of ranks no stated dim spans
+    for step, size, _ in sorted(strided):
+        if step % covered:
+            return None
+        if step > covered:
+            gaps.append((covered, step // covered))
+        covered = step * size
+    if world % covered:
+        return None
+    if world > covered:
+        gaps.append((covered, world // covered))
+    if not gaps:
+        return None
+    if len(gaps) > 1:
+        stated = ", ".join(f"{dim}={size} (stride {step})" for step, size, dim in sorted(strided))
+        unstated = ", ".join(f"{size} ranks at stride {step}" for step, size in gaps)
+        product = 1
+        for _, size, _ in strided:
+            product *= size
+        raise MeshSpecError(
+            f"the groups {stated} cover {product} of the world's {world} ranks and leave "
+            f"{len(gaps)} separate runs unstated ({unstated}); only one can be inferred (as pp). State the "
+            "missing groups (get_pipeline_model_parallel_group, get_sequence_parallel_group) on the mpu, "
+            "or build the mesh yourself: DeepSpeedDeviceMesh.build(..., order=[outermost, ..., innermost])"
+        )
+    step, size = gaps[0]
+    start = rank - ((rank // step) % size) * step
+    return [start + k * step for k in range(size)]
+
+
 def infer_spec(rank_lists: dict[str, list[int]], world: int, rank: int) -> MeshSpec:
-    """The row-major spec whose groups through ``rank`` are ``rank_lists`` (dim -> ranks)."""
+    """The row-major spec whose groups through ``rank`` are ``rank_lists`` (dim -> ranks); a pp the
+    groups leave unstated is inferred (:func:`unstated_pp`)."""
     unknown = sorted(set(rank_lists) - set(GROUP_DIMS))
     if unknown:
         raise MeshSpecError(f"unknown dims {unknown}; valid dims are {list(GROUP_DIMS)}")
+    pp = unstated_pp(rank_lists, world, rank)
+    if pp is not None:
+        rank_lists = {**rank_lists, "pp": pp}
     sizes = {dim: len(r) for dim, r in rank_lists.items()}
     strides = {}
     for dim, ranks in rank_lists.items():
@@ -110,6 +162,13 @@ def infer_spec(rank_lists: dict[str, list[int]], world: int, rank: int) -> MeshS
                 f"{spec.describe()}; the groups are not a row-major mesh"
             )
     return spec
+
+
+def mpu_spec(mpu: Any) -> MeshSpec:
+    """The spec of ``mpu``'s groups as this rank sees them (an unstated pp inferred); nothing is
+    created and nothing communicated, so ranks may disagree (:func:`from_mpu` checks that)."""
+    rank_lists = {dim: _ranks_of(g) for dim, g in mpu_groups(mpu).items()}
+    return infer_spec(rank_lists, dist.get_world_size(), dist.get_rank())
 
 
 def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> None:

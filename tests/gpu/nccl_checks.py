@@ -14,16 +14,19 @@ sets that exist in a world of one; the parts that need peers say so in their res
 - sharing: two meshes whose dims have the same rank set share one communicator;
 - subworld_engine: an engine over ranks [0] built and stepped on rank 0 only (world >= 2), its
   parameters against plain torch SGD on the same data;
-- zero3: a ZeRO-3 engine over the world, one step, parameters against plain torch SGD.
+- zero3: a ZeRO-3 engine over the world, one step, parameters against plain torch SGD;
+- then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer,
+  member_only_bound.
 
-usage: nccl_checks.py OUT_DIR   (MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script
-itself where there is no GPU; probe and split then report "dry run")
+usage: nccl_checks.py OUT_DIR [PART ...]   (default: every part; MESH_GPU_DRY_RUN=1: the same parts
+on gloo/CPU, to check the script itself where there is no GPU; probe and split then report "dry run")
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -33,8 +36,13 @@ os.environ.setdefault("DS_ACCELERATOR", DEVICE)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+import functools  # noqa: E402
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import acceptance_parts  # noqa: E402
 
 LR = 0.1
 
@@ -186,10 +194,17 @@ def part_zero3(rank: int, world: int) -> dict:
 
 PARTS = {"probe": part_probe, "member_only": part_member_only, "split": part_split, "sharing": part_sharing,
          "subworld_engine": part_subworld_engine, "zero3": part_zero3}
+for _name, _part in acceptance_parts.PARTS.items():
+    PARTS[_name] = functools.partial(_part, env=acceptance_parts.Env(DRY))
 
 
 def main() -> None:
     out_dir = sys.argv[1]
+    chosen = sys.argv[2:] or list(PARTS)
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"unknown parts {unknown}; the parts are {list(PARTS)}")
+    os.environ["MESH_GPU_OUT"] = out_dir
     local = int(os.environ["LOCAL_RANK"])
     if DRY:
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -197,7 +212,9 @@ def main() -> None:
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=timedelta(seconds=120))
     import compat
+    import compat.install
 
+    hook = compat.install.is_installed()  # DS_MESH=1 and the ds_mesh.pth start-up hook in this environment
     compat.install()
     if DRY:  # deepspeed's CPU accelerator would JIT-build its shm op (as tests/e2e/common.py skips it)
         import deepspeed  # noqa: F401
@@ -205,15 +222,20 @@ def main() -> None:
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
-    for name, part in PARTS.items():
+    for name in chosen:
+        part = PARTS[name]
+        start = time.monotonic()
         try:
             results[name] = part(rank, world)
         except Exception:
             results[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
-        print(f"rank {rank}: {name} ok={results[name]['ok']}", file=sys.stderr, flush=True)
+        results[name]["seconds"] = round(time.monotonic() - start, 1)
+        print(f"rank {rank}: {name} ok={results[name]['ok']} ({results[name]['seconds']} s)", file=sys.stderr, flush=True)
+        if not results[name]["ok"]:
+            print(f"rank {rank}: {name}: {json.dumps(results[name])[-2000:]}", file=sys.stderr, flush=True)
         dist.barrier()  # the next part starts together (a failed part must not leave peers inside it)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump({"world": world, "torch": torch.__version__, "gpu": "dry run" if DRY else torch.cuda.get_device_name(local),
+        json.dump({"world": world, "torch": torch.__version__, "startup_hook_installed_the_shim": hook, "gpu": "dry run" if DRY else torch.cuda.get_device_name(local),
                    "results": results}, fh, indent=1)
     dist.destroy_process_group()
 
