@@ -187,3 +187,36 @@ def test_backend_questions_on_an_nccl_world():
         world = torch_compat.default_group()
         assert torch_compat.backend_supports_splitting(world, torch.device("cuda", 0))
         assert not torch_compat.backend_supports_splitting(world, torch.device("mps"))  # no backend for it
+
+
+class _PybindLikeOptions:
+    """Options that, like torch 2.6's ProcessGroupNCCL.Options, cannot be deep-copied."""
+
+    def __init__(self) -> None:
+        self.is_high_priority_stream, self._timeout, self.config, self.split_from = False, None, None, None
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle 'torch._C._distributed_c10d.Options' object")
+
+
+def test_own_options_copies_options_that_cannot_be_deep_copied():
+    from datetime import timedelta
+
+    parent = _PybindLikeOptions()
+    parent.is_high_priority_stream, parent._timeout, parent.split_from = True, timedelta(seconds=77), "parent backend"
+    child = torch_compat.own_options(parent)
+    assert child is not parent and type(child) is _PybindLikeOptions
+    assert (child.is_high_priority_stream, child._timeout, child.split_from) == (True, timedelta(seconds=77), None)
+
+
+@pytest.mark.skipif(not hasattr(dist, "ProcessGroupNCCL"), reason="a CPU build of torch has no ProcessGroupNCCL")
+def test_own_options_of_real_nccl_options():
+    """The real NCCL options of the installed torch (CUDA builds; CI's torch-release venvs)."""
+    from datetime import timedelta
+
+    parent = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    parent._timeout = timedelta(seconds=77)
+    child = torch_compat.own_options(parent)
+    child._timeout = timedelta(seconds=1)  # what split_group does to the options it is given
+    assert isinstance(child, dist.ProcessGroupNCCL.Options) and child.is_high_priority_stream
+    assert parent._timeout == timedelta(seconds=77)
