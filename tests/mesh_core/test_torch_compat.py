@@ -159,8 +159,8 @@ def test_the_bound_device_is_restored_when_creation_fails(monkeypatch):
         assert c10d._get_default_group().bound_device_id is None  # cleared for the creation
         raise RuntimeError("NCCL error")
 
-    with nccl_world(0, 4):
-        monkeypatch.setattr(dist, "new_group", failing)
+    with nccl_world(0, 4), monkeypatch.context() as patch:
+        patch.setattr(dist, "new_group", failing)
         with pytest.raises(RuntimeError, match="NCCL error"):
             registry_mod.new_member_group([0, 1], "mesh_core.x.0")
         assert c10d._get_default_group().bound_device_id == torch.device("cuda", 0)
@@ -174,9 +174,10 @@ def test_device_with_no_world_and_of_an_unknown_backend(monkeypatch):
 
 
 def test_device_of_an_nccl_world_torch_sees_no_accelerator_in(monkeypatch):
-    with nccl_world(2, 4, bound=False):
-        monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    with nccl_world(2, 4, bound=False), monkeypatch.context() as patch:  # undone before the harness's own
+        patch.setattr(torch.accelerator, "is_available", lambda: False)
         assert torch_compat.default_device() == torch.device("cuda")
+    assert torch.accelerator.is_available() is torch.cuda.is_available()  # nothing left patched
 
 
 def test_backend_questions_on_an_nccl_world():
