@@ -75,8 +75,8 @@ by the first and waited for by the second.
 On a bound world creations are serialized per process (one process-wide lock around each
 ``new_group`` / ``split_group`` call): the bound device is process state that a creation clears, and
 a split is a collective of the world's communicator whose order must not depend on threads. There a
-member-only creation does not block (the communicator is made at its first collective), so holding
-the lock cannot wait on a peer. On an unbound world (gloo; NCCL without ``device_id``) creation is
+member-only NCCL creation does not block (the communicator is made at its first collective), so
+holding the lock cannot wait on a peer (a creation with an explicit gloo backend does: docs/nccl.md). On an unbound world (gloo; NCCL without ``device_id``) creation is
 not serialized: a gloo creation blocks until its peers arrive, and serializing it would deadlock two
 threads whose peers are in the other thread's creation.
 """

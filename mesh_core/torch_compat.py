@@ -36,7 +36,8 @@ name                                             2.6 … 2.14.1
 ``dist.split_group`` (public, "experimental")    returns None to a rank in no split up to 2.13,
                                                  ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14;
                                                  before 2.10 hands the *parent's* options object to the
-                                                 child and mutates it → :func:`split_group`
+                                                 child and mutates it (and 2.6's NCCL options cannot be
+                                                 deep-copied) → :func:`split_group`, :func:`own_options`
 ``c10d._get_object_coll_device(group)``          returns a ``str`` ('cuda', 'cpu') in every release;
                                                  no longer used: :func:`default_device_type` decides
 ``torch._utils._flatten_dense_tensors``,         present → :func:`flatten_dense_tensors`,
@@ -296,16 +297,35 @@ def is_non_member(group: Any) -> bool:
     return group is None or (isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER)
 
 
+_OPTION_FIELDS = ("is_high_priority_stream", "_timeout", "config")  # what a user sets on NCCL options
+
+
+def own_options(options: Any) -> Any:
+    """A copy of a backend's options for a child group: ``copy.deepcopy`` where the options support it
+    (torch >= 2.10), else a fresh object of the same type with the user-set fields copied (torch 2.6's
+    ``ProcessGroupNCCL.Options`` cannot be pickled; ``split_group`` overwrites the rest)."""
+    try:
+        return copy.deepcopy(options)
+    except TypeError:
+        fresh = type(options)()
+        for field in _OPTION_FIELDS:
+            if hasattr(options, field):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(fresh, field, getattr(options, field))
+        return fresh
+
+
 def split_group(split_ranks: Sequence[Sequence[int]]) -> Optional[dist.ProcessGroup]:
     """``dist.split_group`` of the default group into ``split_ranks`` (collective over the world);
     this rank's group, or None when it is in no split. Before 2.10 the child gets a copy of the
     parent's backend options (torch handed over, and mutated, the parent's own)."""
     kwargs: dict[str, Any] = {}
-    if torch_release() is not None and torch_release() < (2, 10, 0):  # type: ignore[operator]
+    release = torch_release()
+    if release is not None and release < (2, 10, 0):
         device = bound_device()
         if device is not None:
             with contextlib.suppress(AttributeError, RuntimeError):
-                kwargs["pg_options"] = copy.deepcopy(_backend(default_group(), device).options)
+                kwargs["pg_options"] = own_options(_backend(default_group(), device).options)
     group = getattr(dist, SPLIT_GROUP_ENTRY)(split_ranks=[list(r) for r in split_ranks], **kwargs)
     return None if is_non_member(group) else group
 

@@ -160,8 +160,65 @@ def test_the_bound_device_is_restored_when_creation_fails(monkeypatch):
         assert c10d._get_default_group().bound_device_id is None  # cleared for the creation
         raise RuntimeError("NCCL error")
 
-    with nccl_world(0, 4):
-        monkeypatch.setattr(dist, "new_group", failing)
+    with nccl_world(0, 4), monkeypatch.context() as patch:
+        patch.setattr(dist, "new_group", failing)
         with pytest.raises(RuntimeError, match="NCCL error"):
             registry_mod.new_member_group([0, 1], "mesh_core.x.0")
         assert c10d._get_default_group().bound_device_id == torch.device("cuda", 0)
+
+
+def test_device_with_no_world_and_of_an_unknown_backend(monkeypatch):
+    assert torch_compat.default_device_type() == "cpu"  # no world, no accelerator
+    with fake_world(0, 2):
+        monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "custom")
+        assert torch_compat.default_device_type() == "cpu"
+
+
+def test_device_of_an_nccl_world_torch_sees_no_accelerator_in(monkeypatch):
+    with nccl_world(2, 4, bound=False), monkeypatch.context() as patch:  # undone before the harness's own
+        patch.setattr(torch.accelerator, "is_available", lambda: False)
+        assert torch_compat.default_device() == torch.device("cuda")
+    assert torch.accelerator.is_available() is torch.cuda.is_available()  # nothing left patched
+
+
+def test_backend_questions_on_an_nccl_world():
+    from mesh_core.consistency import world_timeout
+
+    with nccl_world(0, 4) as log:
+        assert world_timeout() == log.parent_options._timeout  # the NCCL backend's own timeout
+        world = torch_compat.default_group()
+        assert torch_compat.backend_supports_splitting(world, torch.device("cuda", 0))
+        assert not torch_compat.backend_supports_splitting(world, torch.device("mps"))  # no backend for it
+
+
+class _PybindLikeOptions:
+    """Options that, like torch 2.6's ProcessGroupNCCL.Options, cannot be deep-copied."""
+
+    def __init__(self) -> None:
+        self.is_high_priority_stream, self._timeout, self.config, self.split_from = False, None, None, None
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle 'torch._C._distributed_c10d.Options' object")
+
+
+def test_own_options_copies_options_that_cannot_be_deep_copied():
+    from datetime import timedelta
+
+    parent = _PybindLikeOptions()
+    parent.is_high_priority_stream, parent._timeout, parent.split_from = True, timedelta(seconds=77), "parent backend"
+    child = torch_compat.own_options(parent)
+    assert child is not parent and type(child) is _PybindLikeOptions
+    assert (child.is_high_priority_stream, child._timeout, child.split_from) == (True, timedelta(seconds=77), None)
+
+
+@pytest.mark.skipif(not hasattr(dist, "ProcessGroupNCCL"), reason="a CPU build of torch has no ProcessGroupNCCL")
+def test_own_options_of_real_nccl_options():
+    """The real NCCL options of the installed torch (CUDA builds; CI's torch-release venvs)."""
+    from datetime import timedelta
+
+    parent = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    parent._timeout = timedelta(seconds=77)
+    child = torch_compat.own_options(parent)
+    child._timeout = timedelta(seconds=1)  # what split_group does to the options it is given
+    assert isinstance(child, dist.ProcessGroupNCCL.Options) and child.is_high_priority_stream
+    assert parent._timeout == timedelta(seconds=77)

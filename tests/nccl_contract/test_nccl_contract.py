@@ -202,3 +202,27 @@ def test_threads_building_sub_world_meshes_on_a_bound_world_create_one_at_a_time
                        "column": [[log.rank % 2, log.rank % 2 + 2]] * 3}
         assert bound == torch.device("cuda", log.rank)
         assert log.max_concurrent_creations == 1 and log.world == []
+
+
+def test_migrated_topology_code_builds_a_mesh_on_the_worlds_device():
+    """The topology codemod's output names no device: run on an NCCL world, its mesh is a cuda mesh."""
+    from codemods.pipeline import migrate_code
+
+    source = (
+        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
+        "grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(1, 2, 2))\n"
+        "x = grid.get_data_parallel_group()\n"
+    )
+    code = migrate_code(source).code
+    assert "device_type" not in code and "grid = DeepSpeedDeviceMesh.build(" in code
+
+    def scenario(rank):
+        namespace: dict = {}
+        exec(compile(code, "<migrated>", "exec"), namespace)
+        mesh = namespace["grid"]
+        out = (mesh.device_type, sorted(dist.get_process_group_ranks(namespace["x"])))
+        mesh.destroy()
+        return out
+
+    logs = run_ranks(scenario, WORLD)
+    assert [log.result[0] for log in logs] == ["cuda"] * WORLD
