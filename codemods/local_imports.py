@@ -7,7 +7,8 @@ importing it need ds-mesh. So: a function that imported a legacy module itself g
 names its code (nested functions included) now uses as a function-level import at the top of its body;
 code outside such functions gets the import after the module's guarded legacy import (in that block)
 when the module has no unconditional top-level one. A file that imports DeepSpeed unconditionally at
-the top keeps the module-level import.
+the top keeps the module-level import, after every module-level statement that ran before its first
+legacy import (a start-time stamp taken before the heavy imports stays before them).
 """
 from __future__ import annotations
 
@@ -177,7 +178,9 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
         return tree
     legacy = _LegacyImports(in_package)
     source.visit(legacy)
-    if legacy.plain or (not legacy.lazy and legacy.guarded is None):
+    if legacy.plain:
+        return _after_early_statements(source, tree, added, in_package)
+    if not legacy.lazy and legacy.guarded is None:
         return tree
     names = {n for _, _, found in added for n in found}
     uses = _Uses(names, legacy.lazy)
@@ -198,3 +201,38 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     if first < len(body) and first < len(source.body) and type(body[first]) is type(source.body[first]):
         body[first] = body[first].with_changes(leading_lines=source.body[first].leading_lines)
     return placed.with_changes(body=body)
+
+
+def _after_early_statements(source: cst.Module, tree: cst.Module, added: list, in_package: bool) -> cst.Module:
+    """``tree`` with the module-level ``mesh_core`` imports ``added`` moved after the last statement
+    other than an import that the source runs before its first top-level legacy import."""
+    first = next((i for i, s in enumerate(source.body)
+                  if isinstance(s, cst.SimpleStatementLine) and any(_is_legacy(n, in_package) for n in s.body)), None)
+    if first is None:
+        return tree
+    early = [s for i, s in enumerate(source.body[:first]) if not _is_import_line(s) and not (i == 0 and _is_docstring(s))]
+    if not early:
+        return tree
+    last = _bare(early[-1])
+    at = next((i for i, s in enumerate(tree.body) if _bare(s) == last), None)
+    drop = {i for i, _, _ in added}
+    if at is None or min(drop) > at:
+        return tree
+    moved = [s for i, s, _ in added]
+    body = [s for i, s in enumerate(tree.body) if i not in drop]
+    at = body.index(tree.body[at])
+    # the statement after the moved imports gets back the blank lines it had in the source
+    after = min(drop)
+    if after < len(body) and after < len(source.body) and type(body[after]) is type(source.body[after]):
+        body[after] = body[after].with_changes(leading_lines=source.body[after].leading_lines)
+    moved[0] = moved[0].with_changes(leading_lines=())
+    return tree.with_changes(body=[*body[:at + 1], *moved, *body[at + 1:]])
+
+
+def _bare(statement: cst.CSTNode) -> str:
+    return _code(statement.with_changes(leading_lines=()) if hasattr(statement, "leading_lines") else statement)
+
+
+def _is_import_line(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
