@@ -11,7 +11,10 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+import ast
+
 from . import autotp, expert_process, hpz
+from . import legacy_state as ls
 from . import legacy_names as ln
 from . import mpu_exact
 from .base import MigrationCommand, arg_by, find_all, has_star_args, last_name
@@ -225,7 +228,49 @@ class GroupsGettersCommand(MigrationCommand):
         self._experts_blocked = self._expert_blocker(node)
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         self._mpu_assigned = self._groups_mpu_assignment(node)
+        self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
         return result
+
+    def _held_states(self, module: cst.Module) -> dict:
+        """The process-wide legacy states this file keeps with their readers (codemods.legacy_state)."""
+        builders: dict[str, list] = {}
+        for call in self._calls:
+            fname = self.function_of(call.func)
+            state = ls.state_of_builder(fname) if fname else None
+            if state is not None:
+                stuck = self._builder_stuck(call, fname)
+                builders.setdefault(state, []).append((f"{stuck} (line {self.line_of(call)})" if stuck else "", call))
+        if not builders:
+            return {}
+        readers: dict[str, list] = {}
+        names = frozenset().union(*ls.READERS.values())
+        for call in find_all(module, cst.Call):
+            if not self.could_be(call.func, names):
+                continue
+            fname = self.function_of(call.func)
+            state = ls.state_of_reader(fname) if fname else None
+            if state in builders:
+                readers.setdefault(state, []).append((fname, self.line_of(call)))
+        try:
+            users = ls.deepspeed_users(ast.parse(module.code))
+        except (SyntaxError, ValueError):
+            users = ["unparsable"]
+        return ls.holdings(builders, readers, users)
+
+    def _builder_stuck(self, call: cst.Call, fname: str) -> str:
+        """Why this builder call has no mesh rewrite ("": it has one)."""
+        if not isinstance(self.parent(call), cst.Expr):
+            return "its result is used"
+        if has_star_args(call):
+            return "it takes *args"
+        if fname in INIT_TP:
+            tp = arg_by(call, 0, "tensor_model_parallel_size")
+            dp = arg_by(call, 1, "data_parallel_size")
+            return "" if len(call.args) == (tp is not None) + (dp is not None) else "it has other arguments"
+        if fname == "_create_expert_and_data_parallel":
+            ep = arg_by(call, 0, "expert_parallel_size_")
+            return "" if ep is not None and len(call.args) == 1 else "its options (mp_size, pp_size, data-before-expert) have no mesh form"
+        return "expert-TP groups have no mesh form here"
 
     def _groups_mpu_assignment(self, module: cst.Module) -> Optional[tuple[str, int]]:
         """(value code, line) of the first ``groups.mpu = <value>`` (value not None) in this file."""
@@ -294,6 +339,13 @@ class GroupsGettersCommand(MigrationCommand):
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
+        if self._held:  # a legacy state kept whole: its builder flagged once, its readers as they are
+            state = ls.state_of_builder(fname)
+            if state in self._held:
+                self.flag(KIND, self._held[state].message(fname))
+                return updated_node
+            if ls.state_of_reader(fname) in self._held:
+                return updated_node
         if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)
         if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
