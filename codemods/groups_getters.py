@@ -134,6 +134,7 @@ EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_p
 # calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
+_READER_NAMES = frozenset().union(*ls.READERS.values())
 ALL_FUNCTIONS = (
     frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
 )
@@ -224,7 +225,9 @@ class GroupsGettersCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         self._module_node = node
         result = super().visit_Module(node)
-        self._calls = [c for c in find_all(node, cst.Call) if self.could_be(c.func, _PLANNING_NAMES)]
+        all_calls = find_all(node, cst.Call)
+        self._calls = [c for c in all_calls if self.could_be(c.func, _PLANNING_NAMES)]
+        self._reader_calls = [c for c in all_calls if self.could_be(c.func, _READER_NAMES)]
         self._experts_blocked = self._expert_blocker(node)
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         self._mpu_assigned = self._groups_mpu_assignment(node)
@@ -240,17 +243,14 @@ class GroupsGettersCommand(MigrationCommand):
             if state is not None:
                 stuck = self._builder_stuck(call, fname)
                 builders.setdefault(state, []).append((f"{stuck} (line {self.line_of(call)})" if stuck else "", call))
-        if not builders:
-            return {}
         readers: dict[str, list] = {}
-        names = frozenset().union(*ls.READERS.values())
-        for call in find_all(module, cst.Call):
-            if not self.could_be(call.func, names):
-                continue
+        for call in self._reader_calls:
             fname = self.function_of(call.func)
             state = ls.state_of_reader(fname) if fname else None
-            if state in builders:
+            if state is not None:
                 readers.setdefault(state, []).append((fname, self.line_of(call)))
+        if not builders and not any(readers.get(state) for state in ls.READERS_WITHOUT_BUILDER):  # the common case
+            return {}
         try:
             users = ls.deepspeed_users(ast.parse(module.code))
         except (SyntaxError, ValueError):
@@ -344,7 +344,11 @@ class GroupsGettersCommand(MigrationCommand):
             if state in self._held:
                 self.flag(KIND, self._held[state].message(fname))
                 return updated_node
-            if ls.state_of_reader(fname) in self._held:
+            holding = self._held.get(ls.state_of_reader(fname))
+            if holding is not None and holding.holds(fname):
+                if holding.at_reader and not holding.flagged:
+                    holding.flagged = True
+                    self.flag(KIND, holding.message(fname))
                 return updated_node
         if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)

@@ -292,7 +292,7 @@ def run(program: dict, rank: int, world: int, *, shim: bool, strip_runtime: bool
             try:
                 exec(compile(sources["__main__"], "<__main__>", "exec"), {"__name__": "__main__"})
             except Exception as err:  # noqa: BLE001 (what the program raised is part of its output)
-                print(f"OUT raised {type(err).__name__}: {err}")
+                print(f"OUT raised {type(err).__name__}")
     finally:
         sys.meta_path.remove(served)
         for name in others:
@@ -319,7 +319,7 @@ def migrate(program: dict, migrate_code) -> dict:
 class Disagreement:
     rank: int
     world: int
-    shim: bool
+    shim: object  # True, False or "as written"
     legacy: list = field(default_factory=list)
     migrated: list = field(default_factory=list)
 
@@ -330,19 +330,26 @@ def installs_runtime(program: dict) -> bool:
 
 
 def disagreements(legacy: dict, migrated: dict, world: int, ranks) -> list[Disagreement]:
-    """Where ``migrated`` prints something else than ``legacy``: for each rank, without the shim
-    (the migration's own install lines taken out; skipped where the migration installs the runtime,
-    which it then needs) and with it."""
+    """Where ``migrated`` prints something else than ``legacy``, for each rank: without the shim (the
+    migration's own install lines taken out), with it, and, where the migration installs the mesh
+    runtime itself, as written (its own ``compat.install()`` only) against legacy under the shim;
+    without the shim is skipped there (the migrated program then needs the runtime)."""
     found = []
     needs = installs_runtime(migrated)
     for rank in ranks:
-        for shim in (False, True):
-            if needs and not shim:
-                continue
+        modes = [("shim", True, False)] + ([("as written", True, None)] if needs else [("plain", False, True)])
+        plain = None
+        for _, shim, strip in modes:
             before = run(legacy, rank, world, shim=shim)
-            after = run(migrated, rank, world, shim=shim, strip_runtime=not shim)
+            if shim and any(line.endswith("raised WrongGridError") for line in before):
+                # the shim refuses a legacy read that is ambiguous while an engine lives (compat's
+                # wrong-grid protection); what that read answers is legacy's without the shim
+                plain = plain or run(legacy, rank, world, shim=False)
+                if len(plain) == len(before):
+                    before = [p if b.endswith("raised WrongGridError") else b for b, p in zip(before, plain)]
+            after = run(migrated, rank, world, shim=bool(strip is not None and shim), strip_runtime=bool(strip))
             if after != before:
-                found.append(Disagreement(rank, world, shim, before, after))
+                found.append(Disagreement(rank, world, shim if strip is not None else "as written", before, after))
     return found
 
 
