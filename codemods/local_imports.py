@@ -63,18 +63,26 @@ class _LegacyImports(cst.CSTVisitor):
         self.guarded: Optional[cst.SimpleStatementLine] = None
         self._count = 0
         self._functions: list[int] = []
+        self._bodies: list = []
+        # function -> (index in its body, the line) of its first legacy import among its own statements
+        self.first: dict[int, tuple[int, cst.SimpleStatementLine]] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._functions.append(self._count)
+        self._bodies.append(list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else [])
         self._count += 1
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._functions.pop()
+        self._bodies.pop()
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         if any(_is_legacy(s, self.in_package) for s in node.body):
             if self._functions:
                 self.lazy.add(self._functions[-1])
+                body = self._bodies[-1]
+                if self._functions[-1] not in self.first and any(s is node for s in body):
+                    self.first[self._functions[-1]] = (next(i for i, s in enumerate(body) if s is node), node)
             elif self._top is not None and node in self._top:
                 self.plain = True
             elif self.guarded is None:
@@ -128,8 +136,9 @@ def _import_line(names) -> cst.SimpleStatementLine:
 
 
 class _Place(cst.CSTTransformer):
-    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool) -> None:
+    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None) -> None:
         self.used, self.guarded, self.split = used, guarded, split
+        self.first = first or {}
         self._count = 0
         self._stack: list[int] = []
         self.placed_guarded = False
@@ -145,7 +154,12 @@ class _Place(cst.CSTTransformer):
             return updated_node
         body = list(updated_node.body.body)
         at = 1 if body and _is_docstring(body[0]) else 0
-        body.insert(at, _import_line(self._split(names)))
+        line = _import_line(self._split(names))
+        replaced = self.first.get(index)
+        if replaced is not None and replaced[0] == at and not (at < len(body) and _bare(body[at]) == _bare(replaced[1])):
+            # the removed legacy import stood here: the new one takes its place and its blank lines
+            line = line.with_changes(leading_lines=replaced[1].leading_lines)
+        body.insert(at, line)
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
     def _split(self, names: set[str]) -> set[str]:
@@ -189,7 +203,7 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
     if outside and guarded is None:
         return tree  # module-level code needs the names and there is no guarded import to follow
-    place = _Place(uses.used, guarded, split=names == {MESH_MODULE})
+    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first)
     placed = tree.visit(place)
     if guarded is not None and not place.placed_guarded:
         return tree

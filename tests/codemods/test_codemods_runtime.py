@@ -117,3 +117,11 @@ def test_a_todov1_naming_compat_install_does_not_suppress_it():
 def test_a_real_install_is_not_added_twice():
     code = migrate_code(source("moved_mpu.py")).code
     assert code.count("compat.install()") == 1 and not needs_runtime(code, code, {"initialize mpu": 1})
+
+
+def test_a_removed_function_local_import_leaves_its_blank_line():
+    legacy = ('def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n'
+              '    return groups._get_data_parallel_world_size()\n')
+    code = migrate_code(legacy).code
+    assert code == ('def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n'
+                    '    return current_mesh().size("dp")\n'), code
