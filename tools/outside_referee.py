@@ -11,7 +11,8 @@ The scan does not use the codemods: it reads the legacy names from the installed
 sources (``deepspeed/utils/groups.py``, ``utils/bwc.py``, ``runtime/pipe/topology.py``) and walks each
 file's ``ast``. A site still present after the migration counts as flagged when its statement (for a
 compound statement: its header lines) carries a ``TODOV1`` comment, else as missed; the sites it no
-longer finds count as rewritten. Families:
+longer finds count as rewritten (a reader kept with the legacy state its builder keeps counts as
+flagged: the builder's one TODOV1 names it). Families:
 
 - ``groups``: a call of a ``deepspeed.utils.groups`` function (module alias, dotted, imported name,
   or a ``deepspeed.utils`` re-export), and ``groups.mpu = ...`` assignments;
@@ -284,7 +285,12 @@ def scan_source(source: str, names: LegacyNames, original: Optional[str] = None)
 
 
 def flagged(site: Site, lines: list[str]) -> bool:
-    return any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1))
+    """The site's statement carries a TODOV1, or it is a reader kept with the legacy state a builder
+    in this file keeps (the builder's one TODOV1 names it: ``kept with <name>:<line>``)."""
+    if any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1)):
+        return True
+    name = re.match(r"[\w.]*?(\w+)\(", site.text)
+    return bool(name) and any("TODOV1" in line and "kept" in line and f"{name.group(1)}:" in line for line in lines)
 
 
 @dataclass
