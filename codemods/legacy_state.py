@@ -85,8 +85,8 @@ class Holding:
         lines: dict[str, list] = {}
         for name, line in self.readers:
             lines.setdefault(name, []).append(str(line))
-        shown = [f"{name}:{','.join(at)}" for name, at in lines.items()]
-        readers = " with " + ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "") if shown else ""
+        shown = [f"{name}:{at[0]}" + (f"(+{len(at) - 1})" if len(at) > 1 else "") for name, at in lines.items()]
+        readers = " with " + ", ".join(shown) if shown else ""  # each reader named (a bounded set of getters)
         if self.at_reader:
             return KEPT.format(fname=fname, readers=" (and this file's other readers)" if len(self.readers) > 1 else "",
                                why=self.why)
@@ -141,7 +141,7 @@ def holdings(
         found = readers.get(state, [])
         stuck = next((why for why, _ in calls if why), "")
         if users:
-            shown = ", ".join(users[:3]) + (", ..." if len(users) > 3 else "")
+            shown = ", ".join(users[:2]) + (", ..." if len(users) > 2 else "")
             why = WHY["internal"].format(modules=shown, state=state)
         elif stuck:
             why = WHY["builder"].format(builder_why=stuck)

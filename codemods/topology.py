@@ -274,7 +274,7 @@ class TopologyCommand(MigrationCommand):
                 self.keep_comments(original_node)
                 self.record(KIND_PIPE_TOPOLOGY)
                 return replacement
-            self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + " with plain arguments")
+            self.flag(KIND_PIPE_TOPOLOGY, self._kept_topology_todo(kind, original_node))
         elif (
             kind is not None
             and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
@@ -325,8 +325,11 @@ class TopologyCommand(MigrationCommand):
         rewritten = self._pipeline_topology(kind, call, func="mesh_core.pipeline_topology")  # no import
         if rewritten is not None:
             return _KEPT_TOPOLOGY["same"].format(call=code(rewritten))
-        if kind == ln.PROCESS_TOPOLOGY and topology_layout(kind, call) is not None:
-            layout = topology_layout(kind, call)
+        layout = topology_layout(kind, call) if kind == ln.PROCESS_TOPOLOGY else None
+        if layout is not None:
+            if [d for d, _ in layout.dims] in (["pp", "dp"], ["pp", "dp", "tp"]):  # pipeline_topology's axes
+                sizes = ", ".join(f"{d}={size}" for d, size in layout.dims)
+                return _KEPT_TOPOLOGY["same"].format(call=f"mesh_core.pipeline_topology({sizes})")
             return _KEPT_TOPOLOGY["groups only"].format(args=", ".join(layout.build_args()))
         return _KEPT_TOPOLOGY["none"]
 

@@ -37,6 +37,7 @@ TOPOLOGIES = [
     ("PipeModelDataParallelTopology", "num_pp=2, num_mp=2, num_dp=tdist.get_world_size() // 4"),
     ("PipeModelDataParallelTopology", "2, 1, tdist.get_world_size() // 2"),
     ("PipeDataParallelTopology", "num_pp=2, num_dp=tdist.get_world_size() // 2"),
+    ("ProcessTopology", "axes=['pipe', 'data', 'model'], dims=[2, 2, tdist.get_world_size() // 4]"),
 ]
 
 
@@ -69,10 +70,11 @@ def test_an_escaping_topologys_advice_applied_is_the_same_topology(cls, args, mo
         assert run_fake(advised, rank, 8, legacy=True) == before, rank
 
 
-def test_a_topology_with_axes_no_mesh_has_says_so_and_names_no_replacement():
-    legacy = ESCAPING_TOPOLOGY.format(cls="ProcessTopology", args='axes=["pipe", "expert"], dims=[2, 4]')
-    legacy = legacy.replace("from deepspeed.runtime.pipe.topology import ProcessTopology",
-                            "from deepspeed.runtime.pipe.topology import ProcessTopology")
+@pytest.mark.parametrize("axes", ['["pipe", "expert"]', '["row", "col"]'])
+@pytest.mark.parametrize("use", ["show(Holder().topo)\n", "t = Holder().topo\nprint(t.get_rank(row=0, col=1))\n"])
+def test_a_topology_with_axes_no_mesh_has_says_so_and_names_no_replacement(axes, use):
+    legacy = ESCAPING_TOPOLOGY.format(cls="ProcessTopology", args=f"axes={axes}, dims=[2, 4]")
+    legacy = legacy.replace("show(Holder().topo)\n", use)
     todo = re.search(r"# TODOV1: (.*)", migrate_code(legacy).code).group(1)
     assert "no mesh form" in todo and "MeshLayout" not in todo and "MeshSpec" not in todo and "build(" not in todo
 
