@@ -92,3 +92,21 @@ def test_a_builder_deepspeed_reads_is_kept_and_its_advice_says_there_is_no_mesh_
     todos = re.findall(r"# TODOV1: (.*)", m.code)
     assert len(todos) == 1 and "no mesh form" in todos[0], m.code
     assert "set_default_mesh" not in m.code and "expert_groups(" not in m.code
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("world,tp,ep", [(16, 2, 4), (8, 1, 2), (16, 4, 2)])
+def test_the_expert_rank_math_advice_applied_gives_the_legacy_lists(world, tp, ep):
+    from deepspeed.utils import groups
+
+    legacy = f"from deepspeed.utils import groups\nranks = groups._get_expert_parallel_ranks({world}, {tp}, {ep})\n"
+    todo = re.search(r"# TODOV1: (.*)", migrate_code(legacy).code).group(1)
+    advised = re.search(r'use (MeshLayout\(MeshSpec\.build\(W, pp=\.\.\., tp=\.\.\., ep=N\)\))\.groups\("ep"\) / \.groups\("edp"\)',
+                        todo).group(1)
+    layout_code = advised.replace("W, pp=..., tp=..., ep=N", f"{world}, tp={tp}, ep={ep}")
+    from mesh_core import MeshLayout, MeshSpec  # noqa: F401 (the advice's names)
+
+    layout = eval(layout_code)
+    expected = groups._get_expert_parallel_ranks(world, tp, ep)
+    assert [list(g) for g in layout.groups("ep")] == [list(g) for g in expected[0]]
+    assert [list(g) for g in layout.groups("edp")] == [list(g) for g in expected[1]]
