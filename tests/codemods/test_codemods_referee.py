@@ -35,6 +35,8 @@ FOUND = [
     Spec(families=("initialize",), mpu="ulysses", init_style="from"),  # the shim bypassed by a from-import
     Spec(families=("initialize",), mpu="grid", guard="try"),  # the install outside the guard
     Spec(families=("bwc",), mpu="old_megatron"),  # a pre-pipeline mpu
+    # found by the generated runs: AutoTP getters in the script, the builder in a helper module
+    Spec(families=("autotp",), two_modules=True),
     # found by the random run: an mpu imported by name (`from helper import mpu`, there None) was taken
     # for a module and handed to from_mpu unguarded
     Spec(families=("experts", "experts_internal", "initialize"), two_modules=True, tp=1),
