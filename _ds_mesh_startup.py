@@ -5,9 +5,10 @@ The module name is private to ds-mesh so it cannot collide with a user's module,
 imports only what the interpreter has already loaded: with ``DS_MESH`` unset the ``.pth`` line
 never imports this module; with ``DS_MESH=1`` it only registers a finder, and the shim (and torch
 with it) is loaded when the program first imports ``deepspeed``. The shim package (``compat``,
-beside this file) is loaded under its own name unless ``import compat`` would find another
-``compat`` first (a user's module): then it is loaded as ``_ds_mesh_compat`` and the user's
-``compat`` stays theirs.
+beside this file) is loaded under its own name, so the hook's ``compat`` is the module ``import compat``
+gives the program, whatever the install (editable, wheel, ``PYTHONPATH``, zipapp); only when
+``import compat`` would find another ``compat`` (a user's own module) is it loaded as
+``_ds_mesh_compat`` and the user's ``compat`` stays theirs.
 """
 import os
 import sys
@@ -82,7 +83,6 @@ class _DeepSpeedFinder:
 def load_compat():
     """This distribution's ``compat`` package (imported under a private name if ``compat`` is taken)."""
     import importlib
-    import importlib.machinery
     import importlib.util
 
     init = os.path.join(_HERE, "compat", "__init__.py")
@@ -90,7 +90,9 @@ def load_compat():
         return sys.modules[PRIVATE_PACKAGE]
     loaded = sys.modules.get("compat")
     if loaded is None:
-        spec = importlib.machinery.PathFinder.find_spec("compat", sys.path)
+        # every finder of sys.meta_path, not only sys.path's: an editable install's (setuptools'
+        # __editable__ finder), a zipapp's and a wheel's ``compat`` is then this very package
+        spec = _find_spec("compat")
         if spec is not None and _same_file(spec.origin, init):
             return importlib.import_module("compat")
     elif _same_file(getattr(loaded, "__file__", None), init):
@@ -115,11 +117,23 @@ def _install():
     importlib.import_module(package.__name__ + ".install").install()
 
 
-def _same_file(a, b):
+def _find_spec(name):
+    import importlib.util
+
     try:
-        return a is not None and os.path.samefile(a, b)
-    except OSError:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _same_file(a, b):
+    """Whether paths ``a`` and ``b`` name one file (also inside a zip archive, where stat fails)."""
+    if a is None or b is None:
         return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 
 def _warn(message):

@@ -26,10 +26,10 @@ from libcst.metadata import (
 from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
 from .metadata import LazyMetadata, lazy, preorder
+from .todo_links import TODO_TAG, todo_comment
 
 SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
-TODO_TAG = "TODOV1"
 MESH_MODULE = "mesh_core"
 # Within a piecewise migration (codemods.pipeline), every (name, bound to something else here)
 # that mesh_ref decided, for the check that the whole file would decide the same.
@@ -48,12 +48,13 @@ def counters(context: CodemodContext) -> tuple[Counter, Counter]:
     return sites, todos
 
 
-def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[str]) -> cst.TrailingWhitespace:
-    """``ws`` with a ``# TODOV1:`` comment carrying ``messages`` (unchanged if one is there)."""
+def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]]) -> cst.TrailingWhitespace:
+    """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``, linking the
+    advice's MIGRATION.md section (:mod:`codemods.todo_links`); unchanged if one is there."""
     existing = ws.comment.value if ws.comment is not None else ""
     if TODO_TAG in existing:
         return ws
-    text = f"# {TODO_TAG}: " + "; ".join(dict.fromkeys(messages))
+    text = todo_comment(messages)
     if existing:
         return ws.with_changes(comment=cst.Comment(f"{existing}  {text}"))
     return ws.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(text))
@@ -63,7 +64,7 @@ def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[str]) -> cst.Traili
 class _Frame:
     """What a statement collects while its children are rewritten."""
 
-    messages: list[str] = field(default_factory=list)
+    messages: list[tuple[str, str]] = field(default_factory=list)  # (kind, advice)
     comments: list[str] = field(default_factory=list)
 
     def with_comments(self, statement):
@@ -146,7 +147,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         """Leave the current site unchanged with a ``# TODOV1: message`` on its statement."""
         self.todos[kind] += 1
         if self._frames:
-            self._frames[-1].messages.append(message)
+            self._frames[-1].messages.append((kind, message))
 
     def keep_comments(self, replaced: cst.CSTNode) -> None:
         """Comments inside a node being replaced move to their own lines above the statement."""

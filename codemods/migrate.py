@@ -1,6 +1,6 @@
-"""``python -m codemods.migrate PATH...``: rewrite legacy DeepSpeed process-group call sites to the
-mesh API (``mesh_core``), in place, and report what was rewritten and what was left with
-``# TODOV1:``.
+"""``ds-migrate PATH...`` (also ``python -m codemods.migrate``): rewrite legacy DeepSpeed
+process-group call sites to the mesh API (``mesh_core``), in place, and report what was rewritten
+and, by ``file:line``, each site left with a ``# TODOV1:`` comment.
 
 Exit status: 0 on success; 1 with ``--check`` when any file would change; 2 when any file could not
 be parsed, migrated or written (those files are reported and left untouched).
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Iterable, Iterator, Optional, Sequence
@@ -19,8 +20,25 @@ from .files import discover
 from .runner import FileReport, Summary, run
 
 
+DESCRIPTION = (
+    "Rewrite legacy DeepSpeed process-group call sites (deepspeed.utils.groups, PipelineParallelGrid, "
+    "topologies, deepspeed.initialize(mpu=, mesh_param=), mpu calls) to the mesh API (mesh_core), in place. "
+    "Sites that cannot be rewritten safely keep their code and get a short '# TODOV1:' comment linking "
+    "their MIGRATION.md section; the run lists each one as file:line with its full advice."
+)
+EPILOG = "Exit status: 0 on success; 1 with --check when any file would change; 2 when a file could not be parsed, migrated or written."
+
+
+def prog_name(argv0: Optional[str] = None) -> str:
+    """The command as the user typed it: ``ds-migrate`` (the console script) or ``python -m codemods.migrate``."""
+    name = os.path.basename(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
+    if not name or name in ("migrate.py", "__main__.py", "-c") or name.startswith("python"):
+        return "python -m codemods.migrate"
+    return name
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m codemods.migrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog_name(), description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("paths", nargs="+", help="files or directories to migrate")
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when any file would change")
@@ -36,7 +54,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--no-cache", action="store_true",
         help="do not skip files already migrated by these codemods (cache in $CODEMODS_CACHE_DIR)",
     )
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--json", action="store_true",
+                        help="print only JSON on stdout: the summary, each TODOV1 written (path, line, advice) "
+                        "and, with --diff, each file's diff")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -69,6 +89,17 @@ def format_summary(summary: Summary, seconds: float, wrote: bool) -> str:
     return "\n".join(lines)
 
 
+def todo_list(summary: Summary) -> list[dict]:
+    """Each TODOV1 comment the run wrote (or would write): path, line, the comment, its full advice
+    and the MIGRATION.md section it links."""
+    out = []
+    for report in sorted(summary.reports, key=lambda r: r.path):
+        for line, comment, advice in report.todo_lines:
+            see = comment.rsplit("; see ", 1)[-1]
+            out.append({"path": report.path, "line": line, "comment": comment, "advice": advice, "see": see})
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
@@ -82,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def on_report(report: FileReport) -> None:
         if report.error:
             sys.stderr.write(f"error: {report.path}: {report.error}\n")
-        if report.diff:
+        if report.diff and not args.json:  # with --json the diffs go inside the JSON
             sys.stdout.write(report.diff)
 
     show_bar = not args.no_progress and sys.stderr.isatty() and len(paths) > 20
@@ -93,8 +124,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cache=None if args.no_cache else FixedPoints(args.comm_to_torch),
     )
     seconds = time.perf_counter() - start
+    todos = todo_list(summary)
     if args.json:
-        sys.stdout.write(json.dumps({**summary.as_dict(), "seconds": round(seconds, 3)}) + "\n")
+        out = {**summary.as_dict(), "seconds": round(seconds, 3), "todos": todos}
+        if args.diff:
+            out["diffs"] = {r.path: r.diff for r in summary.reports if r.diff}
+        sys.stdout.write(json.dumps(out) + "\n")
+    else:
+        for todo in todos:
+            sys.stderr.write(f"{todo['path']}:{todo['line']}: TODOV1: {'; '.join(todo['advice'])} (see {todo['see']})\n")
     sys.stderr.write(format_summary(summary, seconds, write) + "\n")
     if summary.errors:
         return 2

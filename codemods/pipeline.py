@@ -28,6 +28,7 @@ from .local_imports import localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
+from .todo_links import collecting, spell_out
 from .walk import fast_visits
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,11 @@ class Migration:
     sites: Counter = field(default_factory=Counter)
     todos: Counter = field(default_factory=Counter)
     skipped: Optional[str] = None
+    advice: dict = field(default_factory=dict)  # TODOV1 comment written -> its full advice (codemods.todo_links)
+
+    def spelled_out(self) -> str:
+        """``code`` with each short TODOV1 comment replaced by its full advice (for reading it in one place)."""
+        return spell_out(self.code, self.advice)
 
 
 def migrate_code(
@@ -111,9 +117,10 @@ def migrate_code(
         codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
     source = source[len(bom):]
-    with fast_visits():  # read-only visitors walk trees without copying them (same calls; codemods.walk)
+    with fast_visits(), collecting() as advice:  # fast: read-only visitors walk trees without copying them
         migration = _migrate(source, filename, module, package, codemods)
     migration.code = bom + migration.code
+    migration.advice = {comment: full for comment, full in advice.items() if comment in migration.code}
     return migration
 
 

@@ -18,6 +18,7 @@ from .cache import FixedPoints, content_hash
 from .pipeline import migrate_code
 
 logger = logging.getLogger(__name__)
+TODO_MARK = "# TODOV1:"
 
 
 @dataclass
@@ -32,6 +33,8 @@ class FileReport:
     diff: Optional[str] = None
     fixed: Optional[str] = None  # content hash of the migrated code (a fixed point of the migration)
     cached: bool = False
+    # each TODOV1 comment this run wrote: (line in the migrated file, the comment, its full advice)
+    todo_lines: list = field(default_factory=list)
 
 
 @dataclass
@@ -102,6 +105,8 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
         return report
     report.sites, report.todos = result.sites, result.todos
     report.changed = result.code != source
+    if report.changed and result.advice:
+        report.todo_lines = written_todos(source, result.code, result.advice)
     report.fixed = content_hash(result.code, module, package)
     if report.changed and want_diff:
         lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
@@ -113,7 +118,26 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
         except (OSError, UnicodeEncodeError) as err:
             report.error = f"cannot write: {err}"
             report.changed, report.sites, report.todos = False, Counter(), Counter()
+            report.todo_lines = []
     return report
+
+
+def written_todos(source: str, code: str, advice: dict) -> list[tuple[int, str, list[str]]]:
+    """``(line, comment, full advice)`` of each TODOV1 comment in ``code`` that ``source`` lacks
+    (one-based lines of ``code``; ``advice``: comment -> advice, from the migration)."""
+    before = Counter(line.strip() for line in _lines(source) if TODO_MARK in line)
+    out = []
+    for number, line in enumerate(_lines(code), 1):
+        if TODO_MARK not in line:
+            continue
+        if before[line.strip()] > 0:  # a line the source had already
+            before[line.strip()] -= 1
+            continue
+        for comment, full in advice.items():
+            if comment in line:
+                out.append((number, comment, list(full)))
+                break
+    return out
 
 
 def _lines(text: str) -> list[str]:

@@ -53,10 +53,7 @@ def uninstall(*args: Any, **kwargs: Any) -> Any:
     return _installer().uninstall(*args, **kwargs)
 
 
-_WRAPPERS = {"install": install, "uninstall": uninstall}
-
-
 def _installer() -> ModuleType:
-    module = importlib.import_module(f"{__name__}.install")
-    globals().update(_WRAPPERS)  # importing the submodule rebinds the package attribute "install" to it
-    return module
+    # importing the submodule rebinds the package attribute "install" to it; that module is callable
+    # (compat.install() keeps working), and `import compat.install as m` always gives the module
+    return importlib.import_module(f"{__name__}.install")

@@ -2,7 +2,9 @@
 
 Every legacy entry point warns with a :class:`LegacyAPIDeprecationWarning` whose message starts with
 ``TODOV1:``, names the mesh replacement and the MIGRATION.md row (the legacy qualified name). It
-warns once per call site, and standard ``warnings`` filters silence it or turn it into an error.
+warns once per call site per job: rank 0 shows it (a third-party package's: local rank 0 of each
+node, whose installed packages can differ), the other ranks stay quiet unless a filter asks every
+occurrence (``"error"``, ``"always"``); standard ``warnings`` filters silence it or turn it into an error.
 
 A call site already warned about costs one frame lookup and one dict probe; ``warnings`` itself is
 only consulted the first time a site is seen (and again after any change to the warning filters,
@@ -22,8 +24,8 @@ import warnings
 from types import FrameType
 from typing import Optional
 
-__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "legacy_entry",
-           "warn_legacy"]
+__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "job_ranks",
+           "legacy_entry", "speaks_here", "warn_legacy"]
 
 HOT_PROBES = 100_000  # call-site probes per hot getter and filter change
 
@@ -87,16 +89,17 @@ class LegacyEntry:
             self._seen.add(key)
         elif key not in self._seen:
             module_globals = frame.f_globals
-            registry = module_globals.setdefault("__warningregistry__", {})
-            warnings.warn_explicit(
-                self.text,
-                LegacyAPIDeprecationWarning,
-                frame.f_code.co_filename,
-                frame.f_lineno,
-                module_globals.get("__name__", "<unknown>"),
-                registry,
-                module_globals,
-            )
+            module = module_globals.get("__name__", "<unknown>")
+            if speaks_here(LegacyAPIDeprecationWarning, self.text, module, frame.f_lineno):
+                warnings.warn_explicit(
+                    self.text,
+                    LegacyAPIDeprecationWarning,
+                    frame.f_code.co_filename,
+                    frame.f_lineno,
+                    module,
+                    module_globals.setdefault("__warningregistry__", {}),
+                    module_globals,
+                )
             self._seen.add(key)  # only after warn returned: an "error" filter keeps raising
         self.sites[frame.f_lasti] = frame.f_code
 
@@ -113,11 +116,13 @@ class LegacyEntry:
             name = str(module_globals.get("__name__", "<unknown>"))
             filename = frame.f_code.co_filename
             where = f"{filename.replace(os.sep, '/').rsplit('-packages/', 1)[-1]}:{frame.f_lineno}"
-            warnings.warn_explicit(
-                third_party_message(self.legacy_name, self.replacement, self.row, dist, version, where),
-                ThirdPartyLegacyWarning, frame.f_code.co_filename, frame.f_lineno, name,
-                module_globals.setdefault("__warningregistry__", {}), module_globals,
-            )
+            text = third_party_message(self.legacy_name, self.replacement, self.row, dist, version, where)
+            # installed packages (and their versions) can differ between nodes: once per node
+            if speaks_here(ThirdPartyLegacyWarning, text, name, frame.f_lineno, per_node=True):
+                warnings.warn_explicit(
+                    text, ThirdPartyLegacyWarning, frame.f_code.co_filename, frame.f_lineno, name,
+                    module_globals.setdefault("__warningregistry__", {}), module_globals,
+                )
             _third_party_warned.add(dist)  # after warn returned: an "error" filter keeps raising
         return True
 
@@ -125,6 +130,60 @@ class LegacyEntry:
         self.sites.clear()
         self._seen.clear()
         self.budget = HOT_PROBES if self.hot else 0
+
+
+# --- one warning per job, not one per rank -------------------------------------------------------
+# the launchers' rank variables (torchrun / deepspeed, Open MPI, MPICH / Intel MPI, Slurm)
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+LOUD_ACTIONS = ("error", "always")  # filters that ask every occurrence, so every rank obeys them
+
+
+def _env_rank(names: tuple[str, ...]) -> Optional[int]:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def job_ranks() -> tuple[int, int]:
+    """``(rank, local rank)`` of this process in its job (``(0, 0)`` outside a distributed job)."""
+    rank = _env_rank(RANK_VARS)
+    dist = sys.modules.get("torch.distributed")  # never imports torch
+    if dist is not None and getattr(dist, "is_available", lambda: False)() and dist.is_initialized():
+        rank = dist.get_rank()
+    rank = rank or 0
+    local = _env_rank(LOCAL_RANK_VARS)
+    return rank, rank if local is None else local
+
+
+def filter_action(category: type, text: str, module: str, lineno: int) -> str:
+    """The action the ``warnings`` filters take for this warning (as ``warnings.warn_explicit``
+    decides it, without the once-per-location registries)."""
+    for action, msg, cat, mod, line in warnings.filters:
+        if _matches(msg, text) and issubclass(category, cat) and _matches(mod, module) and line in (0, lineno):
+            return action
+    return warnings.defaultaction
+
+
+def _matches(pattern: object, value: str) -> bool:
+    # as warnings' C code: None matches all, a plain str (a filter added by hand) only itself
+    if pattern is None:
+        return True
+    if isinstance(pattern, str):
+        return pattern == value
+    return bool(pattern.match(value))  # type: ignore[attr-defined]
+
+
+def speaks_here(category: type, text: str, module: str, lineno: int, *, per_node: bool = False) -> bool:
+    """Whether this rank shows a TODOV1 warning: rank 0 of the job (``per_node``: local rank 0 of
+    each node) shows it, the other ranks only when a filter asks every occurrence (``error``,
+    ``always``), so one warning per call site per job, and ``"error"`` still raises everywhere."""
+    rank, local = job_ranks()
+    if (local if per_node else rank) == 0:
+        return True
+    return filter_action(category, text, module, lineno) in LOUD_ACTIONS
 
 
 _ENTRIES: dict[str, LegacyEntry] = {}

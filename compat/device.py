@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
+from mesh_core import torch_compat
 
 
 def default_device_type() -> str:
-    """The device the default process group's collectives run on: ``"cuda"`` under NCCL, else ``"cpu"``."""
-    if not dist.is_initialized() or dist.get_backend() in ("fake", "gloo"):
-        return "cpu"
-    return dist.distributed_c10d._get_object_coll_device(None).type  # type: ignore[attr-defined]
+    """The device the default process group serves: its bound device's type, cuda under NCCL, cpu
+    under gloo/fake (:func:`mesh_core.torch_compat.default_device_type`)."""
+    return torch_compat.default_device_type()

@@ -78,7 +78,7 @@ class EngineMesh(DeepSpeedDeviceMesh):
         return torch.tensor(self.spec.ranks, dtype=torch.int).reshape(shape)
 
     def __repr__(self) -> str:
-        return f"EngineMesh({self.spec.describe()})"
+        return f"DeepSpeedDeviceMesh({self.spec.describe()}; an engine's mesh_device, also answering legacy DeviceMesh calls)"
 
 
 def as_engine_mesh(mesh: DeepSpeedDeviceMesh) -> EngineMesh:

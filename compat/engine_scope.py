@@ -47,6 +47,8 @@ class GroupsState:
 def _groups():
     from . import groups
 
+    if not _GROUPS:
+        _GROUPS.append(groups)
     return groups
 
 
@@ -101,14 +103,47 @@ _scope_meshes: list = []  # meshes of the engines whose entry points are running
 
 
 def engine_step_wrapper(wrapped, instance, args, kwargs):
-    """wrapt wrapper for engine entry points: run them with the engine's groups state."""
-    state = getattr(instance, ENGINE_STATE_ATTR, None)
-    _scope_meshes.append(None if state is None else state.mesh)
-    try:
-        with groups_state(state):
+    """wrapt wrapper for engine entry points: run them with the engine's groups state.
+
+    What :func:`groups_state` does, inline (no generator, no import): it runs on every forward,
+    backward and step, so its cost is a share of every training step."""
+    state = instance.__dict__.get(ENGINE_STATE_ATTR)
+    if state is None:
+        _scope_meshes.append(None)
+        try:
             return wrapped(*args, **kwargs)
+        finally:
+            _scope_meshes.pop()
+    groups = _GROUPS[0] if _GROUPS else _groups()
+    mesh = state.mesh
+    switch = not (groups.bound_mesh() is mesh and groups.mpu is state.mpu and groups.mesh_device is state.mesh_device)
+    previous = capture() if switch else None
+    _scope_meshes.append(mesh)
+    token = _enter_default(mesh)
+    try:
+        if switch:
+            activate(state)
+        return wrapped(*args, **kwargs)
     finally:
+        if switch:
+            activate(previous)  # type: ignore[arg-type]
+        if token is not None:
+            _MESH_CORE[2](token)
         _scope_meshes.pop()
+
+
+_GROUPS: list = []  # [compat.groups] once imported
+_MESH_CORE: list = []  # [DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh] once imported
+
+
+def _enter_default(mesh: Any) -> Any:
+    """:func:`_default_mesh`'s entry without a generator: the token to leave it with, or None."""
+    if not _MESH_CORE:
+        from mesh_core import DeepSpeedDeviceMesh
+        from mesh_core.roles.default import enter_default_mesh, leave_default_mesh
+
+        _MESH_CORE.extend((DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh))
+    return _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
 
 
 def scope_mesh() -> Any:

@@ -90,6 +90,13 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
         "sp": probe("get_sequence_parallel_world_size"),
         "dp": None if ulysses else probe("get_data_parallel_world_size"),
     }
+    if found["pp"] is None and found["dp"] is not None and hasattr(mpu, "get_data_parallel_group"):
+        # DeepSpeed reads pipeline size 1 from an mpu without pipe getters; the ranks its groups
+        # leave out of the world are the stages of a pipeline the script runs (mesh_core's from_mpu)
+        from mesh_core.roles.from_groups import mpu_spec
+
+        pp = mpu_spec(mpu).dim_size("pp")
+        found["pp"] = pp if pp > 1 else None
     return {dim: size for dim, size in found.items() if size is not None}
 
 

@@ -23,6 +23,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 from _ds_mesh_startup import switch_on
+from mesh_core import torch_compat
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _traced(api: str, original: Any) -> Any:
     return wrapper
 
 
-_TARGETS = (("_new_group_with_tag", "new_group"), ("split_group", "split_group"))
+_TARGETS = ((torch_compat.NEW_GROUP_ENTRY, "new_group"), (torch_compat.SPLIT_GROUP_ENTRY, "split_group"))
 
 
 def enable() -> None:

@@ -30,9 +30,8 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh, torch_compat
 from mesh_core.roles.hpz import HPZ_DIMS, is_hsdp
 
 logger = logging.getLogger(__name__)
@@ -114,10 +113,10 @@ class HsdpGroups:
             if tensor is not None and tensor.numel():
                 by_dtype.setdefault(tensor.dtype, []).append(tensor)
         for group in by_dtype.values():
-            flat = _flatten_dense_tensors(group)
+            flat = torch_compat.flatten_dense_tensors(group)
             dist.all_reduce(flat, group=self.replicate)
             flat.div_(self.replicate_size)
-            for tensor, synced in zip(group, _unflatten_dense_tensors(flat, group)):
+            for tensor, synced in zip(group, torch_compat.unflatten_dense_tensors(flat, group)):
                 tensor.copy_(synced)
 
 

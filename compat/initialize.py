@@ -100,8 +100,14 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         mesh_param=mesh_param,
         mesh_spec=None if given_mesh is None else given_mesh.spec,
     )
-    if not pipeline and spec.dim_size("pp") > 1:
-        raise MeshSpecError(f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule")
+    if not pipeline and spec.dim_size("pp") > 1 and mpu is None and source is None:
+        # with an mpu the pipeline is the script's own (Megatron's schedule): DeepSpeed trains one stage
+        raise MeshSpecError(
+            f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule; wrap it "
+            "in deepspeed.pipe.PipelineModule(layers, num_stages=...), or, for a pipeline the script runs "
+            "itself, pass its groups as mpu= (get_pipe_parallel_group / get_data_parallel_group / "
+            "get_model_parallel_group), or drop pp from the config's \"mesh\" section"
+        )
     if ds_dist.get_rank() not in spec.ranks:
         raise MeshSpecError(
             f"rank {ds_dist.get_rank()} is not one of the ranks of this engine's mesh {spec.describe()}; only "
@@ -116,7 +122,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     config = hsdp_zero_config(config, spec)
     if zero_stage(config) == 3:  # a model zero.Init partitioned over other ranks: refused before any collective
         check_zero3_partitions(model, spec, ds_dist.get_rank())
-    mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order)
+    mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order, pipeline=pipeline)
     if engine_mpu is None and not pipeline and (
         _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))
     ):
@@ -215,11 +221,15 @@ def _moe_ep_sizes(model: Any) -> list[int]:
 
 
 def _engine_mesh(
-    spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh], order: bool = True
+    spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh], order: bool = True,
+    pipeline: bool = False,
 ) -> tuple[EngineMesh, Any]:
     """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
     if given is not None:
         mesh = as_engine_mesh(given)
+        source = getattr(given, "source_mpu", None)
+        if source is not None and mpu is None and mesh.spec.dim_size("pp") > 1 and not pipeline:
+            return mesh, source  # mesh=from_mpu(mpu) of the script's own pipeline: as mpu=mpu (below)
         # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
         # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
         return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
@@ -238,6 +248,10 @@ def _engine_mesh(
 
         mesh = as_engine_mesh(mesh_from_mpu(mpu))
         _require_same_layout(spec, mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
+        if mesh.spec.dim_size("pp") > 1 and not pipeline:
+            # one stage of the script's own pipeline: DeepSpeed reads the mpu as plain DeepSpeed does
+            # (its model-parallel rank names the checkpoint files); the mesh holds its communicators
+            return mesh, mpu
         return mesh, _mesh_mpu(mesh)
     return EngineMesh(spec, device_type=default_device_type()), None
 

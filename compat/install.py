@@ -34,7 +34,9 @@ from typing import Any, Callable
 
 import wrapt
 
-from . import group_trace, releases
+from mesh_core import absence, torch_compat
+
+from . import group_trace, mixed_world, releases
 from .install_patches import ImportRoutes, PatchSet
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ def install() -> None:
     with _lock:
         if _active:
             return
+        torch_compat.check_torch()  # outside the supported torch range: an error, nothing patched
         version = releases.check()  # outside the supported range: an error, nothing patched
         _active = True
         try:
@@ -78,6 +81,7 @@ def install() -> None:
             _logging_tree().install(on_error=_abandon)  # DeepSpeed's logging as one tree (compat/logging_tree.py)
             group_trace.enable()
             group_trace.set_shim_active(True)
+            absence.add_hint(mixed_world.hint)  # ranks that never join: say DS_MESH is likely unset there
             _routes.activate()
             from . import process_experts
 
@@ -107,6 +111,7 @@ def uninstall() -> None:
         _logging_tree().uninstall()
         group_trace.set_shim_active(False)
         group_trace.disable()
+        absence.remove_hint(mixed_world.hint)
         logger.debug("compat uninstalled")
 
 
@@ -281,6 +286,13 @@ def _route_zero_utils(module: types.ModuleType) -> None:
     _patches.replace(module, name, wrapt.FunctionWrapper(getattr(module, name), same_ints_wrapper))
 
 
+def _route_launcher_env(module: types.ModuleType) -> None:
+    # the shim on every node: each multi-node runner exports DS_MESH* / DS_LOG_LEVELS (compat.launcher_env)
+    from .launcher_env import runner_init_wrapper
+
+    _wrap_in_place(module.MultiNodeRunner, "__init__", runner_init_wrapper)
+
+
 def _route_pipe_module(module: types.ModuleType) -> None:
     # issue 11 (sub-world pipelines): PipelineModule(topology=compat.mesh_topology(mesh)) is built on the mesh
     from .subworld_pipe import make_pipeline_module_init_wrapper
@@ -318,6 +330,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
     ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),
+    ("deepspeed.launcher.multinode_runner", _route_launcher_env),
     *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters",
                                        "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2")),
 ]

@@ -286,6 +286,12 @@ class RoutingLogger(logging.Logger):
     """A shared logger object whose records go to the logger of the module that called it."""
 
     def isEnabledFor(self, level: int) -> bool:
+        try:
+            enabled = self._cache[-1 - level]  # the usual answer on a training step: no frame walk
+        except KeyError:
+            enabled = _tree_enables(self, level)
+        if not enabled:
+            return False
         frame = sys._getframe(1)
         while frame is not None:
             name = frame.f_globals.get("__name__", "")
@@ -314,6 +320,20 @@ class RoutingLogger(logging.Logger):
         target = _target(module)
         if target.isEnabledFor(level):
             _emit(target, level, msg, args, frame, exc_info, extra, stack_info)
+
+
+def _tree_enables(router: logging.Logger, level: int) -> bool:
+    """False when no logger of the tree is enabled for ``level`` (so no caller's can be), kept in
+    the router's ``_cache`` under ``-1 - level``: ``logging`` clears that dict on every level change
+    and ``logging.disable``. True when one may be, or when the router is not a logger ``logging``
+    clears (then nothing is kept and the full answer is computed per call)."""
+    loggers = logging.Logger.manager.loggerDict
+    if loggers.get(router.name) is not router:
+        return True
+    tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
+                                        if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
+    enabled = router._cache[-1 - level] = any(lg.isEnabledFor(level) for lg in tree)
+    return enabled
 
 
 def _route_object(obj: Any) -> None:

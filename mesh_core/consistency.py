@@ -10,9 +10,11 @@ error and no collective another thread could interleave with):
   the others in one :func:`mesh_core.rendezvous.arrive` (O(1) store operations per member; the wait
   is the process-group timeout by default): a late member either completes the check for everyone
   or learns it was given up — never half of each;
-- a timed-out check raises on every waiting member, naming the mesh, the ranks that arrived and
-  the missing ones; a member arriving after that raises too (it would wait for groups nobody
-  creates); a member late by less than the timeout is simply waited for;
+- a timed-out check raises :class:`~mesh_core.absence.AbsentRanksError` on every waiting member,
+  naming the mesh, the ranks that arrived and the missing ones, and which of those have built no mesh
+  at all in this world (plus the hints a layer above registered); a member arriving after that raises
+  too (it would wait for groups nobody creates); a member late by less than the timeout is simply
+  waited for;
 - when digests differ, every member reads one description per distinct digest and raises, naming
   the fields and ranks that disagree; when they agree, each member deletes its description.
 
@@ -34,10 +36,9 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
-
+from . import absence, torch_compat
+from .absence import AbsentRanksError
 from .rendezvous import arrive, differing_fields, ranks_text
 from .spec import MeshSpec, MeshSpecError
 
@@ -92,19 +93,18 @@ def check_same_mesh(spec: MeshSpec, *, timeout: Optional[timedelta] = None, **op
 
 def world_timeout() -> timedelta:
     """The default process group's timeout (the store's where the backend does not expose it)."""
-    world = c10d._get_default_group()
+    world = torch_compat.default_group()
     try:
-        device = getattr(world, "bound_device_id", None) or torch.device(_collective_device())
-        return world._get_backend(device).options._timeout
+        return torch_compat.backend_timeout(world, torch_compat.default_device())
     except (AttributeError, RuntimeError, TypeError):
-        return c10d._get_default_store().timeout
+        return torch_compat.default_store().timeout
 
 
 @contextlib.contextmanager
 def rank_set_slot(spec: MeshSpec) -> Iterator[None]:
     """Hold this process's slot for building a mesh over ``spec``'s rank set (re-entrant in one
     thread); raise :class:`ConcurrentCheckError` if another thread holds it."""
-    slot = (id(c10d._get_default_group()), _set_id(sorted(spec.ranks)))
+    slot = (id(torch_compat.default_group()), _set_id(sorted(spec.ranks)))
     me = threading.get_ident()
     with _LOCK:
         holder, depth = _IN_FLIGHT.get(slot, (me, 0))
@@ -131,12 +131,12 @@ def _set_id(members: Sequence[int]) -> str:
 
 
 def _check_over_store(spec: MeshSpec, fields: dict[str, str], timeout: Optional[timedelta]) -> None:
-    store = c10d._get_default_store()
+    store = torch_compat.default_store()
     members = sorted(spec.ranks)
     set_id = _set_id(members)
     with rank_set_slot(spec):
         with _LOCK:
-            counts = _CHECKS.setdefault(c10d._get_default_group(), Counter())
+            counts = _CHECKS.setdefault(torch_compat.default_group(), Counter())
             prefix = f"{STORE_PREFIX}/{set_id}/{counts[set_id]}"
             counts[set_id] += 1
         _run_check(store, prefix, spec, members, fields, timeout or world_timeout())
@@ -146,11 +146,13 @@ def _run_check(
     store: Any, prefix: str, spec: MeshSpec, members: list[int], fields: dict[str, str], timeout: timedelta
 ) -> None:
     rank = dist.get_rank()
+    absence.announce(store, torch_compat.default_group(), rank)
     mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(fields))
     store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
     store.set(f"{prefix}/digest_of/{rank}", mine)
     store.add(f"{prefix}/digest/{mine}", 1)
-    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_message(spec, members, arrived, missing, timeout))
+    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_error(store, spec, members, arrived,
+                                                                                    missing, timeout))
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")
@@ -169,19 +171,33 @@ def _run_check(
     raise MeshSpecError(message)
 
 
-def _absent_message(spec: MeshSpec, members: list[int], arrived: list[int], missing: list[int], timeout: timedelta) -> str:
-    if missing:
-        return (
-            f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
-            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}); the "
-            "missing ranks build a different mesh (or none), or are later than the process-group timeout: every "
-            "member must build the same mesh in the same order"
+def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[int], missing: Optional[list[int]],
+                  timeout: timedelta) -> AbsentRanksError:
+    rank = dist.get_rank()
+    quiet = absence.quiet_ranks(store, missing) if missing else ([] if missing == [] else None)
+    if missing is None:
+        message = (
+            f"rank {rank} could not finish the check of {spec.describe()}: the store went away (the process that "
+            "held it ended, most likely with the error of this check: see that rank's message, which names the "
+            "missing ranks); some members did not start checking the mesh within "
+            f"{timeout}, or the store's process failed for another reason"
         )
-    return (
-        f"rank {dist.get_rank()} reached the check of {spec.describe()} after the other ranks gave up waiting "
-        f"for it ({timeout}); it was later than the process-group timeout: every member must build the same "
-        "mesh in the same order"
-    )
+    elif missing:
+        never = f"; of those, {ranks_text(quiet, 'rank')} built no mesh at all in this world" if quiet else ""
+        message = (
+            f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
+            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}{never}); "
+            "the missing ranks build a different mesh (or none), or are later than the process-group timeout: "
+            "every member must build the same mesh in the same order"
+        )
+    else:
+        message = (
+            f"rank {rank} reached the check of {spec.describe()} after the other ranks gave up waiting for it "
+            f"({timeout}); it was later than the process-group timeout: every member must build the same mesh "
+            "in the same order"
+        )
+    return AbsentRanksError(message, mesh=spec.describe(), rank=rank, arrived=arrived, missing=missing, quiet=quiet,
+                            timeout=timeout)
 
 
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:
@@ -192,11 +208,6 @@ def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional
         "ranks disagree on the mesh, so creating its groups would hang; every rank must build the same "
         "mesh in the same order. Differing fields: " + " | ".join(differing_fields(per_rank, ranks, show=repr))
     )
-
-
-def _collective_device() -> str:
-    # the device the default group's collectives run on (cuda for nccl, cpu for gloo)
-    return dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
 
 
 def _option_text(value: Any) -> str:

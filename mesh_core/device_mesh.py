@@ -46,6 +46,7 @@ from .layout import Dims, MeshLayout
 from .roles.process_experts import process_expert_groups
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
+from . import torch_compat
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,10 @@ class DeepSpeedDeviceMesh:
 
     Threads: meshes may be built, used and destroyed from several threads. Process state stays
     consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
-    puts it back; the registry's bookkeeping is locked), and construction is *not* serialized per
-    process, so threads whose meshes wait on each other's peers cannot deadlock. What c10d requires
+    puts it back; the registry's bookkeeping is locked). On an unbound world construction is *not*
+    serialized per process, so threads whose meshes wait on each other's peers cannot deadlock; on a
+    bound world each creation call is serialized (it does not wait on peers there; see
+    :mod:`mesh_core.registry`, "Threads"). What c10d requires
     across ranks still holds: every member issues its creations and releases of a rank set in the
     same order. Hence:
 
@@ -127,12 +130,13 @@ class DeepSpeedDeviceMesh:
         self,
         spec: MeshSpec,
         *,
-        device_type: str = "cpu",
+        device_type: Optional[str] = None,
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
         verify: bool = True,
     ) -> None:
+        torch_compat.check_torch()
         if not dist.is_available() or not dist.is_initialized():
             raise MeshSpecError(
                 "torch.distributed is not initialised; call torch.distributed.init_process_group "
@@ -145,7 +149,7 @@ class DeepSpeedDeviceMesh:
             )
         self.spec = spec
         self.layout = MeshLayout(spec)
-        self.device_type = device_type
+        self.device_type = device_type or torch_compat.default_device_type()
         self.backend = backend
         self.rank = dist.get_rank()
         self.is_member = self.layout.contains(self.rank)
@@ -188,7 +192,7 @@ class DeepSpeedDeviceMesh:
     def build(
         cls,
         *,
-        device_type: str = "cpu",
+        device_type: Optional[str] = None,
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
@@ -199,7 +203,11 @@ class DeepSpeedDeviceMesh:
         data_before_expert: bool = False,
         **sizes: Any,
     ) -> "DeepSpeedDeviceMesh":
-        """Build a spec over the current world (or ``ranks``) and the mesh for it."""
+        """Build a spec over the current world (or ``ranks``) and the mesh for it.
+
+        ``device_type`` (every constructor): None follows the world (:func:`mesh_core.torch_compat.default_device_type`:
+        the bound device's type, cuda under NCCL, cpu under gloo)."""
+        torch_compat.check_torch()
         if not dist.is_available() or not dist.is_initialized():
             raise MeshSpecError("torch.distributed is not initialised; initialise it before building a mesh")
         spec = MeshSpec.build(
@@ -216,7 +224,7 @@ class DeepSpeedDeviceMesh:
         *,
         num_stages: Optional[int] = None,
         ep_size: Optional[int] = None,
-        device_type: str = "cpu",
+        device_type: Optional[str] = None,
         backend: Optional[str] = None,
         flatten: Sequence[Sequence[str]] = (),
         p2p_groups: bool = False,
@@ -225,6 +233,7 @@ class DeepSpeedDeviceMesh:
         """Build the mesh a DeepSpeed config describes (``"mesh"`` section or legacy keys)."""
         from .config import spec_from_config
 
+        torch_compat.check_torch()
         if not dist.is_available() or not dist.is_initialized():
             raise MeshSpecError("torch.distributed is not initialised; initialise it before building a mesh")
         spec = spec_from_config(config, dist.get_world_size(), num_stages=num_stages, ep_size=ep_size)

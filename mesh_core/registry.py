@@ -8,18 +8,20 @@ the rendezvous (gloo's full mesh, NCCL's unique id) goes through the store under
 the group's name. Non-members issue nothing. A mesh dim therefore costs each rank one call
 (its own group), whatever the world size.
 
-Why the registry names groups itself (checked in torch 2.13's ``distributed_c10d.py``):
+Why the registry names groups itself (checked in torch 2.6 … 2.14's ``distributed_c10d.py``):
 
 - without local synchronization, ``_process_group_name`` names a group ``str(_world.group_count)``
   and increments that counter; every rank of the world must make the call so the counters stay
   equal. That is the O(groups) loop member-only creation removes;
-- with local synchronization the name is ``_hash_ranks_to_str(ranks)`` =
-  ``sha1("_".join(ranks) + "_" + str(len(_world.pg_names)))``. ``len(_world.pg_names)`` counts the
-  groups *this rank* has registered, and non-members never register a group, so two members of the
-  same rank set that belong to different numbers of other groups (a rank of a sub-world mesh and
-  one outside it; EP groups that span pipeline stages; compat's legacy groups) compute different
-  names, hence different store prefixes, and the creation hangs;
-- the counter is not touched by hashed (local) creations, so the world-collective, counter-named
+- with local synchronization the name is ``_hash_ranks_to_str(ranks)`` = ``sha1("_".join(ranks) +
+  "_" + salt)``. Up to torch 2.13 the salt is ``len(_world.pg_names)``, the groups *this rank* has
+  registered; non-members never register a group, so two members of the same rank set that belong
+  to different numbers of other groups (a rank of a sub-world mesh and one outside it; EP groups
+  that span pipeline stages; compat's legacy groups) compute different names, hence different store
+  prefixes, and the creation hangs. From 2.14 the salt is ``_world.group_count`` and the hashed
+  namer increments it too; only members call it, so the counters (and later names) diverge the
+  same way;
+- the registry's creations never call torch's namer, so the world-collective, counter-named
   creations other code still makes (DeviceMesh's own ``__init__``/``_flatten``, legacy DeepSpeed,
   user code) keep agreeing across ranks after ours: every rank makes those calls, every rank
   increments the counter.
@@ -39,6 +41,14 @@ present, no other backend is requested and the mesh covers the whole world (spli
 collective over its parent, so a sub-world mesh would force its non-members to call):
 :func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`.
 
+A bound world (``init_process_group(device_id=...)``, which DeepSpeed does on a CUDA world of more
+than one rank) makes torch build *every* ``new_group`` by splitting the world's communicator
+(``ncclCommSplit``), a collective of every world rank, which non-members of a member-only creation
+never join. So a member-only creation clears the default group's ``bound_device_id`` for its one
+``new_group`` call (restored in ``finally``): torch then creates the communicator among the members
+alone (NCCL: ``ncclCommInitRank`` through the store, at the group's first collective). docs/nccl.md
+lists which path each kind of group takes, bound and unbound.
+
 Invariants the callers keep: identical rank sets share one communicator (the cache below); every
 member of a rank set issues its requests for it in the same order (meshes are built, and lazy
 groups requested, in the same program order on all their members), which also rules out the
@@ -50,7 +60,7 @@ gets a fresh one.
 
 Threads
 -------
-torch's public ``new_group`` / ``split_group`` take no group name (checked in torch 2.13: only a
+torch's public ``new_group`` / ``split_group`` take no group name (checked in torch 2.6 … 2.14: only a
 default group that implements ``new_group`` itself, or the private ``_new_process_group_helper``,
 accept one), so the name still goes in through ``distributed_c10d._process_group_name``. It is
 swapped for a hook that answers the name only to the thread that set it and delegates to torch's
@@ -60,9 +70,15 @@ torch's function put back (in ``finally``) when the last one ends, under a proce
 
 The registry's bookkeeping (cache, reference counts, generations) is under a per-registry lock
 that is never held across a blocking call; a rank set requested by two threads at once is created
-by the first and waited for by the second. Creation itself is not serialized per process: a
-member-only creation blocks until its peers arrive, and serializing it would deadlock two threads
-whose peers are in the other thread's creation.
+by the first and waited for by the second.
+
+On a bound world creations are serialized per process (one process-wide lock around each
+``new_group`` / ``split_group`` call): the bound device is process state that a creation clears, and
+a split is a collective of the world's communicator whose order must not depend on threads. There a
+member-only creation does not block (the communicator is made at its first collective), so holding
+the lock cannot wait on a peer. On an unbound world (gloo; NCCL without ``device_id``) creation is
+not serialized: a gloo creation blocks until its peers arrive, and serializing it would deadlock two
+threads whose peers are in the other thread's creation.
 """
 from __future__ import annotations
 
@@ -79,7 +95,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
-from torch.distributed import distributed_c10d as c10d
+
+from . import torch_compat
 
 logger = logging.getLogger(__name__)
 
@@ -111,15 +128,10 @@ class CreationInputs:
 
     @classmethod
     def probe(cls, backend: Optional[str], whole_world: bool) -> "CreationInputs":
-        world = c10d._get_default_group()
-        device = getattr(world, "bound_device_id", None)
-        available = bool(torch.accelerator.is_available())
-        splitting = False
-        if device is not None and available:
-            try:
-                splitting = bool(getattr(world._get_backend(device), "supports_splitting", False))
-            except RuntimeError:  # no backend registered for that device type
-                splitting = False
+        world = torch_compat.default_group()
+        device = torch_compat.bound_device(world)
+        available = torch_compat.accelerator_available()
+        splitting = device is not None and available and torch_compat.backend_supports_splitting(world, device)
         return cls(device, available, splitting, backend, whole_world)
 
 
@@ -152,7 +164,7 @@ _naming_users = 0
 def _hooked_process_group_name(ranks, use_hashed_name):  # type: ignore[no-untyped-def]
     name = getattr(_naming, "name", None)
     if name is not None:
-        return c10d.GroupName(name)
+        return torch_compat.group_name(name)
     return _torch_namer(ranks, use_hashed_name)  # type: ignore[misc]
 
 
@@ -163,9 +175,9 @@ def _named(name: str) -> Iterator[None]:
     if getattr(_naming, "name", None) is not None:
         raise RuntimeError(f"nested member-only group creation in one thread ({_naming.name!r}, then {name!r})")
     with _NAMING_LOCK:
-        if _naming_users == 0 and c10d._process_group_name is not _hooked_process_group_name:
-            _torch_namer = c10d._process_group_name
-            c10d._process_group_name = _hooked_process_group_name  # type: ignore[assignment]
+        if _naming_users == 0 and torch_compat.process_group_namer() is not _hooked_process_group_name:
+            _torch_namer = torch_compat.process_group_namer()
+            torch_compat.set_process_group_namer(_hooked_process_group_name)
         _naming_users += 1
     _naming.name = name
     try:
@@ -175,18 +187,34 @@ def _named(name: str) -> Iterator[None]:
         with _NAMING_LOCK:
             _naming_users -= 1
             if _naming_users == 0:
-                if c10d._process_group_name is _hooked_process_group_name:
-                    c10d._process_group_name = _torch_namer  # type: ignore[assignment]
+                if torch_compat.process_group_namer() is _hooked_process_group_name:
+                    torch_compat.set_process_group_namer(_torch_namer)  # type: ignore[arg-type]
                 else:  # someone patched over the hook meanwhile: leave theirs, the hook only delegates
                     logger.warning("distributed_c10d._process_group_name was replaced during group creation")
 
 
+_CREATION_LOCK = threading.RLock()  # serializes creations per process on a bound world
+
+
+@contextlib.contextmanager
+def serialized_on_bound_world() -> Iterator[bool]:
+    """Hold the process-wide creation lock when the default group is bound to a device (see the
+    module docstring, "Threads"); yields whether it is held."""
+    if torch_compat.bound_device() is None:
+        yield False
+        return
+    with _CREATION_LOCK:
+        yield True
+
+
 def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = None) -> ProcessGroup:
-    """Create the communicator for ``ranks`` (this rank among them) with only its members calling."""
-    with _named(name):
+    """Create the communicator for ``ranks`` (this rank among them) with only its members calling.
+
+    On a bound world the bound device is cleared for this one call, so no non-member has to take part."""
+    with serialized_on_bound_world(), _named(name), torch_compat.unbound_default_group():
         group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True)
-    if group is None or group.group_name != name:
-        got = None if group is None else group.group_name
+    if torch_compat.is_non_member(group) or group.group_name != name:
+        got = None if torch_compat.is_non_member(group) else group.group_name
         raise GroupNamingError(
             f"torch {torch.__version__} named the group of ranks {list(ranks)[:8]} {got!r}, not {name!r}; "
             "member-only creation needs a name that depends on the rank set alone"
@@ -266,7 +294,8 @@ class GroupRegistry:
         fresh: Optional[ProcessGroup] = None
         if new:
             try:
-                fresh = dist.split_group(split_ranks=[list(k[1]) for k in new])
+                with serialized_on_bound_world():
+                    fresh = torch_compat.split_group([list(k[1]) for k in new])
             except BaseException:
                 with self._lock:
                     self._split_known.difference_update(new)
@@ -398,7 +427,7 @@ _REGISTRIES: "weakref.WeakKeyDictionary[ProcessGroup, GroupRegistry]" = weakref.
 
 def registry_for_world() -> GroupRegistry:
     """The registry of the current default process group (created on first use)."""
-    world = c10d._get_default_group()
+    world = torch_compat.default_group()
     registry = _REGISTRIES.get(world)
     if registry is None:
         registry = _REGISTRIES[world] = GroupRegistry()

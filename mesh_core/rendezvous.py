@@ -9,10 +9,14 @@ message could speak:
 - a member whose wait runs out marks the round abandoned instead, atomically (``compare_set``), so
   a late member either completes the round for everyone or learns that it was given up;
 - either way every member that gives up or comes late raises, naming the ranks that arrived and the
-  missing ones (the caller words the message).
+  missing ones (the caller words the message); before raising, those members wait a moment for
+  each other (:data:`LEAVE_WAIT_S` at most) so that the member whose process holds the store does not
+  end it while another still reads who arrived;
+- a store that went away (its process ended) is an error of the same kind, not a raw backend error.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Sequence
@@ -22,10 +26,14 @@ import torch.distributed as dist
 from .spec import MeshSpecError
 
 DONE, ABANDONED = "done", "abandoned"
-ROUND_KEYS = ("who", "arrived", "state")
+ROUND_KEYS = ("who", "arrived", "state", "left")
+LEAVE_WAIT_S = 5.0  # how long the members of a failed round wait for each other before raising
+_POLL_S = 0.05
 
-# (arrived, missing) -> the message; ``missing`` is empty when this rank came after the others gave up
-AbsentMessage = Callable[[list[int], list[int]], str]
+# (arrived, missing) -> the message or the exception to raise; ``missing`` is empty when this rank came
+# after the others gave up, None when the store went away before this rank could read the arrivals
+# (``arrived`` is then this rank alone)
+AbsentMessage = Callable[[list[int], "list[int] | None"], "str | BaseException"]
 
 
 @dataclass(frozen=True)
@@ -43,18 +51,36 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
     Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
     ``absent(arrived, missing)`` when not all arrived within ``timeout``."""
     n = len(members)
-    store.append(f"{prefix}/who", f"{dist.get_rank()},")
-    value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
-    state_key = f"{prefix}/state"
-    last = value % (n + 1) == n
-    if last:
-        state = store.compare_set(state_key, "", f"{DONE}:{value // (n + 1)}").decode()
-    else:
-        state = _await(store, state_key, timeout)
-    if not state.startswith(DONE):
+    try:
+        store.append(f"{prefix}/who", f"{dist.get_rank()},")
+        value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
+        state_key = f"{prefix}/state"
+        last = value % (n + 1) == n
+        if last:
+            state = store.compare_set(state_key, "", f"{DONE}:{value // (n + 1)}").decode()
+        else:
+            state = _await(store, state_key, timeout)
+        if state.startswith(DONE):
+            return Arrival(int(state.partition(":")[2] or 0), last)
         arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
-        raise MeshSpecError(absent(arrived, sorted(set(members) - set(arrived))))
-    return Arrival(int(state.partition(":")[2] or 0), last)
+        error = _as_error(absent(arrived, sorted(set(members) - set(arrived))))
+        _leave_together(store, f"{prefix}/left", len(arrived), min(timeout.total_seconds(), LEAVE_WAIT_S))
+    except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
+        raise _as_error(absent([dist.get_rank()], None)) from err
+    raise error
+
+
+def _as_error(outcome: "str | BaseException") -> BaseException:
+    return outcome if isinstance(outcome, BaseException) else MeshSpecError(outcome)
+
+
+def _leave_together(store: Any, key: str, count: int, wait_s: float) -> None:
+    """Count this member out of a failed round and wait (``wait_s`` at most) until ``count`` have."""
+    left = store.add(key, 1)
+    deadline = time.monotonic() + wait_s
+    while left < count and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        left = store.add(key, 0)
 
 
 def _await(store: Any, key: str, timeout: timedelta) -> str:

@@ -10,13 +10,15 @@ spread).
 :func:`transfer` runs it on every rank of both meshes (ranks in neither take no part):
 
 1. this rank's checks (every tensor it sends or receives: present, not ``None``, the shape its
-   layout needs, a dtype it may travel / land in), then one agreement among all participants
-   through the default store (:mod:`mesh_core.transfer_agree`): a problem on any rank, or ranks that
-   disagree on the meshes or layouts, is the same :class:`~mesh_core.MeshSpecError` on every
+   layout needs, a dtype it may travel / land in, a device its world moves and this rank owns:
+   :mod:`mesh_core.transfer_devices`), then one agreement among all participants through the
+   default store (:mod:`mesh_core.transfer_agree`): a problem on any rank, or ranks that disagree
+   on the meshes, layouts or device types, is the same :class:`~mesh_core.MeshSpecError` on every
    participant before any message is sent;
 2. the pieces of each (sender, receiver) pair travel in flat buckets of at most ``bucket_bytes``
-   (:mod:`mesh_core.transfer_buckets`), point to point on the world's default group (no
-   communicator is created), and are copied once into their destinations.
+   (:mod:`mesh_core.transfer_buckets`), point to point on the world's default group, each round's
+   messages posted as one ``batch_isend_irecv`` (no communicator is created beside the world's),
+   and are copied once into their destinations.
 
 Values arrive bit for bit in the sender's dtype; between floating-point dtypes they are converted on
 arrival like ``Tensor.copy_`` (bf16 → fp16 rounds); other dtype changes are refused (see
@@ -40,6 +42,7 @@ from .layout import MeshLayout
 from .spec import MeshSpec, MeshSpecError
 from .transfer_agree import (SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of,
                              record_for)
+from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device, world_devices
 from .transfer_buckets import (DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, local_copies,
                                local_index, schedule)
 
@@ -174,8 +177,9 @@ class Side(Protocol):
     layouts: Mapping[str, ParamLayout]
     gather: bool  # tensors are materialised per group of parameters (ZeRO-3)
 
-    def metas(self, spec: MeshSpec, rank: int, side: str) -> tuple[dict[str, TensorMeta], list[str]]:
-        """This rank's tensors' shape and travelling / landing dtype by name, and its problems."""
+    def metas(self, spec: MeshSpec, rank: int, side: str,
+              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+        """This rank's tensors' shape, travelling / landing dtype and device by name, and its problems."""
 
     def tensors(self, names: Sequence[str]) -> ContextManager[Mapping[str, torch.Tensor]]:
         """The tensors of ``names`` (full shards), valid inside the context."""
@@ -191,12 +195,13 @@ class TensorSide:
         self.layouts = layouts or {}
         self._given = layouts is not None
 
-    def metas(self, spec: MeshSpec, rank: int, side: str) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(self, spec: MeshSpec, rank: int, side: str,
+              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
         if not self._given:
             return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} layouts"]
         if self._tensors is None:
             return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} tensors"]
-        return check_tensors(spec, rank, side, self.layouts, self._tensors)
+        return check_tensors(spec, rank, side, self.layouts, self._tensors, world=world)
 
     @contextlib.contextmanager
     def tensors(self, names: Sequence[str]) -> Iterator[Mapping[str, torch.Tensor]]:
@@ -205,10 +210,13 @@ class TensorSide:
 
 def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, ParamLayout],
                   tensors: Mapping[str, Any], shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
-                  ) -> tuple[dict[str, TensorMeta], list[str]]:
-    """This rank's checks of one side: every tensor its layout places here (``shapes`` overrides a tensor's shape)."""
+                  world: Optional[WorldDevices] = None) -> tuple[dict[str, TensorMeta], list[str]]:
+    """This rank's checks of one side: every tensor its layout places here (``shapes`` overrides a
+    tensor's shape; ``world``: what the world moves data on, default :func:`world_devices`)."""
+    world = world_devices() if world is None else world
     metas: dict[str, TensorMeta] = {}
     problems: list[str] = []
+    devices: dict[str, torch.device] = {}
     for name in sorted(layouts):
         layout = layouts[name]
         try:
@@ -240,7 +248,9 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
         elif layout.dtype is not None and tensor.dtype != layout.dtype:
             problems.append(f"destination tensor {name!r} is {tensor.dtype}; its layout says {layout.dtype}")
             continue
-        metas[name] = TensorMeta(shape, dtype)
+        devices[name] = tensor_device(tensor)
+        metas[name] = TensorMeta(shape, dtype, device_text(devices[name]))
+    problems += device_problems(side, devices, world)
     if side == "destination":
         extra = sorted(set(tensors) - set(layouts))
         if extra:
@@ -345,13 +355,14 @@ def run_transfer(
                             f"of {dist.get_world_size()} ranks")
     metas: dict[str, Optional[dict[str, TensorMeta]]] = {}
     problems: list[str] = []
+    world = world_devices()
     for side in SIDES:
         if sides.get(side) is not None:
-            metas[side], found = sides[side].metas(specs[side], rank, side)  # type: ignore[union-attr]
+            metas[side], found = sides[side].metas(specs[side], rank, side, world)  # type: ignore[union-attr]
             problems += found
     layouts = {side: None if known_layouts.get(side) is None else
                {n: v.fields for n, v in known_layouts[side].items()} for side in SIDES}  # type: ignore[union-attr]
-    record = record_for((src_spec, dst_spec), layouts, metas, problems, dict(flags or {}))
+    record = record_for((src_spec, dst_spec), layouts, metas, problems, dict(flags or {}), world.fields())
     agreed, finish = agree(participants, record, key=f"{src_spec.describe()} -> {dst_spec.describe()}", timeout=timeout)
     try:
         stats = _run_agreed(agreed, src_spec, dst_spec, sides, rank, bucket_bytes, window)

@@ -1,8 +1,9 @@
 """Pre-flight of a weight transfer: this rank's checks, then one agreement among every rank of both meshes.
 
 Each participant builds a *record*: the two meshes, the layouts it knows (both sides in the plain
-API, its own side for engines), the dtype of every tensor it sends or receives, and every problem
-found in its own tensors (missing, ``None``, wrong shape, a cast that is refused). The records are
+API, its own side for engines), the dtype and device of every tensor it sends or receives, what its
+world moves data on (:mod:`mesh_core.transfer_devices`), and every problem found in its own tensors
+(missing, ``None``, wrong shape, a cast that is refused, a device the world cannot use). The records are
 exchanged through the default store among the participants only (no communicator, no message on the
 data path), in two steps:
 
@@ -36,10 +37,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
+from . import torch_compat
 from .rendezvous import arrive, differing_fields, forget, ranks_text
 from .spec import MeshSpec, MeshSpecError
+from .transfer_devices import agreed_problems
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +57,11 @@ _PUBLISHED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """What the agreement needs of one tensor: its shape and the dtype it travels / lands in."""
+    """What the agreement needs of one tensor: its shape, the dtype it travels / lands in, its device."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    device: str = "cpu"  # "cuda:1": the device it is sent from / received into
 
 
 @dataclass
@@ -97,14 +100,18 @@ def record_for(
     metas: Mapping[str, Optional[Mapping[str, TensorMeta]]],
     problems: Sequence[str],
     flags: Mapping[str, Any],
+    world: Optional[Mapping[str, Any]] = None,
 ) -> dict:
-    """This rank's record (JSON-able)."""
+    """This rank's record (JSON-able); ``world`` is :meth:`WorldDevices.fields`."""
     return {
         "meshes": [specs[0].describe(), specs[1].describe()],
         "layouts": {side: None if layouts.get(side) is None else {n: list(v) for n, v in sorted(layouts[side].items())}
                     for side in SIDES},
         "dtypes": {side: None if metas.get(side) is None else {n: dtype_name(m.dtype) for n, m in sorted(metas[side].items())}
                    for side in SIDES},
+        "devices": {side: None if metas.get(side) is None else {n: m.device for n, m in sorted(metas[side].items())}
+                    for side in SIDES},
+        "world": dict(world or {}),
         "problems": list(problems),
         "flags": {k: flags[k] for k in sorted(flags)},
     }
@@ -115,9 +122,9 @@ def agree(participants: Sequence[int], record: dict, *, key: str,
     """Exchange ``record`` with every participant: the same :class:`Agreed` or error on each, and
     this rank's clean-up to run once the transfer's messages are done (off the critical path: this
     round's last arrival deletes the round before's store keys, every participant being past it)."""
-    store = c10d._get_default_store()
+    store = torch_compat.default_store()
     members = sorted(participants)
-    world = c10d._get_default_group()
+    world = torch_compat.default_group()
     set_id = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()
     rounds = _ROUNDS.setdefault(world, Counter())
     round_no = rounds[set_id]
@@ -154,6 +161,7 @@ def agree(participants: Sequence[int], record: dict, *, key: str,
 def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
     """The verdict over all records (pure: every participant computes the same one)."""
     problems = [f"rank {r}: {p}" for r, rec in zip(members, records) for p in rec["problems"]]
+    problems += agreed_problems(members, records)
     if problems:
         raise MeshSpecError(_listing("transfer refused before any message was sent", problems))
     differ = differing_fields([{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records], members)
@@ -212,7 +220,11 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def _absent(members: Sequence[int], arrived: Sequence[int], missing: Sequence[int], timeout: timedelta) -> str:
+def _absent(members: Sequence[int], arrived: Sequence[int], missing: Optional[Sequence[int]], timeout: timedelta) -> str:
+    if missing is None:
+        return (f"transfer: rank {dist.get_rank()} could not finish the agreement of the ranks taking part "
+                f"({ranks_text(members, 'rank')}): the store went away (the process that held it ended, most likely "
+                f"after waiting {timeout} for missing ranks: see its message)")
     if not missing:
         return (f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
                 f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "

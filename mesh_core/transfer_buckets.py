@@ -6,12 +6,14 @@ of 256 KiB or a quarter bucket or more travels alone); the buckets of all pairs 
 round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
 message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
 
-:func:`execute` posts and waits this rank's buckets in that global order, with at most
-``buffer_bytes`` of buckets needing a buffer in flight (at least one such bucket; ``window`` full
+:func:`execute` posts and waits this rank's buckets in that global order, in rounds: each round's
+messages are posted as one ``torch.distributed.batch_isend_irecv`` (on NCCL one group of the
+world's communicator: no communicator is created per peer, none while messages are in flight), with
+at most ``buffer_bytes`` of buckets needing a buffer in flight (at least one round; ``window`` full
 buckets by default) and ``MAX_IN_FLIGHT`` messages in all: every rank posts a prefix of its
-buckets and waits on its oldest, so the oldest unfinished bucket of the whole transfer is posted on
-both ends and completes (no deadlock). The next bucket is packed while the previous ones travel;
-each received bucket is copied once into its destinations.
+buckets and waits on its oldest round, so the oldest unfinished bucket of the whole transfer is
+posted on both ends and completes (no deadlock). The next round is packed while the previous ones
+travel; each received bucket is copied once into its destinations.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from . import torch_compat
 
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
@@ -176,19 +180,24 @@ def execute(
     buffer_bytes: int,
     pool: Optional[BufferPool] = None,
 ) -> Run:
-    """Send and receive this rank's buckets; ``local()`` runs once the first ones are in flight.
+    """Send and receive this rank's buckets in rounds; ``local()`` runs once the first round is in flight.
 
-    Buckets needing a buffer (from ``pool``, given back after) are in flight while their bytes fit
-    ``buffer_bytes`` (one always may: a receiver that posts few buffers stalls its senders, since a
-    pair delivers its messages in order); buckets sent from / received into the tensors themselves
-    only count against ``MAX_IN_FLIGHT``."""
+    A round is the next buckets in the global order whose buffers (from ``pool``, given back after)
+    fit half of ``buffer_bytes`` (at least one bucket) and at most ``MAX_IN_FLIGHT / 2`` messages,
+    packed, then posted as one ``batch_isend_irecv``. The next round is posted before this rank waits
+    on the oldest, while the buffers of the rounds in flight fit ``buffer_bytes`` (one round always
+    may): every rank posts a prefix of its buckets and waits on its oldest round, so the oldest
+    unfinished bucket of the whole transfer is posted on both ends and completes (no deadlock).
+    Buckets sent from / received into the tensors themselves only count as messages."""
     rank = dist.get_rank()
     pool = pool if pool is not None else BufferPool()
     mine = deque(b for b in buckets if rank in (b.src, b.dst))
     run = Run()
-    in_flight: deque = deque()
+    rounds: deque = deque()  # (posted [(bucket, buffer, owned)], works)
     alive = 0
-    buffered = 0
+    messages = 0
+    round_bytes = max(1, buffer_bytes // 2)
+    round_messages = max(1, MAX_IN_FLIGHT // 2)
     directs: dict[int, Optional[torch.Tensor]] = {}
 
     def direct(bucket: Bucket) -> Optional[torch.Tensor]:
@@ -197,45 +206,60 @@ def execute(
             directs[bucket.tag] = _direct(bucket, source if sending else target, sending, wire_dtype)
         return directs[bucket.tag]
 
-    def can_post() -> bool:
-        if not mine or len(in_flight) >= MAX_IN_FLIGHT:
-            return False
-        if direct(mine[0]) is not None or buffered == 0:
-            return True
-        return alive + mine[0].nbytes <= buffer_bytes
+    def next_round() -> list[Bucket]:
+        chosen: list[Bucket] = []
+        nbytes = 0
+        for bucket in mine:
+            if len(chosen) >= round_messages:
+                break
+            if direct(bucket) is None:
+                if nbytes and nbytes + bucket.nbytes > round_bytes:
+                    break
+                nbytes += bucket.nbytes
+            chosen.append(bucket)
+        return chosen
 
-    def post() -> None:
-        nonlocal alive, buffered
-        bucket = mine.popleft()
-        if bucket.src == rank:
-            buffer, owned = _pack(bucket, source, wire_dtype, pool, direct(bucket))
-            work = dist.isend(buffer, dst=bucket.dst, tag=bucket.tag)
-            run.sent_bytes += bucket.nbytes
-        else:
-            buffer, owned = _landing(bucket, target, pool, direct(bucket))
-            work = dist.irecv(buffer, src=bucket.src, tag=bucket.tag)
-            run.received_bytes += bucket.nbytes
-        alive += buffer.numel() if owned else 0
-        buffered += int(owned)
-        run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
-        run.messages += 1
-        in_flight.append((bucket, buffer, owned, work))
+    def post_rounds() -> None:
+        nonlocal alive, messages
+        while mine:
+            chosen = next_round()
+            need = sum(b.nbytes for b in chosen if direct(b) is None)
+            if rounds and (alive + need > buffer_bytes or messages + len(chosen) > MAX_IN_FLIGHT):
+                return
+            posted, ops = [], []
+            for bucket in chosen:
+                mine.popleft()
+                if bucket.src == rank:
+                    buffer, owned = _pack(bucket, source, wire_dtype, pool, direct(bucket))
+                    ops.append(dist.P2POp(dist.isend, buffer, bucket.dst, tag=bucket.tag))
+                    run.sent_bytes += bucket.nbytes
+                else:
+                    buffer, owned = _landing(bucket, target, pool, direct(bucket))
+                    ops.append(dist.P2POp(dist.irecv, buffer, bucket.src, tag=bucket.tag))
+                    run.received_bytes += bucket.nbytes
+                alive += buffer.numel() if owned else 0
+                posted.append((bucket, buffer, owned))
+            works = dist.batch_isend_irecv(ops)
+            messages += len(posted)
+            run.messages += len(posted)
+            run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
+            rounds.append((posted, works))
 
-    while can_post():
-        post()
+    post_rounds()
     local()
-    while in_flight:
-        bucket, buffer, owned, work = in_flight.popleft()
-        work.wait()
-        if bucket.dst == rank and owned:
-            _unpack(bucket, buffer, target, wire_dtype)
-        if owned:
-            alive -= buffer.numel()
-            buffered -= 1
-            pool.give(buffer)
-        del buffer
-        while can_post():
-            post()
+    while rounds:
+        posted, works = rounds.popleft()
+        for work in works:
+            work.wait()
+        messages -= len(posted)
+        for bucket, buffer, owned in posted:
+            if bucket.dst == rank and owned:
+                _unpack(bucket, buffer, target, wire_dtype)
+            if owned:
+                alive -= buffer.numel()
+                pool.give(buffer)
+        del posted, works
+        post_rounds()
     return run
 
 
@@ -261,7 +285,7 @@ def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional
         return direct, False
     buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
     with torch.no_grad():
-        torch._foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
+        torch_compat.foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
     return buffer, True
 
 
@@ -273,7 +297,7 @@ def _landing(bucket: Bucket, target, pool: BufferPool, direct: Optional[torch.Te
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
     with torch.no_grad():
-        torch._foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
+        torch_compat.foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
 
 
 def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
@@ -282,6 +306,6 @@ def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target
     mine = [Item(p.name, p.box, p.src_box, p.dst_box, 0, 0) for p in pieces if p.src == p.dst == rank]
     if mine:
         with torch.no_grad():
-            torch._foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
+            torch_compat.foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
     return sum(box_numel(i.box) for i in mine)
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .spec import MeshSpec
 from .transfer import (ParamLayout, SpecLike, TensorMeta, TransferStats, _member, _spec, check_tensors, run_transfer)
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW
+from .transfer_devices import WorldDevices
 
 AUTOTP_META = "ds_autotp_universal_checkpoint_meta"  # deepspeed.checkpoint.constants.DS_AUTOTP_UC_META
 
@@ -72,8 +73,9 @@ class EngineSide:
                                  f"the mesh's tp={tp} is supported")
         return ParamLayout(full, shard_dim=dim, over=("tp",)), local
 
-    def metas(self, spec: MeshSpec, rank: int, side: str) -> tuple[dict[str, TensorMeta], list[str]]:
-        metas, problems = check_tensors(spec, rank, side, self.layouts, self.params, shapes=self.shapes)
+    def metas(self, spec: MeshSpec, rank: int, side: str,
+              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+        metas, problems = check_tensors(spec, rank, side, self.layouts, self.params, shapes=self.shapes, world=world)
         return metas, self.problems + problems
 
     @contextlib.contextmanager
@@ -135,7 +137,8 @@ class _Missing:
     def __init__(self, side: str, spec: MeshSpec, rank: int) -> None:
         self.problem = f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} model"
 
-    def metas(self, spec: MeshSpec, rank: int, side: str) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(self, spec: MeshSpec, rank: int, side: str,
+              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
         return {}, [self.problem]
 
     def tensors(self, names: Sequence[str]):  # never reached: the agreement fails first

@@ -48,3 +48,19 @@ def _forget_engines():
     if scope is not None and scope._engines:
         scope._engines.clear()
         scope.settle()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fast", action="store_true",
+        help="leave out the multi-process runs (gloo worlds under torchrun or spawn): unit and property tests only",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    slow = [item for item in items if "multiprocess" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "multiprocess" not in item.keywords]

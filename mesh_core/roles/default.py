@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch.distributed as dist
@@ -77,3 +77,14 @@ def use_mesh(mesh: "DeepSpeedDeviceMesh") -> Iterator["DeepSpeedDeviceMesh"]:
         yield mesh
     finally:
         _current.reset(token)
+
+
+def enter_default_mesh(mesh: Optional["DeepSpeedDeviceMesh"]) -> Token:
+    """Make ``mesh`` the default mesh until :func:`leave_default_mesh` is given the returned token
+    (:func:`use_mesh` without a generator, for wrappers that run on every training step)."""
+    return _current.set(mesh)
+
+
+def leave_default_mesh(token: Token) -> None:
+    """Restore the default mesh from before the :func:`enter_default_mesh` that returned ``token``."""
+    _current.reset(token)

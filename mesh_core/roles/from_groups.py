@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
+from .. import torch_compat
 from ..layout import MeshLayout
 from ..registry import registry_for_world
 from ..spec import MeshSpec, MeshSpecError
@@ -79,11 +80,63 @@ def _ranks_of(group: Any) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
+def unstated_pp(rank_lists: dict[str, list[int]], world: int, rank: int) -> Optional[list[int]]:
+    """The pp group through ``rank`` that groups covering fewer ranks than the world leave unstated,
+    or None when they cover the world (or state pp, or are no mesh: :func:`infer_spec` says why).
+
+    DeepSpeed reads only the groups an mpu has: one with only data- and model-parallel getters on a
+    pp=2 x tp=2 x dp=2 world trains with pipeline size 1, the other ranks being the other stages of
+    a pipeline the script runs itself (Megatron's schedule). The stated groups' strides leave one
+    gap in a row-major layout (inside, between or outside them); that gap is pp. Two gaps are two
+    unstated dims no getter names: an error saying what to write."""
+    if "pp" in rank_lists:
+        return None
+    strided = []
+    for dim, ranks in rank_lists.items():
+        if len(ranks) > 1:
+            step = ranks[1] - ranks[0]
+            if step < 1 or any(b - a != step for a, b in zip(ranks, ranks[1:])):
+                return None
+            strided.append((step, len(ranks), dim))
+    gaps, covered = [], 1  # (stride, size) of each run of ranks no stated dim spans
+    for step, size, _ in sorted(strided):
+        if step % covered:
+            return None
+        if step > covered:
+            gaps.append((covered, step // covered))
+        covered = step * size
+    if world % covered:
+        return None
+    if world > covered:
+        gaps.append((covered, world // covered))
+    if not gaps:
+        return None
+    if len(gaps) > 1:
+        stated = ", ".join(f"{dim}={size} (stride {step})" for step, size, dim in sorted(strided))
+        unstated = ", ".join(f"{size} ranks at stride {step}" for step, size in gaps)
+        product = 1
+        for _, size, _ in strided:
+            product *= size
+        raise MeshSpecError(
+            f"the groups {stated} cover {product} of the world's {world} ranks and leave "
+            f"{len(gaps)} separate runs unstated ({unstated}); only one can be inferred (as pp). State the "
+            "missing groups (get_pipeline_model_parallel_group, get_sequence_parallel_group) on the mpu, "
+            "or build the mesh yourself: DeepSpeedDeviceMesh.build(..., order=[outermost, ..., innermost])"
+        )
+    step, size = gaps[0]
+    start = rank - ((rank // step) % size) * step
+    return [start + k * step for k in range(size)]
+
+
 def infer_spec(rank_lists: dict[str, list[int]], world: int, rank: int) -> MeshSpec:
-    """The row-major spec whose groups through ``rank`` are ``rank_lists`` (dim -> ranks)."""
+    """The row-major spec whose groups through ``rank`` are ``rank_lists`` (dim -> ranks); a pp the
+    groups leave unstated is inferred (:func:`unstated_pp`)."""
     unknown = sorted(set(rank_lists) - set(GROUP_DIMS))
     if unknown:
         raise MeshSpecError(f"unknown dims {unknown}; valid dims are {list(GROUP_DIMS)}")
+    pp = unstated_pp(rank_lists, world, rank)
+    if pp is not None:
+        rank_lists = {**rank_lists, "pp": pp}
     sizes = {dim: len(r) for dim, r in rank_lists.items()}
     strides = {}
     for dim, ranks in rank_lists.items():
@@ -111,14 +164,22 @@ def infer_spec(rank_lists: dict[str, list[int]], world: int, rank: int) -> MeshS
     return spec
 
 
+def mpu_spec(mpu: Any) -> MeshSpec:
+    """The spec of ``mpu``'s groups as this rank sees them (an unstated pp inferred); nothing is
+    created and nothing communicated, so ranks may disagree (:func:`from_mpu` checks that)."""
+    rank_lists = {dim: _ranks_of(g) for dim, g in mpu_groups(mpu).items()}
+    return infer_spec(rank_lists, dist.get_world_size(), dist.get_rank())
+
+
 def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> None:
     """Every rank takes part before anyone raises, so a rank-local mismatch fails everywhere."""
     if spec is None or problem is not None:
         code = [-1] * (2 * len(GROUP_DIMS))
     else:
         code = [spec.dim_size(d) for d in GROUP_DIMS] + [spec.names.index(d) for d in GROUP_DIMS]
-    device = dist.distributed_c10d._get_object_coll_device(None)  # type: ignore[attr-defined]
-    low = torch.tensor(code, dtype=torch.int64, device=device)
+    # on the world's bound device (cuda:LOCAL_RANK under DeepSpeed), not the current one: before
+    # DeepSpeed sets the device every rank's current device is cuda:0
+    low = torch.tensor(code, dtype=torch.int64, device=torch_compat.default_device())
     high = low.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
@@ -127,12 +188,6 @@ def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> 
             f"ranks inferred different meshes from the groups (this rank: {spec.describe() if spec else None}); "
             "they are not a row-major mesh"
         )
-
-
-def _device_type() -> str:
-    if not dist.is_initialized() or dist.get_backend() in ("fake", "gloo"):
-        return "cpu"
-    return dist.distributed_c10d._get_object_coll_device(None).type  # type: ignore[attr-defined]
 
 
 def from_groups(
@@ -169,7 +224,7 @@ def from_groups(
         if not isinstance(group, (list, tuple, range)):
             registry.adopt(layout.groups(dim), group)
     logger.debug("from_groups: %s", spec.describe())
-    return cls(spec, device_type=device_type or _device_type())
+    return cls(spec, device_type=device_type or torch_compat.default_device_type())
 
 
 def from_mpu(

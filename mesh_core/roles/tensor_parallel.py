@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from .. import torch_compat
 from .state import PROCESS_ROLES, AutoTPGroups
 
 __all__ = ["AutoTPGroups", "autotp_groups", "init_autotp"]
@@ -27,13 +28,6 @@ __all__ = ["AutoTPGroups", "autotp_groups", "init_autotp"]
 def autotp_groups() -> AutoTPGroups:
     """The process's AutoTP groups (the same object for the life of the process)."""
     return PROCESS_ROLES.autotp
-
-
-def _device_type() -> str:
-    # the device the default group's collectives run on (legacy builds its TP mesh on the accelerator)
-    if dist.get_backend() in ("fake", "gloo"):
-        return "cpu"
-    return dist.distributed_c10d._get_object_coll_device(None).type  # type: ignore[attr-defined]
 
 
 def init_autotp(
@@ -64,7 +58,7 @@ def init_autotp(
     if data_parallel_size is None:
         data_parallel_size = world // tensor_model_parallel_size
     spec = MeshSpec.build(world, dp=data_parallel_size, tp=tensor_model_parallel_size)
-    mesh = DeepSpeedDeviceMesh(spec, device_type=device_type or _device_type())
+    mesh = DeepSpeedDeviceMesh(spec, device_type=device_type or torch_compat.default_device_type())
     state.tp_source = (mesh, ("tp", "dp"))
     state.adopt(mesh)
     return state.dp_group, state.tp_group

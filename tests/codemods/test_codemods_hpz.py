@@ -143,7 +143,7 @@ def test_the_ten_deepspeed_sites_become_mesh_calls():
 def test_call_forms_without_an_exact_equivalent_stay_with_a_todo(source, needle):
     code = "from deepspeed.utils import groups\n" + source
     out = migrate_code(code, module="deepspeed.runtime.zero.stage3", package="deepspeed.runtime.zero")
-    assert out.todos and needle in out.code and not out.sites
+    assert out.todos and needle in out.spelled_out() and not out.sites
     assert out.code.splitlines()[1].split("  # TODOV1")[0] == source.strip()  # the call is left as it was
 
 
@@ -151,7 +151,7 @@ def test_call_forms_without_an_exact_equivalent_stay_with_a_todo(source, needle)
 def test_outside_the_verified_modules_a_read_stays_with_the_mesh_form_named(module):
     code = "from deepspeed.utils import groups\ng = groups._get_zero_param_intra_parallel_group()\n"
     out = migrate_code(code, module=module, package=module.rpartition(".")[0] or None)
-    assert out.todos and "<mesh>.hpz_group()" in out.code and "torch.distributed is initialised" in out.code
+    assert out.todos and "<mesh>.hpz_group()" in out.spelled_out() and "torch.distributed is initialised" in out.spelled_out()
     assert "g = groups._get_zero_param_intra_parallel_group()" in out.code
     assert migrate_code(out.code, module=module, package=module.rpartition(".")[0] or None).code == out.code
 

@@ -291,3 +291,28 @@ def test_launcher_is_quiet_and_forwards_its_level_to_the_training_process(shimme
         assert "CHILD deepspeed=warning" in proc.stdout and info_lines == []
     else:  # legacy: the launcher logs at INFO and the children learn nothing
         assert "CHILD <unset>" in proc.stdout and info_lines
+
+
+def test_a_level_set_after_disabled_calls_takes_effect_at_once(shim):
+    """DeepSpeed's logger answers disabled calls without looking up its caller while no logger of the
+    tree is enabled; a level set later (logging clears that answer) is honoured by the next call."""
+    from deepspeed.utils.logging import logger as ds_logger
+
+    code = compile("logger.debug('probe %d', n)", "<deepspeed module>", "exec")
+
+    def call(module, n):
+        exec(code, {"__name__": module, "logger": ds_logger, "n": n})
+
+    target = logging.getLogger("deepspeed.runtime.engine")
+    old = target.level
+    with collected() as handler:
+        for n in range(3):
+            call("deepspeed.runtime.engine", n)
+        target.setLevel(logging.DEBUG)
+        try:
+            call("deepspeed.runtime.engine", 9)
+            call("deepspeed.runtime.zero.stage3", 10)  # its own logger is still at WARNING
+        finally:
+            target.setLevel(old)
+        call("deepspeed.runtime.engine", 11)
+    assert [(r.name, r.getMessage()) for r in handler.records] == [("deepspeed.runtime.engine", "probe 9")]

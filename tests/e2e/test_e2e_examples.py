@@ -30,8 +30,8 @@ def test_ulysses_example_keeps_sp_and_dp_replicas_identical(tmp_path):
 
 def test_rl_example_two_meshes_share_communicators(tmp_path):
     out = run_example("rl_actor_reference.py", tmp_path)
-    assert "actor mesh: EngineMesh(MeshSpec(dp=2, tp=2;" in out
-    assert "reference mesh: EngineMesh(MeshSpec(dp=4;" in out
+    assert "actor mesh: DeepSpeedDeviceMesh(MeshSpec(dp=2, tp=2;" in out
+    assert "reference mesh: DeepSpeedDeviceMesh(MeshSpec(dp=4;" in out
     assert "communicators created for the reference model: 0" in out
     assert "[rank 3] actor tp [2, 3] dp [1, 3]; reference dp [0, 1, 2, 3]" in out
     assert out.count("parameters identical across ranks [") == 4

@@ -1,6 +1,7 @@
 """The NCCL creation paths, a sub-world engine and a ZeRO-3 step on real GPUs (skipped without
-CUDA). One torchrun run of tests/gpu/nccl_checks.py on min(GPUs, 4) ranks (1, 2 or 4: NCCL needs
-one GPU per rank), then one test per part. ``tools/gpu_check.sh`` runs this file.
+CUDA). One torchrun run of tests/gpu/nccl_checks.py on 1, 2, 4 or 8 ranks (the most GPUs of those;
+NCCL needs one GPU per rank), then one test per part. ``tools/gpu_check.sh`` runs the same parts
+without pytest.
 
 ``MESH_GPU_DRY_RUN=1`` runs the same parts on 2 gloo/CPU ranks instead (the script checked where
 there is no GPU; the NCCL-only parts report a dry run)."""
@@ -16,8 +17,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRY = os.environ.get("MESH_GPU_DRY_RUN") == "1"
-PARTS = ["probe", "member_only", "split", "sharing", "subworld_engine", "zero3"]
-RUN_TIMEOUT_S = 240
+PARTS = ["probe", "member_only", "split", "sharing", "subworld_engine", "zero3", "zero_bf16", "hf_trainer", "pipelines",
+         "transfer", "member_only_bound"]
+RUN_TIMEOUT_S = 280
 
 pytestmark = pytest.mark.skipif(
     not DRY and not torch.cuda.is_available(), reason="needs CUDA (NCCL, one GPU per rank); MESH_GPU_DRY_RUN=1 for the gloo dry run"
@@ -28,7 +30,7 @@ def _world() -> int:
     if DRY:
         return 2
     count = torch.cuda.device_count()
-    return 4 if count >= 4 else 2 if count >= 2 else 1
+    return next(n for n in (8, 4, 2, 1) if count >= n)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from spawn import run_ranks
 import torch.distributed as dist
 
 from fakepg import fake_world
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from mesh_core import AbsentRanksError, DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.consistency import check_same_mesh, describe_disagreement, digest, mesh_fields
 
 WORLD = 4
@@ -108,8 +108,11 @@ def test_sub_world_check_names_missing_members(monkeypatch):
     monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
     with fake_world(1, 8):
         spec = MeshSpec.build(8, ranks=[1, 2], tp=2)
-        with pytest.raises(MeshSpecError, match=r"only 1 of the 2 ranks .* \(arrived: rank 1; missing: rank 2\)"):
+        with pytest.raises(MeshSpecError, match=r"only 1 of the 2 ranks .* \(arrived: rank 1; missing: rank 2; "
+                                                r"of those, rank 2 built no mesh at all in this world\)") as caught:
             consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=0.2))
+        assert isinstance(caught.value, AbsentRanksError)
+        assert (caught.value.arrived, caught.value.missing, caught.value.quiet) == ([1], [2], [2])
         # rank 2's description, as if it had arrived first with other dims, then rank 1 checks
         other = MeshSpec.build(8, ranks=[1, 2], dp=2)
         prefix = f"{consistency.STORE_PREFIX}/"

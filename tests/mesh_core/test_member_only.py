@@ -117,18 +117,23 @@ def test_device_mesh_holds_the_registry_groups():
 
 
 def test_group_names_depend_on_the_rank_set_alone():
-    """torch's own hashed name counts the groups the calling rank already holds, so two members
-    with different histories would disagree; the registry's name does not."""
+    """torch's own member-only name depends on what the calling rank did before (its salt is
+    ``len(_world.pg_names)`` up to torch 2.13 and the group counter, which the namer then advances,
+    from 2.14), so two members with different histories would disagree; the registry's name does
+    not, and its creations leave torch's counter alone."""
     names = {}
     for rank, history in ((0, True), (2, False)):
         with fake_world(rank, 8):
-            if history:  # rank 0 is also in a sub-world mesh rank 2 is not part of
+            if history:  # rank 0 also took part in groups rank 2 is not in
+                dist.new_group([0, 1], use_local_synchronization=True)
                 DeepSpeedDeviceMesh.build(ranks=[0, 1], tp=2)
-            torch_name = c10d._hash_ranks_to_str([0, 2, 4, 6])
+            count = c10d._world.group_count
             mesh = DeepSpeedDeviceMesh.build(tp=2)
-            names[rank] = (mesh.get_group("dp").group_name, torch_name)
+            assert c10d._world.group_count == count
+            torch_named = dist.new_group([0, 2, 4, 6], use_local_synchronization=True)
+            names[rank] = (mesh.get_group("dp").group_name, torch_named.group_name)
     assert names[0][0] == names[2][0] == group_name_for((None, (0, 2, 4, 6)))
-    assert names[0][1] != names[2][1]  # what new_group(use_local_synchronization=True) would use
+    assert names[0][1] != names[2][1]  # plain torch would give the two members different store prefixes
 
 
 def test_recreated_rank_set_gets_a_new_generation_name():

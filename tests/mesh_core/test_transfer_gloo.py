@@ -105,8 +105,43 @@ CASES = {
         **({"b.down": __import__("mesh_core.transfer", fromlist=["x"]).ParamLayout((4, 8), shard_dim=0)}
            if rank == 3 else {}))),
     "different_meshes": dict(rollout=None),  # filled in the worker: rank 3 names another order
+    "meta_tensor_on_one_rank": dict(edit_src=_on(1, lambda rank, t: {**t, "c.bias": t["c.bias"].to("meta")})),
+    # the cases below make the world or the tensors look like a GPU world's (see _DEVICE_CASES)
+    "nccl_only_world_cpu_tensors": dict(),
+    "cpu_side_facing_gpu_side": dict(),
+    "every_rank_on_cuda_0": dict(),
+    "tensor_not_on_the_bound_device": dict(),
+    "lazy_world_subset_first_transfer": dict(),
     "after_errors_still_right": dict(),
 }
+
+
+def _world(rank, *, types=("cuda",), backend="nccl", own=None, bound=True, lazy=False, size=WORLD):
+    from mesh_core.transfer_devices import WorldDevices
+
+    return WorldDevices(backend, types, f"cuda:{rank}" if own is None else own, bound, lazy, "host-a", size)
+
+
+# case -> rank -> (the world this rank reports, the device its tensors report; None: the real one)
+_DEVICE_CASES = {
+    "nccl_only_world_cpu_tensors": lambda rank: (_world(rank), None),
+    "cpu_side_facing_gpu_side": lambda rank: (_world(rank, types=("cpu", "cuda"), backend="cpu:gloo,cuda:nccl"),
+                                              f"cuda:{rank}" if rank in ROLLOUT else None),
+    "every_rank_on_cuda_0": lambda rank: (_world(rank, own="cuda:0", bound=False), "cuda:0"),
+    "tensor_not_on_the_bound_device": lambda rank: (_world(rank), "cuda:0"),
+    "lazy_world_subset_first_transfer": lambda rank: (_world(rank, bound=False, lazy=True, size=8), f"cuda:{rank}"),
+}
+
+
+def _device_case(rank, name):
+    """Run case ``name`` with this rank's world and tensor devices replaced as _DEVICE_CASES says."""
+    from unittest import mock
+
+    world, device = _DEVICE_CASES[name](rank)
+    with mock.patch("mesh_core.transfer.world_devices", return_value=world), \
+            mock.patch("mesh_core.transfer.tensor_device",
+                       side_effect=(lambda t: t.device) if device is None else (lambda t: torch.device(device))):
+        return _case(rank)
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -114,11 +149,16 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     from mesh_core import MeshSpec
 
+    batches = []  # every batch of messages this rank posts
+    real_batch = dist.batch_isend_irecv
+    dist.batch_isend_irecv = lambda ops: (batches.append(len(ops)), real_batch(ops))[1]
     results = {}
     for name, kwargs in CASES.items():
         if name == "different_meshes":
             kwargs = dict(rollout=MeshSpec.build(WORLD, dp=2, ranks=[3, 2] if rank == 3 else ROLLOUT))
-        results[name] = _case(rank, **kwargs)
+        before = len(batches)
+        results[name] = _device_case(rank, name) if name in _DEVICE_CASES else _case(rank, **kwargs)
+        results[name]["batches"] = len(batches) - before
     results["hypothesis"] = _hypothesis(rank)
     # last (it leaves this rank set's agreement out of step): rank 3 believes the rollout is rank 2
     # alone, so it takes no part; the others end their wait for it with an error
@@ -223,6 +263,17 @@ REFUSED = {
     "different_layouts": [r"ranks disagree on the transfer", r"source parameter 'b.down': shape \(4, 8\) split on dim 1 over tp "
                           r"on ranks 0..2; shape \(4, 8\) split on dim 0 over tp on rank 3"],
     "different_meshes": [r"ranks disagree on the transfer", r"MeshSpec\(dp=2; ranks \[3, 2\] of world 4\) on rank 3"],
+    "meta_tensor_on_one_rank": [r"rank 1: source tensor 'c.bias' is on meta \(no data to send or receive\)"],
+    "nccl_only_world_cpu_tensors": [r"rank 0: source tensors 'a.up', 'b.down', 'c.bias', 'z.last' are on cpu, but the "
+                                    r"world's backend 'nccl' moves cuda tensors only",
+                                    r"rank 3: destination tensors 'a.up', 'b.down', 'c.bias', 'z.last' are on cpu"],
+    "cpu_side_facing_gpu_side": [r"tensors on different device types cannot travel between ranks: cpu on ranks 0..1; "
+                                 r"cuda on ranks 2..3"],
+    "every_rank_on_cuda_0": [r"ranks 0..3 on host host-a all use cuda:0: each rank needs its own accelerator"],
+    "tensor_not_on_the_bound_device": [r"rank 1: source tensors 'a.up', 'b.down', 'c.bias', 'z.last' are on cuda:0, but "
+                                       r"this rank's device is cuda:1 \(the world's bound device\)",
+                                       r"rank 3: destination tensors .* are on cuda:0, but this rank's device is cuda:3"],
+    "lazy_world_subset_first_transfer": [r"the world's communicator is not created yet on ranks 0..3 and only 4 of its 8 ranks take part"],
 }
 
 
@@ -235,6 +286,11 @@ def test_bad_input_is_the_same_error_on_every_rank(results, case):
     assert len(set(errors)) == 1, f"{case}: ranks saw different outcomes {errors}"
     for pattern in REFUSED[case]:
         assert re.search(pattern, errors[0]), f"{case}: {pattern!r} not in {errors[0]!r}"
+    assert [res[case]["batches"] for res in results] == [0] * WORLD, f"{case}: messages were posted before the error"
+
+
+def test_a_transfer_posts_its_messages_as_batches(results):
+    assert all(res["fp32_to_fp32"]["batches"] > 0 for res in results)  # every rank sends or receives
 
 
 def test_a_rank_that_never_calls_is_an_error_after_the_timeout_not_a_hang(results):

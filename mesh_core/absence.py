@@ -1,0 +1,101 @@
+"""Ranks that never joined a mesh: the typed error, which of them built no mesh at all, and hints.
+
+When a mesh's consistency check (:mod:`mesh_core.consistency`) runs out of time, every waiting
+member raises :class:`AbsentRanksError`, which names the mesh, the ranks that arrived and the
+missing ones, and among the missing ones those that have *built no mesh in this world* (``quiet``):
+a rank that never reached ``mesh_core`` at all, e.g. one that runs plain ``torch.distributed`` code,
+not a rank that builds another mesh or is merely late. Each process announces itself once per world
+(:func:`announce`, one store operation) the first time it checks a mesh.
+
+A layer above ``mesh_core`` that knows why ranks may be missing adds its explanation with
+:func:`add_hint` (a callable ``hint(error) -> str | None``, consulted when the error is raised);
+:func:`remove_hint` takes it back. A hint that fails is logged and left out: it never replaces the
+error.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+from .spec import MeshSpecError
+
+logger = logging.getLogger(__name__)
+
+BUILDERS_KEY = "mesh_core/builders"  # every rank that has checked a mesh in this world, as "r,"
+
+Hint = Callable[["AbsentRanksError"], Optional[str]]
+
+_hints: list[Hint] = []
+_lock = threading.Lock()
+_announced: "weakref.WeakSet[Any]" = weakref.WeakSet()  # worlds (default groups) this process announced itself in
+
+
+class AbsentRanksError(MeshSpecError):
+    """Some members of a mesh did not start building it within the timeout.
+
+    ``arrived`` / ``missing``: the members that did / did not start checking the mesh (``missing`` is
+    empty when this rank itself came after the others gave up, ``None`` when the store went away before
+    this rank could read the arrivals); ``quiet``: the missing ranks that have built no mesh at all in
+    this world; ``hints``: what the layers above added (also the message's tail)."""
+
+    def __init__(self, message: str, *, mesh: str, rank: int, arrived: Sequence[int],
+                 missing: Optional[Sequence[int]], quiet: Optional[Sequence[int]], timeout: timedelta) -> None:
+        self.mesh = mesh
+        self.rank = rank
+        self.arrived = list(arrived)
+        self.missing = None if missing is None else list(missing)
+        self.quiet = None if quiet is None else list(quiet)
+        self.timeout = timeout
+        self.hints = _collect_hints(self)
+        super().__init__(" ".join([message if not self.hints or message.endswith(".") else message + ".", *self.hints]))
+
+
+def add_hint(hint: Hint) -> None:
+    """Consult ``hint(error)`` for every later :class:`AbsentRanksError` (once, however often added)."""
+    with _lock:
+        if hint not in _hints:
+            _hints.append(hint)
+
+
+def remove_hint(hint: Hint) -> None:
+    """Stop consulting ``hint`` (nothing happens if it is not registered)."""
+    with _lock:
+        if hint in _hints:
+            _hints.remove(hint)
+
+
+def announce(store: Any, world: Any, rank: int) -> None:
+    """Record once per world that this rank builds meshes (one store append)."""
+    with _lock:
+        if world in _announced:
+            return
+        _announced.add(world)
+    store.append(BUILDERS_KEY, f"{rank},")
+
+
+def quiet_ranks(store: Any, missing: Sequence[int]) -> Optional[list[int]]:
+    """The ranks of ``missing`` that have never announced themselves (``None`` if the store cannot say)."""
+    try:
+        raw = store.get(BUILDERS_KEY).decode() if store.check([BUILDERS_KEY]) else ""
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    builders = {int(r) for r in raw.split(",") if r}
+    return [r for r in missing if r not in builders]
+
+
+def _collect_hints(error: AbsentRanksError) -> list[str]:
+    with _lock:
+        hints = list(_hints)
+    out = []
+    for hint in hints:
+        try:
+            text = hint(error)
+        except Exception:  # a hint must never replace the error it explains
+            logger.exception("a hint for %s failed; it is left out", type(error).__name__)
+            continue
+        if text:
+            out.append(text)
+    return out

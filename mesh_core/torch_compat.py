@@ -1,0 +1,330 @@
+"""The torch releases ds-mesh supports, every private torch name it uses, and the device of a mesh.
+
+Supported: torch **2.6.0 through 2.14.1** (:data:`SUPPORTED`). Outside the range
+:func:`check_torch` raises :class:`UnsupportedTorchError` naming the installed release and the range;
+``DeepSpeedDeviceMesh`` and ``compat.install()`` call it before anything else. torch 2.5 and older
+lack ``torch.accelerator`` and ``distributed_c10d._get_object_coll_device``; releases newer than
+2.14.1 have not been checked, so they are refused rather than guessed (their private naming changed
+in 2.14 already).
+
+Private torch names, one function each, with what each supported release does (read from the
+sources of 2.6.0, 2.8.0, 2.10.0, 2.11.0, 2.13.0 and 2.14.1):
+
+================================================ =====================================================
+name                                             2.6 … 2.14.1
+================================================ =====================================================
+``c10d.GroupName``                               absent before 2.10 (a name is a plain ``str``);
+                                                 ``NewType(str)`` from 2.10 → :func:`group_name`
+``c10d._process_group_name(ranks, hashed)``      same signature everywhere; hashed names are salted
+                                                 with ``len(_world.pg_names)`` up to 2.13 and with
+                                                 ``_world.group_count`` (which it then increments)
+                                                 from 2.14 → :func:`process_group_namer`,
+                                                 :func:`set_process_group_namer`
+``c10d._get_default_group()``                    present → :func:`default_group`
+``c10d._get_default_store()``                    present → :func:`default_store`
+``c10d._new_group_with_tag``                     what ``new_group`` calls (``+ sort_ranks`` from 2.13)
+                                                 → :data:`NEW_GROUP_ENTRY` (wrapped by compat's trace)
+``ProcessGroup.bound_device_id``                 the device ``init_process_group(device_id=)`` bound,
+                                                 else None; settable; ``_new_group_with_tag`` reads it
+                                                 for every new group → :func:`bound_device`,
+                                                 :func:`unbound_default_group`
+``ProcessGroup._get_backend(device)``            present; raises RuntimeError for an unregistered
+                                                 device type → :func:`backend_supports_splitting`,
+                                                 :func:`backend_timeout`
+``Backend.supports_splitting``                   NCCL True; gloo True from 2.13; fake False
+``Backend.options._timeout``                     present (NCCL/gloo options) → :func:`backend_timeout`
+``dist.split_group`` (public, "experimental")    returns None to a rank in no split up to 2.13,
+                                                 ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14;
+                                                 before 2.10 hands the *parent's* options object to the
+                                                 child and mutates it → :func:`split_group`
+``c10d._get_object_coll_device(group)``          returns a ``str`` ('cuda', 'cpu') in every release;
+                                                 no longer used: :func:`default_device_type` decides
+``torch._utils._flatten_dense_tensors``,         present → :func:`flatten_dense_tensors`,
+``_unflatten_dense_tensors``                     :func:`unflatten_dense_tensors`
+``torch._foreach_copy_``                         present → :func:`foreach_copy_`
+================================================ =====================================================
+
+The device of a mesh (:func:`default_device_type`, :func:`default_device`): the default group's
+bound device; else the device the default group's backend serves, as ``get_backend_config()``
+reports it (``"cuda:nccl"`` → cuda; a host backend — gloo, fake, mpi — → cpu); else the accelerator;
+never ``"cpu"`` on a world whose backend runs on an accelerator.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+__all__ = [
+    "NEWEST",
+    "NEW_GROUP_ENTRY",
+    "OLDEST",
+    "SPLIT_GROUP_ENTRY",
+    "SUPPORTED",
+    "UnsupportedTorchError",
+    "backend_supports_splitting",
+    "backend_timeout",
+    "bound_device",
+    "check_torch",
+    "default_device",
+    "default_device_type",
+    "default_group",
+    "default_store",
+    "group_name",
+    "is_non_member",
+    "split_group",
+    "torch_release",
+    "unbound_default_group",
+]
+
+OLDEST = (2, 6, 0)
+NEWEST = (2, 14, 1)
+SUPPORTED = ">=2.6.0,<=2.14.1"  # the same constraint as pyproject.toml's "torch" extra
+_RELEASE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?")
+
+#: backends whose collectives run on host memory: a world of these has device type "cpu"
+HOST_BACKENDS = frozenset({"gloo", "fake", "mpi"})
+
+#: the private c10d function every ``new_group`` goes through (compat's group trace wraps it)
+NEW_GROUP_ENTRY = "_new_group_with_tag"
+#: torch's collective splitter (public, experimental)
+SPLIT_GROUP_ENTRY = "split_group"
+
+
+class UnsupportedTorchError(RuntimeError):
+    """The installed torch release is outside the range ds-mesh supports."""
+
+
+# --- the supported range --------------------------------------------------------------------------
+def torch_release(version: Optional[str] = None) -> Optional[tuple[int, int, int]]:
+    """``(major, minor, patch)`` of ``version`` (default: the installed torch; ``2.8.0+cu128`` →
+    ``(2, 8, 0)``, a local or pre-release tag is ignored); None if unreadable."""
+    match = _RELEASE.match(str(torch.__version__ if version is None else version))
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def is_supported(version: Optional[str] = None) -> bool:
+    parsed = torch_release(version)
+    return parsed is not None and OLDEST <= parsed <= NEWEST
+
+
+def check_torch(version: Optional[str] = None) -> str:
+    """The installed torch version when ds-mesh supports it; :class:`UnsupportedTorchError` otherwise."""
+    version = str(torch.__version__ if version is None else version)
+    if is_supported(version):
+        return version
+    oldest, newest = (".".join(map(str, r)) for r in (OLDEST, NEWEST))
+    raise UnsupportedTorchError(
+        f"ds-mesh supports torch >={oldest},<={newest} ({oldest} through {newest}); the installed torch is "
+        f"{version}. Install a supported release (e.g. pip install torch=={newest})."
+    )
+
+
+# --- names ----------------------------------------------------------------------------------------
+def group_name(name: str) -> str:
+    """``name`` as torch's process-group name type (``c10d.GroupName`` from 2.10, ``str`` before)."""
+    return getattr(c10d, "GroupName", str)(name)
+
+
+def process_group_namer() -> Callable[..., str]:
+    """torch's current ``distributed_c10d._process_group_name`` (what names every new group)."""
+    return c10d._process_group_name  # type: ignore[attr-defined]
+
+
+def set_process_group_namer(namer: Callable[..., str]) -> None:
+    """Replace ``distributed_c10d._process_group_name`` (looked up by ``_new_group_with_tag`` per call)."""
+    c10d._process_group_name = namer  # type: ignore[attr-defined]
+
+
+# --- the default group ----------------------------------------------------------------------------
+def default_group() -> dist.ProcessGroup:
+    """The default process group (the "world")."""
+    return c10d._get_default_group()
+
+
+def default_store() -> dist.Store:
+    """The default group's store."""
+    return c10d._get_default_store()
+
+
+_UNBIND_LOCK = threading.Lock()
+_unbind: dict[str, Any] = {"depth": 0, "saved": None, "group": None}
+
+
+def bound_device(group: Optional[dist.ProcessGroup] = None) -> Optional[torch.device]:
+    """The device ``group`` (default: the world) is bound to (``init_process_group(device_id=)``), or
+    None; inside :func:`unbound_default_group` still the device the world is bound to."""
+    group = default_group() if group is None else group
+    with _UNBIND_LOCK:
+        if _unbind["depth"] and group is _unbind["group"]:
+            return _unbind["saved"]
+    return getattr(group, "bound_device_id", None)
+
+
+@contextlib.contextmanager
+def unbound_default_group() -> Iterator[Optional[torch.device]]:
+    """Inside the block the default group reports no bound device, so ``new_group`` creates a fresh
+    communicator among its members instead of splitting the world's (which every world rank must
+    join). Re-entrant across threads (the first entry clears, the last exit restores, in ``finally``);
+    yields the device that was bound."""
+    world = default_group()
+    with _UNBIND_LOCK:
+        if _unbind["depth"] == 0:
+            _unbind["saved"], _unbind["group"] = getattr(world, "bound_device_id", None), world
+            if _unbind["saved"] is not None:
+                world.bound_device_id = None
+        _unbind["depth"] += 1
+        saved = _unbind["saved"]
+    try:
+        yield saved
+    finally:
+        with _UNBIND_LOCK:
+            _unbind["depth"] -= 1
+            if _unbind["depth"] == 0:
+                if _unbind["saved"] is not None:
+                    _unbind["group"].bound_device_id = _unbind["saved"]
+                _unbind["saved"] = _unbind["group"] = None
+
+
+def _backend(group: dist.ProcessGroup, device: torch.device) -> Any:
+    return group._get_backend(device)  # raises RuntimeError for a device type with no backend
+
+
+def backend_supports_splitting(group: dist.ProcessGroup, device: torch.device) -> bool:
+    """Whether ``group``'s backend for ``device`` can ``split_group`` (False when there is none)."""
+    try:
+        return bool(getattr(_backend(group, device), "supports_splitting", False))
+    except RuntimeError:
+        return False
+
+
+def backend_timeout(group: dist.ProcessGroup, device: torch.device) -> timedelta:
+    """The timeout of ``group``'s backend for ``device`` (AttributeError/RuntimeError where it has none)."""
+    return _backend(group, device).options._timeout
+
+
+def backend_initialised(group: dist.ProcessGroup, device: torch.device) -> Optional[bool]:
+    """Whether ``group``'s backend for ``device`` has created its communicators (NCCL's
+    ``_is_initialized()``: every communicator of the group counts); None where it cannot tell."""
+    try:
+        probe = getattr(_backend(group, device), "_is_initialized", None)
+    except RuntimeError:
+        return None
+    return None if probe is None else bool(probe())
+
+
+def accelerator_available() -> bool:
+    """Whether torch sees an accelerator (``torch.accelerator``, present in every supported release)."""
+    return bool(torch.accelerator.is_available())
+
+
+def accelerator_type() -> Optional[str]:
+    """The accelerator's device type ("cuda", "xpu", …) when one is available, else None."""
+    if not accelerator_available():
+        return None
+    current = torch.accelerator.current_accelerator()
+    return None if current is None else current.type
+
+
+# --- the device of a mesh -------------------------------------------------------------------------
+def backend_devices(group: Optional[dist.ProcessGroup] = None) -> dict[str, str]:
+    """``{device type: backend}`` of ``group`` as torch reports it (``get_backend_config``)."""
+    config = str(dist.get_backend_config(group))
+    pairs: dict[str, str] = {}
+    for part in config.split(","):
+        device, sep, backend = part.strip().partition(":")
+        if sep:
+            pairs[device.strip()] = backend.strip().lower()
+        elif device:  # a bare backend name: it serves its home device
+            pairs[_home_device(device.strip().lower())] = device.strip().lower()
+    return pairs
+
+
+def _home_device(backend: str) -> str:
+    if backend in HOST_BACKENDS:
+        return "cpu"
+    for device, name in dist.Backend.default_device_backend_map.items():
+        if name == backend and device != "cpu":
+            return device
+    return "cpu"
+
+
+def default_device_type() -> str:
+    """The device type of meshes built on the default group: its bound device's type; else the
+    device its backend serves (cuda for NCCL, cpu for gloo/fake/mpi); else the accelerator's; else cpu."""
+    if not dist.is_available() or not dist.is_initialized():
+        return accelerator_type() or "cpu"
+    bound = bound_device()
+    if bound is not None:
+        return bound.type
+    served = [device for device, backend in backend_devices().items() if device != "cpu" and backend not in HOST_BACKENDS]
+    if served:
+        accelerator = accelerator_type()
+        return accelerator if accelerator in served else served[0]
+    if backend_devices():
+        return "cpu"
+    return accelerator_type() or "cpu"
+
+
+def default_device() -> torch.device:
+    """The device the default group's collectives run on: the bound device; else the current device
+    of :func:`default_device_type` (what torch itself uses for an unbound NCCL world); cpu for a host world."""
+    bound = bound_device() if dist.is_available() and dist.is_initialized() else None
+    if bound is not None:
+        return bound
+    kind = default_device_type()
+    if kind == "cpu":
+        return torch.device("cpu")
+    if accelerator_type() == kind:
+        return torch.device(kind, torch.accelerator.current_device_index())
+    return torch.device(kind)
+
+
+# --- creation -------------------------------------------------------------------------------------
+def is_non_member(group: Any) -> bool:
+    """Whether a creation result means "this rank is not in the group" (None, or
+    ``GroupMember.NON_GROUP_MEMBER``, which ``split_group`` returns from 2.14)."""
+    return group is None or (isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER)
+
+
+def split_group(split_ranks: Sequence[Sequence[int]]) -> Optional[dist.ProcessGroup]:
+    """``dist.split_group`` of the default group into ``split_ranks`` (collective over the world);
+    this rank's group, or None when it is in no split. Before 2.10 the child gets a copy of the
+    parent's backend options (torch handed over, and mutated, the parent's own)."""
+    kwargs: dict[str, Any] = {}
+    if torch_release() is not None and torch_release() < (2, 10, 0):  # type: ignore[operator]
+        device = bound_device()
+        if device is not None:
+            with contextlib.suppress(AttributeError, RuntimeError):
+                kwargs["pg_options"] = copy.deepcopy(_backend(default_group(), device).options)
+    group = getattr(dist, SPLIT_GROUP_ENTRY)(split_ranks=[list(r) for r in split_ranks], **kwargs)
+    return None if is_non_member(group) else group
+
+
+# --- private tensor helpers -----------------------------------------------------------------------
+def flatten_dense_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch._utils._flatten_dense_tensors``: one contiguous 1-D tensor of ``tensors``."""
+    from torch._utils import _flatten_dense_tensors
+
+    return _flatten_dense_tensors(tensors)
+
+
+def unflatten_dense_tensors(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+    """``torch._utils._unflatten_dense_tensors``: views of ``flat`` shaped like ``tensors``."""
+    from torch._utils import _unflatten_dense_tensors
+
+    return _unflatten_dense_tensors(flat, tensors)
+
+
+def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """``torch._foreach_copy_``: ``targets[i].copy_(sources[i])`` in one call."""
+    torch._foreach_copy_(targets, sources)

@@ -1,0 +1,106 @@
+"""One shim per process whatever the install: with ``DS_MESH=1`` the start-up hook's ``compat`` is the
+module ``import compat`` gives the program (the README's editable install without ``PYTHONPATH``, and a
+zipapp), so the program's warning filters and ``compat`` names are the running shim's."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+
+from compat import startup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = pytest.mark.deepspeed
+
+# the program: deepspeed first (the hook loads the shim then), its own ``compat`` after
+PROGRAM = """
+import os, sys, warnings
+import deepspeed
+import compat, compat.install
+print("PRIVATE", "_ds_mesh_compat" in sys.modules, "INSTALLED", compat.install.is_installed())
+print("FILE", compat.__file__)
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0, world_size=1)
+from deepspeed.utils import groups
+warnings.simplefilter("error", compat.LegacyAPIDeprecationWarning)
+try:
+    groups._get_data_parallel_world_size()
+    print("RAISED nothing")
+except compat.LegacyAPIDeprecationWarning as warning:
+    print("RAISED", str(warning).split(" ")[0])
+warnings.simplefilter("ignore", compat.LegacyAPIDeprecationWarning)
+groups._get_data_parallel_world_size()   # the README's filter: silent
+dist.destroy_process_group()
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DS_MESH")}
+    env.update(DS_MESH="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    return env
+
+
+def _check(proc: subprocess.CompletedProcess, compat_file: str) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PRIVATE False INSTALLED True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert f"FILE {compat_file}" in proc.stdout
+    assert "RAISED TODOV1:" in proc.stdout  # the user's "error" filter reaches the shim's warnings
+    assert "TODOV1" not in proc.stderr  # and the user's "ignore" filter silences them
+
+
+@pytest.fixture(scope="module")
+def editable_venv(tmp_path_factory) -> str:
+    """A fresh venv holding only an editable install of this tree (``pip install -e``, setuptools'
+    editable finder) and the hook's ``.pth``; torch and deepspeed come from this interpreter's
+    site-packages through a path line (not a site dir: its own ``.pth`` files stay unprocessed)."""
+    venv = tmp_path_factory.mktemp("venv")
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    site_dir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    with open(os.path.join(site_dir, "_shared_packages.pth"), "w", encoding="utf-8") as fh:
+        fh.write(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+                          "--no-build-isolation", "--no-index", "-e", ROOT],
+                         capture_output=True, text=True, env=env, timeout=300)
+    if pip.returncode != 0:
+        pytest.skip(f"pip install -e failed here: {pip.stderr[-500:]}")
+    assert any(name.startswith("__editable__") for name in os.listdir(site_dir))
+    startup.write_pth(site_dir)
+    return python
+
+
+def test_editable_install_gives_one_shim(editable_venv, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PROGRAM)
+    proc = subprocess.run([editable_venv, str(script)], env=_env(), cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    _check(proc, os.path.join(ROOT, "compat", "__init__.py"))
+
+
+def test_zipapp_gives_one_shim(tmp_path):
+    """A zipapp carrying ds-mesh: the hook's ``compat`` is the archive's, the one the program imports."""
+    app = tmp_path / "train.pyz"
+    pth_dir = tmp_path / "site"
+    pth_dir.mkdir()
+    startup.write_pth(str(pth_dir))
+    main = f"import site\nsite.addsitedir({str(pth_dir)!r})\n" + PROGRAM
+    with zipfile.ZipFile(app, "w") as zf:
+        zf.writestr("__main__.py", main)
+        zf.write(os.path.join(ROOT, "_ds_mesh_startup.py"), "_ds_mesh_startup.py")
+        for package in ("compat", "mesh_core"):
+            for folder, _, files in os.walk(os.path.join(ROOT, package)):
+                for name in files:
+                    if name.endswith((".py", ".json")):
+                        path = os.path.join(folder, name)
+                        zf.write(path, os.path.relpath(path, ROOT))
+    proc = subprocess.run([sys.executable, str(app)], env=_env(), cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    _check(proc, os.path.join(str(app), "compat", "__init__.py"))

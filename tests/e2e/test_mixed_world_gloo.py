@@ -1,0 +1,115 @@
+"""Half the ranks on the shim, half plain DeepSpeed (one node without ``DS_MESH``): 4 gloo ranks
+started as a node's launcher starts them, ranks 0..1 with ``DS_MESH=1`` and the start-up hook (a
+``ds_mesh.pth`` on a private site directory), ranks 2..3 without, all running the same unchanged
+AutoTP (tp=2) or pipeline (pp=2) script. Every shim rank fails with one error naming the missing
+ranks and ``DS_MESH``; every rank has exited within the process-group timeout plus 30 s of the
+moment the last rank's process group was up (a hang guard: the test kills what is left and fails).
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compat import startup
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("mixed_world.py")
+WORLD = 4
+SHIM_RANKS = (0, 1)
+GRACE_S = 30  # after the process-group timeout
+START_S = 240  # importing deepspeed on 4 processes of a loaded 2-core machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, ...] = SHIM_RANKS,
+              wait_for: tuple[int, ...] = tuple(range(WORLD))) -> list[dict]:
+    """Run the job with ``DS_MESH=1`` on ``shim_ranks``; fail unless the ranks ``wait_for`` have exited
+    within the process-group timeout plus :data:`GRACE_S` (the others are killed then)."""
+    site, hook = tmp_path / "site", tmp_path / "hook"
+    site.mkdir()
+    hook.mkdir()
+    startup.write_pth(str(site))
+    (hook / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DS_MESH", "DS_LOG"))}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD),
+                DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+                TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
+    procs = []
+    for rank in range(WORLD):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), PYTHONPATH=str(ROOT))
+        if rank in shim_ranks:
+            env.update(DS_MESH="1", PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
+        log = open(tmp_path / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, str(SCRIPT), job, str(timeout_s), str(tmp_path / f"up{rank}")],
+                                       cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    marks = [tmp_path / f"up{rank}" for rank in range(WORLD)]
+    start_deadline = time.time() + START_S
+    deadline = None
+    try:
+        while any(procs[r][0].poll() is None for r in wait_for):
+            if deadline is None and all(m.exists() and m.read_text() for m in marks):
+                deadline = max(float(m.read_text()) for m in marks) + timeout_s + GRACE_S
+            if time.time() > (deadline or start_deadline):
+                when = f"after the timeout plus {GRACE_S} s" if deadline else "before the world was up"
+                alive = [r for r in wait_for if procs[r][0].poll() is None]
+                pytest.fail(f"ranks {alive} still running {when}:\n" + _logs(tmp_path))
+            time.sleep(0.5)
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            log.close()
+    assert deadline is not None, "a rank ended before its process group was up:\n" + _logs(tmp_path)
+    return [{"rc": p.returncode, "log": (tmp_path / f"rank{r}.log").read_text()} for r, (p, _) in enumerate(procs)]
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(f"--- rank {r}\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(WORLD))
+
+
+def _check(results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS) -> None:
+    plain = sorted(set(range(WORLD)) - set(shim_ranks))
+    text = f"{plain[0]}..{plain[-1]}"
+    for rank in shim_ranks:
+        log = results[rank]["log"]
+        errors = re.findall(r"^(?:\[rank\d\]: )?(\S*AbsentRanksError): (.*)$", log, re.M)
+        assert len(errors) == 1, f"rank {rank}: expected one AbsentRanksError:\n{log[-4000:]}"
+        message = errors[0][1]
+        assert f"missing: ranks {text}" in message and f"ranks {text} built no mesh at all" in message, message
+        assert f"ranks {text} run DeepSpeed without the ds-mesh shim" in message and "DS_MESH=1 is not set" in message
+        assert results[rank]["rc"] != 0
+    for rank in plain:
+        assert results[rank]["rc"] != 0  # plain DeepSpeed: its groups' peers are gone (a raw error of its own)
+
+
+def test_autotp_job_with_one_node_off_the_shim_names_the_node_and_ds_mesh(tmp_path):
+    _check(run_mixed(tmp_path, "autotp", 10))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["pipe", "autotp"])
+def test_with_one_node_off_the_shim_every_job_names_it_within_the_timeout(tmp_path, job):
+    _check(run_mixed(tmp_path, job, 20))
+
+
+@pytest.mark.slow
+def test_when_rank_0s_node_is_off_the_shim_the_shim_ranks_still_name_it(tmp_path):
+    """The store is held by a plain rank: the shim ranks 2..3 fail in time with the same error. The
+    plain ranks wait in plain DeepSpeed's group creation (torch's 30-minute default for a new group:
+    nothing of ds-mesh runs there); the test ends them once the shim ranks are done."""
+    _check(run_mixed(tmp_path, "autotp", 10, shim_ranks=(2, 3), wait_for=(2, 3)), shim_ranks=(2, 3))

@@ -1,0 +1,277 @@
+"""The acceptance parts of tests/gpu/nccl_checks.py beyond group creation: training plain vs shim,
+an HF Trainer step, pipelines, a weight transfer and member-only creation on a bound world.
+
+Each part is ``part(rank, world, env) -> dict`` with ``ok`` (and ``skipped`` when the world is too
+small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on CPU in the dry run).
+
+- zero_bf16: ZeRO 0, 1, 2, 3 in bf16 (fp32 on CPU in the dry run), ``STEPS`` steps, plain
+  DeepSpeed (shim uninstalled) then the shim, same seed and data: losses and every parameter
+  bit-identical;
+- hf_trainer: an HF ``Trainer`` step (tiny Llama built from a config, ZeRO-2) with ``DS_MESH=1``:
+  the shim is installed the way the start-up hook does it (``install_from_env``), the engine the
+  Trainer built has a mesh and the losses are finite;
+- pipelines: a PipelineModule with pp=2 (world >= 2) and pp=4 (world >= 4), plain vs shim losses
+  equal, and a mesh with ``p2p_groups=True``: an all_reduce over each p2p pair of this rank;
+- transfer: actor (first half of the world, tp) -> rollout (second half, dp) weights with
+  ``mesh_core.transfer``, bit for bit; then one rank passes a tensor its world cannot move (a CPU
+  tensor on NCCL, a meta tensor on gloo): the same error on every rank, before any message;
+- member_only_bound: every rank builds a mesh over itself alone, then ranks 0..world/2-1 a
+  sub-world mesh, by their members only, on the (bound, on GPUs) world: all_reduces over them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+STEPS = int(os.environ.get("MESH_GPU_STEPS", "12"))
+
+
+class Env:
+    """The run's backend and device (``dry``: gloo on CPU)."""
+
+    def __init__(self, dry: bool) -> None:
+        self.dry = dry
+        self.backend, self.device = ("gloo", "cpu") if dry else ("nccl", "cuda")
+
+    def tensor_device(self) -> torch.device:
+        return torch.device("cpu") if self.dry else torch.device("cuda", torch.cuda.current_device())
+
+
+def set_shim(on: bool) -> None:
+    import compat.install as installer
+
+    (installer.install if on else installer.uninstall)()
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def _train(stage: int, shim: bool, env: Env, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    import deepspeed
+
+    set_shim(shim)
+    net = _model(11)
+    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    if not env.dry:
+        config["bf16"] = {"enabled": True}
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    gen = torch.Generator().manual_seed(7 + dist.get_rank())
+    dtype = torch.bfloat16 if not env.dry else torch.float32
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 16, generator=gen).to(engine.device, dtype)
+        loss = engine(x).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
+        got = [p.detach().float().cpu().clone() for p in params]
+    engine.destroy()
+    return losses, got
+
+
+def part_zero_bf16(rank: int, world: int, env: Env) -> dict:
+    steps = STEPS if not env.dry else min(STEPS, 3)
+    out: dict[str, Any] = {"ok": True, "steps": steps, "dtype": "fp32 (dry run)" if env.dry else "bf16"}
+    try:
+        for stage in range(4):
+            plain = _train(stage, False, env, steps)
+            shim = _train(stage, True, env, steps)
+            same_losses = plain[0] == shim[0]
+            same_params = all(torch.equal(a, b) for a, b in zip(plain[1], shim[1]))
+            out[f"zero{stage}"] = {"identical_losses": same_losses, "identical_params": same_params,
+                                   "last_loss": shim[0][-1]}
+            out["ok"] = out["ok"] and same_losses and same_params and math.isfinite(shim[0][-1])
+    finally:
+        set_shim(True)
+    return out
+
+
+def part_hf_trainer(rank: int, world: int, env: Env) -> dict:
+    try:
+        import transformers  # noqa: F401
+        import accelerate  # noqa: F401
+    except ImportError as err:
+        return {"ok": False, "error": f"{err}: bring the transformers and accelerate wheels (tools/gpu_check.sh --wheels)"}
+    import compat.install as installer
+
+    installer.uninstall()
+    os.environ["DS_MESH"] = "1"
+    installed = installer.install_from_env()  # what the start-up hook does with DS_MESH=1
+    if env.dry:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e"))
+        from client_jobs import tell_accelerate_about_gloo
+
+        tell_accelerate_about_gloo()
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 64, (4 * world, 8), generator=gen)
+    data = [{"input_ids": row, "labels": row.clone()} for row in ids]
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+              "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+    if not env.dry:
+        config["bf16"] = {"enabled": "auto"}
+    args = tf.TrainingArguments(output_dir=os.path.join(os.environ.get("MESH_GPU_OUT", "/tmp"), "hf_trainer"),
+                                per_device_train_batch_size=2, max_steps=2, learning_rate=1e-3, logging_steps=1,
+                                report_to=[], save_strategy="no", deepspeed=config, seed=0, disable_tqdm=True,
+                                dataloader_num_workers=0, bf16=not env.dry, use_cpu=env.dry,
+                                accelerator_config={"use_configured_state": True} if env.dry else None)
+    trainer = tf.Trainer(model=model, args=args, train_dataset=data)
+    result = trainer.train()
+    engine = trainer.model_wrapped
+    mesh = getattr(engine, "mesh_device", None)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    ok = bool(installed) and mesh is not None and bool(losses) and all(math.isfinite(v) for v in losses)
+    out = {"ok": ok, "shim_installed": bool(installed), "mesh": None if mesh is None else mesh.spec.describe(),
+           "losses": losses, "train_loss": result.training_loss}
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    del trainer, engine
+    os.environ.pop("DS_MESH", None)
+    set_shim(True)
+    return out
+
+
+def _pipe_losses(pp: int, world: int, shim: bool, env: Env) -> list[float]:
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    set_shim(shim)
+    deepspeed.init_distributed(dist_backend=env.backend)  # PipelineModule asks deepspeed.comm for ranks
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 32), torch.nn.ReLU()] + [torch.nn.Linear(32, 32), torch.nn.ReLU()] * (pp - 1) + \
+             [torch.nn.Linear(32, 1)]
+    model = PipelineModule(layers=layers, num_stages=pp, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": pp, "steps_per_print": 10**9,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    if shim:
+        config["mesh"] = {"pp": pp, "dp": world // pp}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    dp_rank = engine.grid.get_data_parallel_id()
+    gen = torch.Generator().manual_seed(dp_rank)
+
+    def batches():
+        while True:
+            x = torch.randn(2, 8, generator=gen)
+            yield x.to(engine.device), x.sum(dim=1, keepdim=True).to(engine.device)
+
+    data = batches()
+    losses = [float(engine.train_batch(data_iter=data)) for _ in range(2)]
+    engine.destroy()
+    return losses
+
+
+def part_pipelines(rank: int, world: int, env: Env) -> dict:
+    from mesh_core import DeepSpeedDeviceMesh
+
+    if world < 2:
+        return {"ok": True, "skipped": "pipelines need a world of >= 2"}
+    out: dict[str, Any] = {"ok": True}
+    try:
+        for pp in (2, 4):
+            if world % pp:
+                out[f"pp{pp}"] = {"skipped": f"world {world} is not a multiple of {pp}"}
+                continue
+            plain, shim = _pipe_losses(pp, world, False, env), _pipe_losses(pp, world, True, env)
+            mesh = DeepSpeedDeviceMesh.build(pp=pp, dp=world // pp, p2p_groups=True, backend=env.backend,
+                                             device_type=env.device)
+            sums = {}
+            for pair in sorted({tuple(sorted(p)) for p in mesh.layout.p2p_pairs()}):  # one global order
+                if rank in pair:
+                    peer = pair[1] if pair[0] == rank else pair[0]
+                    value = torch.tensor([float(rank + 1)], device=env.tensor_device())
+                    dist.all_reduce(value, group=mesh.p2p_group(peer))
+                    sums[f"{pair[0]}-{pair[1]}"] = value.item() == float(pair[0] + pair[1] + 2)
+            mesh.destroy()
+            same = plain == shim
+            out[f"pp{pp}"] = {"identical_losses": same, "losses": shim, "p2p_pairs_ok": sums}
+            out["ok"] = out["ok"] and same and bool(sums) and all(sums.values())
+    finally:
+        set_shim(True)
+    return out
+
+
+def part_transfer(rank: int, world: int, env: Env) -> dict:
+    from mesh_core import MeshSpec, MeshSpecError
+    from mesh_core.transfer import ParamLayout, transfer
+
+    if world < 2:
+        return {"ok": True, "skipped": "a transfer between two meshes needs a world of >= 2"}
+    half = world // 2
+    actor_ranks, rollout_ranks = list(range(half)), list(range(half, 2 * half))
+    actor = MeshSpec.build(world, tp=half, ranks=actor_ranks)
+    rollout = MeshSpec.build(world, dp=half, ranks=rollout_ranks)
+    shapes = {"up": (8 * half, 16), "down": (16, 8 * half), "bias": (16,)}
+    layouts = {"up": ParamLayout(shapes["up"], shard_dim=0), "down": ParamLayout(shapes["down"], shard_dim=1),
+               "bias": ParamLayout(shapes["bias"])}
+    gen = torch.Generator().manual_seed(5)
+    full = {n: torch.randn(s, generator=gen).to(torch.bfloat16 if not env.dry else torch.float32) for n, s in shapes.items()}
+    device = env.tensor_device()
+    src = None
+    if rank in actor_ranks:
+        i = actor_ranks.index(rank)
+        src = {"up": full["up"][8 * i: 8 * i + 8], "down": full["down"][:, 8 * i: 8 * i + 8], "bias": full["bias"]}
+        src = {n: t.contiguous().to(device) for n, t in src.items()}
+    dst = {n: torch.zeros(s, dtype=full[n].dtype, device=device) for n, s in shapes.items()} if rank in rollout_ranks else None
+    dst_layouts = {n: ParamLayout(s) for n, s in shapes.items()}
+    stats = transfer(actor, rollout, src, dst, layouts, dst_layouts)
+    exact = dst is None or all(torch.equal(dst[n].cpu(), full[n]) for n in shapes)
+    # a tensor the world cannot move: refused on every rank before any message
+    bad_src = src
+    if rank == 0 and src is not None:
+        bad_src = dict(src, bias=src["bias"].to("meta" if env.dry else "cpu"))
+    try:
+        transfer(actor, rollout, bad_src, dst, layouts, dst_layouts)
+        refused = "not refused"
+    except MeshSpecError as err:
+        refused = str(err)
+    expected = "is on meta" if env.dry else "is on cpu, but the world's backend"
+    return {"ok": exact and expected in refused, "exact": exact, "messages": stats.messages, "refused": refused[:300]}
+
+
+def part_member_only_bound(rank: int, world: int, env: Env) -> dict:
+    from mesh_core import DeepSpeedDeviceMesh
+
+    world_group = dist.distributed_c10d._get_default_group()
+    out: dict[str, Any] = {"bound_device": str(getattr(world_group, "bound_device_id", None))}
+    # a one-rank group, created by its one member while every other rank creates its own
+    alone = DeepSpeedDeviceMesh.build(ranks=[rank], dp=1, backend=env.backend, device_type=env.device)
+    value = torch.tensor([float(rank + 1)], device=env.tensor_device())
+    dist.all_reduce(value, group=alone.get_group("dp"))
+    out["alone"] = {"sum": value.item(), "path": alone.creation_path.name}
+    ok = value.item() == float(rank + 1)
+    alone.destroy()
+    members = list(range(max(1, world // 2)))  # a sub-world mesh: the other ranks never call
+    if rank in members:
+        sub = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members), backend=env.backend, device_type=env.device)
+        value = torch.tensor([float(rank + 1)], device=env.tensor_device())
+        dist.all_reduce(value, group=sub.get_group("tp"))
+        out["sub_world"] = {"members": members, "sum": value.item(), "path": sub.creation_path.name}
+        ok = ok and value.item() == float(sum(r + 1 for r in members))
+        sub.destroy()
+    out["ok"] = ok
+    return out
+
+
+PARTS: dict[str, Callable[[int, int, Env], dict]] = {
+    "zero_bf16": part_zero_bf16,
+    "hf_trainer": part_hf_trainer,
+    "pipelines": part_pipelines,
+    "transfer": part_transfer,
+    "member_only_bound": part_member_only_bound,
+}
