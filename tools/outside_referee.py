@@ -12,7 +12,8 @@ sources (``deepspeed/utils/groups.py``, ``utils/bwc.py``, ``runtime/pipe/topolog
 file's ``ast``. A site still present after the migration counts as flagged when its statement (for a
 compound statement: its header lines) carries a ``TODOV1`` comment, else as missed; the sites it no
 longer finds count as rewritten (a reader kept with the legacy state its builder keeps counts as
-flagged: the builder's one TODOV1 names it). Families:
+flagged: the builder's one TODOV1, ``groups.<builder> kept with ...``, stands for them — a lettered
+getter for an AutoTP builder, an expert getter for an expert builder). Families:
 
 - ``groups``: a call of a ``deepspeed.utils.groups`` function (module alias, dotted, imported name,
   or a ``deepspeed.utils`` re-export), and ``groups.mpu = ...`` assignments;
@@ -290,7 +291,19 @@ def flagged(site: Site, lines: list[str]) -> bool:
     if any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1)):
         return True
     name = re.match(r"[\w.]*?(\w+)\(", site.text)
-    return bool(name) and any("TODOV1" in line and "kept" in line and f"{name.group(1)}:" in line for line in lines)
+    if not name:
+        return False
+    reader = name.group(1)
+    for line in lines:
+        kept = re.search(r"TODOV1: groups\.(\w+) kept with", line)
+        if kept is None:
+            continue
+        builder = kept.group(1)
+        if builder.startswith("_init_tp") and reader.startswith("get_"):  # the AutoTP groups' lettered getters
+            return True
+        if builder.startswith("_create_expert") and "expert" in reader:
+            return True
+    return False
 
 
 @dataclass
