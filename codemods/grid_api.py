@@ -63,10 +63,14 @@ ATTRIBUTES: dict[str, str] = {
     "p2p_groups": "{m}.layout.p2p_pairs()",
 }
 
+_NO_TOPOLOGY = (
+    "the mesh has no ProcessTopology: mesh_core.pipeline_topology(pp=, dp=, tp=) where a topology object is "
+    "needed (PipelineModule), <mesh>.layout for rank math"
+)
 # What has no mesh equivalent (documented in MIGRATION.md).
 MANUAL: dict[str, str] = {
-    "topology": "the mesh has no ProcessTopology; use <mesh>.layout (MeshLayout) / <mesh>.spec",
-    "_topo": "the mesh has no ProcessTopology; use <mesh>.layout (MeshLayout) / <mesh>.spec",
+    "topology": _NO_TOPOLOGY,
+    "_topo": _NO_TOPOLOGY,
     "mp_group": "mp_group is always [] in 0.19.8; remove it",
     "_build_p2p_groups": "use <mesh>.layout.p2p_pairs()",
     "_is_grid_valid": "a mesh is valid by construction",

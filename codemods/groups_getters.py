@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import ast
 from typing import Optional
 
 import libcst as cst
@@ -14,6 +15,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 import ds_mesh_advice
 
 from . import autotp, expert_process, hpz
+from . import legacy_state as ls
 from . import legacy_names as ln
 from . import mpu_exact
 from .base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args, last_name
@@ -120,6 +122,7 @@ EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_p
 # calls after which the mesh a file runs on may have TP / SP (a default mesh, an engine's mesh)
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
+_READER_NAMES = frozenset().union(*ls.READERS.values())
 ALL_FUNCTIONS = (
     frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
 )
@@ -210,11 +213,52 @@ class GroupsGettersCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         self._module_node = node
         result = super().visit_Module(node)
-        self._calls = [c for c in find_all(node, cst.Call) if self.could_be(c.func, _PLANNING_NAMES)]
+        all_calls = find_all(node, cst.Call)
+        self._calls = [c for c in all_calls if self.could_be(c.func, _PLANNING_NAMES)]
+        self._reader_calls = [c for c in all_calls if self.could_be(c.func, _READER_NAMES)]
         self._experts_blocked = self._expert_blocker(node)
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         self._mpu_assigned = self._groups_mpu_assignment(node)
+        self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
         return result
+
+    def _held_states(self, module: cst.Module) -> dict:
+        """The process-wide legacy states this file keeps with their readers (codemods.legacy_state)."""
+        builders: dict[str, list] = {}
+        for call in self._calls:
+            fname = self.function_of(call.func)
+            state = ls.state_of_builder(fname) if fname else None
+            if state is not None:
+                stuck = self._builder_stuck(call, fname)
+                builders.setdefault(state, []).append((f"{stuck} (line {self.line_of(call)})" if stuck else "", call))
+        readers: dict[str, list] = {}
+        for call in self._reader_calls:
+            fname = self.function_of(call.func)
+            state = ls.state_of_reader(fname) if fname else None
+            if state is not None:
+                readers.setdefault(state, []).append((fname, self.line_of(call)))
+        if not builders and not any(readers.get(state) for state in ls.READERS_WITHOUT_BUILDER):  # the common case
+            return {}
+        try:
+            users = ls.deepspeed_users(ast.parse(module.code))
+        except (SyntaxError, ValueError):
+            users = ["unparsable"]
+        return ls.holdings(builders, readers, users)
+
+    def _builder_stuck(self, call: cst.Call, fname: str) -> str:
+        """Why this builder call has no mesh rewrite ("": it has one)."""
+        if not isinstance(self.parent(call), cst.Expr):
+            return "its result is used"
+        if has_star_args(call):
+            return "it takes *args"
+        if fname in INIT_TP:
+            tp = arg_by(call, 0, "tensor_model_parallel_size")
+            dp = arg_by(call, 1, "data_parallel_size")
+            return "" if len(call.args) == (tp is not None) + (dp is not None) else "it has other arguments"
+        if fname == "_create_expert_and_data_parallel":
+            ep = arg_by(call, 0, "expert_parallel_size_")
+            return "" if ep is not None and len(call.args) == 1 else "its options (mp_size, pp_size, data-before-expert) have no mesh form"
+        return "expert-TP groups have no mesh form here"
 
     def _groups_mpu_assignment(self, module: cst.Module) -> Optional[tuple[str, int]]:
         """(value code, line) of the first ``groups.mpu = <value>`` (value not None) in this file."""
@@ -283,6 +327,17 @@ class GroupsGettersCommand(MigrationCommand):
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
             return updated_node
+        if self._held:  # a legacy state kept whole: its builder flagged once, its readers as they are
+            state = ls.state_of_builder(fname)
+            if state in self._held:
+                self.flag(KIND, self._held[state].message(fname))
+                return updated_node
+            holding = self._held.get(ls.state_of_reader(fname))
+            if holding is not None and holding.holds(fname):
+                if holding.at_reader and not holding.flagged:
+                    holding.flagged = True
+                    self.flag(KIND, holding.message(fname))
+                return updated_node
         if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)
         if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed

@@ -191,14 +191,15 @@ class InitializeCommand(MigrationCommand):
         return True
 
     def _never_none(self, value: cst.BaseExpression) -> bool:
-        """``value`` names an imported module (a Megatron ``parallel_state``)."""
+        """``value`` names a module bound by ``import`` (``from x import name`` may bind any value, a
+        None among them: it gets the guard, which a module passes)."""
         if not isinstance(value, cst.Name):
             return False
         scope = self.scope_of(value)
         if scope is None:
             return False
         bindings = scope.assignments[value.value]
-        return bool(bindings) and all(isinstance(getattr(b, "node", None), (cst.Import, cst.ImportFrom)) for b in bindings)
+        return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Import) for b in bindings)
 
     def _mesh_param_sizes(self, arg: cst.Arg) -> Optional[list[str]]:
         if arg.keyword is None:

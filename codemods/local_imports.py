@@ -7,7 +7,8 @@ importing it need ds-mesh. So: a function that imported a legacy module itself g
 names its code (nested functions included) now uses as a function-level import at the top of its body;
 code outside such functions gets the import after the module's guarded legacy import (in that block)
 when the module has no unconditional top-level one. A file that imports DeepSpeed unconditionally at
-the top keeps the module-level import.
+the top keeps the module-level import, after every module-level statement that ran before its first
+legacy import (a start-time stamp taken before the heavy imports stays before them).
 """
 from __future__ import annotations
 
@@ -62,18 +63,26 @@ class _LegacyImports(cst.CSTVisitor):
         self.guarded: Optional[cst.SimpleStatementLine] = None
         self._count = 0
         self._functions: list[int] = []
+        self._bodies: list = []
+        # function -> (index in its body, the line) of its first legacy import among its own statements
+        self.first: dict[int, tuple[int, cst.SimpleStatementLine]] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._functions.append(self._count)
+        self._bodies.append(list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else [])
         self._count += 1
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._functions.pop()
+        self._bodies.pop()
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         if any(_is_legacy(s, self.in_package) for s in node.body):
             if self._functions:
                 self.lazy.add(self._functions[-1])
+                body = self._bodies[-1]
+                if self._functions[-1] not in self.first and any(s is node for s in body):
+                    self.first[self._functions[-1]] = (next(i for i, s in enumerate(body) if s is node), node)
             elif self._top is not None and node in self._top:
                 self.plain = True
             elif self.guarded is None:
@@ -127,8 +136,9 @@ def _import_line(names) -> cst.SimpleStatementLine:
 
 
 class _Place(cst.CSTTransformer):
-    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool) -> None:
+    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None) -> None:
         self.used, self.guarded, self.split = used, guarded, split
+        self.first = first or {}
         self._count = 0
         self._stack: list[int] = []
         self.placed_guarded = False
@@ -144,7 +154,12 @@ class _Place(cst.CSTTransformer):
             return updated_node
         body = list(updated_node.body.body)
         at = 1 if body and _is_docstring(body[0]) else 0
-        body.insert(at, _import_line(self._split(names)))
+        line = _import_line(self._split(names))
+        replaced = self.first.get(index)
+        if replaced is not None and replaced[0] == at and not (at < len(body) and _bare(body[at]) == _bare(replaced[1])):
+            # the removed legacy import stood here: the new one takes its place and its blank lines
+            line = line.with_changes(leading_lines=replaced[1].leading_lines)
+        body.insert(at, line)
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
     def _split(self, names: set[str]) -> set[str]:
@@ -177,7 +192,9 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
         return tree
     legacy = _LegacyImports(in_package)
     source.visit(legacy)
-    if legacy.plain or (not legacy.lazy and legacy.guarded is None):
+    if legacy.plain:
+        return _after_early_statements(source, tree, added, in_package)
+    if not legacy.lazy and legacy.guarded is None:
         return tree
     names = {n for _, _, found in added for n in found}
     uses = _Uses(names, legacy.lazy)
@@ -186,7 +203,7 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
     if outside and guarded is None:
         return tree  # module-level code needs the names and there is no guarded import to follow
-    place = _Place(uses.used, guarded, split=names == {MESH_MODULE})
+    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first)
     placed = tree.visit(place)
     if guarded is not None and not place.placed_guarded:
         return tree
@@ -198,3 +215,38 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     if first < len(body) and first < len(source.body) and type(body[first]) is type(source.body[first]):
         body[first] = body[first].with_changes(leading_lines=source.body[first].leading_lines)
     return placed.with_changes(body=body)
+
+
+def _after_early_statements(source: cst.Module, tree: cst.Module, added: list, in_package: bool) -> cst.Module:
+    """``tree`` with the module-level ``mesh_core`` imports ``added`` moved after the last statement
+    other than an import that the source runs before its first top-level legacy import."""
+    first = next((i for i, s in enumerate(source.body)
+                  if isinstance(s, cst.SimpleStatementLine) and any(_is_legacy(n, in_package) for n in s.body)), None)
+    if first is None:
+        return tree
+    early = [s for i, s in enumerate(source.body[:first]) if not _is_import_line(s) and not (i == 0 and _is_docstring(s))]
+    if not early:
+        return tree
+    last = _bare(early[-1])
+    at = next((i for i, s in enumerate(tree.body) if _bare(s) == last), None)
+    drop = {i for i, _, _ in added}
+    if at is None or min(drop) > at:
+        return tree
+    moved = [s for i, s, _ in added]
+    body = [s for i, s in enumerate(tree.body) if i not in drop]
+    at = body.index(tree.body[at])
+    # the statement after the moved imports gets back the blank lines it had in the source
+    after = min(drop)
+    if after < len(body) and after < len(source.body) and type(body[after]) is type(source.body[after]):
+        body[after] = body[after].with_changes(leading_lines=source.body[after].leading_lines)
+    moved[0] = moved[0].with_changes(leading_lines=())
+    return tree.with_changes(body=[*body[:at + 1], *moved, *body[at + 1:]])
+
+
+def _bare(statement: cst.CSTNode) -> str:
+    return _code(statement.with_changes(leading_lines=()) if hasattr(statement, "leading_lines") else statement)
+
+
+def _is_import_line(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)

@@ -26,7 +26,7 @@ from .mpu_calls import MpuCallsCommand
 from .mpu_internal import BWC, MpuInternalCommand
 from .local_imports import localize
 from .portable import fstring_ids, parse_error, requote
-from .runtime import add_runtime, needs_runtime
+from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .walk import fast_visits
@@ -326,6 +326,8 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
     rest = "".join(pieces)
     code = head + rest
     if not _in_deepspeed(module) and needs_runtime(source, code, sites):
+        if not module_imports_deepspeed(cst.parse_module(head)):  # the lines would go into functions
+            return _whole_file("the header imports no deepspeed module")
         head = chunks.header_with_runtime(head, add_runtime)
         if head is None:
             return _whole_file("the runtime lines do not go after the header")

@@ -3,32 +3,196 @@
 DeepSpeed 0.19.8 neither reads the config's ``"mesh"`` section nor gives engines a mesh: without
 ``compat.install()`` a migrated ``engine.mesh_device`` is None and a moved ``mpu=`` is lost. A file
 whose migration relies on the engine's mesh (``<engine>.mesh_device`` after
-``deepspeed.initialize``, or ``mpu=`` / ``mesh_param=`` moved into the config) gets
-``import compat`` and ``compat.install()`` after its imports, before any engine is built.
+``deepspeed.initialize``, or ``mpu=`` / ``mesh_param=`` moved into the config) gets ``import compat``
+and ``compat.install()``.
+
+Both the decision and the place come from the code, never from comments:
+
+- needed when a ``mpu=`` / ``mesh_param=`` was moved, or the migrated code reads more
+  ``<x>.mesh_device`` (``x`` not ``self``) than the source did, and the code names ``initialize``
+  and does not call ``compat.install()`` already;
+- placed right before the first statement that imports a deepspeed module (or any star import, which
+  may bind a deepspeed name), in the block that holds it: inside the same ``try`` / ``if`` guard,
+  after every module-level statement that ran before it (a start-time stamp). Where the module
+  imports deepspeed only inside functions, each such function gets the lines before its import.
+  Where it imports no deepspeed module at all, after the module's leading imports.
 """
 from __future__ import annotations
 
-import re
+import ast
 from collections import Counter
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 
 RUNTIME_KINDS = ("initialize mpu", "initialize mesh_param")
-_ENGINE_MESH = re.compile(r"\b(?!self\b)[A-Za-z_]\w*\.mesh_device\b")
 INSTALL = "compat.install()"
+COMMENT = "# the mesh runtime: deepspeed.initialize reads the config's \"mesh\" section"
+
+
+def _tree(text: str) -> Optional[ast.AST]:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _engine_mesh_reads(tree: ast.AST) -> int:
+    """``<x>.mesh_device`` reads in ``tree`` where ``x`` is not ``self``."""
+    return sum(
+        1 for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "mesh_device"
+        and not (isinstance(n.value, ast.Name) and n.value.id == "self")
+    )
+
+
+def _names(tree: ast.AST) -> set[str]:
+    found: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            found.add(n.attr)
+        elif isinstance(n, ast.alias):
+            found.add((n.asname or n.name).rpartition(".")[2])
+    return found
+
+
+def installs(tree: ast.AST) -> bool:
+    """``tree`` calls ``compat.install()`` (or ``install()`` imported from ``compat``)."""
+    bare = {
+        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "compat"
+        for a in n.names if a.name == "install"
+    }
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        func = n.func
+        if isinstance(func, ast.Attribute) and func.attr == "install" and isinstance(func.value, ast.Name) \
+                and func.value.id == "compat":
+            return True
+        if isinstance(func, ast.Name) and func.id in bare:
+            return True
+    return False
 
 
 def needs_runtime(source: str, code: str, sites: Counter) -> bool:
-    if INSTALL in code or "initialize" not in code:
+    """The migrated ``code`` of ``source`` relies on the engine's mesh and does not install the runtime
+    (decided from the code: comments say nothing)."""
+    if "initialize" not in code:  # cheap: no code names it if the text does not
         return False
-    if any(sites.get(kind) for kind in RUNTIME_KINDS):
+    moved = any(sites.get(kind) for kind in RUNTIME_KINDS)
+    if not moved and "mesh_device" not in code:
+        return False
+    after = _tree(code)
+    if after is None or "initialize" not in _names(after) or installs(after):
+        return False
+    if moved:
         return True
-    return len(_ENGINE_MESH.findall(code)) > len(_ENGINE_MESH.findall(source))
+    before = _tree(source)
+    return before is not None and _engine_mesh_reads(after) > _engine_mesh_reads(before)
 
 
-def add_runtime(tree: cst.Module) -> Optional[cst.Module]:
-    """``tree`` with ``import compat`` / ``compat.install()`` after its leading imports."""
+# --- placement ------------------------------------------------------------------------------------
+def _binds_deepspeed(node: cst.BaseSmallStatement) -> bool:
+    """``node`` imports a deepspeed module, or is a star import (which may bind a deepspeed name)."""
+    if isinstance(node, cst.Import):
+        return any(cst.Module([]).code_for_node(a.name).split(".")[0] == "deepspeed" for a in node.names)
+    if isinstance(node, cst.ImportFrom):
+        if isinstance(node.names, cst.ImportStar):
+            return True
+        if node.relative or node.module is None:
+            return False
+        return cst.Module([]).code_for_node(node.module).split(".")[0] == "deepspeed"
+    return False
+
+
+def _blocks(statement: cst.BaseCompoundStatement, *, functions: bool) -> list[cst.BaseSuite]:
+    """The suites of ``statement`` that run when it runs (a function's body only with ``functions``)."""
+    if isinstance(statement, cst.FunctionDef) and not functions:
+        return []
+    suites: list = [getattr(statement, "body", None)]
+    if isinstance(statement, cst.Try) or isinstance(statement, getattr(cst, "TryStar", ())):
+        suites += [h.body for h in statement.handlers]
+    orelse = getattr(statement, "orelse", None)
+    while isinstance(orelse, cst.If):  # elif chains
+        suites.append(orelse.body)
+        orelse = orelse.orelse
+    if orelse is not None:
+        suites.append(orelse.body)
+    final = getattr(statement, "finalbody", None)
+    if final is not None:
+        suites.append(final.body)
+    if isinstance(statement, cst.Match):
+        suites += [c.body for c in statement.cases]
+    return [s for s in suites if isinstance(s, cst.IndentedBlock)]
+
+
+def _first_import(statements: Sequence[cst.BaseStatement], *, functions: bool) -> Optional[list]:
+    """The path to the first statement among ``statements`` (and the blocks that run with them) that
+    imports deepspeed; None if there is none. With ``functions``, function bodies count too."""
+    for i, statement in enumerate(statements):
+        if isinstance(statement, cst.SimpleStatementLine):
+            if any(_binds_deepspeed(s) for s in statement.body):
+                return [i]
+        elif isinstance(statement, cst.BaseCompoundStatement):
+            for k, suite in enumerate(_blocks(statement, functions=functions)):
+                inner = _first_import(suite.body, functions=functions)
+                if inner is not None:
+                    return [i, k, *inner]
+    return None
+
+
+def _lines() -> list[cst.SimpleStatementLine]:
+    return [cst.parse_statement("import compat\n"), cst.parse_statement(f"{INSTALL}  {COMMENT}\n")]
+
+
+def _insert(statements: Sequence[cst.BaseStatement], path: list, *, functions: bool) -> list:
+    """``statements`` with the runtime lines before the statement at ``path``."""
+    body = list(statements)
+    i = path[0]
+    if len(path) == 1:
+        target = body[i]
+        lines = _lines()
+        lines[0] = lines[0].with_changes(leading_lines=target.leading_lines)
+        body[i:i + 1] = [*lines, target.with_changes(leading_lines=())]
+        return body
+    statement = body[i]
+    suites = _blocks(statement, functions=functions)
+    old = suites[path[1]]
+    new = old.with_changes(body=_insert(old.body, path[2:], functions=functions))
+    body[i] = statement.deep_replace(old, new)
+    return body
+
+
+def module_imports_deepspeed(tree: cst.Module) -> bool:
+    """Module-level code (guards and class bodies included, functions not) imports deepspeed."""
+    return _first_import(tree.body, functions=False) is not None
+
+
+def _in_functions(tree: cst.Module) -> Optional[cst.Module]:
+    """``tree`` with the runtime lines before the first deepspeed import of each function that has
+    one (None: no function has)."""
+
+    class _Functions(cst.CSTTransformer):
+        changed = False
+
+        def leave_FunctionDef(self, original_node, updated_node):
+            if not isinstance(updated_node.body, cst.IndentedBlock):
+                return updated_node
+            path = _first_import(updated_node.body.body, functions=False)
+            if path is None:
+                return updated_node
+            self.changed = True
+            body = _insert(updated_node.body.body, path, functions=False)
+            return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+
+    visitor = _Functions()
+    new = tree.visit(visitor)
+    return new if visitor.changed else None
+
+
+def _after_leading_imports(tree: cst.Module) -> cst.Module:
     body = list(tree.body)
     index = 0
     for i, statement in enumerate(body):
@@ -42,8 +206,22 @@ def add_runtime(tree: cst.Module) -> Optional[cst.Module]:
             index = 1  # the docstring
         else:
             break
-    lines = [
-        cst.parse_statement("import compat\n"),
-        cst.parse_statement(f"{INSTALL}  # the mesh runtime: deepspeed.initialize reads the config's \"mesh\" section\n"),
-    ]
-    return tree.with_changes(body=[*body[:index], *lines, *body[index:]])
+    return tree.with_changes(body=[*body[:index], *_lines(), *body[index:]])
+
+
+def add_runtime(tree: cst.Module) -> cst.Module:
+    """``tree`` with ``import compat`` / ``compat.install()`` where the module docstring says."""
+    path = _first_import(tree.body, functions=False)
+    if path is not None:
+        return tree.with_changes(body=_insert(tree.body, path, functions=False))
+    local = _in_functions(tree)
+    if local is not None:
+        return local
+    return _after_leading_imports(tree)
+
+
+def runtime_lines(statement: Union[cst.CSTNode, str]) -> bool:
+    """``statement`` (code) is one of the two lines :func:`add_runtime` writes."""
+    text = statement if isinstance(statement, str) else cst.Module([]).code_for_node(statement)
+    text = text.strip()
+    return text == "import compat" or text.startswith(INSTALL)

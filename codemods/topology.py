@@ -23,6 +23,13 @@ _PIPE_TOPOLOGY_TODO = (
     "topology kept: hand PipelineModule(topology=mesh_core.pipeline_topology(pp=, dp=, tp=)) (tp= only for "
     "PipeModelDataParallelTopology; the same axes and answers, pure rank math)"
 )
+# advice for a kept topology whose uses are not all known
+_KEPT_TOPOLOGY = {
+    "same": "topology kept: {call} is the same topology (axes and answers, what PipelineModule needs)",
+    "groups only": "topology kept: DeepSpeedDeviceMesh.build({args}) has its groups; no mesh form where code needs "
+                   "the topology object",
+    "none": "topology kept: no mesh form (axes or sizes not readable here); keep the ProcessTopology",
+}
 PIPELINE_MODULES = frozenset(
     {"deepspeed.pipe.PipelineModule", "deepspeed.runtime.pipe.PipelineModule", "deepspeed.runtime.pipe.module.PipelineModule"}
 )
@@ -267,7 +274,7 @@ class TopologyCommand(MigrationCommand):
                 self.keep_comments(original_node)
                 self.record(KIND_PIPE_TOPOLOGY)
                 return replacement
-            self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + " with plain arguments")
+            self.flag(KIND_PIPE_TOPOLOGY, self._kept_topology_todo(kind, original_node))
         elif (
             kind is not None
             and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
@@ -280,7 +287,7 @@ class TopologyCommand(MigrationCommand):
                 rewritten = self._pipeline_topology(kind, original_node, func="mesh_core.pipeline_topology")  # no import
                 self.flag(KIND_PIPE_TOPOLOGY, _handed_on_todo(callee, code(rewritten) if rewritten is not None else None))
             elif not self._feeds_pipeline_module(original_node):
-                self.flag(KIND_GRID, "topology kept: pass its sizes to DeepSpeedDeviceMesh.build / MeshSpec.build (MeshLayout for rank math)")
+                self.flag(KIND_GRID, self._kept_topology_todo(kind, original_node))
         return updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
@@ -311,6 +318,20 @@ class TopologyCommand(MigrationCommand):
                 carried = []
             out.append(stmt)
         return out
+
+    def _kept_topology_todo(self, kind: str, call: cst.Call) -> str:
+        """Advice for a topology kept whose uses are not all known (it may reach a PipelineModule or a
+        Megatron mpu, which need a topology object): a replacement that is right either way, or none."""
+        rewritten = self._pipeline_topology(kind, call, func="mesh_core.pipeline_topology")  # no import
+        if rewritten is not None:
+            return _KEPT_TOPOLOGY["same"].format(call=code(rewritten))
+        layout = topology_layout(kind, call) if kind == ln.PROCESS_TOPOLOGY else None
+        if layout is not None:
+            if [d for d, _ in layout.dims] in (["pp", "dp"], ["pp", "dp", "tp"]):  # pipeline_topology's axes
+                sizes = ", ".join(f"{d}={size}" for d, size in layout.dims)
+                return _KEPT_TOPOLOGY["same"].format(call=f"mesh_core.pipeline_topology({sizes})")
+            return _KEPT_TOPOLOGY["groups only"].format(args=", ".join(layout.build_args()))
+        return _KEPT_TOPOLOGY["none"]
 
     def _pipeline_topology(self, kind: str, call: cst.Call, func: Optional[str] = None) -> Optional[cst.Call]:
         """``pipeline_topology(pp=..., [tp=...,] dp=...)`` with the legacy arguments in their order

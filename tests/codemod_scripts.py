@@ -47,7 +47,7 @@ def without_runtime(code: str) -> str:
     """A migrated script without the ``import compat`` / ``compat.install()`` lines the migration
     adds (codemods.runtime), so that it runs without the mesh runtime."""
     lines = code.splitlines(keepends=True)
-    return "".join(line for line in lines if line.strip() != "import compat" and not line.startswith("compat.install()"))
+    return "".join(line for line in lines if line.strip() != "import compat" and not line.lstrip().startswith("compat.install()"))
 
 
 def run_fake_shim(source: str, rank: int, world: int, *, shim: bool) -> list[str]:

@@ -11,7 +11,9 @@ The scan does not use the codemods: it reads the legacy names from the installed
 sources (``deepspeed/utils/groups.py``, ``utils/bwc.py``, ``runtime/pipe/topology.py``) and walks each
 file's ``ast``. A site still present after the migration counts as flagged when its statement (for a
 compound statement: its header lines) carries a ``TODOV1`` comment, else as missed; the sites it no
-longer finds count as rewritten. Families:
+longer finds count as rewritten (a reader kept with the legacy state its builder keeps counts as
+flagged: the builder's one TODOV1, ``groups.<builder> kept with ...``, stands for them — a lettered
+getter for an AutoTP builder, an expert getter for an expert builder). Families:
 
 - ``groups``: a call of a ``deepspeed.utils.groups`` function (module alias, dotted, imported name,
   or a ``deepspeed.utils`` re-export), and ``groups.mpu = ...`` assignments;
@@ -284,7 +286,24 @@ def scan_source(source: str, names: LegacyNames, original: Optional[str] = None)
 
 
 def flagged(site: Site, lines: list[str]) -> bool:
-    return any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1))
+    """The site's statement carries a TODOV1, or it is a reader kept with the legacy state a builder
+    in this file keeps (the builder's one TODOV1 names it: ``kept with <name>:<line>``)."""
+    if any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1)):
+        return True
+    name = re.match(r"[\w.]*?(\w+)\(", site.text)
+    if not name:
+        return False
+    reader = name.group(1)
+    for line in lines:
+        kept = re.search(r"TODOV1: groups\.(\w+) kept with", line)
+        if kept is None:
+            continue
+        builder = kept.group(1)
+        if builder.startswith("_init_tp") and reader.startswith("get_"):  # the AutoTP groups' lettered getters
+            return True
+        if builder.startswith("_create_expert") and "expert" in reader:
+            return True
+    return False
 
 
 @dataclass

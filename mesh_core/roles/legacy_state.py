@@ -3,8 +3,9 @@
 A migrated ``groups._get_sequence_parallel_group()`` is ``current_mesh().get_group("sp")``. Where no
 default mesh is set (no mesh runtime, no ``set_default_mesh``) but the real, unpatched DeepSpeed
 recorded an mpu — ``deepspeed.initialize(mpu=...)`` stores it in ``deepspeed.utils.groups.mpu``
-(passed by keyword, positionally, through ``**kwargs``, or assigned there by another module) — or a
-device mesh (``groups.mesh_device``), the world data-parallel mesh would answer something else than
+(passed by keyword, positionally, through ``**kwargs``, or assigned there by another module) — a
+device mesh (``groups.mesh_device``), or AutoTP groups (``groups._init_tp_mesh_device``, built here
+or in another module), the world data-parallel mesh would answer something else than
 the legacy getter. :func:`legacy_groups_view` then returns a :class:`LegacyGroupsView`, which answers
 each mesh query with the legacy getter the rewrite replaced, so the result is what legacy computed (under the shim,
 ``deepspeed.utils.groups`` is compat's, whose getters answer what legacy answers with the shim). Any
@@ -37,13 +38,17 @@ _GETTERS: dict[tuple[str, ...], tuple[str, str, str]] = {
 }
 
 
+_LETTERED_DP = ("get_data_parallel_group", "get_data_parallel_world_size", "get_data_parallel_rank")
+
+
 def legacy_groups_view(fallback: Callable[[], Any]) -> Optional["LegacyGroupsView"]:
     """A view of DeepSpeed's own groups state when it holds an mpu or a device mesh, else None;
     ``fallback()`` gives the mesh that answers what the view has no legacy getter for."""
     groups = sys.modules.get(GROUPS_MODULE)
     if groups is None:
         return None
-    if getattr(groups, "mpu", None) is None and getattr(groups, "mesh_device", None) is None:
+    if getattr(groups, "mpu", None) is None and getattr(groups, "mesh_device", None) is None \
+            and getattr(groups, "_TENSOR_MODEL_PARALLEL_GROUP", None) is None:
         return None
     return LegacyGroupsView(groups, fallback)
 
@@ -72,12 +77,21 @@ class LegacyGroupsView:
     def __repr__(self) -> str:
         return f"LegacyGroupsView(mpu={getattr(self._groups, 'mpu', None)!r})"
 
+    def _autotp_only(self) -> bool:
+        """Legacy holds AutoTP groups and neither an mpu nor a device mesh: its data-parallel group
+        is the AutoTP one (the lettered getters'), not the world clone."""
+        g = self._groups
+        return getattr(g, "mpu", None) is None and getattr(g, "mesh_device", None) is None \
+            and getattr(g, "_DATA_PARALLEL_GROUP", None) is not None
+
     @property
     def rank(self) -> int:
         return dist.get_rank()
 
     def _getter(self, dims: Dims, what: int):
         key = _key(dims)
+        if key == ("dp",) and self._autotp_only():
+            return getattr(self._groups, _LETTERED_DP[what])  # the AutoTP data-parallel group
         if key == ("pp", "tp"):
             if what != 1:
                 raise MeshSpecError("legacy deepspeed.utils.groups only has the model-parallel world size")
@@ -94,16 +108,20 @@ class LegacyGroupsView:
         return self._getter(dims, 2)()
 
     def get_group_ranks(self, dims: Dims) -> list[int]:
-        if _key(dims) == ("dp",):
+        if _key(dims) == ("dp",) and not self._autotp_only():
             return list(self._groups._get_data_parallel_group_ranks())
         return sorted(dist.get_process_group_ranks(self.get_group(dims)))
 
     def expert_groups(self, ep_size: int) -> Any:
-        """The expert groups legacy built for ``ep_size`` (its ``ep_size_<N>`` tables)."""
+        """The expert groups legacy built for ``ep_size`` (its ``ep_size_<N>`` tables); where legacy
+        built none, the ones the world data-parallel mesh builds."""
         from ..device_mesh import ExpertGroups
 
         name = f"ep_size_{ep_size}"
         g = self._groups
+        built = getattr(g, "_get_expert_parallel_group_dict", None)
+        if built is not None and name not in built():  # none built by legacy: the mesh builds its own
+            return self._fallback().expert_groups(ep_size)
         return ExpertGroups(
             ep_size=ep_size,
             ep_group=g._get_expert_parallel_group(name),
