@@ -331,6 +331,8 @@ class TopologyCommand(MigrationCommand):
                 sizes = ", ".join(f"{d}={size}" for d, size in layout.dims)
                 return _KEPT_TOPOLOGY["same"].format(call=f"mesh_core.pipeline_topology({sizes})")
             return _KEPT_TOPOLOGY["groups only"].format(args=", ".join(layout.build_args()))
+        if kind in PIPE_TOPOLOGY_ARGS:  # a pipeline topology whose sizes are not readable here (*args)
+            return _PIPE_TOPOLOGY_TODO
         return _KEPT_TOPOLOGY["none"]
 
     def _pipeline_topology(self, kind: str, call: cst.Call, func: Optional[str] = None) -> Optional[cst.Call]:
