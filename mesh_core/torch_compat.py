@@ -267,11 +267,12 @@ def default_device_type() -> str:
     bound = bound_device()
     if bound is not None:
         return bound.type
-    served = [device for device, backend in backend_devices().items() if device != "cpu" and backend not in HOST_BACKENDS]
+    devices = backend_devices()
+    served = [device for device, backend in devices.items() if device != "cpu" and backend not in HOST_BACKENDS]
     if served:
         accelerator = accelerator_type()
         return accelerator if accelerator in served else served[0]
-    if backend_devices():
+    if devices:
         return "cpu"
     return accelerator_type() or "cpu"
 
