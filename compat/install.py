@@ -169,6 +169,13 @@ def _wrap_in_place(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
     _patches.replace(owner, name, wrapt.FunctionWrapper(owner.__dict__[name], wrapper))
 
 
+def _scope_in_place(owner: type, name: str) -> None:
+    """An engine entry point runs with its engine's groups state (compat.engine_scope)."""
+    from .engine_scope import scoped_entry_point
+
+    _patches.replace(owner, name, scoped_entry_point(owner.__dict__[name]))
+
+
 def _owner_name(owner: Any) -> str:
     if isinstance(owner, types.ModuleType):
         return owner.__name__
@@ -250,11 +257,9 @@ def _route_config(module: types.ModuleType) -> None:
 
 
 def _route_engine(module: types.ModuleType) -> None:
-    from .engine_scope import engine_step_wrapper
-
     for name in ENGINE_STEP_METHODS + ENGINE_GROUPS_METHODS:
         if name in ENGINE_STEP_METHODS or name in vars(module.DeepSpeedEngine):  # the rank getters: from 0.17.5
-            _wrap_in_place(module.DeepSpeedEngine, name, engine_step_wrapper)
+            _scope_in_place(module.DeepSpeedEngine, name)
 
 
 def _route_engine_destroy(module: types.ModuleType) -> None:
@@ -265,10 +270,8 @@ def _route_engine_destroy(module: types.ModuleType) -> None:
 
 
 def _route_pipe_engine(module: types.ModuleType) -> None:
-    from .engine_scope import engine_step_wrapper
-
     for name in PIPE_ENGINE_STEP_METHODS:
-        _wrap_in_place(module.PipelineEngine, name, engine_step_wrapper)
+        _scope_in_place(module.PipelineEngine, name)
 
 
 def _route_comm_barrier(module: types.ModuleType) -> None:
