@@ -201,3 +201,18 @@ def test_ulysses_getters_after_initialize_under_a_suppress_guard_agree(world):
     assert plain == ["OUT split (1, 2, [0, 1])", "OUT consecutive True"], plain
     assert run({"__main__": m.code}, 1, world, shim=False) == plain  # as written: it installs itself
     assert disagreements({"__main__": legacy}, {"__main__": m.code}, world, sorted({0, 1, world - 1})) == []
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_ulysses_getters_of_an_engine_built_through_kwargs_stay_lazy_and_agree(world):
+    # the engine is built by an initialize the migration does not touch (mpu in **kwargs): the
+    # getters become current_mesh() queries, answered from the mpu DeepSpeed recorded, with the
+    # mesh_core import inside the function that imported deepspeed
+    from codemod_referee import disagreements, run
+
+    legacy = source("ulysses_kwargs_engine.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"groups getter": 3} and not m.todos and "compat.install()" not in m.code
+    assert "        from mesh_core import current_mesh\n" in m.code and "groups." not in m.code
+    assert run({"__main__": legacy}, 3, world, shim=False) == [f"OUT (1, 2, {[2, 3]})"]
+    assert disagreements({"__main__": legacy}, {"__main__": m.code}, world, sorted({0, 1, world - 1})) == []
