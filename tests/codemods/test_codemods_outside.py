@@ -181,8 +181,14 @@ def test_sequence_parallel_getters_of_a_megatron_mpu_become_mesh_of_queries(worl
     m = migrate_code(legacy)
     assert m.sites == {"mpu call": 10, "initialize mpu": 1} and m.todos == {"mpu call": 1}
     assert 'mesh_of(mpu).get_group("sp")' in m.code and "mpu.get_sequence_parallel_src_rank()" in m.code
-    assert "TODOV1: mpu.get_tensor_model_parallel_src_rank()" in m.spelled_out()
+    advice = m.spelled_out()
+    assert "TODOV1: mpu.get_tensor_model_parallel_src_rank()" in advice
     assert_same_everywhere(legacy, m.code, world)
+    # the advice, applied, computes the same (the first rank of this rank's TP group)
+    advised_call = re.search(r'(mesh_of\(mpu\)\.get_group_ranks\("tp"\)\[0\]) once every mpu', advice).group(1)
+    advised = m.code.replace("mpu.get_tensor_model_parallel_src_rank()", advised_call)
+    assert "get_tensor_model_parallel_src_rank()," not in advised
+    assert_same_everywhere(legacy, advised, world)
 
 
 @pytest.mark.parametrize("world", [4, 8])
