@@ -24,6 +24,7 @@ start-up through the ``ds_mesh.pth`` file (see :func:`install_from_env`).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -166,7 +167,20 @@ def _logging_tree() -> types.ModuleType:
 
 # --- hook plumbing ------------------------------------------------------------------------------
 def _wrap_in_place(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
-    _patches.replace(owner, name, wrapt.FunctionWrapper(owner.__dict__[name], wrapper))
+    """``owner.name`` through ``wrapper(wrapped, instance, args, kwargs)`` (wrapt's signature)."""
+    original = owner.__dict__[name]
+    if isinstance(original, types.FunctionType):  # a plain method: a plain function costs a quarter of wrapt's per call
+        _patches.replace(owner, name, _method_through(original, wrapper))
+    else:
+        _patches.replace(owner, name, wrapt.FunctionWrapper(original, wrapper))
+
+
+def _method_through(original: types.FunctionType, wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return wrapper(original.__get__(self), self, args, kwargs)
+
+    return method
 
 
 def _scope_in_place(owner: type, name: str) -> None:
