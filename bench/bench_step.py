@@ -1,6 +1,7 @@
 """Per-step cost of the shim: plain DeepSpeed vs ``compat.install()`` on a launch-bound step, same run.
 
     python bench/bench_step.py [--stages 0,1,2,3] [--pairs 7] [--blocks 9] [--steps 50] [--profile STAGE]
+    python bench/bench_step.py --interleave 4 [--blocks 40]
 
 The model is 2 x Linear(8, 8) on one CPU rank (a gloo world of 1, ``DS_ACCELERATOR=cpu``): a step
 is nothing but launches and Python, what a GPU step of a small or well-overlapped model is made of,
@@ -13,6 +14,13 @@ less disturbed by other processes on a shared machine). Per stage it prints the 
 per step of each mode and shim / plain per pair as min / median / max, from each child's median
 block (wall, cpu) and from its fastest block (cpu-min: the least disturbed one, when other work
 shares the machine).
+
+``--interleave K`` instead alternates the modes inside each of K child processes (the build order
+flips every child): per stage a plain engine built and stepped with the shim uninstalled and a shim
+engine built and stepped with it installed, ``--blocks`` blocks of each taken in turn (each after a
+few untimed steps in its mode). It prints shim / plain over every neighbouring pair of blocks, min /
+median / max: what differs between child processes (memory layout, the machine's load at that
+minute) is common to both sides of a pair, so this resolves far smaller costs than the child pairs.
 
 ``--profile STAGE`` instead runs cProfile, in one process, over the plain and the shim engine's
 steps of that stage (the shim installed for the shim's steps only) and prints the functions whose
@@ -88,6 +96,62 @@ def child(shim: bool, stages: list[int], n: int, blocks: int) -> dict:
     return out
 
 
+def interleaved(shim_first: bool, stages: list[int], n: int, blocks: int) -> dict:
+    """Both modes in this process: per stage, ``blocks`` (plain, shim) pairs of CPU seconds per step."""
+    import torch
+
+    order = ("shim", "plain") if shim_first else ("plain", "shim")
+    out = {}
+    for stage in stages:
+        engines = {mode: build(stage, mode == "shim") for mode in order}
+        x = torch.randn(4, 8)
+        for mode in order:
+            set_shim(mode == "shim")
+            steps(engines[mode], x, 50)  # warm-up
+        pairs = []
+        for block in range(blocks):
+            timed = {}
+            for mode in (order if block % 2 == 0 else order[::-1]):
+                set_shim(mode == "shim")
+                steps(engines[mode], x, 5)  # the first steps after a switch pay for cold caches
+                timed[mode] = steps(engines[mode], x, n)[1]
+            pairs.append((timed["plain"], timed["shim"]))
+        for mode in order:
+            set_shim(mode == "shim")
+            engines[mode].destroy()
+        out[str(stage)] = pairs
+    set_shim(False)
+    return out
+
+
+def run_interleaved(stages: list[int], children: int, n: int, blocks: int) -> list[dict]:
+    import json
+    import subprocess
+
+    runs = []
+    for child_index in range(children):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "both-shim-first" if child_index % 2 else "both",
+               "--stages", ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"interleaved child failed:\n{proc.stderr[-3000:]}")
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def report_interleaved(runs: list[dict], stages: list[int], args: argparse.Namespace) -> None:
+    print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.interleave} child processes, each alternating {args.blocks} "
+          f"plain / shim blocks of {args.steps} steps per stage (CPU time of the stepping thread); shim/plain over "
+          "every neighbouring pair of blocks: min / median / max")
+    print(f"{'stage':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6} {'pairs':>6}")
+    for stage in stages:
+        pairs = [pair for run in runs for pair in run[str(stage)]]
+        ratios = sorted(s / p for p, s in pairs)
+        print(f"{stage:>6} {statistics.median(p for p, _ in pairs) * 1e6:>14.0f} "
+              f"{statistics.median(s for _, s in pairs) * 1e6:>13.0f} {ratios[0]:>15.3f} "
+              f"{statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f} {len(ratios):>6}", flush=True)
+
+
 def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
     """Plain and shim children alternated ``pairs`` times: per mode, per pair, each child's result."""
     import json
@@ -146,15 +210,20 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=7, help="plain / shim child processes alternated")
     parser.add_argument("--blocks", type=int, default=9, help="timed blocks per stage in each child")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
+    parser.add_argument("--interleave", type=int, default=0, metavar="K",
+                        help="K child processes, each alternating plain and shim blocks (see above)")
     parser.add_argument("--profile", type=int, default=None, metavar="STAGE")
-    parser.add_argument("--child", choices=("plain", "shim"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("plain", "shim", "both", "both-shim-first"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     stages = [int(s) for s in args.stages.split(",")]
     if args.child is None and args.profile is None:
-        report(alternate(stages, args.pairs, args.steps, args.blocks), stages, args)
+        if args.interleave:
+            report_interleaved(run_interleaved(stages, args.interleave, args.steps, args.blocks), stages, args)
+        else:
+            report(alternate(stages, args.pairs, args.steps, args.blocks), stages, args)
         return
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's per-call deprecation notes (ZeRO-3)
-    if args.child == "shim" or args.profile is not None:
+    if args.child != "plain":
         import compat  # noqa: F401  (the shim child installs it below, before deepspeed is imported)
     if args.child == "shim":
         set_shim(True)
@@ -170,6 +239,9 @@ def main() -> None:
         return
     import json
 
+    if args.child in ("both", "both-shim-first"):
+        print(json.dumps(interleaved(args.child == "both-shim-first", stages, args.steps, args.blocks)))
+        return
     print(json.dumps(child(args.child == "shim", stages, args.steps, args.blocks)))
 
 

@@ -181,7 +181,9 @@ def _in_deepspeed(module: Optional[str]) -> bool:
 def _finish(parsed: cst.Module, tree: cst.Module, code: str, package: Optional[str]) -> cst.Module:
     """The steps after the codemods on a changed tree (whose text is ``code``): imports into the
     scopes of the ones they replace, f-string quotes for Python < 3.12."""
-    tree = localize(parsed, tree, in_package=bool(package))
+    # a relative import is a legacy one only inside deepspeed's own package (elsewhere it is the
+    # project's own: accelerate's ``from .utils import ...`` does not make deepspeed a top-level import)
+    tree = localize(parsed, tree, in_package=_in_deepspeed(package))
     return requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import gc
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 ENGINE_STATE_ATTR = "_mesh_groups_state"
 # the mesh of the engine ``deepspeed.initialize`` is building right now (set by compat.initialize)
@@ -66,84 +67,81 @@ def activate(state: GroupsState) -> None:
     groups._set_wrong_grid(state.mpu if isinstance(state.mpu, AmbiguousGrid) else None)
 
 
-@contextlib.contextmanager
-def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
-    """Make ``state`` current inside the block (no-op for None); restore the previous one after."""
-    if state is None:
-        yield
-        return
-    previous = capture()
-    if previous == state:
-        with _default_mesh(state.mesh):
-            yield
-        return
-    activate(state)
-    try:
-        with _default_mesh(state.mesh):
-            yield
-    finally:
-        activate(previous)
-
-
-@contextlib.contextmanager
-def _default_mesh(mesh: Any) -> Iterator[None]:
-    """issue 10b: mesh_core's default mesh follows the bound groups state inside an engine's scope,
-    so migrated DeepSpeed code (``current_mesh()``) reads the mesh the legacy getters would serve;
-    the default the user had is restored exactly (a context token, not a copy)."""
-    from mesh_core import DeepSpeedDeviceMesh, use_mesh
-
-    if not isinstance(mesh, DeepSpeedDeviceMesh):
-        yield
-        return
-    with use_mesh(mesh):
-        yield
-
-
+_GROUPS: list = []  # [compat.groups] once imported
+_MESH_CORE: list = []  # [DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh] once imported
 _scope_meshes: list = []  # meshes of the engines whose entry points are running, innermost last
 
 
-def engine_step_wrapper(wrapped, instance, args, kwargs):
-    """wrapt wrapper for engine entry points: run them with the engine's groups state.
+def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
+    """Make ``state`` current (the groups state, and mesh_core's default mesh when it is a mesh, so
+    migrated code's ``current_mesh()`` reads what the legacy getters serve); with ``scope``, also the
+    engine scope :func:`scope_mesh` reads. Returns what :func:`_leave` restores.
 
-    What :func:`groups_state` does, inline (no generator, no import): it runs on every forward,
-    backward and step, so its cost is a share of every training step."""
-    state = instance.__dict__.get(ENGINE_STATE_ATTR)
+    No generator and no import after the first call: an engine's entry points run it on every
+    forward, backward and step."""
     if state is None:
-        _scope_meshes.append(None)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            _scope_meshes.pop()
+        if scope:
+            _scope_meshes.append(None)
+        return None, None, scope
     groups = _GROUPS[0] if _GROUPS else _groups()
     mesh = state.mesh
-    switch = not (groups.bound_mesh() is mesh and groups.mpu is state.mpu and groups.mesh_device is state.mesh_device)
-    previous = capture() if switch else None
-    _scope_meshes.append(mesh)
-    token = _enter_default(mesh)
-    try:
-        if switch:
+    previous = None
+    if not (groups.bound_mesh() is mesh and groups.mpu is state.mpu and groups.mesh_device is state.mesh_device):
+        previous = capture()
+        try:
             activate(state)
-        return wrapped(*args, **kwargs)
-    finally:
-        if switch:
-            activate(previous)  # type: ignore[arg-type]
-        if token is not None:
-            _MESH_CORE[2](token)
-        _scope_meshes.pop()
-
-
-_GROUPS: list = []  # [compat.groups] once imported
-_MESH_CORE: list = []  # [DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh] once imported
-
-
-def _enter_default(mesh: Any) -> Any:
-    """:func:`_default_mesh`'s entry without a generator: the token to leave it with, or None."""
+        except BaseException:
+            activate(previous)
+            raise
     if not _MESH_CORE:
         from mesh_core import DeepSpeedDeviceMesh
         from mesh_core.roles.default import enter_default_mesh, leave_default_mesh
 
         _MESH_CORE.extend((DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh))
-    return _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
+    # the default the user had comes back exactly on leaving (a context token, not a copy)
+    token = _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
+    if scope:
+        _scope_meshes.append(mesh)
+    return previous, token, scope
+
+
+def _leave(entered: tuple) -> None:
+    """Undo one :func:`_enter`, innermost first."""
+    previous, token, scope = entered
+    if scope:
+        _scope_meshes.pop()
+    if token is not None:
+        _MESH_CORE[2](token)
+    if previous is not None:
+        activate(previous)
+
+
+@contextlib.contextmanager
+def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
+    """Make ``state`` current inside the block (no-op for None); restore the previous one after."""
+    entered = _enter(state, scope=False)
+    try:
+        yield
+    finally:
+        _leave(entered)
+
+
+def scoped_entry_point(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, an engine method (``forward``, ``step``, a rank getter, ...), run with its
+    engine's groups state and as the engine in scope.
+
+    A plain function rather than a ``wrapt`` wrapper: it runs on every forward, backward and step,
+    and a wrapt method wrapper costs about four times as much per call."""
+
+    @functools.wraps(original)
+    def entry_point(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entered = _enter(self.__dict__.get(ENGINE_STATE_ATTR), scope=True)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _leave(entered)
+
+    return entry_point
 
 
 def scope_mesh() -> Any:

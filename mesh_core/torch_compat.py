@@ -246,11 +246,13 @@ def backend_devices(group: Optional[dist.ProcessGroup] = None) -> dict[str, str]
         if sep:
             pairs[device.strip()] = backend.strip().lower()
         elif device:  # a bare backend name: it serves its home device
-            pairs[_home_device(device.strip().lower())] = device.strip().lower()
+            pairs[home_device_type(device.strip().lower())] = device.strip().lower()
     return pairs
 
 
-def _home_device(backend: str) -> str:
+def home_device_type(backend: str) -> str:
+    """The device type a backend's collectives serve: cpu for a host backend (gloo, fake, mpi), the
+    device torch maps to it otherwise (cuda for nccl), cpu when torch maps it to none."""
     if backend in HOST_BACKENDS:
         return "cpu"
     for device, name in dist.Backend.default_device_backend_map.items():

@@ -51,7 +51,7 @@ def world_devices() -> WorldDevices:
     accelerator's current device when the backend moves accelerator tensors)."""
     group = torch_compat.default_group()
     backend = str(dist.get_backend(group))
-    types = sorted(torch_compat.backend_devices(group)) or (["cuda"] if backend == "nccl" else ["cpu"])
+    types = sorted(torch_compat.backend_devices(group)) or [torch_compat.home_device_type(backend)]
     bound = torch_compat.bound_device(group)
     own: Optional[torch.device] = bound
     if own is None and any(t != "cpu" for t in types):

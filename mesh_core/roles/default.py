@@ -79,12 +79,16 @@ def use_mesh(mesh: "DeepSpeedDeviceMesh") -> Iterator["DeepSpeedDeviceMesh"]:
         _current.reset(token)
 
 
-def enter_default_mesh(mesh: Optional["DeepSpeedDeviceMesh"]) -> Token:
+def enter_default_mesh(mesh: Optional["DeepSpeedDeviceMesh"]) -> Optional[Token]:
     """Make ``mesh`` the default mesh until :func:`leave_default_mesh` is given the returned token
-    (:func:`use_mesh` without a generator, for wrappers that run on every training step)."""
+    (:func:`use_mesh` without a generator, for wrappers that run on every training step); None
+    when ``mesh`` already is the default (nothing to restore)."""
+    if _current.get() is mesh:
+        return None
     return _current.set(mesh)
 
 
-def leave_default_mesh(token: Token) -> None:
+def leave_default_mesh(token: Optional[Token]) -> None:
     """Restore the default mesh from before the :func:`enter_default_mesh` that returned ``token``."""
-    _current.reset(token)
+    if token is not None:
+        _current.reset(token)

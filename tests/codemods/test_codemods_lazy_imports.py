@@ -70,6 +70,15 @@ def test_lazy_legacy_import_stays_lazy(name, monkeypatch):
     assert callable(namespace["sizes"])
 
 
+def test_relative_imports_of_another_package_do_not_make_the_import_module_level():
+    # a package of its own (accelerate) imports its modules relatively at the top and deepspeed only
+    # in a function: the added import stays in that function, as without a package
+    source = "from .utils import helper\n\n\n" + LAZY["function"]
+    migrated = migrate_code(source, module="accelerate.accelerator", package="accelerate").code
+    assert "mesh_core" not in module_level_imports(migrated), migrated
+    assert "    from mesh_core import current_mesh\n" in migrated
+
+
 def test_unconditional_top_level_import_keeps_the_module_level_import():
     migrated = migrate_code(EAGER).code
     assert "mesh_core" in module_level_imports(migrated)

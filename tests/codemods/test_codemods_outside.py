@@ -152,3 +152,73 @@ def test_methods_outside_deepspeeds_mpu_protocol_are_the_objects_own_api_and_lef
     m = migrate_code(legacy)
     assert "mpu.get_topology()" in m.code and 'mesh_of(mpu).get_rank("dp")' in m.code
     assert "TODOV1: mpu.get_topology" not in m.code
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_an_old_mpu_module_handed_to_initialize_in_one_environment_answers_the_same(world):
+    # an mpu with only model- and data-parallel getters (no pipeline, no tensor getters), deepspeed
+    # imported under try: the model-parallel group is the mpu's own get_model_parallel_group()
+    legacy = source("old_mpu_trainer.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"mpu call": 3, "initialize mpu": 1} and not m.todos
+    assert 'mesh_of(mpu).get_group(("pp", "tp"))' in m.code and "mpu.get_model_parallel_src_rank()" in m.code
+    assert "try:\n    import compat\n    compat.install()" in m.code  # under the guard deepspeed is under
+    assert_same_everywhere(legacy, m.code, world)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_grid_parameter_annotated_through_the_topology_module_it_shadows_answers_the_same(world):
+    legacy = source("grid_param_module_annotation.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"engine grid": 6} and set(m.todos) == {"grid construction"}
+    assert "topology.get_" not in m.code.split("def make_unit")[1].split("grid =")[0]
+    assert_same_everywhere(legacy, m.code, world)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_sequence_parallel_getters_of_a_megatron_mpu_become_mesh_of_queries(world):
+    legacy = source("megatron_sp_mpu.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"mpu call": 10, "initialize mpu": 1} and m.todos == {"mpu call": 1}
+    assert 'mesh_of(mpu).get_group("sp")' in m.code and "mpu.get_sequence_parallel_src_rank()" in m.code
+    advice = m.spelled_out()
+    assert "TODOV1: mpu.get_tensor_model_parallel_src_rank()" in advice
+    assert_same_everywhere(legacy, m.code, world)
+    # the advice, applied, computes the same (the first rank of this rank's TP group)
+    advised_call = re.search(r'(mesh_of\(mpu\)\.get_group_ranks\("tp"\)\[0\]) once every mpu', advice).group(1)
+    advised = m.code.replace("mpu.get_tensor_model_parallel_src_rank()", advised_call)
+    assert "get_tensor_model_parallel_src_rank()," not in advised
+    assert_same_everywhere(legacy, advised, world)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_ulysses_getters_after_initialize_under_a_suppress_guard_agree(world):
+    # the migration hands the Ulysses state to initialize as a mesh and installs the runtime (under
+    # the same contextlib.suppress as deepspeed): compared as the referee does, with the shim and as
+    # written, against legacy under the shim (the migrated program needs the runtime)
+    from codemod_referee import disagreements, run
+
+    legacy = source("ulysses_policy.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"groups getter": 4, "initialize mpu": 2} and not m.todos
+    assert "with contextlib.suppress(Exception):\n    import compat\n    compat.install()" in m.code
+    assert "groups." not in m.code
+    plain = run({"__main__": legacy}, 1, world, shim=False)
+    assert plain == ["OUT split (1, 2, [0, 1])", "OUT consecutive True"], plain
+    assert run({"__main__": m.code}, 1, world, shim=False) == plain  # as written: it installs itself
+    assert disagreements({"__main__": legacy}, {"__main__": m.code}, world, sorted({0, 1, world - 1})) == []
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_ulysses_getters_of_an_engine_built_through_kwargs_stay_lazy_and_agree(world):
+    # the engine is built by an initialize the migration does not touch (mpu in **kwargs): the
+    # getters become current_mesh() queries, answered from the mpu DeepSpeed recorded, with the
+    # mesh_core import inside the function that imported deepspeed
+    from codemod_referee import disagreements, run
+
+    legacy = source("ulysses_kwargs_engine.py")
+    m = migrate_code(legacy)
+    assert m.sites == {"groups getter": 3} and not m.todos and "compat.install()" not in m.code
+    assert "        from mesh_core import current_mesh\n" in m.code and "groups." not in m.code
+    assert run({"__main__": legacy}, 3, world, shim=False) == [f"OUT (1, 2, {[2, 3]})"]
+    assert disagreements({"__main__": legacy}, {"__main__": m.code}, world, sorted({0, 1, world - 1})) == []
