@@ -35,6 +35,7 @@ import gc
 import io
 import logging
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -44,6 +45,12 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+
+
+# every child gets the same string hashes and, where setarch can turn address randomisation off, the
+# same memory layout: what differs between two children of one mode is then the machine, not the process
+_CHILD_ENV = {**os.environ, "PYTHONHASHSEED": "0"}
+_SAME_LAYOUT = ["setarch", os.uname().machine, "-R"] if shutil.which("setarch") else []
 
 
 def config(stage: int) -> dict:
@@ -132,7 +139,7 @@ def run_interleaved(stages: list[int], children: int, n: int, blocks: int) -> li
     for child_index in range(children):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "both-shim-first" if child_index % 2 else "both",
                "--stages", ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run([*_SAME_LAYOUT, *cmd], capture_output=True, text=True, timeout=1800, env=_CHILD_ENV)
         if proc.returncode != 0:
             raise SystemExit(f"interleaved child failed:\n{proc.stderr[-3000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -160,9 +167,9 @@ def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
     runs: dict[str, list[dict]] = {"plain": [], "shim": []}
     for pair in range(pairs):
         for mode in (("plain", "shim") if pair % 2 == 0 else ("shim", "plain")):
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--stages", ",".join(map(str, stages)),
-                   "--steps", str(n), "--blocks", str(blocks)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            cmd = [*_SAME_LAYOUT, sys.executable, os.path.abspath(__file__), "--child", mode, "--stages",
+                   ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_CHILD_ENV)
             if proc.returncode != 0:
                 raise SystemExit(f"{mode} child failed:\n{proc.stderr[-3000:]}")
             runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
