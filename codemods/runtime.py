@@ -25,6 +25,8 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 
+from .base import ast_identifiers
+
 RUNTIME_KINDS = ("initialize mpu", "initialize mesh_param")
 INSTALL = "compat.install()"
 COMMENT = "# the mesh runtime: deepspeed.initialize reads the config's \"mesh\" section"
@@ -44,18 +46,6 @@ def _engine_mesh_reads(tree: ast.AST) -> int:
         if isinstance(n, ast.Attribute) and n.attr == "mesh_device"
         and not (isinstance(n.value, ast.Name) and n.value.id == "self")
     )
-
-
-def _names(tree: ast.AST) -> set[str]:
-    found: set[str] = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name):
-            found.add(n.id)
-        elif isinstance(n, ast.Attribute):
-            found.add(n.attr)
-        elif isinstance(n, ast.alias):
-            found.add((n.asname or n.name).rpartition(".")[2])
-    return found
 
 
 def installs(tree: ast.AST) -> bool:
@@ -85,7 +75,7 @@ def needs_runtime(source: str, code: str, sites: Counter) -> bool:
     if not moved and "mesh_device" not in code:
         return False
     after = _tree(code)
-    if after is None or "initialize" not in _names(after) or installs(after):
+    if after is None or "initialize" not in ast_identifiers(after) or installs(after):
         return False
     if moved:
         return True
