@@ -101,8 +101,17 @@ def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
     # the default the user had comes back exactly on leaving (a context token, not a copy)
     token = _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
     if scope:
+        if previous is None and token is None and not _scope_meshes and _spans_world(mesh):
+            groups.STATE_MARK[0] = state  # nothing to change: the next entry point may skip all this
         _scope_meshes.append(mesh)
     return previous, token, scope
+
+
+def _spans_world(mesh: Any) -> bool:
+    """``mesh`` is a mesh over every rank of the world: its scope changes nothing a world group would
+    not do (:func:`barrier_wrapper`, :func:`same_ints_wrapper`)."""
+    spec = getattr(mesh, "spec", None) if isinstance(mesh, _MESH_CORE[0]) else None
+    return spec is not None and spec.size == spec.world_size
 
 
 def _leave(entered: tuple) -> None:
@@ -131,11 +140,22 @@ def scoped_entry_point(original: Callable[..., Any]) -> Callable[..., Any]:
     engine's groups state and as the engine in scope.
 
     A plain function rather than a ``wrapt`` wrapper: it runs on every forward, backward and step,
-    and a wrapt method wrapper costs about four times as much per call."""
+    and a wrapt method wrapper costs about four times as much per call. While the engine's state is
+    current and its mesh spans the world and is this context's default, a call only checks that: a
+    launch-bound step's time goes to cache misses more than to instructions, so every object a
+    per-step check touches counts (docs/benchmarks.md)."""
+    from mesh_core.roles.default import DEFAULT_MESH
+
+    marked = _groups().STATE_MARK
 
     @functools.wraps(original)
     def entry_point(self: Any, *args: Any, **kwargs: Any) -> Any:
-        entered = _enter(self.__dict__.get(ENGINE_STATE_ATTR), scope=True)
+        state = self.__dict__.get(ENGINE_STATE_ATTR)
+        # fast path: the last entry found nothing to change, and neither the groups state (which
+        # clears the mark on any change) nor this context's default mesh changed since
+        if state is marked[0] and state is not None and DEFAULT_MESH.get() is state.mesh:
+            return original(self, *args, **kwargs)
+        entered = _enter(state, scope=True)
         try:
             return original(self, *args, **kwargs)
         finally:

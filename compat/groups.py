@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -60,12 +61,25 @@ mesh_device: Any = None
 expert_tensor_parallel_world_size: int = 1
 # set while engines with different layouts exist and none is in scope (compat.engine_scope)
 _WRONG_GRID: Any = None
+# [the engine groups state known to be current] (compat.engine_scope's entry-point fast path), or
+# [None]; every change of this module's state (bound mesh, mpu, mesh_device, wrong grid) clears it
+STATE_MARK: list = [None]
 
 
 def _set_wrong_grid(ambiguous: Any) -> None:
     """Make every legacy global getter raise ``ambiguous.error(...)`` (None: serve normally)."""
     global _WRONG_GRID
+    STATE_MARK[0] = None
     _WRONG_GRID = ambiguous
+
+
+class _MarkedModule(types.ModuleType):
+    """This module's class: an attribute written from outside (``groups.mpu = ...``, through
+    ``deepspeed.utils.groups`` too) clears :data:`STATE_MARK`."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        STATE_MARK[0] = None
+        super().__setattr__(name, value)
 
 
 class DeprecatedException(Exception):
@@ -196,6 +210,7 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     state = _state
     if mesh is not None and mesh is state.mesh and state.mesh_is_bound:
         return  # already bound (engines re-bind their mesh around every step)
+    STATE_MARK[0] = None
     if mesh is None:
         if state.mesh_is_bound:  # back to what _init_tp_mesh_device had set up, if anything
             state.mesh, state.mesh_is_bound, state.bound_groups = None, False, {}
@@ -301,6 +316,7 @@ def _release_process_group_references(group: Any = None) -> None:
     _W_RELEASE.warn()
     global _state, mpu, mesh_device, expert_tensor_parallel_world_size
     if group is None:
+        STATE_MARK[0] = None
         sequence_parallel = sys.modules.get("deepspeed.runtime.sequence_parallel.parallel_state_sp")
         release_sp = getattr(sequence_parallel, "_release_sequence_parallel_groups", None)
         if release_sp is not None:  # 0.19.8 (not 0.19.7 and older, nor the development tree)
@@ -1369,3 +1385,6 @@ def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
     _W_ZP_RANKS.warn()
     return _hpz.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed
+
+
+sys.modules[__name__].__class__ = _MarkedModule

@@ -11,7 +11,9 @@ unchanged with two groups instead of one (what MiCS did before it was removed):
   averaged a gradient partition inside the shard group, it is all-reduced across the replicas and
   divided by R (stage 3: each reduced bucket, in ``partition_grads``; stage 1/2: the rank's
   partition at the start of ``step``, before the overflow check and the norm), so every replica
-  applies the same update and the result is dp-only ZeRO's over R x S ranks.
+  applies the same update and the result is dp-only ZeRO's over R x S ranks. These per-step hooks
+  sit on the HSDP optimizer instances only (:func:`hook_replica_average`): other optimizers run
+  DeepSpeed's methods untouched, and an HSDP engine keeps averaging after ``compat.uninstall()``.
 
 Checkpoints: the replica whose ``dp_replicate`` coordinate is 0 writes the S ZeRO partition files
 (``zero_pp_rank_<shard rank>_...``); every replica reads them back. Between HSDP and dp-only ZeRO
@@ -22,6 +24,7 @@ Checkpoints: the replica whose ``dp_replicate`` coordinate is 0 writes the S ZeR
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import logging
 import weakref
@@ -170,6 +173,7 @@ def configure_zero_optimizer_wrapper(wrapped, instance, args, kwargs):
         _building.reset(token)
         instance.seq_data_parallel_group = saved
     _optimizers[optimizer] = groups
+    hook_replica_average(optimizer, groups)
     logger.info("HSDP ZeRO-%d on %s: partitions over %s", instance.zero_optimization_stage(),
                 mesh.spec.describe(), mesh.get_group_ranks(SHARD_DIMS))
     return optimizer
@@ -206,26 +210,44 @@ def zero_init_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*call.args, **call.kwargs)
 
 
-def stage3_partition_grads_wrapper(wrapped, instance, args, kwargs):
-    """``DeepSpeedZeroOptimizer_Stage3.partition_grads``: average the reduced partitions across replicas."""
-    groups = groups_of(instance)
-    if groups is not None:
-        groups.average(list(args[1] if len(args) > 1 else kwargs["grad_partitions"]))
-    return wrapped(*args, **kwargs)
+def _stage3_partitions(optimizer: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """``partition_grads(params_to_release, grad_partitions)``'s reduced partitions."""
+    return list(args[1] if len(args) > 1 else kwargs["grad_partitions"])
 
 
-def stage12_step_wrapper(wrapped, instance, args, kwargs):
-    """``DeepSpeedZeroOptimizer.step``: average this rank's gradient partition across replicas first."""
-    groups = groups_of(instance)
-    if groups is not None:
-        tensors: list[torch.Tensor] = []
-        for grads in instance.averaged_gradients.values():
-            if isinstance(grads, torch.Tensor):
-                tensors.append(grads)
-            elif grads is not None:
-                tensors.extend(grads)
-        groups.average(tensors)
-    return wrapped(*args, **kwargs)
+def _stage12_partition(optimizer: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:  # noqa: ARG001
+    """A stage 1/2 optimizer's gradient partition of this rank (``averaged_gradients``)."""
+    tensors: list[torch.Tensor] = []
+    for grads in optimizer.averaged_gradients.values():
+        if isinstance(grads, torch.Tensor):
+            tensors.append(grads)
+        elif grads is not None:
+            tensors.extend(grads)
+    return tensors
+
+
+def hook_replica_average(optimizer: Any, groups: HsdpGroups) -> None:
+    """Average ``optimizer``'s gradient partitions across the replicas on every step: stage 3 each
+    reduced bucket in ``partition_grads``, stage 1/2 the rank's partition at the start of ``step``.
+
+    On this instance only; the hook holds the optimizer weakly (no reference cycle keeps its
+    tensors alive after the engine is dropped)."""
+    if hasattr(optimizer, "partition_grads"):
+        name, tensors_of = "partition_grads", _stage3_partitions
+    elif hasattr(optimizer, "averaged_gradients"):
+        name, tensors_of = "step", _stage12_partition
+    else:  # ZeRO-3 without an optimizer (DeepSpeedZeRoOffload): no gradients to average
+        return
+    method = getattr(type(optimizer), name)
+    owner = weakref.ref(optimizer)
+
+    @functools.wraps(method)
+    def averaged_first(*args: Any, **kwargs: Any) -> Any:
+        self = owner()
+        groups.average(tensors_of(self, args, kwargs))
+        return method(self, *args, **kwargs)
+
+    setattr(optimizer, name, averaged_first)
 
 
 Wrapper = Callable[[Any, Any, tuple, dict], Any]
@@ -236,8 +258,4 @@ WRAPPERS: dict[str, list[tuple[str, str, Wrapper]]] = {
         ("DeepSpeedEngine", "_configure_checkpointing", configure_checkpointing_wrapper),
     ],
     "deepspeed.runtime.zero.partition_parameters": [("Init", "__init__", zero_init_wrapper)],
-    "deepspeed.runtime.zero.stage3": [
-        ("DeepSpeedZeroOptimizer_Stage3", "partition_grads", stage3_partition_grads_wrapper),
-    ],
-    "deepspeed.runtime.zero.stage_1_and_2": [("DeepSpeedZeroOptimizer", "step", stage12_step_wrapper)],
 }

@@ -14,8 +14,9 @@
   ``eval_batch``, rank getters and checkpoint save / load run with their own engine's groups
   state (:mod:`compat.engine_scope`);
 - ZeRO on an HSDP mesh (:mod:`compat.hsdp`): the engine's ``_configure_zero_optimizer`` /
-  ``_configure_checkpointing``, ``zero.Init.__init__``, stage 3's ``partition_grads`` and stage 1/2's
-  ``step`` are wrapped in place (they pass through unless the engine's mesh is an HSDP one).
+  ``_configure_checkpointing`` and ``zero.Init.__init__`` are wrapped in place (they pass through
+  unless the engine's mesh is an HSDP one); an HSDP engine's ZeRO optimizer gets its per-step
+  replica average on the instance.
 
 Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the groups functions,
 ``pipe/module.py``'s grid and topology names) are re-pointed as well. :func:`uninstall` restores
@@ -348,8 +349,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
     ("deepspeed", _route_initialize),
     ("deepspeed.launcher.multinode_runner", _route_launcher_env),
-    *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters",
-                                       "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2")),
+    *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters")),
 ]
 _routes = ImportRoutes(_patches, _APPLIERS, _lock, lambda: _active, on_error=_abandon)
 

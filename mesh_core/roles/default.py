@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _current: ContextVar[Optional["DeepSpeedDeviceMesh"]] = ContextVar("mesh_core_default_mesh", default=None)
+# read-only view for per-step hot paths (``DEFAULT_MESH.get() is mesh``); set it with the functions below
+DEFAULT_MESH = _current
 
 
 def default_mesh() -> "DeepSpeedDeviceMesh":

@@ -125,7 +125,9 @@ def train(stage: int, mesh: dict, gas: int = 1) -> dict:
     engine = build(config(stage, mesh, gas=gas))
     out = {"losses": run_steps(engine, STEPS * gas), "grad_norm": float(engine.get_global_grad_norm()),
            **local_state(engine), "params": full_params(engine),
-           "save_zero_checkpoint": engine.save_zero_checkpoint}
+           "save_zero_checkpoint": engine.save_zero_checkpoint,
+           # the per-step replica average sits on the HSDP optimizer instance, nowhere else
+           "hooked": sorted(name for name in ("step", "partition_grads") if name in vars(engine.optimizer))}
     m = engine.mesh_device
     if "dp_shard" in m.spec.names:
         out["mesh_dp_shard"] = m.get_group_ranks(("dp_shard", "sp"))

@@ -114,6 +114,7 @@ def test_zero_partitions_over_the_mesh_dp_shard_group(runs, stage, mode):
         assert flat / S <= got["optimizer_numel"] < flat / S + S
         assert sum(m.numel() for m in got["moments"]) == 2 * sum(t.numel() for t in got["fp32"])
         assert got["save_zero_checkpoint"] == (got["mesh_dp_replicate"].index(rank) == 0)
+        assert got["hooked"] == (["partition_grads"] if stage == 3 else ["step"]) and dp["hooked"] == []
 
 
 @pytest.mark.multiprocess
