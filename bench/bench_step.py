@@ -150,13 +150,18 @@ def report_interleaved(runs: list[dict], stages: list[int], args: argparse.Names
     print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.interleave} child processes, each alternating {args.blocks} "
           f"plain / shim blocks of {args.steps} steps per stage (CPU time of the stepping thread); shim/plain over "
           "every neighbouring pair of blocks: min / median / max")
-    print(f"{'stage':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6} {'pairs':>6}")
+    print("per child: its shim median block / its plain median block, min / median / max over children")
+    print(f"{'stage':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6} "
+          f"{'pairs':>6} {'per child min':>14} {'median':>7} {'max':>6}")
     for stage in stages:
         pairs = [pair for run in runs for pair in run[str(stage)]]
         ratios = sorted(s / p for p, s in pairs)
+        per_child = sorted(statistics.median(s for _, s in run[str(stage)]) / statistics.median(p for p, _ in run[str(stage)])
+                           for run in runs)
         print(f"{stage:>6} {statistics.median(p for p, _ in pairs) * 1e6:>14.0f} "
               f"{statistics.median(s for _, s in pairs) * 1e6:>13.0f} {ratios[0]:>15.3f} "
-              f"{statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f} {len(ratios):>6}", flush=True)
+              f"{statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f} {len(ratios):>6} {per_child[0]:>14.3f} "
+              f"{statistics.median(per_child):>7.3f} {per_child[-1]:>6.3f}", flush=True)
 
 
 def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:

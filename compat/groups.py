@@ -1140,7 +1140,7 @@ _W_SP_RANK = _w("_get_sequence_parallel_rank")
 _W_SP_GROUP = _w("_get_sequence_parallel_group")
 _W_SDP_WS = _w("_get_sequence_data_parallel_world_size")
 _W_SDP_RANK = _w("_get_sequence_data_parallel_rank")
-_W_SDP_GROUP = _w("_get_sequence_data_parallel_group")
+_W_SDP_GROUP = _w("_get_sequence_data_parallel_group", hot=True)
 
 
 def _dp_group():
@@ -1306,10 +1306,13 @@ def _sdp_group():
 
 
 def _get_sequence_data_parallel_group():
-    # TODOV1: legacy shim
+    # TODOV1: legacy shim (hot getter: DeepSpeed calls it on every ZeRO-0 step)
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_group()")
-    _W_SDP_GROUP.warn()
+    if _W_SDP_GROUP.budget:
+        _W_SDP_GROUP.probe(_getframe(1))
+    if mpu is None and mesh_device is None and _state.bound_groups:
+        return _state.bound_groups[("dp", "sp")][0]
     return _sdp_group()
 
 
