@@ -108,9 +108,9 @@ def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
 
 
 def _spans_world(mesh: Any) -> bool:
-    """``mesh`` is a mesh over every rank of the world: its scope changes nothing a world group would
-    not do (:func:`barrier_wrapper`, :func:`same_ints_wrapper`)."""
-    spec = getattr(mesh, "spec", None) if isinstance(mesh, _MESH_CORE[0]) else None
+    """``mesh`` (an engine's mesh, or None) is over every rank of the world: its scope changes
+    nothing a world group would not do (:func:`barrier_wrapper`, :func:`same_ints_wrapper`)."""
+    spec = getattr(mesh, "spec", None)
     return spec is not None and spec.size == spec.world_size
 
 
@@ -178,7 +178,7 @@ def barrier_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's s
     enter the engine, so a world barrier there would hang."""
     group = kwargs.get("group", args[0] if args else None)
     mesh = scope_mesh() if group is None else None
-    if mesh is not None and mesh.spec.size != mesh.spec.world_size:
+    if mesh is not None and not _spans_world(mesh):
         args, kwargs = args[1:], {**kwargs, "group": mesh.get_group(mesh.spec.names)}
     return wrapped(*args, **kwargs)
 
@@ -288,7 +288,7 @@ def same_ints_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's
     """wrapt wrapper for ZeRO-3's ``assert_ints_same_as_other_ranks`` (a world broadcast from rank
     0): inside a sub-world engine, compare with the engine's first rank over the engine's group."""
     mesh = scope_mesh()
-    if mesh is None or mesh.spec.size == mesh.spec.world_size:
+    if mesh is None or _spans_world(mesh):
         return wrapped(*args, **kwargs)
     import torch.distributed as dist
 

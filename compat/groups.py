@@ -1311,8 +1311,6 @@ def _get_sequence_data_parallel_group():
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_group()")
     if _W_SDP_GROUP.budget:
         _W_SDP_GROUP.probe(_getframe(1))
-    if mpu is None and mesh_device is None and _state.bound_groups:
-        return _state.bound_groups[("dp", "sp")][0]
     return _sdp_group()
 
 

@@ -128,7 +128,7 @@ def test_a_sub_world_engine_never_marks_and_is_in_scope_inside(restore_groups):
 
 def test_an_entry_inside_another_engine_never_marks(restore_groups):
     inner_mesh, outer_mesh = DeepSpeedDeviceMesh.build(dp=4), DeepSpeedDeviceMesh.build(ranks=[0, 1], dp=2)
-    inner, outer = _Engine(inner_mesh), _Engine(outer_mesh)
+    inner = _Engine(inner_mesh)
     activate(_state(inner))
     set_default_mesh(inner_mesh)
     groups.STATE_MARK[0] = None
@@ -139,7 +139,6 @@ def test_an_entry_inside_another_engine_never_marks(restore_groups):
         engine_scope._scope_meshes.pop()
     assert groups.STATE_MARK[0] is None
     assert inner.seen[-1][4] is inner_mesh  # the whole-world engine masks the sub-world one
-    del outer
 
 
 def test_an_engine_without_state_is_no_fast_path(restore_groups):
