@@ -1,7 +1,7 @@
 """Per-step cost of the shim: plain DeepSpeed vs ``compat.install()`` on a launch-bound step, same run.
 
     python bench/bench_step.py [--stages 0,1,2,3] [--pairs 7] [--blocks 9] [--steps 50] [--profile STAGE]
-    python bench/bench_step.py --interleave 4 [--blocks 40]
+    python bench/bench_step.py --interleave 4 [--blocks 40] [--probing]
 
 The model is 2 x Linear(8, 8) on one CPU rank (a gloo world of 1, ``DS_ACCELERATOR=cpu``): a step
 is nothing but launches and Python, what a GPU step of a small or well-overlapped model is made of,
@@ -21,6 +21,10 @@ engine built and stepped with it installed, ``--blocks`` blocks of each taken in
 few untimed steps in its mode). It prints shim / plain over every neighbouring pair of blocks, min /
 median / max: what differs between child processes (memory layout, the machine's load at that
 minute) is common to both sides of a pair, so this resolves far smaller costs than the child pairs.
+
+The shim runs in its steady state: its hot getters have stopped probing their call sites for the
+deprecation warning (they do on their first ``compat.deprecation.HOT_PROBES`` calls after a
+warnings-filter change; this bench's re-installs change the filters). ``--probing`` keeps probing on.
 
 ``--profile STAGE`` instead runs cProfile, in one process, over the plain and the shim engine's
 steps of that stage (the shim installed for the shim's steps only) and prints the functions whose
@@ -59,10 +63,18 @@ def config(stage: int) -> dict:
             "zero_optimization": {"stage": stage}, "wall_clock_breakdown": False}
 
 
+KEEP_PROBING = [False]  # --probing
+
+
 def set_shim(on: bool) -> None:
     import compat.install as installer
+    from compat.deprecation import end_probing
 
     (installer.install if on else installer.uninstall)()
+    if on and not KEEP_PROBING[0]:
+        # a run installs once, and its hot getters stop probing call sites after their first HOT_PROBES
+        # calls; this bench re-installs (a warnings-filter change, which re-arms them) at every switch
+        end_probing()
 
 
 def build(stage: int, shim: bool):
@@ -138,7 +150,8 @@ def run_interleaved(stages: list[int], children: int, n: int, blocks: int) -> li
     runs = []
     for child_index in range(children):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "both-shim-first" if child_index % 2 else "both",
-               "--stages", ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks)]
+               "--stages", ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks),
+               *["--probing"] * KEEP_PROBING[0]]
         proc = subprocess.run([*_SAME_LAYOUT, *cmd], capture_output=True, text=True, timeout=1800, env=_CHILD_ENV)
         if proc.returncode != 0:
             raise SystemExit(f"interleaved child failed:\n{proc.stderr[-3000:]}")
@@ -173,7 +186,8 @@ def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
     for pair in range(pairs):
         for mode in (("plain", "shim") if pair % 2 == 0 else ("shim", "plain")):
             cmd = [*_SAME_LAYOUT, sys.executable, os.path.abspath(__file__), "--child", mode, "--stages",
-                   ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks)]
+                   ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks),
+                   *["--probing"] * KEEP_PROBING[0]]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_CHILD_ENV)
             if proc.returncode != 0:
                 raise SystemExit(f"{mode} child failed:\n{proc.stderr[-3000:]}")
@@ -225,9 +239,12 @@ def main() -> None:
     parser.add_argument("--interleave", type=int, default=0, metavar="K",
                         help="K child processes, each alternating plain and shim blocks (see above)")
     parser.add_argument("--profile", type=int, default=None, metavar="STAGE")
+    parser.add_argument("--probing", action="store_true",
+                        help="keep the hot getters' call-site probing on (a run's first HOT_PROBES calls)")
     parser.add_argument("--child", choices=("plain", "shim", "both", "both-shim-first"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     stages = [int(s) for s in args.stages.split(",")]
+    KEEP_PROBING[0] = args.probing
     if args.child is None and args.profile is None:
         if args.interleave:
             report_interleaved(run_interleaved(stages, args.interleave, args.steps, args.blocks), stages, args)

@@ -20,6 +20,8 @@ import contextlib
 import contextvars
 import functools
 import gc
+import inspect
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -102,7 +104,8 @@ def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
     token = _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
     if scope:
         if previous is None and token is None and not _scope_meshes and _spans_world(mesh):
-            groups.STATE_MARK[0] = state  # nothing to change: the next entry point may skip all this
+            groups.STATE_MARK[1] = mesh  # nothing to change: the next entry point may skip all this
+            groups.STATE_MARK[0] = state
         _scope_meshes.append(mesh)
     return previous, token, scope
 
@@ -135,33 +138,75 @@ def groups_state(state: Optional[GroupsState]) -> Iterator[None]:
         _leave(entered)
 
 
-def scoped_entry_point(original: Callable[..., Any]) -> Callable[..., Any]:
+def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None) -> Callable[..., Any]:
     """``original``, an engine method (``forward``, ``step``, a rank getter, ...), run with its
-    engine's groups state and as the engine in scope.
+    engine's groups state and as the engine in scope (``label``, e.g. ``DeepSpeedEngine.step``,
+    names its code in profiles and tracebacks).
 
-    A plain function rather than a ``wrapt`` wrapper: it runs on every forward, backward and step,
-    and a wrapt method wrapper costs about four times as much per call. While the engine's state is
-    current and its mesh spans the world and is this context's default, a call only checks that: a
-    launch-bound step's time goes to cache misses more than to instructions, so every object a
-    per-step check touches counts (docs/benchmarks.md)."""
+    A plain function with ``original``'s own parameters rather than a ``wrapt`` wrapper or an
+    ``(*args, **kwargs)`` one: it runs on every forward, backward and step, a wrapt method wrapper
+    costs about four times as much per call, and packing the arguments into a new tuple and dict
+    costs about as much as the check. While the engine's state is current and its mesh spans the world and
+    is this context's default, a call only checks that: a launch-bound step's time goes to cache
+    misses more than to instructions, so every object a per-step check touches counts
+    (docs/benchmarks.md)."""
     from mesh_core.roles.default import DEFAULT_MESH
 
-    marked = _groups().STATE_MARK
+    namespace = {"original": original, "marked": _groups().STATE_MARK, "default_mesh": DEFAULT_MESH,
+                 "enter": _enter, "leave": _leave}
+    parameters, call = _forwarding(original, reserved=set(namespace) | {"self", "state", "entered"})
+    # fast path: the last entry found nothing to change (marked = [its state, its mesh]), and neither
+    # the groups state (which clears the mark on any change) nor this context's default mesh changed since
+    source = (
+        f"def entry_point(self, {parameters}):\n"
+        f"    state = self.__dict__.get({ENGINE_STATE_ATTR!r})\n"
+        f"    if state is marked[0] and state is not None and default_mesh.get() is marked[1]:\n"
+        f"        return original(self, {call})\n"
+        f"    entered = enter(state, True)\n"
+        f"    try:\n"
+        f"        return original(self, {call})\n"
+        f"    finally:\n"
+        f"        leave(entered)\n"
+    )
+    exec(compile(source, f"<scoped {label or getattr(original, '__qualname__', original)}>", "exec"), namespace)
+    entry_point = namespace["entry_point"]
+    if parameters != "*args, **kwargs":
+        entry_point.__defaults__ = original.__defaults__
+        entry_point.__kwdefaults__ = dict(original.__kwdefaults__ or {}) or None
+    return functools.wraps(original)(entry_point)
 
-    @functools.wraps(original)
-    def entry_point(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__.get(ENGINE_STATE_ATTR)
-        # fast path: the last entry found nothing to change, and neither the groups state (which
-        # clears the mark on any change) nor this context's default mesh changed since
-        if state is marked[0] and state is not None and DEFAULT_MESH.get() is state.mesh:
-            return original(self, *args, **kwargs)
-        entered = _enter(state, scope=True)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _leave(entered)
 
-    return entry_point
+def _forwarding(method: Callable[..., Any], reserved: set) -> tuple[str, str]:
+    """``method``'s parameters after ``self`` as a ``def`` writes them (defaults left out: the
+    caller copies ``__defaults__``), and the call that passes them on unchanged; ``*args, **kwargs``
+    when the signature can't be copied (not a plain function, a name the entry point uses)."""
+    code = getattr(method, "__code__", None)
+    generic = ("*args, **kwargs", "*args, **kwargs")
+    if code is None or code.co_argcount < 1 or not isinstance(method, types.FunctionType):
+        return generic
+    flags = code.co_flags
+    names = code.co_varnames
+    positional = list(names[1:code.co_argcount])
+    keyword_only = list(names[code.co_argcount:code.co_argcount + code.co_kwonlyargcount])
+    index = code.co_argcount + code.co_kwonlyargcount
+    var_args = names[index] if flags & inspect.CO_VARARGS else None
+    var_kwargs = names[index + bool(var_args)] if flags & inspect.CO_VARKEYWORDS else None
+    every = [*positional, *keyword_only, *filter(None, (var_args, var_kwargs))]
+    if reserved & set(every):
+        return generic
+    params = [*positional]
+    if code.co_posonlyargcount > 1:  # positional-only parameters after ``self``
+        params.insert(code.co_posonlyargcount - 1, "/")
+    if var_args:
+        params.append(f"*{var_args}")
+    elif keyword_only:
+        params.append("*")
+    params += keyword_only
+    if var_kwargs:
+        params.append(f"**{var_kwargs}")
+    call = [*positional, *(f"*{var_args}",) * bool(var_args), *(f"{k}={k}" for k in keyword_only),
+            *(f"**{var_kwargs}",) * bool(var_kwargs)]
+    return ", ".join(params), ", ".join(call)
 
 
 def scope_mesh() -> Any:

@@ -188,7 +188,7 @@ def _scope_in_place(owner: type, name: str) -> None:
     """An engine entry point runs with its engine's groups state (compat.engine_scope)."""
     from .engine_scope import scoped_entry_point
 
-    _patches.replace(owner, name, scoped_entry_point(owner.__dict__[name]))
+    _patches.replace(owner, name, scoped_entry_point(owner.__dict__[name], f"{owner.__qualname__}.{name}"))
 
 
 def _owner_name(owner: Any) -> str:

@@ -163,3 +163,44 @@ def test_a_deepspeed_engine_takes_the_fast_path_from_its_second_step(world, shim
     finally:
         engine.destroy()
     assert groups.STATE_MARK[0] is None
+
+
+class _Signatures:
+    """Methods of every parameter kind an engine entry point may have."""
+
+    def defaults(self, loss, retain_graph=False, scale_wrt_gas=True):
+        return loss, retain_graph, scale_wrt_gas
+
+    def varargs(self, *inputs, **kwargs):
+        return inputs, kwargs
+
+    def kinds(self, x, /, y=2, *rest, z, w=4, **extra):
+        return x, y, rest, z, w, extra
+
+    def reserved(self, original, state=1):  # names the entry point itself uses: passed on as *args
+        return original, state
+
+
+def test_an_entry_point_keeps_the_methods_parameters_and_passes_every_argument_on():
+    import inspect
+
+    wrapped = {name: scoped_entry_point(vars(_Signatures)[name], f"_Signatures.{name}")
+               for name in ("defaults", "varargs", "kinds", "reserved")}
+    engine = _Signatures()
+    for name, entry in wrapped.items():
+        original = getattr(engine, name)
+        assert inspect.signature(entry) == inspect.signature(vars(_Signatures)[name])
+        bound = entry.__get__(engine)
+        for args, kwargs in {
+            "defaults": [((1,), {}), ((1, True), {"scale_wrt_gas": False}), ((), {"loss": 3})],
+            "varargs": [((), {}), ((1, 2), {"k": 3})],
+            "kinds": [((1,), {"z": 3}), ((1, 5, 6, 7), {"z": 3, "w": 0, "q": 9})],
+            "reserved": [((1,), {}), ((), {"original": 1, "state": 2})],
+        }[name]:
+            assert bound(*args, **kwargs) == original(*args, **kwargs)
+    for args, kwargs in (((1,), {}), ((), {"x": 1, "z": 3})):  # a wrong call fails as the method's own does
+        with pytest.raises(TypeError) as theirs:
+            engine.kinds(*args, **kwargs)
+        with pytest.raises(TypeError) as ours:
+            wrapped["kinds"].__get__(engine)(*args, **kwargs)
+        assert str(ours.value) == str(theirs.value) and "_Signatures.kinds()" in str(ours.value)
