@@ -146,15 +146,16 @@ def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None
     A plain function with ``original``'s own parameters rather than a ``wrapt`` wrapper or an
     ``(*args, **kwargs)`` one: it runs on every forward, backward and step, a wrapt method wrapper
     costs about four times as much per call, and packing the arguments into a new tuple and dict
-    costs about as much as the check. While the engine's state is current and its mesh spans the world and
-    is this context's default, a call only checks that: a launch-bound step's time goes to cache
-    misses more than to instructions, so every object a per-step check touches counts
+    costs about as much as the check. While the engine's state is current and its mesh spans the
+    world and is this context's default, a call only checks that: a launch-bound step's time goes to
+    cache misses more than to instructions, so every object a per-step check touches counts
     (docs/benchmarks.md)."""
     from mesh_core.roles.default import DEFAULT_MESH
 
     namespace = {"original": original, "marked": _groups().STATE_MARK, "default_mesh": DEFAULT_MESH,
                  "enter": _enter, "leave": _leave}
-    parameters, call = _forwarding(original, reserved=set(namespace) | {"self", "state", "entered"})
+    copied = _forwarding(original, reserved=set(namespace) | {"self", "state", "entered"})
+    parameters, call = copied or ("*args, **kwargs", "*args, **kwargs")
     # fast path: the last entry found nothing to change (marked = [its state, its mesh]), and neither
     # the groups state (which clears the mark on any change) nor this context's default mesh changed since
     source = (
@@ -170,20 +171,19 @@ def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None
     )
     exec(compile(source, f"<scoped {label or getattr(original, '__qualname__', original)}>", "exec"), namespace)
     entry_point = namespace["entry_point"]
-    if parameters != "*args, **kwargs":
+    if copied:
         entry_point.__defaults__ = original.__defaults__
         entry_point.__kwdefaults__ = dict(original.__kwdefaults__ or {}) or None
     return functools.wraps(original)(entry_point)
 
 
-def _forwarding(method: Callable[..., Any], reserved: set) -> tuple[str, str]:
+def _forwarding(method: Callable[..., Any], reserved: set) -> Optional[tuple[str, str]]:
     """``method``'s parameters after ``self`` as a ``def`` writes them (defaults left out: the
-    caller copies ``__defaults__``), and the call that passes them on unchanged; ``*args, **kwargs``
-    when the signature can't be copied (not a plain function, a name the entry point uses)."""
-    code = getattr(method, "__code__", None)
-    generic = ("*args, **kwargs", "*args, **kwargs")
-    if code is None or code.co_argcount < 1 or not isinstance(method, types.FunctionType):
-        return generic
+    caller copies ``__defaults__``), and the call that passes them on unchanged; None when the
+    signature can't be copied (not a plain function, a name the entry point uses)."""
+    if not isinstance(method, types.FunctionType) or method.__code__.co_argcount < 1:
+        return None
+    code = method.__code__
     flags = code.co_flags
     names = code.co_varnames
     positional = list(names[1:code.co_argcount])
@@ -193,7 +193,7 @@ def _forwarding(method: Callable[..., Any], reserved: set) -> tuple[str, str]:
     var_kwargs = names[index + bool(var_args)] if flags & inspect.CO_VARKEYWORDS else None
     every = [*positional, *keyword_only, *filter(None, (var_args, var_kwargs))]
     if reserved & set(every):
-        return generic
+        return None
     params = [*positional]
     if code.co_posonlyargcount > 1:  # positional-only parameters after ``self``
         params.insert(code.co_posonlyargcount - 1, "/")
