@@ -104,8 +104,7 @@ def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
     token = _MESH_CORE[1](mesh) if isinstance(mesh, _MESH_CORE[0]) else None
     if scope:
         if previous is None and token is None and not _scope_meshes and _spans_world(mesh):
-            groups.STATE_MARK[1] = mesh  # nothing to change: the next entry point may skip all this
-            groups.STATE_MARK[0] = state
+            groups.STATE_MARK[0] = state  # nothing to change: the next entry point may skip all this
         _scope_meshes.append(mesh)
     return previous, token, scope
 
@@ -156,12 +155,12 @@ def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None
                  "enter": _enter, "leave": _leave}
     copied = _forwarding(original, reserved=set(namespace) | {"self", "state", "entered"})
     parameters, call = copied or ("*args, **kwargs", "*args, **kwargs")
-    # fast path: the last entry found nothing to change (marked = [its state, its mesh]), and neither
-    # the groups state (which clears the mark on any change) nor this context's default mesh changed since
+    # fast path: the last entry found nothing to change, and neither the groups state (which clears the
+    # mark on any change) nor this context's default mesh changed since
     source = (
         f"def entry_point(self, {parameters}):\n"
         f"    state = self.__dict__.get({ENGINE_STATE_ATTR!r})\n"
-        f"    if state is marked[0] and state is not None and default_mesh.get() is marked[1]:\n"
+        f"    if state is marked[0] and state is not None and default_mesh.get() is state.mesh:\n"
         f"        return original(self, {call})\n"
         f"    entered = enter(state, True)\n"
         f"    try:\n"

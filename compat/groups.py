@@ -61,10 +61,9 @@ mesh_device: Any = None
 expert_tensor_parallel_world_size: int = 1
 # set while engines with different layouts exist and none is in scope (compat.engine_scope)
 _WRONG_GRID: Any = None
-# [the engine groups state known to be current, its mesh] (compat.engine_scope's entry-point fast
-# path), or [None, ...]; every change of this module's state (bound mesh, mpu, mesh_device, wrong
-# grid) clears it
-STATE_MARK: list = [None, None]
+# [the engine groups state known to be current] (compat.engine_scope's entry-point fast path), or
+# [None]; every change of this module's state (bound mesh, mpu, mesh_device, wrong grid) clears it
+STATE_MARK: list = [None]
 
 
 def _set_wrong_grid(ambiguous: Any) -> None:
