@@ -48,12 +48,15 @@ name                                             2.6 … 2.14.1
 The device of a mesh (:func:`default_device_type`, :func:`default_device`): the default group's
 bound device; else the device the default group's backend serves, as ``get_backend_config()``
 reports it (``"cuda:nccl"`` → cuda; a host backend — gloo, fake, mpi — → cpu); else the accelerator;
-never ``"cpu"`` on a world whose backend runs on an accelerator.
+never ``"cpu"`` on a world whose backend runs on an accelerator. On an unbound accelerator world the
+index is the rank's own (:func:`own_device_index`: ``LOCAL_RANK`` until the process selects a device),
+not the current device every process starts on.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import re
 import threading
 from datetime import timedelta
@@ -80,6 +83,8 @@ __all__ = [
     "default_store",
     "group_name",
     "is_non_member",
+    "launcher_local_rank",
+    "own_device_index",
     "split_group",
     "torch_release",
     "unbound_default_group",
@@ -280,8 +285,8 @@ def default_device_type() -> str:
 
 
 def default_device() -> torch.device:
-    """The device the default group's collectives run on: the bound device; else the current device
-    of :func:`default_device_type` (what torch itself uses for an unbound NCCL world); cpu for a host world."""
+    """The device the default group's collectives run on: the bound device; else, on an unbound
+    accelerator world, :func:`own_device_index` of :func:`default_device_type`; cpu for a host world."""
     bound = bound_device() if dist.is_available() and dist.is_initialized() else None
     if bound is not None:
         return bound
@@ -289,8 +294,30 @@ def default_device() -> torch.device:
     if kind == "cpu":
         return torch.device("cpu")
     if accelerator_type() == kind:
-        return torch.device(kind, torch.accelerator.current_device_index())
+        return torch.device(kind, own_device_index())
     return torch.device(kind)
+
+
+def launcher_local_rank() -> Optional[int]:
+    """``LOCAL_RANK`` as launchers set it (torchrun, the deepspeed launcher, ``deepspeed.init_distributed``),
+    or None when unset or not an integer."""
+    try:
+        return int(os.environ["LOCAL_RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+def own_device_index() -> int:
+    """This process's accelerator on a world bound to none: the current device once the process has
+    selected one other than 0; while the current device is still 0 (every process starts there, so
+    every rank of a node would share that GPU), ``LOCAL_RANK`` when it names a visible device (the device
+    torch's ``DeviceMesh`` and DeepSpeed's engine select); else the current device (one visible device
+    per process, or no launcher)."""
+    current = torch.accelerator.current_device_index()
+    local = launcher_local_rank()
+    if current == 0 and local is not None and 0 < local < torch.accelerator.device_count():
+        return local
+    return current
 
 
 # --- creation -------------------------------------------------------------------------------------

@@ -178,8 +178,8 @@ def _check_agreement(spec: Optional[MeshSpec], problem: Optional[Exception]) -> 
         code = [-1] * (2 * len(GROUP_DIMS))
     else:
         code = [spec.dim_size(d) for d in GROUP_DIMS] + [spec.names.index(d) for d in GROUP_DIMS]
-    # on the world's bound device (cuda:LOCAL_RANK under DeepSpeed), not the current one: before
-    # DeepSpeed sets the device every rank's current device is cuda:0
+    # on the rank's own device (the bound one; on an unbound world cuda:LOCAL_RANK until the process
+    # selects one), not the current one: before DeepSpeed's engine sets the device every rank's is cuda:0
     low = torch.tensor(code, dtype=torch.int64, device=torch_compat.default_device())
     high = low.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)

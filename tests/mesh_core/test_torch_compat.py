@@ -137,9 +137,15 @@ def test_device_on_a_bound_nccl_world_is_the_bound_one_not_the_current_one():
         assert c10d._get_default_group().bound_device_id == torch.device("cuda", 3)
 
 
-def test_device_on_an_unbound_nccl_world_is_the_current_cuda_device():
+def test_device_on_an_unbound_nccl_world_is_the_ranks_own_not_the_current_cuda_0(monkeypatch):
+    """Before set_device every process's current device is cuda:0 (one GPU for every rank of a node);
+    the rank's own is LOCAL_RANK's (what DeepSpeed's engine and torch's DeviceMesh select)."""
+    monkeypatch.setenv("LOCAL_RANK", "3")
     with nccl_world(3, 4, bound=False):
         assert torch_compat.default_device_type() == "cuda"
+        assert torch_compat.default_device() == torch.device("cuda", 3)
+    monkeypatch.delenv("LOCAL_RANK")
+    with nccl_world(3, 4, bound=False):  # no launcher said which: the current device, as torch's collectives
         assert torch_compat.default_device() == torch.device("cuda", 0)
 
 
