@@ -35,6 +35,7 @@ from .config_loading import load_deepspeed_config
 from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
 from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
+from . import mixed_world
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
@@ -89,6 +90,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
         distributed_port=call.get("distributed_port", 29500),
         dist_init_required=call.get("dist_init_required"),
     )
+    mixed_world.announce()  # before the imports below: a mesh check that fails waits for this rank's reading
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
     config = _with_topology_mesh(config, topology)  # issue 11: a sub-world pipeline states its ranks

@@ -4,14 +4,22 @@ A rank that runs DeepSpeed without the shim (its node lacks ``DS_MESH=1``, or th
 builds a mesh, so the shim's ranks wait for it at their first mesh until the process-group timeout.
 ``mesh_core`` names the missing ranks and those that built no mesh at all in this world; :func:`hint`
 (registered by :func:`compat.install`) says why that most likely happened and how each launcher sets
-the variable on every node.
+the variable on every node. :func:`announce` (at the start of ``deepspeed.initialize``) tells the others
+early that this rank runs the shim, so that when a mesh check fails the ranks that got there first wait,
+bounded, until this one has read the verdict, and the rank whose process holds the store does not end
+it under a shim rank that comes a little later.
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
-from mesh_core import AbsentRanksError
+import torch.distributed as dist
+
+from mesh_core import AbsentRanksError, absence, consistency, torch_compat
 from mesh_core.rendezvous import ranks_text
+
+logger = logging.getLogger(__name__)
 
 HOW_TO_SET = (
     "Every rank needs DS_MESH=1 (and the start-up hook, python -m compat.install --write-pth, in the Python "
@@ -34,3 +42,14 @@ def hint(error: AbsentRanksError) -> Optional[str]:
     return (f"Likely cause: {ranks_text(error.quiet, 'rank')} run DeepSpeed without the ds-mesh shim (they have "
             "built no mesh in this world): DS_MESH=1 is not set in their environment, or the start-up hook is "
             "not installed on their node. " + HOW_TO_SET)
+
+
+def announce() -> None:
+    """Record in the world's store that this rank runs the shim (once per world; nothing on a world
+    whose mesh checks are skipped, or whose store cannot take it)."""
+    if not dist.is_initialized() or dist.get_backend() in consistency.SKIPPED_BACKENDS:
+        return
+    try:
+        absence.announce(torch_compat.default_store(), torch_compat.default_group(), dist.get_rank())
+    except (RuntimeError, dist.DistError) as err:  # the mesh check reports a broken store itself
+        logger.debug("could not announce this rank in the store: %r", err)

@@ -5,7 +5,9 @@ member raises :class:`AbsentRanksError`, which names the mesh, the ranks that ar
 missing ones, and among the missing ones those that have *built no mesh in this world* (``quiet``):
 a rank that never reached ``mesh_core`` at all, e.g. one that runs plain ``torch.distributed`` code,
 not a rank that builds another mesh or is merely late. Each process announces itself once per world
-(:func:`announce`, one store operation) the first time it checks a mesh.
+(:func:`announce`, one store operation) the first time it checks a mesh, or earlier where a layer above
+knows it will (the shim, when ``deepspeed.initialize`` starts); the members of a failed check wait,
+bounded, for the announced ones to read the verdict (:func:`builders`).
 
 A layer above ``mesh_core`` that knows why ranks may be missing adds its explanation with
 :func:`add_hint` (a callable ``hint(error) -> str | None``, consulted when the error is raised);
@@ -76,14 +78,19 @@ def announce(store: Any, world: Any, rank: int) -> None:
     store.append(BUILDERS_KEY, f"{rank},")
 
 
-def quiet_ranks(store: Any, missing: Sequence[int]) -> Optional[list[int]]:
-    """The ranks of ``missing`` that have never announced themselves (``None`` if the store cannot say)."""
+def builders(store: Any) -> Optional[set[int]]:
+    """The ranks that have announced themselves in this world (``None`` if the store cannot say)."""
     try:
         raw = store.get(BUILDERS_KEY).decode() if store.check([BUILDERS_KEY]) else ""
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
-    builders = {int(r) for r in raw.split(",") if r}
-    return [r for r in missing if r not in builders]
+    return {int(r) for r in raw.split(",") if r}
+
+
+def quiet_ranks(store: Any, missing: Sequence[int]) -> Optional[list[int]]:
+    """The ranks of ``missing`` that have never announced themselves (``None`` if the store cannot say)."""
+    known = builders(store)
+    return None if known is None else [r for r in missing if r not in known]
 
 
 def _collect_hints(error: AbsentRanksError) -> list[str]:

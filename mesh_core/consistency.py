@@ -146,13 +146,17 @@ def _run_check(
     store: Any, prefix: str, spec: MeshSpec, members: list[int], fields: dict[str, str], timeout: timedelta
 ) -> None:
     rank = dist.get_rank()
-    absence.announce(store, torch_compat.default_group(), rank)
     mine = "".join(f"{w & 0xFFFFFFFFFFFFFFFF:016x}" for w in digest(fields))
-    store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
-    store.set(f"{prefix}/digest_of/{rank}", mine)
-    store.add(f"{prefix}/digest/{mine}", 1)
-    arrive(store, prefix, members, timeout, lambda arrived, missing: _absent_error(store, spec, members, arrived,
-                                                                                    missing, timeout))
+    try:
+        absence.announce(store, torch_compat.default_group(), rank)
+        store.set(f"{prefix}/fields/{rank}", json.dumps(fields))
+        store.set(f"{prefix}/digest_of/{rank}", mine)
+        store.add(f"{prefix}/digest/{mine}", 1)
+    except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
+        raise _absent_error(store, spec, members, [rank], None, timeout) from err
+    arrive(store, prefix, members, timeout,
+           lambda arrived, missing: _absent_error(store, spec, members, arrived, missing, timeout),
+           expected=lambda: (absence.builders(store) or set()) & set(members))  # they get the verdict too
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")

@@ -9,9 +9,11 @@ message could speak:
 - a member whose wait runs out marks the round abandoned instead, atomically (``compare_set``), so
   a late member either completes the round for everyone or learns that it was given up;
 - either way every member that gives up or comes late raises, naming the ranks that arrived and the
-  missing ones (the caller words the message); before raising, those members wait a moment for
-  each other (:data:`LEAVE_WAIT_S` at most) so that the member whose process holds the store does not
-  end it while another still reads who arrived;
+  missing ones (the caller words the message); before raising, those members wait for each other
+  (:data:`LEAVE_WAIT_S` at most) so that the member whose process holds the store does not end it
+  while another still reads the verdict: until every member that has arrived so far (a late one
+  included) has counted itself out, and every member the caller still ``expects`` (one known to be on
+  its way, e.g. a rank that runs the same library) has arrived and counted itself out;
 - a store that went away (its process ended) is an error of the same kind, not a raw backend error.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -27,7 +29,7 @@ from .spec import MeshSpecError
 
 DONE, ABANDONED = "done", "abandoned"
 ROUND_KEYS = ("who", "arrived", "state", "left")
-LEAVE_WAIT_S = 5.0  # how long the members of a failed round wait for each other before raising
+LEAVE_WAIT_S = 10.0  # how long the members of a failed round wait for each other before raising (at most)
 _POLL_S = 0.05
 
 # (arrived, missing) -> the message or the exception to raise; ``missing`` is empty when this rank came
@@ -45,11 +47,13 @@ class Arrival:
 
 
 def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
-           *, flag: bool = False) -> Arrival:
+           *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
     Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
-    ``absent(arrived, missing)`` when not all arrived within ``timeout``."""
+    ``absent(arrived, missing)`` when not all arrived within ``timeout``. ``expected()``: the members
+    known to be on their way; before raising, this rank also waits (bounded) until those have the
+    verdict."""
     n = len(members)
     try:
         store.append(f"{prefix}/who", f"{dist.get_rank()},")
@@ -62,11 +66,14 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
             state = _await(store, state_key, timeout)
         if state.startswith(DONE):
             return Arrival(int(state.partition(":")[2] or 0), last)
-        arrived = sorted({int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r})
+        arrived = sorted(_arrived(store, prefix))
         error = _as_error(absent(arrived, sorted(set(members) - set(arrived))))
-        _leave_together(store, f"{prefix}/left", len(arrived), min(timeout.total_seconds(), LEAVE_WAIT_S))
     except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
         raise _as_error(absent([dist.get_rank()], None)) from err
+    try:
+        _leave_together(store, prefix, expected, min(timeout.total_seconds(), LEAVE_WAIT_S))
+    except (RuntimeError, dist.DistError):
+        pass  # the store ended once the others had left: this rank has its verdict already
     raise error
 
 
@@ -74,13 +81,25 @@ def _as_error(outcome: "str | BaseException") -> BaseException:
     return outcome if isinstance(outcome, BaseException) else MeshSpecError(outcome)
 
 
-def _leave_together(store: Any, key: str, count: int, wait_s: float) -> None:
-    """Count this member out of a failed round and wait (``wait_s`` at most) until ``count`` have."""
-    left = store.add(key, 1)
+def _leave_together(store: Any, prefix: str, expected: Optional[Callable[[], Collection[int]]],
+                    wait_s: float) -> None:
+    """Count this member out of a failed round and wait (``wait_s`` at most) until every member that
+    has arrived (re-read: a late one counts) has counted itself out, and every ``expected()`` member has
+    arrived."""
+    left = store.add(f"{prefix}/left", 1)
     deadline = time.monotonic() + wait_s
-    while left < count and time.monotonic() < deadline:
+    while True:
+        arrived = _arrived(store, prefix)  # a member appends itself first: this is every member on its way in
+        if left >= len(arrived) and not set(expected() if expected else ()) - arrived:
+            return
+        if time.monotonic() >= deadline:
+            return
         time.sleep(_POLL_S)
-        left = store.add(key, 0)
+        left = store.add(f"{prefix}/left", 0)
+
+
+def _arrived(store: Any, prefix: str) -> set[int]:
+    return {int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r}
 
 
 def _await(store: Any, key: str, timeout: timedelta) -> str:
