@@ -6,7 +6,9 @@ small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on
 
 - zero_bf16: ZeRO 0, 1, 2, 3 in bf16 (fp32 on CPU in the dry run), ``STEPS`` steps, plain
   DeepSpeed (shim uninstalled) then the shim, same seed and data: losses and every parameter
-  bit-identical;
+  bit-identical (the driver pins NCCL to the ring algorithm without NVLS for this part, so the two
+  runs' communicators reduce alike); skipped with the reason on a GPU without bf16 (before Ampere),
+  as is hf_trainer;
 - hf_trainer: an HF ``Trainer`` step (tiny Llama built from a config, ZeRO-2) with ``DS_MESH=1``:
   the shim is installed the way the start-up hook does it (``install_from_env``), the engine the
   Trainer built has a mesh and the losses are finite;
@@ -40,6 +42,16 @@ class Env:
 
     def tensor_device(self) -> torch.device:
         return torch.device("cpu") if self.dry else torch.device("cuda", torch.cuda.current_device())
+
+    def no_bf16(self) -> "str | None":
+        """Why this GPU cannot run the bf16 parts (None when it can; the dry run computes in fp32)."""
+        if self.dry:
+            return None
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) >= (8, 0):
+            return None
+        return (f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16: the bf16 parts "
+                "need Ampere (8.0) or newer")
 
 
 def set_shim(on: bool) -> None:
@@ -82,6 +94,8 @@ def _train(stage: int, shim: bool, env: Env, steps: int) -> tuple[list[float], l
 
 
 def part_zero_bf16(rank: int, world: int, env: Env) -> dict:
+    if env.no_bf16():
+        return {"ok": True, "skipped": env.no_bf16()}
     steps = STEPS if not env.dry else min(STEPS, 3)
     out: dict[str, Any] = {"ok": True, "steps": steps, "dtype": "fp32 (dry run)" if env.dry else "bf16"}
     try:
@@ -104,6 +118,8 @@ def part_hf_trainer(rank: int, world: int, env: Env) -> dict:
         import accelerate  # noqa: F401
     except ImportError as err:
         return {"ok": False, "error": f"{err}: bring the transformers and accelerate wheels (tools/gpu_check.sh --wheels)"}
+    if env.no_bf16():
+        return {"ok": True, "skipped": env.no_bf16()}
     import compat.install as installer
 
     installer.uninstall()

@@ -1,25 +1,35 @@
-"""The NCCL paths on real GPUs, one rank per GPU (run by tests/gpu/test_nccl.py through torchrun).
+"""The NCCL paths on real GPUs, one rank per GPU: the rank side of one part of tools/gpu_check.sh
+(the driver, tests/gpu/gpu_driver.py, starts one torchrun per part under that part's bound).
 
-NCCL refuses two ranks of one communicator on the same GPU, so the world is the number of GPUs
-(capped at 4; the caller picks 1, 2 or 4). On one GPU every part still runs on NCCL, with the rank
-sets that exist in a world of one; the parts that need peers say so in their result:
+NCCL refuses two ranks of one communicator on the same GPU, so the world is at most the number of
+GPUs (the driver picks 8, 4, 2 or 1). On one GPU every part still runs on NCCL, with the rank sets
+that exist in a world of one; the parts that need peers say so in their result. Each part's world is
+set up as :mod:`gpu_world` says (bound where DeepSpeed binds, or unbound), with its groups' timeout
+inside the part's bound:
 
 - probe: what ``CreationInputs.probe`` reads from a default group bound to a GPU, and the path; the
   device a mesh built without ``device_type`` takes (cuda, the bound ``cuda:LOCAL_RANK``);
-- member_only: a mesh with ``backend="nccl"`` (member-only ``new_group`` with the registry's name,
-  the bound device cleared for the call and restored) over ranks [0, 1] built by its members only
-  (world 1: over [0]); an all_reduce over it;
+- member_only: a mesh with ``backend="nccl"`` over ranks [0, 1] built by its members only (world 1:
+  over [0]); an all_reduce over it;
+- not_split: on the bound world, a one-rank mesh per rank is not made by splitting the world's
+  communicator (the world backend's ``comm_split_count()`` is unchanged; a ``split_group`` right after
+  adds one, which shows the count works) and is bound to the rank's own GPU; catches on one GPU what
+  hangs only on several;
 - split: a whole-world mesh on the ``split_group`` path (world 1: ``dist.split_group`` called
   directly, since a one-rank mesh has no group to split); all_reduces over its groups;
 - sharing: two meshes whose dims have the same rank set share one communicator;
 - subworld_engine: an engine over ranks [0] built and stepped on rank 0 only (world >= 2), its
   parameters against plain torch SGD on the same data;
 - zero3: a ZeRO-3 engine over the world, one step, parameters against plain torch SGD;
+- unbound_engine: the world DeepSpeed leaves unbound, nobody calls ``set_device``: a Megatron-style
+  mpu, ``deepspeed.initialize(mpu=...)`` under the shim then plain, the same losses, every rank on its
+  own GPU;
 - then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer,
   member_only_bound.
 
-usage: nccl_checks.py OUT_DIR [PART ...]   (default: every part; MESH_GPU_DRY_RUN=1: the same parts
-on gloo/CPU, to check the script itself where there is no GPU; probe and split then report "dry run")
+usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each rank writes
+``OUT_DIR/<part>.rank<r>.json``; MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script
+itself where there is no GPU; the NCCL-only parts then report "dry run")
 """
 from __future__ import annotations
 
@@ -43,6 +53,7 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import acceptance_parts  # noqa: E402
+import gpu_world  # noqa: E402
 
 LR = 0.1
 
@@ -63,6 +74,8 @@ def part_probe(rank: int, world: int) -> dict:
 
     if DRY:
         return {"ok": True, "skipped": "dry run"}
+    if not _world_is_bound():
+        return {"ok": True, "skipped": gpu_world.not_binding_reason(torch.__version__)}
     inputs = CreationInputs.probe(None, whole_world=True)
     path = choose_creation_path(inputs)
     local = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -104,6 +117,8 @@ def part_split(rank: int, world: int) -> dict:
 
     if DRY:
         return {"ok": True, "skipped": "dry run (gloo cannot split)"}
+    if not _world_is_bound():  # torch splits only a bound world
+        return {"ok": True, "skipped": gpu_world.not_binding_reason(torch.__version__)}
     if world == 1:
         group = dist.split_group(split_ranks=[[0]])
         got = _sum_over(group, rank)
@@ -192,25 +207,186 @@ def part_zero3(rank: int, world: int) -> dict:
     return {"ok": err < 1e-5, "max_abs_diff": err}
 
 
-PARTS = {"probe": part_probe, "member_only": part_member_only, "split": part_split, "sharing": part_sharing,
-         "subworld_engine": part_subworld_engine, "zero3": part_zero3}
+def _local() -> int:
+    return int(os.environ["LOCAL_RANK"])
+
+
+def _world_is_bound() -> bool:
+    return getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None) is not None
+
+
+def part_not_split(rank: int, world: int) -> dict:
+    """A member-only group is not a split of the world's communicator, and is bound to this rank's GPU."""
+    from mesh_core import DeepSpeedDeviceMesh, torch_compat
+
+    if DRY:
+        return {"ok": True, "skipped": "dry run (gloo has no communicator split count)"}
+    if not _world_is_bound():
+        return {"ok": True, "skipped": gpu_world.not_binding_reason(torch.__version__)}
+    device = torch.device("cuda", _local())
+    world_backend = dist.distributed_c10d._get_default_group()._get_backend(device)
+    splits = getattr(world_backend, "comm_split_count", None)
+    if splits is None:
+        return {"ok": False, "error": "the world's NCCL backend has no comm_split_count() in this torch"}
+    before = splits()
+    alone = DeepSpeedDeviceMesh.build(ranks=[rank], dp=1, backend=BACKEND)  # every rank its own: members only
+    group = alone.get_group("dp")
+    out: dict = {}
+    out["member_only"] = member = {
+        "world_splits_made": splits() - before,  # 0: not a split of the world's communicator
+        "initialised_right_after_creation": torch_compat.backend_initialised(group, device),  # eager or lazy
+        "bound_device_id": str(getattr(group, "bound_device_id", None)),  # cuda:LOCAL_RANK when bound
+        "sum": _sum_over(group, rank),
+        "initialised_after_a_collective": torch_compat.backend_initialised(group, device),
+    }
+    member["path"] = alone.creation_path.name
+    alone.destroy()
+    members = list(range(world // 2))
+    if rank in members:  # world >= 2: a sub-world mesh as the mesh builds it (no backend given)
+        mark = splits()
+        sub = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members))
+        out["sub_world"] = {"members": members, "path": sub.creation_path.name,
+                            "world_splits_made": splits() - mark,
+                            "bound_device_id": str(getattr(sub.get_group("tp"), "bound_device_id", None)),
+                            "sum": _sum_over(sub.get_group("tp"), rank)}
+        sub.destroy()
+    before = splits()
+    control = torch_compat.split_group([[r] for r in range(world)])  # every world rank joins
+    out["split_control"] = {
+        "world_splits_made": splits() - before,
+        "initialised_right_after_creation": torch_compat.backend_initialised(control, device),
+    }
+    dist.destroy_process_group(control)
+    sub = out.get("sub_world")
+    out["ok"] = (member["world_splits_made"] == 0 and out["split_control"]["world_splits_made"] == 1
+                 and member["bound_device_id"] == str(device) and member["sum"] == float(rank + 1)
+                 and (sub is None or (sub["world_splits_made"] == 0 and sub["bound_device_id"] == str(device)
+                                      and sub["sum"] == _expect(members))))
+    return out
+
+
+class _UserMPU:
+    """A script's own Megatron-style mpu: data parallel over the world, one-rank model parallel groups."""
+
+    def __init__(self, world: int) -> None:
+        rank = dist.get_rank()
+        self.dp = dist.new_group(list(range(world)))
+        singles = [dist.new_group([r]) for r in range(world)]  # every rank calls every creation
+        self.tp = singles[rank]
+
+    def get_data_parallel_group(self):
+        return self.dp
+
+    def get_data_parallel_world_size(self):
+        return dist.get_world_size(self.dp)
+
+    def get_data_parallel_rank(self):
+        return dist.get_rank(self.dp)
+
+    def get_model_parallel_group(self):
+        return self.tp
+
+    def get_model_parallel_world_size(self):
+        return 1
+
+    def get_model_parallel_rank(self):
+        return 0
+
+
+def _mpu_losses(shim: bool, world: int, mpu: _UserMPU, steps: int = 3) -> tuple[list[float], str]:
+    import deepspeed
+
+    acceptance_parts.set_shim(shim)
+    net = _net(9)
+    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config, mpu=mpu)
+    gen = torch.Generator().manual_seed(4 + dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        loss = engine(torch.randn(4, 16, generator=gen).to(engine.device)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    device = str(engine.device)
+    engine.destroy()
+    return losses, device
+
+
+def part_unbound_engine(rank: int, world: int) -> dict:
+    """The unbound world and a script that leaves ``set_device`` to DeepSpeed: under the shim every
+    rank's first collectives run on its own GPU (on cuda:0 for every rank they fail with NCCL's
+    duplicate-GPU error on >= 2 GPUs), and the engine trains as plain DeepSpeed does."""
+    from mesh_core import torch_compat
+
+    bound = _world_is_bound()
+    own = torch.device("cpu") if DRY else torch.device("cuda", _local())
+    shim_device_before = torch_compat.default_device()  # where the shim's agreement all_reduce runs
+    mpu = _UserMPU(world)
+    try:
+        shim, shim_engine_device = _mpu_losses(True, world, mpu)
+        plain, plain_engine_device = _mpu_losses(False, world, mpu)
+    finally:
+        acceptance_parts.set_shim(True)
+    return {
+        "ok": not bound and shim_device_before == own and shim == plain and shim_engine_device == str(own),
+        "world_bound": bound, "shim_collective_device": str(shim_device_before), "engine_device": shim_engine_device,
+        "identical_losses": shim == plain, "losses": shim, "plain_engine_device": plain_engine_device,
+    }
+
+
+def part_hang_selftest(rank: int, world: int) -> dict:
+    """Never returns: checks that the driver bounds a part and names it (run only when named)."""
+    while True:
+        time.sleep(1)
+
+
+PARTS = {"probe": part_probe, "member_only": part_member_only, "not_split": part_not_split, "split": part_split,
+         "sharing": part_sharing, "subworld_engine": part_subworld_engine, "zero3": part_zero3,
+         "unbound_engine": part_unbound_engine, "hang_selftest": part_hang_selftest}
 for _name, _part in acceptance_parts.PARTS.items():
     PARTS[_name] = functools.partial(_part, env=acceptance_parts.Env(DRY))
+assert set(PARTS) == set(gpu_world.SPECS), sorted(set(PARTS) ^ set(gpu_world.SPECS))
+
+
+def _bound_group_timeouts(seconds: float) -> timedelta:
+    """Every group this process creates without a timeout of its own (the meshes', DeepSpeed's) gets
+    ``seconds``, not torch's 10 or 30 minutes: a hang is reported inside the part's bound."""
+    timeout = timedelta(seconds=seconds)
+    c10d = dist.distributed_c10d
+    c10d.default_pg_timeout = timeout
+    if isinstance(getattr(c10d, "default_pg_nccl_timeout", None), timedelta):
+        c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
+def init_world(kind: str, timeout: timedelta) -> None:
+    """The part's world (:mod:`gpu_world`): gloo in the dry run; else NCCL, bound to ``cuda:LOCAL_RANK``
+    where DeepSpeed binds ("bound"), or left unbound with no ``set_device`` ("unbound")."""
+    if DRY:
+        dist.init_process_group("gloo", timeout=timeout)
+    elif kind == "unbound":
+        dist.init_process_group("nccl", timeout=timeout)  # no device_id, no set_device: DeepSpeed sets it later
+    elif gpu_world.version_allows_binding(torch.__version__):
+        torch.cuda.set_device(_local())
+        dist.init_process_group("nccl", device_id=torch.device("cuda", _local()), timeout=timeout)
+    else:  # as DeepSpeed on 2.6.x / 2.7.0: unbound (the parts that need a bound world say so)
+        torch.cuda.set_device(_local())
+        dist.init_process_group("nccl", timeout=timeout)
 
 
 def main() -> None:
     out_dir = sys.argv[1]
-    chosen = sys.argv[2:] or list(PARTS)
+    chosen = sys.argv[2:]
     unknown = sorted(set(chosen) - set(PARTS))
-    if unknown:
-        raise SystemExit(f"unknown parts {unknown}; the parts are {list(PARTS)}")
+    if not chosen or unknown:
+        raise SystemExit(f"usage: nccl_checks.py OUT_DIR PART [PART ...]; unknown {unknown}; the parts are {list(PARTS)}")
+    kinds = {gpu_world.SPECS[name].world for name in chosen}
+    if len(kinds) != 1:
+        raise SystemExit(f"parts {chosen} need different worlds ({sorted(kinds)}): run them separately")
     os.environ["MESH_GPU_OUT"] = out_dir
-    local = int(os.environ["LOCAL_RANK"])
-    if DRY:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    else:
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=timedelta(seconds=120))
+    timeout = _bound_group_timeouts(float(os.environ.get("MESH_GPU_GROUP_TIMEOUT_S", "120")))
+    init_world(kinds.pop(), timeout)
     import compat
     import compat.install
 
@@ -221,22 +397,22 @@ def main() -> None:
 
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
     for name in chosen:
-        part = PARTS[name]
         start = time.monotonic()
         try:
-            results[name] = part(rank, world)
+            result = PARTS[name](rank, world)
         except Exception:
-            results[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
-        results[name]["seconds"] = round(time.monotonic() - start, 1)
-        print(f"rank {rank}: {name} ok={results[name]['ok']} ({results[name]['seconds']} s)", file=sys.stderr, flush=True)
-        if not results[name]["ok"]:
-            print(f"rank {rank}: {name}: {json.dumps(results[name])[-2000:]}", file=sys.stderr, flush=True)
+            result = {"ok": False, "error": traceback.format_exc()[-3000:]}
+        result["seconds"] = round(time.monotonic() - start, 1)
+        print(f"rank {rank}: {name} ok={result['ok']} ({result['seconds']} s)", file=sys.stderr, flush=True)
+        if not result["ok"]:
+            print(f"rank {rank}: {name}: {json.dumps(result)[-2000:]}", file=sys.stderr, flush=True)
+        record = {"part": name, "rank": rank, "world": world, "torch": torch.__version__,
+                  "world_bound": _world_is_bound(), "startup_hook_installed_the_shim": hook,
+                  "gpu": "dry run" if DRY else torch.cuda.get_device_name(_local()), "result": result}
+        with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
+            json.dump(record, fh, indent=1)
         dist.barrier()  # the next part starts together (a failed part must not leave peers inside it)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump({"world": world, "torch": torch.__version__, "startup_hook_installed_the_shim": hook, "gpu": "dry run" if DRY else torch.cuda.get_device_name(local),
-                   "results": results}, fh, indent=1)
     dist.destroy_process_group()
 
 

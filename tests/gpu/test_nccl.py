@@ -1,7 +1,6 @@
-"""The NCCL creation paths, a sub-world engine and a ZeRO-3 step on real GPUs (skipped without
-CUDA). One torchrun run of tests/gpu/nccl_checks.py on 1, 2, 4 or 8 ranks (the most GPUs of those;
-NCCL needs one GPU per rank), then one test per part. ``tools/gpu_check.sh`` runs the same parts
-without pytest.
+"""The GPU acceptance parts on real GPUs (skipped without CUDA), one test per part: each part is one
+torchrun of tests/gpu/nccl_checks.py under its own bound (tests/gpu/gpu_driver.py, what
+``tools/gpu_check.sh`` runs), on 1, 2, 4 or 8 ranks (the most GPUs of those; NCCL needs one GPU per rank).
 
 ``MESH_GPU_DRY_RUN=1`` runs the same parts on 2 gloo/CPU ranks instead (the script checked where
 there is no GPU; the NCCL-only parts report a dry run)."""
@@ -9,17 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import gpu_driver  # noqa: E402
+
 DRY = os.environ.get("MESH_GPU_DRY_RUN") == "1"
-PARTS = ["probe", "member_only", "split", "sharing", "subworld_engine", "zero3", "zero_bf16", "hf_trainer", "pipelines",
-         "transfer", "member_only_bound"]
-RUN_TIMEOUT_S = 280
 
 pytestmark = pytest.mark.skipif(
     not DRY and not torch.cuda.is_available(), reason="needs CUDA (NCCL, one GPU per rank); MESH_GPU_DRY_RUN=1 for the gloo dry run"
@@ -34,25 +33,17 @@ def _world() -> int:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nccl")
-    world = _world()
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu" if DRY else "cuda",
-               TORCH_EXTENSIONS_DIR=str(out / "torch_extensions"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           os.path.join(HERE, "nccl_checks.py"), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise AssertionError(f"nccl_checks.py failed (rc={proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
-    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
-    print(json.dumps(per_rank, indent=1))  # the closing note quotes this (pytest -s)
-    return per_rank
+def out_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("nccl"))
 
 
-@pytest.mark.parametrize("part", PARTS)
-def test_part_on_every_rank(results, part):
-    failed = {r: res["results"][part] for r, res in enumerate(results) if not res["results"][part]["ok"]}
-    assert not failed, failed
-    skipped = {res["results"][part].get("skipped") for res in results} - {None}
-    if skipped:
-        pytest.skip("; ".join(sorted(skipped)))
+@pytest.mark.parametrize("part", gpu_driver.default_parts())
+def test_part_on_every_rank(out_dir, part, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu" if DRY else "cuda")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.path.join(out_dir, "torch_extensions"))
+    line = gpu_driver.run_part(part, out_dir, _world(), DRY)
+    print(json.dumps(line))  # the closing note quotes these (pytest -s)
+    assert line["ok"], json.dumps(line, indent=1)[-6000:]
+    if line.get("skipped"):
+        pytest.skip(line["skipped"])
