@@ -43,6 +43,8 @@ name                                             2.6 … 2.14.1
 ``torch._utils._flatten_dense_tensors``,         present → :func:`flatten_dense_tensors`,
 ``_unflatten_dense_tensors``                     :func:`unflatten_dense_tensors`
 ``torch._foreach_copy_``                         present → :func:`foreach_copy_`
+``torch.accelerator.current_device_index``       ``current_device_idx`` in 2.6, both names from 2.7
+                                                 → :func:`current_device_index`
 ================================================ =====================================================
 
 The device of a mesh (:func:`default_device_type`, :func:`default_device`): the default group's
@@ -77,6 +79,7 @@ __all__ = [
     "backend_timeout",
     "bound_device",
     "check_torch",
+    "current_device_index",
     "default_device",
     "default_device_type",
     "default_group",
@@ -298,6 +301,13 @@ def default_device() -> torch.device:
     return torch.device(kind)
 
 
+def current_device_index() -> int:
+    """The accelerator's current device index (``torch.accelerator.current_device_index``, which torch
+    2.6 names ``current_device_idx``)."""
+    query = getattr(torch.accelerator, "current_device_index", None) or torch.accelerator.current_device_idx
+    return int(query())
+
+
 def launcher_local_rank() -> Optional[int]:
     """``LOCAL_RANK`` as launchers set it (torchrun, the deepspeed launcher, ``deepspeed.init_distributed``),
     or None when unset or not an integer."""
@@ -313,7 +323,7 @@ def own_device_index() -> int:
     every rank of a node would share that GPU), ``LOCAL_RANK`` when it names a visible device (the device
     torch's ``DeviceMesh`` and DeepSpeed's engine select); else the current device (one visible device
     per process, or no launcher)."""
-    current = torch.accelerator.current_device_index()
+    current = current_device_index()
     local = launcher_local_rank()
     if current == 0 and local is not None and 0 < local < torch.accelerator.device_count():
         return local

@@ -103,3 +103,15 @@ def test_deepspeed_initialize_with_an_mpu_under_the_shim_allocates_on_local_rank
         assert log.allocations, f"rank {log.rank}: the mpu's layout was not agreed on"
         assert set(log.allocations) == {torch.device("cuda", log.rank)}, (log.rank, log.allocations)
         assert ("deepspeed accelerator", log.rank) in selected[log.rank]  # the engine's own set_device
+
+
+def test_torch_2_6_names_the_current_device_query_current_device_idx(monkeypatch):
+    """torch 2.6 (the release DeepSpeed leaves unbound) has ``torch.accelerator.current_device_idx``
+    only; ``current_device_index`` came in 2.7."""
+    from mesh_core import torch_compat
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with nccl_world(1, WORLD, bound=False), monkeypatch.context() as patch:
+        patch.delattr(torch.accelerator, "current_device_index")
+        patch.setattr(torch.accelerator, "current_device_idx", lambda: 2, raising=False)
+        assert torch_compat.default_device() == torch.device("cuda", 2)
