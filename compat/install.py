@@ -289,6 +289,12 @@ def _route_pipe_engine(module: types.ModuleType) -> None:
         _scope_in_place(module.PipelineEngine, name)
 
 
+def _route_comm_init(module: types.ModuleType) -> None:
+    # mixed worlds: this rank says it runs the shim as soon as the world is up (compat.mixed_world)
+    _patches.replace(module, "init_distributed",
+                     wrapt.FunctionWrapper(module.init_distributed, mixed_world.init_distributed_wrapper))
+
+
 def _route_comm_barrier(module: types.ModuleType) -> None:
     # issue 11 (sub-world engines): world barriers inside a sub-world engine wait for its ranks only
     from .engine_scope import barrier_wrapper
@@ -339,6 +345,7 @@ def _route_initialize(module: types.ModuleType) -> None:
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     (COMM_MODULE, _route_comm),
     (COMM_MODULE, _route_comm_barrier),
+    (COMM_MODULE, _route_comm_init),
     ("deepspeed.runtime.zero.utils", _route_zero_utils),
     (GROUPS_MODULE, _route_groups),
     ("deepspeed.runtime.config", _route_config),

@@ -4,8 +4,8 @@ A rank that runs DeepSpeed without the shim (its node lacks ``DS_MESH=1``, or th
 builds a mesh, so the shim's ranks wait for it at their first mesh until the process-group timeout.
 ``mesh_core`` names the missing ranks and those that built no mesh at all in this world; :func:`hint`
 (registered by :func:`compat.install`) says why that most likely happened and how each launcher sets
-the variable on every node. :func:`announce` (at the start of ``deepspeed.initialize``) tells the others
-early that this rank runs the shim, so that when a mesh check fails the ranks that got there first wait,
+the variable on every node. :func:`announce` (when ``deepspeed.init_distributed`` returns, and at the
+start of ``deepspeed.initialize``) tells the others early that this rank runs the shim, so that when a mesh check fails the ranks that got there first wait,
 bounded, until this one has read the verdict, and the rank whose process holds the store does not end
 it under a shim rank that comes a little later.
 """
@@ -53,3 +53,10 @@ def announce() -> None:
         absence.announce(torch_compat.default_store(), torch_compat.default_group(), dist.get_rank())
     except (RuntimeError, dist.DistError) as err:  # the mesh check reports a broken store itself
         logger.debug("could not announce this rank in the store: %r", err)
+
+
+def init_distributed_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt's signature)
+    """``deepspeed.comm.init_distributed``, then :func:`announce` (installed by :mod:`compat.install`)."""
+    result = wrapped(*args, **kwargs)
+    announce()
+    return result

@@ -3,8 +3,9 @@ node's launcher would start it (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MAS
 environment). The test starts some ranks with ``DS_MESH=1`` and others without, as when one node of
 a multi-node launch is not on the shim. Nothing here knows about the shim.
 
-Usage: ``python mixed_world.py autotp|pipe TIMEOUT_S MARK_FILE``; ``MARK_FILE`` gets the wall-clock
-time at which this rank's process group was up (the test's deadline counts from there).
+Usage: ``python mixed_world.py autotp|pipe TIMEOUT_S MARK_FILE [DELAY_S]``; ``MARK_FILE`` gets the
+wall-clock time at which this rank's process group was up (the test's deadline counts from there);
+``DELAY_S``: this rank starts its job that much later (a slow node).
 """
 import os
 import sys
@@ -59,6 +60,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=timeout_s))
     with open(mark, "w") as fh:
         fh.write(str(time.time()))
+    time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
     {"autotp": autotp, "pipe": pipe}[job]()
     import torch.distributed as dist
 

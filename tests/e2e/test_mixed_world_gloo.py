@@ -36,9 +36,10 @@ def _free_port() -> int:
 
 
 def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, ...] = SHIM_RANKS,
-              wait_for: tuple[int, ...] = tuple(range(WORLD))) -> list[dict]:
-    """Run the job with ``DS_MESH=1`` on ``shim_ranks``; fail unless the ranks ``wait_for`` have exited
-    within the process-group timeout plus :data:`GRACE_S` (the others are killed then)."""
+              wait_for: tuple[int, ...] = tuple(range(WORLD)), delays: "dict[int, float] | None" = None) -> list[dict]:
+    """Run the job with ``DS_MESH=1`` on ``shim_ranks`` (rank r starting its job ``delays[r]`` s late);
+    fail unless the ranks ``wait_for`` have exited within the process-group timeout plus :data:`GRACE_S`
+    (the others are killed then)."""
     site, hook = tmp_path / "site", tmp_path / "hook"
     site.mkdir()
     hook.mkdir()
@@ -54,7 +55,8 @@ def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, .
         if rank in shim_ranks:
             env.update(DS_MESH="1", PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
         log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(SCRIPT), job, str(timeout_s), str(tmp_path / f"up{rank}")],
+        delay = str((delays or {}).get(rank, 0.0))
+        procs.append((subprocess.Popen([sys.executable, str(SCRIPT), job, str(timeout_s), str(tmp_path / f"up{rank}"), delay],
                                        cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT), log))
     marks = [tmp_path / f"up{rank}" for rank in range(WORLD)]
     start_deadline = time.time() + START_S
@@ -82,7 +84,9 @@ def _logs(tmp_path: Path) -> str:
     return "\n".join(f"--- rank {r}\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(WORLD))
 
 
-def _check(results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS) -> None:
+def _check(results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS, missing: "dict[int, str] | None" = None) -> None:
+    """Every shim rank names the plain ranks (``missing[r]``: what rank r saw missing, default the
+    plain ranks) as never having run ds-mesh, and DS_MESH."""
     plain = sorted(set(range(WORLD)) - set(shim_ranks))
     text = f"{plain[0]}..{plain[-1]}"
     for rank in shim_ranks:
@@ -90,7 +94,8 @@ def _check(results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS) -> Non
         errors = re.findall(r"^(?:\[rank\d\]: )?(\S*AbsentRanksError): (.*)$", log, re.M)
         assert len(errors) == 1, f"rank {rank}: expected one AbsentRanksError:\n{log[-4000:]}"
         message = errors[0][1]
-        assert f"missing: ranks {text}" in message and f"ranks {text} built no mesh at all" in message, message
+        seen = (missing or {}).get(rank, text)
+        assert f"missing: ranks {seen}" in message and f"ranks {text} built no mesh at all" in message, message
         assert f"ranks {text} run DeepSpeed without the ds-mesh shim" in message and "DS_MESH=1 is not set" in message
         assert results[rank]["rc"] != 0
     for rank in plain:
@@ -105,6 +110,14 @@ def test_autotp_job_with_one_node_off_the_shim_names_the_node_and_ds_mesh(tmp_pa
 @pytest.mark.parametrize("job", ["pipe", "autotp"])
 def test_with_one_node_off_the_shim_every_job_names_it_within_the_timeout(tmp_path, job):
     _check(run_mixed(tmp_path, job, 20))
+
+
+@pytest.mark.slow
+def test_a_shim_rank_later_than_the_timeout_still_reads_the_verdict_before_the_store_goes(tmp_path):
+    """Rank 1 (shim) starts its job 4 s after the timeout: rank 0, which holds the store, gives up first,
+    and waits (bounded) for rank 1, which announced itself when its world came up, to read the verdict:
+    rank 1 names the missing ranks and DS_MESH too, not just "the store went away"."""
+    _check(run_mixed(tmp_path, "autotp", 10, delays={1: 14.0}), missing={0: "1..3"})  # rank 0 gave up before 1 came
 
 
 @pytest.mark.slow
