@@ -53,12 +53,9 @@ def _check(proc: subprocess.CompletedProcess, compat_file: str) -> None:
     assert "TODOV1" not in proc.stderr  # and the user's "ignore" filter silences them
 
 
-@pytest.fixture(scope="module")
-def editable_venv(tmp_path_factory) -> str:
-    """A fresh venv holding only an editable install of this tree (``pip install -e``, setuptools'
-    editable finder) and the hook's ``.pth``; torch and deepspeed come from this interpreter's
+def _fresh_venv(venv) -> tuple[str, str]:
+    """``(python, site dir)`` of a new venv; torch and deepspeed come from this interpreter's
     site-packages through a path line (not a site dir: its own ``.pth`` files stay unprocessed)."""
-    venv = tmp_path_factory.mktemp("venv")
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
@@ -66,14 +63,31 @@ def editable_venv(tmp_path_factory) -> str:
                               check=True, capture_output=True, text=True, timeout=60).stdout.strip()
     with open(os.path.join(site_dir, "_shared_packages.pth"), "w", encoding="utf-8") as fh:
         fh.write(sysconfig.get_paths()["purelib"] + "\n")
+    return python, site_dir
+
+
+def _pip(python: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-                          "--no-build-isolation", "--no-index", "-e", ROOT],
-                         capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pip", "--python", python, *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _hook_shipped(site_dir: str) -> None:
+    """The install itself put the start-up hook in site-packages (no ``--write-pth``)."""
+    with open(os.path.join(site_dir, startup.PTH_NAME), encoding="utf-8") as fh:
+        assert fh.read() == startup.PTH_LINE
+
+
+@pytest.fixture(scope="module")
+def editable_venv(tmp_path_factory) -> str:
+    """A fresh venv holding only an editable install of this tree (``pip install -e``, setuptools'
+    editable finder), which brings the hook's ``.pth``."""
+    python, site_dir = _fresh_venv(tmp_path_factory.mktemp("venv"))
+    pip = _pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", ROOT)
     if pip.returncode != 0:
         pytest.skip(f"pip install -e failed here: {pip.stderr[-500:]}")
     assert any(name.startswith("__editable__") for name in os.listdir(site_dir))
-    startup.write_pth(site_dir)
+    _hook_shipped(site_dir)
     return python
 
 
@@ -83,6 +97,25 @@ def test_editable_install_gives_one_shim(editable_venv, tmp_path):
     proc = subprocess.run([editable_venv, str(script)], env=_env(), cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=300)
     _check(proc, os.path.join(ROOT, "compat", "__init__.py"))
+
+
+def test_wheel_install_brings_the_hook_and_uninstall_removes_it(tmp_path):
+    """``pip install .`` (a regular wheel): DS_MESH=1 works at once; ``pip uninstall`` leaves no hook."""
+    python, site_dir = _fresh_venv(tmp_path / "venv")
+    work = tmp_path / "work"
+    work.mkdir()
+    pip = _pip(python, "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", ROOT)
+    if pip.returncode != 0:
+        pytest.skip(f"pip install failed here: {pip.stderr[-500:]}")
+    _hook_shipped(site_dir)
+    script = work / "train.py"
+    script.write_text(PROGRAM)
+    proc = subprocess.run([python, str(script)], env=_env(), cwd=str(work), capture_output=True, text=True,
+                          timeout=300)
+    _check(proc, os.path.join(site_dir, "compat", "__init__.py"))
+    assert _pip(python, "uninstall", "-y", "-q", "ds-mesh").returncode == 0
+    assert not os.path.exists(os.path.join(site_dir, startup.PTH_NAME))
+    assert not os.path.exists(os.path.join(site_dir, "_ds_mesh_startup.py"))
 
 
 def test_zipapp_gives_one_shim(tmp_path):
