@@ -18,6 +18,12 @@ ENV_VAR = "DS_MESH"
 ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")
 PRIVATE_PACKAGE = "_ds_mesh_compat"
+PTH_NAME = "ds_mesh.pth"
+# the text of ds_mesh.pth (the copy shipped at the repository root must equal it: tests/compat/test_startup.py)
+PTH_LINE = (
+    "import sys; __import__('importlib.util').util.find_spec('_ds_mesh_startup') is not None "
+    "and __import__('_ds_mesh_startup').main()\n"
+)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _warned = set()  # (name, value) pairs already reported by switch_on
 

@@ -161,7 +161,9 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     set_default_mesh(mesh)
     setattr(engine, ENGINE_STATE_ATTR, capture())
     _track(engine)
-    logger.info("engine on %s", mesh.spec.describe())
+    from .engine_banner import announce
+
+    announce(mesh.spec, ds_dist.get_rank())  # the one line that says the shim is on, and the mesh
     return result
 
 

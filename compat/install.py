@@ -289,6 +289,13 @@ def _route_pipe_engine(module: types.ModuleType) -> None:
         _scope_in_place(module.PipelineEngine, name)
 
 
+def _route_shm_build(module: types.ModuleType) -> None:
+    # the first CPU run says that DeepSpeed's shm op is building, and a stale build lock is named (compat.shm_build)
+    from .shm_build import build_shm_op_wrapper
+
+    _patches.replace(module, "build_shm_op", build_shm_op_wrapper(module.build_shm_op))
+
+
 def _route_comm_barrier(module: types.ModuleType) -> None:
     # issue 11 (sub-world engines): world barriers inside a sub-world engine wait for its ranks only
     from .engine_scope import barrier_wrapper
@@ -337,6 +344,7 @@ def _route_initialize(module: types.ModuleType) -> None:
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
 # hooks fire in this order too.
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
+    ("deepspeed.comm.torch", _route_shm_build),
     (COMM_MODULE, _route_comm),
     (COMM_MODULE, _route_comm_barrier),
     ("deepspeed.runtime.zero.utils", _route_zero_utils),

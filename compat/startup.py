@@ -15,15 +15,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from _ds_mesh_startup import PTH_LINE, PTH_NAME  # the hook module owns its own line
+
 logger = logging.getLogger(__name__)
 
-PTH_NAME = "ds_mesh.pth"
 HOOK_MODULE = "_ds_mesh_startup"
-# the text of ds_mesh.pth (the copy shipped at the repository root must equal it: tests/compat/test_startup.py)
-PTH_LINE = (
-    f"import sys; __import__('importlib.util').util.find_spec('{HOOK_MODULE}') is not None "
-    f"and __import__('{HOOK_MODULE}').main()\n"
-)
 
 
 def default_site_dir() -> str:

@@ -357,6 +357,9 @@ def parser() -> argparse.ArgumentParser:
         f"(world {EXAMPLE['world_size']}, pp={EXAMPLE['pp']}, tp={EXAMPLE['tp']}, ep={EXAMPLE['ep']}, dp auto, "
         f"{EXAMPLE['gpus_per_node']} GPUs per node).",
     )
+    commands.add_parser("doctor", add_help=False,  # dispatched by main() before parsing (run_doctor)
+                        help="is this environment ready? torch / deepspeed / libcst ranges, the DS_MESH hook, "
+                        "accelerator, the shm op; --json")
     show.add_argument("--world-size", "-w", type=int, help="number of ranks (GPUs) in the job")
     for dim in MESH_DIMS:
         show.add_argument(f"--{dim.replace('_', '-')}", dest=dim, type=_size, metavar="N|auto", help=f"size of {dim}")
@@ -489,9 +492,30 @@ def run_show(args: argparse.Namespace, out=None) -> int:
     return 0
 
 
+# ``mesh doctor`` checks the whole distribution's environment (torch, deepspeed, the DS_MESH hook, the
+# shm op); it lives in the top-level ``_ds_mesh_doctor`` module, outside the layers, and is loaded by
+# name so that mesh_core depends on nothing above it (docs/architecture.md)
+DOCTOR_MODULE = "_ds_mesh_doctor"
+
+
+def run_doctor(argv: Sequence[str]) -> int:
+    """``mesh doctor``: see the ``_ds_mesh_doctor`` module."""
+    import importlib
+
+    try:
+        doctor = importlib.import_module(DOCTOR_MODULE)
+    except ImportError:
+        print(f"mesh: error: mesh doctor needs the {DOCTOR_MODULE} module of the ds-mesh distribution, which is "
+              "not importable here; reinstall ds-mesh (pip install -e .)", file=sys.stderr)
+        return 2
+    return doctor.main(list(argv))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``mesh`` / ``python -m mesh_core`` entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        return run_doctor(argv[1:])
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["show", *argv]  # "show" is the one command; allow leaving it out
     try:

@@ -3,6 +3,7 @@ module ``import compat`` gives the program (the README's editable install withou
 zipapp), so the program's warning filters and ``compat`` names are the running shim's."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,3 +138,66 @@ def test_zipapp_gives_one_shim(tmp_path):
     proc = subprocess.run([sys.executable, str(app)], env=_env(), cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=300)
     _check(proc, os.path.join(str(app), "compat", "__init__.py"))
+
+
+# a plain ZeRO-2 script, as a user runs it: no ds-mesh import, no destroy of anything but the world
+ZERO2 = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+import deepspeed
+import deepspeed.comm.torch
+
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # the test's own: no JIT build of the shm op (see test_shm_op.py)
+net = torch.nn.Linear(8, 8)
+config = {"train_batch_size": 8, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+config.update(json.loads(sys.argv[1]))
+engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=config)
+engine.backward(engine(torch.randn(2, 8)).sum())
+engine.step()
+mesh = getattr(engine, "mesh_device", None)
+print(f"RANK {dist.get_rank()} MESH {None if mesh is None else mesh.spec.describe()}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+BANNER = "ds-mesh: this engine runs on the mesh"
+IGNORED = '"mesh" section'
+
+
+def _torchrun(python: str, tmp_path, extra: dict, section: "dict | None") -> subprocess.CompletedProcess:
+    script = tmp_path / "zero2.py"
+    script.write_text(ZERO2)
+    env = {**_env(), **extra, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    if extra.get("DS_MESH") is None:
+        env.pop("DS_MESH")
+    config = json.dumps({} if section is None else {"mesh": section})
+    return subprocess.run([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           str(script), config], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.multiprocess
+def test_ds_mesh_1_right_after_the_install_says_the_mesh_once(editable_venv, tmp_path):
+    """README set-up, then DS_MESH=1 torchrun of a plain ZeRO-2 script: one line names the mesh (HSDP
+    here), engine.mesh_device is set on every rank."""
+    proc = _torchrun(editable_venv, tmp_path, {"DS_MESH": "1"}, {"dp_replicate": 2, "dp_shard": 2})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert out.count(BANNER) == 1, out[-3000:]
+    line = next(line for line in out.splitlines() if BANNER in line)
+    assert "dp_replicate=2 x dp_shard=2" in line and "HSDP" in line and "all 4 ranks" in line
+    for rank in range(4):
+        assert f"RANK {rank} MESH MeshSpec(dp_replicate=2, dp_shard=2; ranks 0..3 of world 4)" in proc.stdout
+    assert IGNORED not in out
+
+
+@pytest.mark.multiprocess
+def test_a_mesh_section_without_the_shim_gets_one_warning(editable_venv, tmp_path):
+    proc = _torchrun(editable_venv, tmp_path, {"DS_MESH": None}, {"dp_replicate": 2, "dp_shard": 2})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    warnings_ = [line for line in out.splitlines() if IGNORED in line]
+    assert len(warnings_) == 1 and "DS_MESH=1" in warnings_[0], out[-3000:]
+    assert BANNER not in out
+    for rank in range(4):
+        assert f"RANK {rank} MESH None" in proc.stdout
