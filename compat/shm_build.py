@@ -42,9 +42,8 @@ def build_shm_op_wrapper(wrapped: Callable[[], Any]) -> Callable[[], Any]:
         speak = os.environ.get("RANK", "0") in ("0", "") and not state["built"]
         if speak:
             logger.warning("ds-mesh: building DeepSpeed's shared-memory op %s for this machine (first CPU run only, "
-                           "%s; every rank waits for it), cached in %s; DeepSpeed says `DeepSpeed "
-                           "deepspeed.ops.comm.%s_op built successfully` when done", SHM_OP, SHM_BUILD_TIME,
-                           directory, SHM_OP)
+                           "%s; every rank waits for it), cached in %s for later runs; one more line says when it "
+                           "is ready", SHM_OP, SHM_BUILD_TIME, directory)
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(directory, done), name="ds-mesh shm lock watch", daemon=True)
         watcher.start()

@@ -57,7 +57,7 @@ def test_the_first_run_says_what_is_building_before_the_build_ends(tmp_path):
         _stop(proc)
     line = seen[-1] if seen else ""
     assert "ds-mesh: building DeepSpeed's shared-memory op deepspeed_shm_comm" in line, "".join(seen)[-3000:]
-    assert str(directory) in line and "minutes" in line and "built successfully" in line
+    assert str(directory) in line and "minutes" in line
     assert not built_when_said
 
 
