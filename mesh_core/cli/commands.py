@@ -113,7 +113,7 @@ def build_report(
     report["coordinates"] = [_coordinate_row(layout, r, gpus_per_node) for r in coordinate_ranks]
     report["coordinates_complete"] = full
     report["communicators"] = _communicators(spec, spec.ranks[0] if rank is None else rank)
-    # issue 12: the member-only creation plan (calls per rank, eager vs lazy groups)
+    # the member-only creation plan (calls per rank, eager vs lazy groups)
     report["plan"] = creation_plan(spec, flatten=mesh_flatten(spec), rank=rank).to_dict()
     if rank is not None:
         report["rank_view"] = rank_view(layout, rank, gpus_per_node)
@@ -218,7 +218,7 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
     else:
         lines += ["", *_format_groups(report, show_all), "", *_format_coordinates(report, show_all)]
     lines += ["", *_format_communicators(report["communicators"])]
-    if "plan" in report:  # issue 12
+    if "plan" in report:
         lines += ["", *format_plan(report["plan"])]
     return "\n".join(lines)
 
