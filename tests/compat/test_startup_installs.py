@@ -128,7 +128,8 @@ def test_zipapp_gives_one_shim(tmp_path):
     main = f"import site\nsite.addsitedir({str(pth_dir)!r})\n" + PROGRAM
     with zipfile.ZipFile(app, "w") as zf:
         zf.writestr("__main__.py", main)
-        zf.write(os.path.join(ROOT, "_ds_mesh_startup.py"), "_ds_mesh_startup.py")
+        for module in ("_ds_mesh_startup.py", "_ds_mesh_doctor.py"):  # the distribution's top-level modules
+            zf.write(os.path.join(ROOT, module), module)
         for package in ("compat", "mesh_core", "ds_mesh_advice"):
             for folder, _, files in os.walk(os.path.join(ROOT, package)):
                 for name in files:
