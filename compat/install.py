@@ -293,7 +293,8 @@ def _route_shm_build(module: types.ModuleType) -> None:
     # the first CPU run says that DeepSpeed's shm op is building, and a stale build lock is named (compat.shm_build)
     from .shm_build import build_shm_op_wrapper
 
-    _patches.replace(module, "build_shm_op", build_shm_op_wrapper(module.build_shm_op))
+    if callable(getattr(module, "build_shm_op", None)):  # a release without the op: nothing to say
+        _patches.replace(module, "build_shm_op", build_shm_op_wrapper(module.build_shm_op))
 
 
 def _route_comm_barrier(module: types.ModuleType) -> None:
