@@ -122,3 +122,11 @@ def test_the_ranges_are_the_enforced_ones():
 ])
 def test_in_range(version, constraint, inside):
     assert doctor.in_range(version, constraint) is inside
+
+
+@pytest.mark.deepspeed
+def test_deep_asks_torch_and_deepspeed(monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    check = doctor.check_deep()
+    assert check["status"] == doctor.OK and check["deepspeed_accelerator"] == "cpu"
+    assert check["deepspeed_backend"] in ("gloo", "ccl") and check["torch_cuda_available"] in (True, False)
