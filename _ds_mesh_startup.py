@@ -1,10 +1,11 @@
 """The ``DS_MESH`` start-up hook of ds-mesh, run by the ``ds_mesh.pth`` file at interpreter start.
 
-Write or remove the ``.pth`` with ``python -m compat.install --write-pth`` / ``--remove-pth``.
-The module name is private to ds-mesh so it cannot collide with a user's module, and the hook
-imports only what the interpreter has already loaded: with ``DS_MESH`` unset the ``.pth`` line
-never imports this module; with ``DS_MESH=1`` it only registers a finder, and the shim (and torch
-with it) is loaded when the program first imports ``deepspeed``. The shim package (``compat``,
+``ds_mesh.pth`` comes with the install (every wheel, editable or not, puts it in site-packages and
+``pip uninstall`` removes it); ``python -m compat.install --write-pth`` / ``--remove-pth`` write or
+remove it in other directories. With ``DS_MESH`` off the hook only watches for a config whose
+``"mesh"`` section would be ignored (one warning naming ``DS_MESH=1``). The module name is private to ds-mesh so it cannot collide with a user's module, and the hook
+imports only what the interpreter has already loaded: it only registers a finder, and the shim (and
+torch with it) is loaded when the program first imports ``deepspeed`` with ``DS_MESH=1``. The shim package (``compat``,
 beside this file) is loaded under its own name, so the hook's ``compat`` is the module ``import compat``
 gives the program, whatever the install (editable, wheel, ``PYTHONPATH``, zipapp); only when
 ``import compat`` would find another ``compat`` (a user's own module) is it loaded as
@@ -17,6 +18,12 @@ ENV_VAR = "DS_MESH"
 ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")
 PRIVATE_PACKAGE = "_ds_mesh_compat"
+PTH_NAME = "ds_mesh.pth"
+# the text of ds_mesh.pth (the copy shipped at the repository root must equal it: tests/compat/test_startup.py)
+PTH_LINE = (
+    "import sys; __import__('importlib.util').util.find_spec('_ds_mesh_startup') is not None "
+    "and __import__('_ds_mesh_startup').main()\n"
+)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _warned = set()  # (name, value) pairs already reported by switch_on
 
@@ -50,13 +57,17 @@ def state(environ=None):
 
 
 def main():
-    """Called by the ``.pth`` line when ``DS_MESH`` is set; never raises."""
+    """Called by the ``.pth`` line at interpreter start; never raises."""
     try:
         if switch_on(ENV_VAR, "run deepspeed on the mesh"):
             if "deepspeed" in sys.modules:
                 _install()
             elif not any(isinstance(f, _DeepSpeedFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _DeepSpeedFinder())
+        elif "deepspeed" in sys.modules:
+            watch_initialize(sys.modules["deepspeed"])
+        elif not any(isinstance(f, _IgnoredMeshFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _IgnoredMeshFinder())
     except Exception as err:  # a start-up hook must never stop the interpreter
         _warn(f"{ENV_VAR} start-up hook failed: {err!r}; deepspeed runs without the mesh")
 
@@ -78,6 +89,116 @@ class _DeepSpeedFinder:
 
         # ask again, now that the shim's post-import hooks watch deepspeed
         return importlib.util.find_spec(fullname)
+
+
+class _IgnoredMeshFinder:
+    """With the shim off: once ``deepspeed`` is imported, its ``initialize`` warns (once) when the
+    config has a ``"mesh"`` section, which plain DeepSpeed ignores."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "deepspeed":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = _find_spec(fullname)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _WatchingLoader(spec.loader)
+        return spec
+
+
+class _WatchingLoader:
+    """``deepspeed``'s own loader; after the package ran, :func:`watch_initialize` wraps its ``initialize``."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader  # the package keeps its own loader
+        self._loader.exec_module(module)
+        try:
+            watch_initialize(module)
+        except Exception as err:
+            _warn(f"watching deepspeed.initialize failed: {err!r}")
+
+
+_mesh_warned = []
+
+
+def watch_initialize(deepspeed_module):
+    """Wrap ``deepspeed.initialize`` so that a ``"mesh"`` section the shim will not read gets one warning."""
+    original = getattr(deepspeed_module, "initialize", None)
+    if original is None or getattr(original, "_ds_mesh_watch", False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def initialize(*args, **kwargs):
+        try:
+            if not _mesh_warned:
+                _warn_if_mesh_ignored(original, args, kwargs)
+        except Exception:  # the check must never stop the user's call
+            pass
+        return original(*args, **kwargs)
+
+    initialize._ds_mesh_watch = True
+    deepspeed_module.initialize = initialize
+
+
+def ignored_mesh_section(config, args=None):
+    """The ``"mesh"`` section of a ``deepspeed.initialize`` config (a dict, or a JSON / HJSON file
+    named by ``config`` or ``args.deepspeed_config``), or None."""
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
+        with open(config, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            import json
+
+            config = json.loads(text)
+        except ValueError:
+            try:
+                import hjson
+            except ImportError:
+                return None
+            config = hjson.loads(text)
+    if isinstance(config, dict):
+        return config.get("mesh")
+    return None
+
+
+def _warn_if_mesh_ignored(original, args, kwargs):
+    if _shim_installed():
+        return
+    import inspect
+
+    call = inspect.signature(original).bind_partial(*args, **kwargs).arguments
+    config = call.get("config")
+    section = ignored_mesh_section(config if config is not None else call.get("config_params"), call.get("args"))
+    if section is None:
+        return
+    _mesh_warned.append(True)
+    if os.environ.get("RANK", "0") not in ("0", ""):
+        return  # one warning per job: rank 0 speaks
+    _warn(
+        f'the config\'s "mesh" section {section!r} is ignored: the ds-mesh shim is off ({ENV_VAR} is not 1), so plain DeepSpeed '
+        f"builds its own groups (data parallel over every rank); run with {ENV_VAR}=1 to train on the mesh, "
+        'or drop the "mesh" section'
+    )
+
+
+def _shim_installed():
+    for name in ("compat.install", PRIVATE_PACKAGE + ".install"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "is_installed", lambda: False)():
+            return True
+    return False
 
 
 def load_compat():

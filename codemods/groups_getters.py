@@ -340,9 +340,9 @@ class GroupsGettersCommand(MigrationCommand):
                 return updated_node
         if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)
-        if autotp.applies(self, original_node, fname):  # issue 10m: AutoTP inside DeepSpeed
+        if autotp.applies(self, original_node, fname):  # AutoTP inside DeepSpeed
             return autotp.rewrite(self, original_node, updated_node, fname)
-        if fname in mpu_exact.GROUPS_CALLS:  # issue 10m: the engine's mpu, the node all-to-all groups
+        if fname in mpu_exact.GROUPS_CALLS:  # the engine's mpu, the node all-to-all groups
             replacement = mpu_exact.groups_call(self, original_node, fname)
             if replacement is not None:
                 return self._replace(original_node, replacement)

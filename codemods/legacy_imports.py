@@ -40,7 +40,7 @@ class LegacyImportsCommand(MigrationCommand):
         return self._carry_comments(updated_node)  # the full-pass path (no transform_module_impl shortcut)
 
     def _carry_comments(self, tree: cst.Module) -> cst.Module:
-        """issue 10m: libcst's removal drops a removed statement's comment lines; keep them above the
+        """libcst's removal drops a removed statement's comment lines; keep them above the
         statement that follows it in its block."""
         lines = {id(self.parent(n)) for n in self._gone if _has_comments(self.parent(n))}
         return tree.visit(_CarryComments(lines)) if lines else tree

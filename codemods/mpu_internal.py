@@ -134,7 +134,7 @@ class MpuInternalCommand(MigrationCommand):
             self.record(KIND)
             return self._expr(f"{self.mesh_ref('mesh_of')}({receiver}).{query}", original_node)
         exact = mpu_exact.mpu_getter(self, original_node, receiver, method) if query is None else None
-        if exact is not None:  # issue 10m: exact for the mpus that reach this site
+        if exact is not None:  # exact for the mpus that reach this site
             self.record(KIND)
             return self._expr(exact, original_node)
         if query is not None:

@@ -24,7 +24,7 @@ from . import deprecation, groups, mpu, topology
 from .deprecation import LegacyAPIDeprecationWarning, warn_legacy
 from .engine_scope import WrongGridError, use_engine
 from .mpu import MeshMPU, mesh_from_mpu
-from .subworld_pipe import MeshTopology, mesh_topology  # issue 11: sub-world pipelines
+from .subworld_pipe import MeshTopology, mesh_topology  # sub-world pipelines
 
 __all__ = [
     "LegacyAPIDeprecationWarning",

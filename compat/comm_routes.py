@@ -44,7 +44,7 @@ def caller_site(depth: int = 2) -> str:
 
 
 def _partition(registry: Any, ranks: list[int], asker: str) -> Any:
-    # the registry of issue 12 takes asker= (its DEBUG line names who asked); older ones do not
+    # the world's group registry takes asker= (its DEBUG line names who asked); older ones do not
     if "asker" in inspect.signature(registry.partition).parameters:
         return registry.partition([ranks], asker=asker)
     return registry.partition([ranks])

@@ -1,4 +1,4 @@
-"""ZeRO-3 parameters that arrive partitioned over other ranks than the engine's (issue 21).
+"""ZeRO-3 parameters that arrive partitioned over other ranks than the engine's.
 
 transformers and TRL build a model under ``deepspeed.zero.Init`` (``from_pretrained`` with ZeRO-3)
 before any engine exists: its parameters are partitioned over zero.Init's group, the whole world

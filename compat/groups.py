@@ -100,11 +100,11 @@ class GroupsState:
     expert_data_parallel_group: dict = field(default_factory=dict)
     expert_data_parallel_group_ranks: dict = field(default_factory=dict)
     world_group: Any = None
-    # all_to_all: a view of mesh_core's one node all-to-all dict (issue 10m, see below)
+    # all_to_all: a view of mesh_core's one node all-to-all dict (see below)
     bound_groups: dict = field(default_factory=dict)  # dims -> (group, size, rank, ranks) of the bound mesh
 
 
-# issue 10m: one TP state. AutoTPGroups.tp_source is what _init_tp_* set up, kept under a binding:
+# one TP state. AutoTPGroups.tp_source is what _init_tp_* set up, kept under a binding:
 # (mesh, (tp dims, dp dims)), or (None, ExplicitTP) when a replaced deepspeed.comm function built the groups.
 _TP_FIELDS = ("tp_group", "dp_group", "tp_size", "tp_rank", "tp_src", "dp_size", "dp_rank",
               "tp_world_size_override", "tp_rank_override", "tp_source")
@@ -1106,7 +1106,7 @@ def _get_local_all_to_all_group() -> dict:
     # TODOV1: legacy shim
     _W_ALL_TO_ALL.warn()
     assert dist.is_initialized(), "dist is not initialized"
-    return local_all_to_all_groups(_devices_per_node())  # mesh_core's one dict (issue 10m)
+    return local_all_to_all_groups(_devices_per_node())  # mesh_core's one dict
 
 
 # --- data / model / sequence parallel resolution (engine-facing) ----------------------------------

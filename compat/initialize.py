@@ -42,7 +42,7 @@ from .engine_release import mark_owned
 from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
 from .engine_spec import check_before_world, engine_spec
 from .engine_zero3 import check_zero3_partitions
-from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (issue 24: HSDP under ZeRO)
+from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (HSDP under ZeRO)
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
             row="deepspeed.initialize(mesh_param=(dp, sp))",
         )
 
-    check_before_world(config, mesh_param=mesh_param)  # issue 21: bad values before any process group
+    check_before_world(config, mesh_param=mesh_param)  # bad values before any process group
     ds_dist.init_distributed(
         dist_backend=get_accelerator().communication_backend_name(),
         distributed_port=call.get("distributed_port", 29500),
@@ -93,7 +93,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     mixed_world.announce()  # before the imports below: a mesh check that fails waits for this rank's reading
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
-    config = _with_topology_mesh(config, topology)  # issue 11: a sub-world pipeline states its ranks
+    config = _with_topology_mesh(config, topology)  # a sub-world pipeline states its ranks
     spec = engine_spec(
         config,
         world_size,
@@ -148,7 +148,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     activate(GroupsState(mesh, None, None))
     token = _pending.set(mesh)
     try:
-        with use_mesh(mesh):  # issue 10b: current_mesh() inside the engine's construction is its mesh
+        with use_mesh(mesh):  # current_mesh() inside the engine's construction is its mesh
             result = wrapped(**call)
     except BaseException:
         activate(previous)
@@ -163,7 +163,9 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     set_default_mesh(mesh)
     setattr(engine, ENGINE_STATE_ATTR, capture())
     _track(engine)
-    logger.info("engine on %s", mesh.spec.describe())
+    from .engine_banner import announce
+
+    announce(mesh.spec, ds_dist.get_rank())  # the one line that says the shim is on, and the mesh
     return result
 
 
@@ -202,7 +204,7 @@ def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
 
 def _with_topology_mesh(config: dict, topology: Any) -> dict:
     """``config`` whose ``"mesh"`` section gets the ranks (and order) of a :class:`MeshTopology`'s mesh
-    when it names none (issue 11: ``PipelineModule(topology=compat.mesh_topology(mesh))``)."""
+    when it names none (``PipelineModule(topology=compat.mesh_topology(mesh))``)."""
     from .subworld_pipe import MeshTopology
 
     if not isinstance(topology, MeshTopology):
@@ -244,7 +246,7 @@ def _engine_mesh(
             _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
             return as_engine_mesh(mpu.mesh), mpu
         if hasattr(mpu, "initialize_sequence_parallel"):  # DeepSpeed's Ulysses parallel_state_sp module
-            # (issue 9) the engine keeps the module: DeepSpeed branches on its shape (no DP group: ZeRO-3
+            # the engine keeps the module: DeepSpeed branches on its shape (no DP group: ZeRO-3
             # partitions over the world, parameter_offload.py:267), and its groups are the mesh's now
             return _sequence_parallel_mesh(spec, mpu), mpu
         from .mpu import mesh_from_mpu

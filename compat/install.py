@@ -295,15 +295,23 @@ def _route_comm_init(module: types.ModuleType) -> None:
                      wrapt.FunctionWrapper(module.init_distributed, mixed_world.init_distributed_wrapper))
 
 
+def _route_shm_build(module: types.ModuleType) -> None:
+    # the first CPU run says that DeepSpeed's shm op is building, and a stale build lock is named (compat.shm_build)
+    from .shm_build import build_shm_op_wrapper
+
+    if callable(getattr(module, "build_shm_op", None)):  # a release without the op: nothing to say
+        _patches.replace(module, "build_shm_op", build_shm_op_wrapper(module.build_shm_op))
+
+
 def _route_comm_barrier(module: types.ModuleType) -> None:
-    # issue 11 (sub-world engines): world barriers inside a sub-world engine wait for its ranks only
+    # sub-world engines: world barriers inside a sub-world engine wait for its ranks only
     from .engine_scope import barrier_wrapper
 
     _patches.replace(module, "barrier", wrapt.FunctionWrapper(module.barrier, barrier_wrapper))
 
 
 def _route_zero_utils(module: types.ModuleType) -> None:
-    # issue 11 (sub-world engines): ZeRO-3's rank-0 trace check runs over the engine's own ranks
+    # sub-world engines: ZeRO-3's rank-0 trace check runs over the engine's own ranks
     from .engine_scope import same_ints_wrapper
 
     name = "assert_ints_same_as_other_ranks"
@@ -318,14 +326,14 @@ def _route_launcher_env(module: types.ModuleType) -> None:
 
 
 def _route_pipe_module(module: types.ModuleType) -> None:
-    # issue 11 (sub-world pipelines): PipelineModule(topology=compat.mesh_topology(mesh)) is built on the mesh
+    # sub-world pipelines: PipelineModule(topology=compat.mesh_topology(mesh)) is built on the mesh
     from .subworld_pipe import make_pipeline_module_init_wrapper
 
     _wrap_in_place(module.PipelineModule, "__init__", make_pipeline_module_init_wrapper(module))
 
 
 def _route_hsdp(module: types.ModuleType) -> None:
-    # issue 24: HSDP under ZeRO (partition over dp_shard, average across dp_replicate; compat.hsdp)
+    # HSDP under ZeRO (partition over dp_shard, average across dp_replicate; compat.hsdp)
     from . import hsdp
 
     for owner, name, wrapper in hsdp.WRAPPERS[module.__name__]:
@@ -343,6 +351,7 @@ def _route_initialize(module: types.ModuleType) -> None:
 # Import order of these modules inside `import deepspeed`; when deepspeed is already imported the
 # hooks fire in this order too.
 _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
+    ("deepspeed.comm.torch", _route_shm_build),
     (COMM_MODULE, _route_comm),
     (COMM_MODULE, _route_comm_barrier),
     (COMM_MODULE, _route_comm_init),
@@ -353,7 +362,7 @@ _APPLIERS: list[tuple[str, Callable[[types.ModuleType], None]]] = [
     ("deepspeed.runtime.engine", _route_engine),
     ("deepspeed.runtime.engine", _route_engine_destroy),
     ("deepspeed.runtime.pipe.engine", _route_pipe_engine),
-    ("deepspeed.runtime.pipe.module", _route_pipe_module),  # issue 11
+    ("deepspeed.runtime.pipe.module", _route_pipe_module),
     ("deepspeed", _route_initialize),
     ("deepspeed.launcher.multinode_runner", _route_launcher_env),
     *((name, _route_hsdp) for name in ("deepspeed.runtime.engine", "deepspeed.runtime.zero.partition_parameters")),

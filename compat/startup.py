@@ -1,10 +1,11 @@
 """The ``DS_MESH`` start-up hook's ``.pth`` file: write it, remove it (``python -m compat.install``).
 
-The ``.pth`` line costs one environment lookup when ``DS_MESH`` is unset or off. Otherwise (on, or a value
-the one on/off parser of ``_ds_mesh_startup`` does not understand and warns about)
-the line imports the private ``_ds_mesh_startup`` module (if it still exists: after
-``pip uninstall`` a left-over ``.pth`` stays silent), which installs the shim when the program
-first imports ``deepspeed`` (see that module).
+Every install of ds-mesh (a wheel, ``pip install -e``) ships ``ds_mesh.pth`` in site-packages (see
+``setup.py``) and ``pip uninstall`` removes it; these commands serve other site directories. The line
+imports the private ``_ds_mesh_startup`` module (if it still exists: a ``.pth`` left in another
+directory after ``pip uninstall`` stays silent), which registers one finder: with ``DS_MESH=1`` it
+installs the shim when the program first imports ``deepspeed``; otherwise it only warns, once, when
+``deepspeed.initialize`` gets a config whose ``"mesh"`` section nothing will read (see that module).
 """
 from __future__ import annotations
 
@@ -14,18 +15,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from _ds_mesh_startup import OFF
+from _ds_mesh_startup import PTH_LINE, PTH_NAME  # the hook module owns its own line
 
 logger = logging.getLogger(__name__)
 
-PTH_NAME = "ds_mesh.pth"
 HOOK_MODULE = "_ds_mesh_startup"
-# the .pth line's own check is the one parser's OFF list (an unknown value reaches the hook, which warns)
-PTH_LINE = (
-    f"import os; os.environ.get('DS_MESH', '').strip().lower() not in {OFF!r} "
-    f"and __import__('importlib.util').util.find_spec('{HOOK_MODULE}') is not None "
-    f"and __import__('{HOOK_MODULE}').main()\n"
-)
 
 
 def default_site_dir() -> str:

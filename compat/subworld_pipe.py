@@ -1,4 +1,4 @@
-"""Pipeline engines on a sub-world (issue 11): ``PipelineModule(..., topology=compat.mesh_topology(mesh))``.
+"""Pipeline engines on a sub-world: ``PipelineModule(..., topology=compat.mesh_topology(mesh))``.
 
 DeepSpeed 0.19.8's ``PipelineModule.__init__`` clones the world (``dist.new_group(range(world))``,
 a collective of every rank) and sizes its topology by the world, so a pipeline could only span all

@@ -179,7 +179,7 @@ class PipelineParallelGrid:
         _W_GRID.warn()
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        # issue 11: a topology built on a (sub-world) mesh (compat.mesh_topology) brings its mesh
+        # a topology built on a (sub-world) mesh (compat.mesh_topology) brings its mesh
         own_mesh = getattr(topology, "mesh", None) if topology is not None else None
         if mesh is None and isinstance(own_mesh, DeepSpeedDeviceMesh):
             mesh = own_mesh

@@ -13,7 +13,10 @@ import torch.distributed as dist  # noqa: E402
 
 
 def init_gloo() -> int:
-    """deepspeed.comm over gloo; returns this rank. (On CPU the shm op's 30 s JIT build is skipped.)"""
+    """deepspeed.comm over gloo; returns this rank.
+
+    On CPU this skips DeepSpeed's shared-memory op, whose JIT build a first DeepSpeed run pays (about
+    2 minutes on 2 cores; the README's "What a first run costs"): the examples start in seconds."""
     import deepspeed
 
     if os.environ.get("DS_ACCELERATOR") == "cpu":

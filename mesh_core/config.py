@@ -23,6 +23,19 @@ from .spec import MESH_DIMS, MeshSpec, MeshSpecError, _resolve_order, _validate_
 
 MESH_SECTION_KEYS = set(MESH_DIMS) | {"ep", "order", "ranks", "data_before_expert"}
 SECTION_SOURCE = "config 'mesh' section"
+HSDP_EXAMPLE = '{"dp_replicate": R, "dp_shard": S}'
+# what other frameworks call a dim (torch FSDP / HSDP / DDP, Megatron, DeepSpeed) -> the dim here
+DIM_VOCABULARY = {
+    "fsdp": "dp_shard", "shard": "dp_shard", "sharded": "dp_shard", "zero": "dp_shard",
+    "ddp": "dp_replicate", "replicate": "dp_replicate", "replica": "dp_replicate", "replicas": "dp_replicate",
+    "data": "dp", "data_parallel": "dp", "data_parallel_size": "dp", "dp_size": "dp",
+    "tensor": "tp", "tensor_parallel": "tp", "model_parallel": "tp", "mp": "tp", "tp_size": "tp",
+    "autotp": "tp", "autotp_size": "tp",
+    "pipe": "pp", "pipeline": "pp", "pipeline_parallel": "pp", "pp_size": "pp", "num_stages": "pp",
+    "sequence": "sp", "sequence_parallel": "sp", "sequence_parallel_size": "sp", "ulysses": "sp",
+    "cp": "sp", "context_parallel": "sp",
+    "expert": "ep", "experts": "ep", "moe": "ep", "expert_parallel": "ep", "ep_size": "ep",
+}
 AUTO = "auto"
 
 
@@ -52,6 +65,22 @@ def _size(value: Any, source: str) -> int:
     return size
 
 
+def suggest_key(name: Any) -> str:
+    """``'fsdp' (did you mean 'dp_shard'? ...)`` for a key the ``"mesh"`` section does not know, or ``""``.
+
+    Knows the names other frameworks give a dim (``fsdp`` is ``dp_shard``, ``ddp`` ``dp_replicate``,
+    ``hsdp`` both) before falling back to the closest spelling."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key in ("hsdp", "hybrid_shard", "hybrid"):
+        return f"{name!r} (HSDP is two dims: {HSDP_EXAMPLE}, replicas x shards per replica)"
+    if key in DIM_VOCABULARY:
+        dim = DIM_VOCABULARY[key]
+        extra = f" HSDP is {HSDP_EXAMPLE}" if dim.startswith("dp_") else ""
+        return f"{name!r} (did you mean {dim!r}?{extra})"
+    close = difflib.get_close_matches(key, MESH_SECTION_KEYS, n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_section(section: Any) -> dict[str, Any]:
     """The ``"mesh"`` section as a dict after every check that needs no world size (its type, key
     names, look-alike values, the ``order`` names, the ``ranks`` list); a :class:`MeshSpecError`
@@ -60,8 +89,7 @@ def check_section(section: Any) -> dict[str, Any]:
         raise MeshSpecError(f"config 'mesh' section must be a dict, got {type(section).__name__}: {section!r}")
     unknown = sorted(set(section) - MESH_SECTION_KEYS, key=str)
     if unknown:
-        hints = [f"{k!r} (did you mean {close[0]!r}?)" for k in unknown
-                 for close in [difflib.get_close_matches(str(k).lower(), MESH_SECTION_KEYS, n=1)] if close]
+        hints = [hint for hint in map(suggest_key, unknown) if hint]
         raise MeshSpecError(
             f"unknown key(s) {unknown} in config 'mesh'{'; ' + ', '.join(hints) if hints else ''}; "
             f"valid keys are {sorted(MESH_SECTION_KEYS)}"

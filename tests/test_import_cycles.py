@@ -37,6 +37,7 @@ COMPAT_DEEPSPEED_MODULES = frozenset(
         "compat.install",
         "compat.install_patches",
         "compat.layout_config",
+        "compat.shm_build",
         "compat.startup",
     }
 )

@@ -113,7 +113,7 @@ def build_report(
     report["coordinates"] = [_coordinate_row(layout, r, gpus_per_node) for r in coordinate_ranks]
     report["coordinates_complete"] = full
     report["communicators"] = _communicators(spec, spec.ranks[0] if rank is None else rank)
-    # issue 12: the member-only creation plan (calls per rank, eager vs lazy groups)
+    # the member-only creation plan (calls per rank, eager vs lazy groups)
     report["plan"] = creation_plan(spec, flatten=mesh_flatten(spec), rank=rank).to_dict()
     if rank is not None:
         report["rank_view"] = rank_view(layout, rank, gpus_per_node)
@@ -218,7 +218,7 @@ def format_report(report: dict[str, Any], *, show_all: bool = False) -> str:
     else:
         lines += ["", *_format_groups(report, show_all), "", *_format_coordinates(report, show_all)]
     lines += ["", *_format_communicators(report["communicators"])]
-    if "plan" in report:  # issue 12
+    if "plan" in report:
         lines += ["", *format_plan(report["plan"])]
     return "\n".join(lines)
 
@@ -357,6 +357,9 @@ def parser() -> argparse.ArgumentParser:
         f"(world {EXAMPLE['world_size']}, pp={EXAMPLE['pp']}, tp={EXAMPLE['tp']}, ep={EXAMPLE['ep']}, dp auto, "
         f"{EXAMPLE['gpus_per_node']} GPUs per node).",
     )
+    commands.add_parser("doctor", add_help=False,  # dispatched by main() before parsing (run_doctor)
+                        help="is this environment ready? torch / deepspeed / libcst ranges, the DS_MESH hook, "
+                        "accelerator, the shm op; --json")
     show.add_argument("--world-size", "-w", type=int, help="number of ranks (GPUs) in the job")
     for dim in MESH_DIMS:
         show.add_argument(f"--{dim.replace('_', '-')}", dest=dim, type=_size, metavar="N|auto", help=f"size of {dim}")
@@ -489,9 +492,30 @@ def run_show(args: argparse.Namespace, out=None) -> int:
     return 0
 
 
+# ``mesh doctor`` checks the whole distribution's environment (torch, deepspeed, the DS_MESH hook, the
+# shm op); it lives in the top-level ``_ds_mesh_doctor`` module, outside the layers, and is loaded by
+# name so that mesh_core depends on nothing above it (docs/architecture.md)
+DOCTOR_MODULE = "_ds_mesh_doctor"
+
+
+def run_doctor(argv: Sequence[str]) -> int:
+    """``mesh doctor``: see the ``_ds_mesh_doctor`` module."""
+    import importlib
+
+    try:
+        doctor = importlib.import_module(DOCTOR_MODULE)
+    except ImportError:
+        print(f"mesh: error: mesh doctor needs the {DOCTOR_MODULE} module of the ds-mesh distribution, which is "
+              "not importable here; reinstall ds-mesh (pip install -e .)", file=sys.stderr)
+        return 2
+    return doctor.main(list(argv))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``mesh`` / ``python -m mesh_core`` entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        return run_doctor(argv[1:])
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["show", *argv]  # "show" is the one command; allow leaving it out
     try:

@@ -42,10 +42,46 @@ print("LOADED", heavy, "_ds_mesh_startup" in sys.modules)
 
 @pytest.mark.parametrize("value", [None, "0", "off"])
 def test_hook_off_imports_nothing(site_dir, tmp_path, value):
+    """Off, the hook only registers the finder that watches for an ignored "mesh" section."""
     env = {} if value is None else {"DS_MESH": value}
     proc = python(PROBE.format(site=site_dir), env_extra=env, cwd=str(tmp_path))
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert "LOADED [] False" in proc.stdout
+    assert "LOADED [] True" in proc.stdout
+
+
+def test_the_shipped_pth_is_the_hook_line():
+    """``ds_mesh.pth`` at the repository root is what every wheel installs (setup.py)."""
+    with open(os.path.join(ROOT, startup.PTH_NAME), encoding="utf-8") as fh:
+        assert fh.read() == startup.PTH_LINE
+
+
+IGNORED_MESH = """
+import site, sys, os
+site.addsitedir({site!r})
+import deepspeed
+config = {{"train_batch_size": 4, "mesh": {{"dp_replicate": 2, "dp_shard": 2}}}}
+for _ in range(2):
+    try:
+        deepspeed.initialize(model=None, config=config)
+    except Exception as err:
+        print("RAISED", type(err).__name__)
+"""
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_ignored_mesh_section_warns_once_on_rank_0(site_dir, tmp_path, rank):
+    """Shim off, hook present: a "mesh" section plain DeepSpeed ignores gets one warning naming DS_MESH=1
+    (rank 0 only); deepspeed.initialize itself runs unchanged (here: it refuses the missing model)."""
+    proc = python(IGNORED_MESH.format(site=site_dir), env_extra={"DS_ACCELERATOR": "cpu", "RANK": rank},
+                  cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("RAISED") == 2
+    lines = [line for line in proc.stderr.splitlines() if '"mesh" section' in line]
+    if rank == "0":
+        assert len(lines) == 1 and "DS_MESH=1" in lines[0] and "'dp_replicate': 2" in lines[0], proc.stderr
+    else:
+        assert lines == [], proc.stderr
 
 
 def test_hook_on_defers_everything_until_deepspeed_is_imported(site_dir, tmp_path):

@@ -145,3 +145,20 @@ def test_config_infers_from_legacy_keys_and_model_declarations():
 def test_config_errors_name_both_sources(cfg, kwargs, message):
     with pytest.raises(MeshSpecError, match=message):
         spec_from_config(cfg, 16, **kwargs)
+
+
+@pytest.mark.parametrize("key,hint", [
+    ("fsdp", "'fsdp' (did you mean 'dp_shard'? HSDP is {\"dp_replicate\": R, \"dp_shard\": S})"),
+    ("ddp", "'ddp' (did you mean 'dp_replicate'?"),
+    ("hsdp", "'hsdp' (HSDP is two dims: {\"dp_replicate\": R, \"dp_shard\": S}"),
+    ("tensor_parallel", "'tensor_parallel' (did you mean 'tp'?)"),
+    ("context_parallel", "'context_parallel' (did you mean 'sp'?)"),
+    ("moe", "'moe' (did you mean 'ep'?)"),
+    ("dp_shards", "'dp_shards' (did you mean 'dp_shard'?)"),  # a spelling: the closest key
+])
+def test_unknown_dim_names_get_the_dim_they_mean(key, hint):
+    """Other frameworks' names for a dim (FSDP/HSDP/DDP, Megatron's) point at the dim here, not at a
+    look-alike spelling (``fsdp`` is not ``sp``)."""
+    with pytest.raises(MeshSpecError) as err:
+        spec_from_config({"mesh": {key: 2}}, 4)
+    assert hint in str(err.value)
