@@ -162,13 +162,17 @@ class DeepSpeedDeviceMesh:
         self.source_mpu: Any = None  # the mpu from_mpu built this mesh from (None otherwise)
 
         self.mesh_dim_names = tuple(n for n, s in zip(spec.names, spec.sizes) if s > 1) or spec.names[:1]
-        self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
-        if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
-            self._ensure_group(self.layout.normalize("dp"))
-        for dims in flatten_keys:
-            self._ensure_group(dims)
-        if spec.ep > 1:
-            self._register_built(spec.ep, self._build_expert_groups(self.layout))
+        self._in_lockstep = True  # every rank of the mesh is in this constructor, in the same order
+        try:
+            self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
+            if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
+                self._ensure_group(self.layout.normalize("dp"))
+            for dims in flatten_keys:
+                self._ensure_group(dims)
+            if spec.ep > 1:
+                self._register_built(spec.ep, self._build_expert_groups(self.layout))
+        finally:
+            self._in_lockstep = False
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
@@ -373,10 +377,13 @@ class DeepSpeedDeviceMesh:
         return group
 
     def _create(self, key: tuple[str, ...], layout: MeshLayout) -> Optional[ProcessGroup]:
-        """This rank's group along ``key`` of ``layout`` (member-only, or one split per partition)."""
+        """This rank's group along ``key`` of ``layout``: one split per partition while the mesh is
+        being built on the split path (every world rank is there), member-only otherwise — groups
+        asked for later, possibly by some ranks only, and partitions into one-rank groups."""
         asker = f"{self._label} dims={'x'.join(key)}"
-        if self.creation_path is CreationPath.SPLIT:
-            group, keys = self._registry.split(layout.groups(key), asker=asker)
+        partition = layout.groups(key) if self.creation_path is CreationPath.SPLIT and self._in_lockstep else None
+        if partition is not None and len(partition[0]) > 1:
+            group, keys = self._registry.split(partition, asker=asker)
         elif not self.is_member:
             return None
         else:
