@@ -289,7 +289,7 @@ def nccl_world(
             if group in (None, NON_GROUP_MEMBER):
                 return group
             device = device_id or world_bound
-            if torchcomms and device is not None and device.index is None:
+            if torchcomms and (device is None or device.index is None):
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
             eager = nccl and device is not None
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
@@ -388,7 +388,7 @@ def nccl_world(
                         if busy:
                             log.hazards.append(f"lazy init of group {name} {list(comm.ranks)} while collectives on {busy} are in flight")
                 log.collectives.append((op, name, device))
-                out = real(*args, **kwargs)
+                out = None if op == "barrier" else real(*args, **kwargs)  # torch's barrier allocates on cuda
                 if call.get("async_op"):
                     outstanding[name] = outstanding.get(name, 0) + 1
 
