@@ -27,7 +27,10 @@ every member follows, so the blocking rendezvous of overlapping groups cannot de
 4. when ``p2p_groups=True`` and ``pp > 1``: this rank's p2p pairs, in ascending order of the pair.
 
 Where the registry's typed rule picks ``split_group`` (NCCL-style backends bound to a device, whole
-world mesh), steps 1–3 are one collective ``split_group`` per partition on every rank instead.
+world mesh), steps 1–3 are one collective ``split_group`` per partition on every rank instead —
+inside the constructor only, where every world rank is. Groups requested afterwards (a flattened
+dim, a dim of size 1, expert groups of a new size), and partitions into one-rank groups, are
+member-only on every world, so a request made by some ranks only never needs the others.
 """
 from __future__ import annotations
 
@@ -92,10 +95,9 @@ class DeepSpeedDeviceMesh:
 
     Threads: meshes may be built, used and destroyed from several threads. Process state stays
     consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
-    puts it back; the registry's bookkeeping is locked). On an unbound world construction is *not*
-    serialized per process, so threads whose meshes wait on each other's peers cannot deadlock; on a
-    bound world each creation call is serialized (it does not wait on peers there; see
-    :mod:`mesh_core.registry`, "Threads"). What c10d requires
+    puts it back; a bound device is hidden from the creating thread only; the registry's bookkeeping
+    is locked). Construction is *not* serialized per process, so threads whose meshes wait on each
+    other's peers cannot deadlock (see :mod:`mesh_core.registry`, "Threads"). What c10d requires
     across ranks still holds: every member issues its creations and releases of a rank set in the
     same order. Hence:
 

@@ -39,15 +39,23 @@ of hanging.
 default group is bound to a device whose backend reports ``supports_splitting``, an accelerator is
 present, no other backend is requested and the mesh covers the whole world (split_group is
 collective over its parent, so a sub-world mesh would force its non-members to call):
-:func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`.
+:func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`. A mesh
+takes it only inside its constructor, where every world rank is, in the same order; a group asked
+for later (a flattened dim, a dim of size 1, a legacy getter), possibly by some ranks only, is
+member-only. Split groups are named by the same hook (torch's namer is not called, so its group
+counter stays equal on every rank whether a release names split members only, 2.6–2.9, or every
+rank, 2.14).
 
 A bound world (``init_process_group(device_id=...)``, which DeepSpeed does on a CUDA world of more
 than one rank) makes torch build *every* ``new_group`` by splitting the world's communicator
 (``ncclCommSplit``), a collective of every world rank, which non-members of a member-only creation
-never join. So a member-only creation clears the default group's ``bound_device_id`` for its one
-``new_group`` call (restored in ``finally``): torch then creates the communicator among the members
-alone (NCCL: ``ncclCommInitRank`` through the store, at the group's first collective). docs/nccl.md
-lists which path each kind of group takes, bound and unbound.
+never join. So a member-only creation hides the default group's bound device *from the creating
+thread* for its one ``new_group`` call (:func:`mesh_core.torch_compat.unbound_default_group`; every
+other thread keeps seeing it) and passes it as ``device_id``: torch then creates the communicator
+among the members alone, binds the group to the rank's device and connects it at once (NCCL:
+``ncclCommInitRank`` through the store, during the creation), as a split would have been — no
+communicator is left to be made at a first collective. docs/nccl.md lists which path each kind of
+group takes, bound and unbound.
 
 Invariants the callers keep: identical rank sets share one communicator (the cache below); every
 member of a rank set issues its requests for it in the same order (meshes are built, and lazy
@@ -66,19 +74,17 @@ accept one), so the name still goes in through ``distributed_c10d._process_group
 swapped for a hook that answers the name only to the thread that set it and delegates to torch's
 own function for every other caller, so a plain ``dist.new_group`` running in another thread at
 the same time keeps torch's naming. The hook is installed by the first creation in flight and
-torch's function put back (in ``finally``) when the last one ends, under a process-wide lock.
+torch's function put back (in ``finally``) when the last one ends, under a process-wide lock. The
+bound device is hidden the same way, per thread: no process state another thread reads changes
+during a creation, so a foreign ``new_group``, ``split_group`` or ``DeviceMesh`` creation in another
+thread takes the path its peers take.
 
 The registry's bookkeeping (cache, reference counts, generations) is under a per-registry lock
 that is never held across a blocking call; a rank set requested by two threads at once is created
-by the first and waited for by the second.
-
-On a bound world creations are serialized per process (one process-wide lock around each
-``new_group`` / ``split_group`` call): the bound device is process state that a creation clears, and
-a split is a collective of the world's communicator whose order must not depend on threads. There a
-member-only NCCL creation does not block (the communicator is made at its first collective), so
-holding the lock cannot wait on a peer (a creation with an explicit gloo backend does: docs/nccl.md). On an unbound world (gloo; NCCL without ``device_id``) creation is
-not serialized: a gloo creation blocks until its peers arrive, and serializing it would deadlock two
-threads whose peers are in the other thread's creation.
+by the first and waited for by the second. Creations are not serialized per process, bound world
+or not: a creation waits for its members (gloo's full mesh, NCCL's connect, the
+``TORCH_DIST_INIT_BARRIER=1`` barrier), and serializing would deadlock two threads whose peers are
+in each other's creation.
 """
 from __future__ import annotations
 

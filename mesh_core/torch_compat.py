@@ -25,15 +25,29 @@ name                                             2.6 … 2.14.1
 ``c10d._new_group_with_tag``                     what ``new_group`` calls (``+ sort_ranks`` from 2.13)
                                                  → :data:`NEW_GROUP_ENTRY` (wrapped by compat's trace)
 ``ProcessGroup.bound_device_id``                 the device ``init_process_group(device_id=)`` bound,
-                                                 else None; settable; ``_new_group_with_tag`` reads it
-                                                 for every new group → :func:`bound_device`,
-                                                 :func:`unbound_default_group`
+                                                 else None; a pybind property that torch's Python
+                                                 code reads (``_new_group_with_tag``,
+                                                 ``_new_process_group_helper``: split from the world
+                                                 if set) → :func:`bound_device`,
+                                                 :func:`unbound_default_group` (hidden per thread)
+``new_group(device_id=)``                        binds the group and connects it at creation
+                                                 (``eager_connect_single_device``) when its backend
+                                                 ``supports_splitting``
+``c10d._use_torchcomms_enabled()``               TorchComms mode (2.13: member-only ``new_group``
+                                                 raises; 2.14: member-only ``new_comm``; absent
+                                                 before) → :func:`torchcomms_enabled`,
+                                                 :func:`check_settings`
+``"nccl2"``, ``"nccl-lazy"``                      backends of 2.14 (``TORCH_DIST_USE_NCCL2=1`` makes
+                                                 ``nccl`` one) → refused by :func:`check_settings`
 ``ProcessGroup._get_backend(device)``            present; raises RuntimeError for an unregistered
                                                  device type → :func:`backend_supports_splitting`,
                                                  :func:`backend_timeout`
 ``Backend.supports_splitting``                   NCCL True; gloo True from 2.13; fake False
 ``Backend.options._timeout``                     present (NCCL/gloo options) → :func:`backend_timeout`
-``dist.split_group`` (public, "experimental")    returns None to a rank in no split up to 2.13,
+``dist.split_group`` (public, "experimental")    names through ``_process_group_name``: members
+                                                 only, counter names, before 2.10; every rank,
+                                                 hashed, from 2.10 (2.14 advances the counter);
+                                                 returns None to a rank in no split up to 2.13,
                                                  ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14;
                                                  before 2.10 hands the *parent's* options object to the
                                                  child and mutates it (and 2.6's NCCL options cannot be
