@@ -37,7 +37,7 @@ What else a GPU world does and the harness models (each a hazard the tests play)
 - **torch's naming per release** (``release=``): ``_process_group_name`` and ``split_group`` as
   2.6–2.9 (counter names, members only), 2.10–2.13 (hashed, salted by ``len(pg_names)``) and 2.14
   (hashed, salted by the counter, which every call advances) do it; :func:`check_contract` demands
-  equal ``group_count`` on every rank and one name per rank set;
+  equal ``group_count`` on every rank and the same names for a rank set's groups on all its members;
 - ``destroy_process_group(group)``: an event of the group's members (every member, same order);
 - ``torchcomms=True`` (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``): before 2.14 ``new_group(
   use_local_synchronization=True)`` raises ``NotImplementedError`` as torch does; from 2.14 every
@@ -103,6 +103,7 @@ class RankLog:
     allocations: list = dataclasses.field(default_factory=list)  # cuda devices tensors were asked for
     split_options: list = dataclasses.field(default_factory=list)  # pg_options passed to split_group
     comms: dict = dataclasses.field(default_factory=dict)  # group name -> Comm
+    names: list = dataclasses.field(default_factory=list)  # (ranks, group name) of every group this rank made
     lazy_inits: list = dataclasses.field(default_factory=list)  # (group name, ranks, device) made at a first collective
     hazards: list = dataclasses.field(default_factory=list)  # lazy inits while another collective was in flight
     collectives: list = dataclasses.field(default_factory=list)  # (op, group name, device)
@@ -293,6 +294,7 @@ def nccl_world(
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
             eager = nccl and device is not None
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
+            log.names.append((tuple(ranks), group.group_name))
             if not split and nccl:
                 log.members.append((group.group_name, tuple(ranks)))
                 log.events.append(("create", group.group_name, tuple(ranks)))
@@ -340,6 +342,7 @@ def nccl_world(
                 c10d._process_group_name = namer
                 inside_split.on = False
             log.comms[group.group_name] = Comm(group.group_name, mine, world.bound_device_id, True, False)
+            log.names.append((mine, group.group_name))
             return group
 
         def store_based_barrier(rank_: Any, store: Any, group_name: Any, size: Any, timeout: Any, *a: Any, **k: Any) -> None:
@@ -448,6 +451,16 @@ def check_contract(logs: list[RankLog]) -> None:
     for log in logs:
         if log.hazards:
             raise ContractViolation(f"rank {log.rank}: {log.hazards[0]}")
+    named: dict[tuple, dict[int, list[str]]] = {}
+    for log in logs:
+        for ranks, name in log.names:
+            named.setdefault(ranks, {}).setdefault(log.rank, []).append(name)
+    for ranks, by_rank in named.items():
+        if len({tuple(v) for v in by_rank.values()}) > 1:
+            raise ContractViolation(
+                f"the groups of ranks {list(ranks)} have different names on different ranks ({by_rank}): their "
+                "store rendezvous (NCCL's unique id, gloo's full mesh, p2p communicators) use different prefixes"
+            )
     played = {log.rank for log in logs}
     made: dict[tuple, set[int]] = {}
     for log in logs:
@@ -474,11 +487,9 @@ def check_contract(logs: list[RankLog]) -> None:
                     f"destroys in different orders: {[(k, list(r)) for k, _, r in common_a]} vs "
                     f"{[(k, list(r)) for k, _, r in common_b]}"
                 )
-    names: dict[tuple, dict[str, int]] = {}
     devices: dict[str, dict[torch.device, int]] = {}
     for log in logs:
         for comm in log.comms.values():
-            names.setdefault(comm.ranks, {}).setdefault(comm.name, log.rank)
             if comm.device is not None and len(comm.ranks) > 1:
                 other = devices.setdefault(comm.name, {}).get(comm.device)
                 if other is not None:

@@ -194,14 +194,13 @@ def test_a_member_only_group_is_bound_to_the_ranks_device():
 # --- torch's group counter ----------------------------------------------------------------------
 @pytest.mark.parametrize("release", ["2.6", "2.10", "2.13", "2.14"])
 def test_names_and_the_group_counter_agree_after_every_path(release):
-    """Whole-world splits, a one-rank group asked for on one rank, a sub-world mesh, p2p pairs; then a
-    plain counter-named world-collective new_group, whose name must be the same on every rank."""
+    """A sub-world mesh on some ranks, a one-rank mesh on another, then whole-world splits (whose
+    members have made different numbers of groups before: torch 2.10–2.13 salt their hashed names
+    with that number) and p2p pairs; then a plain counter-named world-collective new_group. Every
+    rank set's groups must have the same names on all its members, and the counter must agree."""
     def scenario(rank):
-        meshes = [_mesh(tp=2, dp=2), _mesh(pp=2, tp=2, p2p_groups=True)]
-        if rank == 3:
-            meshes[0].get_group(("tp",)) and _mesh(ranks=[3], tp=1).destroy()
-        if rank < 2:
-            meshes.append(_mesh(ranks=[0, 1], tp=2))
+        meshes = [_mesh(ranks=[0, 1], tp=2)] if rank < 2 else [_mesh(ranks=[3], tp=1)] if rank == 3 else []
+        meshes += [_mesh(tp=2, dp=2), _mesh(pp=2, tp=2, p2p_groups=True)]
         name = dist.new_group([0, 1, 2, 3]).group_name
         for mesh in reversed(meshes):
             mesh.destroy()
@@ -269,3 +268,23 @@ def test_torch_dist_use_nccl2_is_refused_on_2_14(monkeypatch):
         patch.setenv("TORCH_DIST_USE_NCCL2", "1")
         with pytest.raises(RuntimeError, match="TORCH_DIST_USE_NCCL2"):
             _mesh(tp=2, dp=2)
+
+
+def test_the_bound_device_is_hidden_from_the_creating_thread_only():
+    """While a member-only creation runs, another thread reads the world's bound device as torch
+    would; afterwards torch's own property is back on ProcessGroup."""
+    from mesh_core import torch_compat
+
+    original = vars(dist.ProcessGroup)["bound_device_id"]
+    seen = {}
+    with nccl_world(2, WORLD):
+        world = dist.distributed_c10d._get_default_group()
+        with torch_compat.unbound_default_group() as bound:
+            seen["mine"] = world.bound_device_id
+            reader = threading.Thread(target=lambda: seen.setdefault("other", world.bound_device_id))
+            reader.start()
+            reader.join(10)
+        seen["after"] = world.bound_device_id
+    assert (bound, seen) == (torch.device("cuda", 2), {"mine": None, "other": torch.device("cuda", 2),
+                                                       "after": torch.device("cuda", 2)})
+    assert vars(dist.ProcessGroup)["bound_device_id"] is original
