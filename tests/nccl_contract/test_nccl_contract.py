@@ -166,6 +166,7 @@ def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_worl
     assert [log.result for log in logs] == [("cuda", "cuda", [0, 1]), ("cuda", "cuda", [0, 1]),
                                             ("cuda", "cuda", [2, 3]), ("cuda", "cuda", [2, 3])]
     assert logs[0].world == [("split_group", ((0, 2), (1, 3))), ("split_group", ((0, 1), (2, 3)))]
+    assert all(log.collectives and not log.lazy_inits for log in logs)  # every group connected at creation
 
 
 def test_threads_building_sub_world_meshes_on_a_bound_world_need_no_non_member():
