@@ -16,8 +16,9 @@ What a CPU run never meets and a GPU world does, made to hold here:
   forever. ``dist.split_group`` is the same collective. Each rank's run records these world
   collectives in order (:class:`RankLog`); :func:`check_contract` then demands the same sequence on
   every world rank and fails naming the first one a rank skipped: what hangs on GPUs fails here.
-  A creation on an unbound world (or with the bound device cleared) is a fresh communicator among
-  its members: recorded per member, and every member must make it, in the same relative order.
+  A creation on an unbound world (or with the bound device hidden from the creating thread) is a
+  fresh communicator among its members: recorded per member, and every member must make it, in the
+  same relative order.
 - the store-based mesh check (``mesh_core.consistency``) stays skipped as on any fake world: the fake
   store holds nothing, and the check does not depend on the backend (the gloo tests run it);
 - **CUDA tensors**: ``torch.tensor`` / ``zeros`` / ``empty`` / ``ones`` / ``full`` asked for a cuda
@@ -48,8 +49,8 @@ What else a GPU world does and the harness models (each a hazard the tests play)
 
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
 and check the contract. ``creation_s`` makes each creation take that long (thread tests).
-``split_non_member`` picks what ``split_group`` returns to a rank in none of
-the splits: None (torch ≤ 2.13) or ``GroupMember.NON_GROUP_MEMBER`` (-100, torch 2.14).
+``split_non_member`` overrides what ``split_group`` returns to a rank in none of the splits (by
+default the release's: None up to 2.13, ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14).
 """
 from __future__ import annotations
 
