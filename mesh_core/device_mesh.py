@@ -27,7 +27,10 @@ every member follows, so the blocking rendezvous of overlapping groups cannot de
 4. when ``p2p_groups=True`` and ``pp > 1``: this rank's p2p pairs, in ascending order of the pair.
 
 Where the registry's typed rule picks ``split_group`` (NCCL-style backends bound to a device, whole
-world mesh), steps 1–3 are one collective ``split_group`` per partition on every rank instead.
+world mesh), steps 1–3 are one collective ``split_group`` per partition on every rank instead —
+inside the constructor only, where every world rank is. Groups requested afterwards (a flattened
+dim, a dim of size 1, expert groups of a new size), and partitions into one-rank groups, are
+member-only on every world, so a request made by some ranks only never needs the others.
 """
 from __future__ import annotations
 
@@ -92,10 +95,9 @@ class DeepSpeedDeviceMesh:
 
     Threads: meshes may be built, used and destroyed from several threads. Process state stays
     consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
-    puts it back; the registry's bookkeeping is locked). On an unbound world construction is *not*
-    serialized per process, so threads whose meshes wait on each other's peers cannot deadlock; on a
-    bound world each creation call is serialized (it does not wait on peers there; see
-    :mod:`mesh_core.registry`, "Threads"). What c10d requires
+    puts it back; a bound device is hidden from the creating thread only; the registry's bookkeeping
+    is locked). Construction is *not* serialized per process, so threads whose meshes wait on each
+    other's peers cannot deadlock (see :mod:`mesh_core.registry`, "Threads"). What c10d requires
     across ranks still holds: every member issues its creations and releases of a rank set in the
     same order. Hence:
 
@@ -162,13 +164,17 @@ class DeepSpeedDeviceMesh:
         self.source_mpu: Any = None  # the mpu from_mpu built this mesh from (None otherwise)
 
         self.mesh_dim_names = tuple(n for n, s in zip(spec.names, spec.sizes) if s > 1) or spec.names[:1]
-        self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
-        if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
-            self._ensure_group(self.layout.normalize("dp"))
-        for dims in flatten_keys:
-            self._ensure_group(dims)
-        if spec.ep > 1:
-            self._register_built(spec.ep, self._build_expert_groups(self.layout))
+        self._in_lockstep = True  # every rank of the mesh is in this constructor, in the same order
+        try:
+            self.device_mesh: Optional[DeviceMesh] = self._build_device_mesh()
+            if "dp" not in spec.names and all(spec.dim_size(d) > 1 for d in ("dp_replicate", "dp_shard")):
+                self._ensure_group(self.layout.normalize("dp"))
+            for dims in flatten_keys:
+                self._ensure_group(dims)
+            if spec.ep > 1:
+                self._register_built(spec.ep, self._build_expert_groups(self.layout))
+        finally:
+            self._in_lockstep = False
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
@@ -373,10 +379,13 @@ class DeepSpeedDeviceMesh:
         return group
 
     def _create(self, key: tuple[str, ...], layout: MeshLayout) -> Optional[ProcessGroup]:
-        """This rank's group along ``key`` of ``layout`` (member-only, or one split per partition)."""
+        """This rank's group along ``key`` of ``layout``: one split per partition while the mesh is
+        being built on the split path (every world rank is there), member-only otherwise — groups
+        asked for later, possibly by some ranks only, and partitions into one-rank groups."""
         asker = f"{self._label} dims={'x'.join(key)}"
-        if self.creation_path is CreationPath.SPLIT:
-            group, keys = self._registry.split(layout.groups(key), asker=asker)
+        partition = layout.groups(key) if self.creation_path is CreationPath.SPLIT and self._in_lockstep else None
+        if partition is not None and len(partition[0]) > 1:
+            group, keys = self._registry.split(partition, asker=asker)
         elif not self.is_member:
             return None
         else:

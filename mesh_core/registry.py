@@ -39,15 +39,23 @@ of hanging.
 default group is bound to a device whose backend reports ``supports_splitting``, an accelerator is
 present, no other backend is requested and the mesh covers the whole world (split_group is
 collective over its parent, so a sub-world mesh would force its non-members to call):
-:func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`.
+:func:`choose_creation_path` is that rule as a typed decision over :class:`CreationInputs`. A mesh
+takes it only inside its constructor, where every world rank is, in the same order; a group asked
+for later (a flattened dim, a dim of size 1, a legacy getter), possibly by some ranks only, is
+member-only. Split groups are named by the same hook (torch's namer is not called, so its group
+counter stays equal on every rank whether a release names split members only, 2.6–2.9, or every
+rank, 2.14).
 
 A bound world (``init_process_group(device_id=...)``, which DeepSpeed does on a CUDA world of more
 than one rank) makes torch build *every* ``new_group`` by splitting the world's communicator
 (``ncclCommSplit``), a collective of every world rank, which non-members of a member-only creation
-never join. So a member-only creation clears the default group's ``bound_device_id`` for its one
-``new_group`` call (restored in ``finally``): torch then creates the communicator among the members
-alone (NCCL: ``ncclCommInitRank`` through the store, at the group's first collective). docs/nccl.md
-lists which path each kind of group takes, bound and unbound.
+never join. So a member-only creation hides the default group's bound device *from the creating
+thread* for its one ``new_group`` call (:func:`mesh_core.torch_compat.unbound_default_group`; every
+other thread keeps seeing it) and passes it as ``device_id``: torch then creates the communicator
+among the members alone, binds the group to the rank's device and connects it at once (NCCL:
+``ncclCommInitRank`` through the store, during the creation), as a split would have been — no
+communicator is left to be made at a first collective. docs/nccl.md lists which path each kind of
+group takes, bound and unbound.
 
 Invariants the callers keep: identical rank sets share one communicator (the cache below); every
 member of a rank set issues its requests for it in the same order (meshes are built, and lazy
@@ -66,19 +74,17 @@ accept one), so the name still goes in through ``distributed_c10d._process_group
 swapped for a hook that answers the name only to the thread that set it and delegates to torch's
 own function for every other caller, so a plain ``dist.new_group`` running in another thread at
 the same time keeps torch's naming. The hook is installed by the first creation in flight and
-torch's function put back (in ``finally``) when the last one ends, under a process-wide lock.
+torch's function put back (in ``finally``) when the last one ends, under a process-wide lock. The
+bound device is hidden the same way, per thread: no process state another thread reads changes
+during a creation, so a foreign ``new_group``, ``split_group`` or ``DeviceMesh`` creation in another
+thread takes the path its peers take.
 
 The registry's bookkeeping (cache, reference counts, generations) is under a per-registry lock
 that is never held across a blocking call; a rank set requested by two threads at once is created
-by the first and waited for by the second.
-
-On a bound world creations are serialized per process (one process-wide lock around each
-``new_group`` / ``split_group`` call): the bound device is process state that a creation clears, and
-a split is a collective of the world's communicator whose order must not depend on threads. There a
-member-only NCCL creation does not block (the communicator is made at its first collective), so
-holding the lock cannot wait on a peer (a creation with an explicit gloo backend does: docs/nccl.md). On an unbound world (gloo; NCCL without ``device_id``) creation is
-not serialized: a gloo creation blocks until its peers arrive, and serializing it would deadlock two
-threads whose peers are in the other thread's creation.
+by the first and waited for by the second. Creations are not serialized per process, bound world
+or not: a creation waits for its members (gloo's full mesh, NCCL's connect, the
+``TORCH_DIST_INIT_BARRIER=1`` barrier), and serializing would deadlock two threads whose peers are
+in each other's creation.
 """
 from __future__ import annotations
 
@@ -90,7 +96,7 @@ import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -156,34 +162,36 @@ def group_name_for(key: Key, generation: int = 0) -> str:
 
 
 _NAMING_LOCK = threading.Lock()
-_naming = threading.local()  # .name: the group name this thread is creating, if any
+_naming = threading.local()  # .namer: ranks -> the name of the group this thread is creating, if any
 _torch_namer = None  # torch's _process_group_name while the hook is installed
 _naming_users = 0
 
 
 def _hooked_process_group_name(ranks, use_hashed_name):  # type: ignore[no-untyped-def]
-    name = getattr(_naming, "name", None)
-    if name is not None:
-        return torch_compat.group_name(name)
+    namer = getattr(_naming, "namer", None)
+    if namer is not None:
+        return torch_compat.group_name(namer(ranks))
     return _torch_namer(ranks, use_hashed_name)  # type: ignore[misc]
 
 
 @contextlib.contextmanager
-def _named(name: str) -> Iterator[None]:
-    """Groups this thread creates inside the block are named ``name``; other threads unaffected."""
+def _named(name: "str | Callable[[Sequence[int]], str]") -> Iterator[None]:
+    """Groups this thread creates inside the block are named ``name`` (or ``name(ranks)``); other
+    threads unaffected. torch's namer is not called for them, so its group counter does not move."""
     global _torch_namer, _naming_users
-    if getattr(_naming, "name", None) is not None:
-        raise RuntimeError(f"nested member-only group creation in one thread ({_naming.name!r}, then {name!r})")
+    namer = name if callable(name) else (lambda ranks: name)
+    if getattr(_naming, "namer", None) is not None:
+        raise RuntimeError(f"nested member-only group creation in one thread ({name!r})")
     with _NAMING_LOCK:
         if _naming_users == 0 and torch_compat.process_group_namer() is not _hooked_process_group_name:
             _torch_namer = torch_compat.process_group_namer()
             torch_compat.set_process_group_namer(_hooked_process_group_name)
         _naming_users += 1
-    _naming.name = name
+    _naming.namer = namer
     try:
         yield
     finally:
-        _naming.name = None
+        _naming.namer = None
         with _NAMING_LOCK:
             _naming_users -= 1
             if _naming_users == 0:
@@ -193,33 +201,33 @@ def _named(name: str) -> Iterator[None]:
                     logger.warning("distributed_c10d._process_group_name was replaced during group creation")
 
 
-_CREATION_LOCK = threading.RLock()  # serializes creations per process on a bound world
-
-
-@contextlib.contextmanager
-def serialized_on_bound_world() -> Iterator[bool]:
-    """Hold the process-wide creation lock when the default group is bound to a device (see the
-    module docstring, "Threads"); yields whether it is held."""
-    if torch_compat.bound_device() is None:
-        yield False
-        return
-    with _CREATION_LOCK:
-        yield True
+def _binds_to(backend: Optional[str], device: torch.device) -> bool:
+    """Whether a group of ``backend`` (None: the world's) serves ``device``'s type, so it can be bound
+    to it (an explicit host backend such as gloo is not bound; it connects at creation anyway)."""
+    return backend is None or torch_compat.home_device_type(str(backend).lower()) == device.type
 
 
 def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = None) -> ProcessGroup:
     """Create the communicator for ``ranks`` (this rank among them) with only its members calling.
 
-    On a bound world the bound device is cleared for this one call, so no non-member has to take part."""
-    with serialized_on_bound_world(), _named(name), torch_compat.unbound_default_group():
-        group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True)
+    On a bound world the bound device is hidden from this thread for this one call (no split of the
+    world's communicator, which non-members would have to join) and passed as ``device_id``: torch
+    then binds the new group to the rank's device and connects it at once among its members
+    (NCCL: ``ncclCommInitRank`` now, not at the group's first collective)."""
+    with _named(name), torch_compat.unbound_default_group() as bound:
+        device = bound if bound is not None and _binds_to(backend, bound) else None
+        group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True, device_id=device)
+    _check_name(group, ranks, name)
+    return group
+
+
+def _check_name(group: Any, ranks: Sequence[int], name: str) -> None:
     if torch_compat.is_non_member(group) or group.group_name != name:
         got = None if torch_compat.is_non_member(group) else group.group_name
         raise GroupNamingError(
             f"torch {torch.__version__} named the group of ranks {list(ranks)[:8]} {got!r}, not {name!r}; "
-            "member-only creation needs a name that depends on the rank set alone"
+            "ds-mesh needs a name that depends on the rank set alone"
         )
-    return group
 
 
 class GroupRegistry:
@@ -281,8 +289,10 @@ class GroupRegistry:
     ) -> tuple[Optional[ProcessGroup], list[Key]]:
         """Like :meth:`partition` via ``split_group`` (default backend, whole-world partition).
 
-        Collective over the world: every rank calls it with the same lists; one call covers the
-        partition's sets that no earlier split created.
+        Collective over the world: every rank calls it with the same lists, in the same order (mesh
+        construction only); one call covers the partition's sets that no earlier split created.
+        Each split group is named by the registry as a member-only group is (``torch``'s namer is
+        not called, so its group counter stays equal on every rank, whichever ranks a release names).
         """
         keys = [self.key(r) for r in rank_lists]
         with self._lock:
@@ -290,12 +300,15 @@ class GroupRegistry:
             self._split_known.update(new)
             if new:
                 self.created += 1
+            names = {k: group_name_for(k, self._generation[k]) for k in new}
         mine = next((k for k in keys if self.rank in k[1]), None)
         fresh: Optional[ProcessGroup] = None
         if new:
             try:
-                with serialized_on_bound_world():
+                with _named(lambda ranks: names.get(self.key(ranks), "mesh_core.unused")):
                     fresh = torch_compat.split_group([list(k[1]) for k in new])
+                if fresh is not None:
+                    _check_name(fresh, mine[1] if mine else (), names.get(mine, "?"))  # type: ignore[index]
             except BaseException:
                 with self._lock:
                     self._split_known.difference_update(new)
@@ -304,10 +317,10 @@ class GroupRegistry:
             return None, []
         if fresh is not None:
             with self._lock:
+                self._generation[mine] += 1  # the name is used: a later creation of the set gets the next
                 held = mine in self._groups
                 if not held:
                     self._groups[mine] = fresh
-                    self._generation[mine] += 1
                     self._refs[mine] += 1
             if held:  # already held from a member-only creation: keep sharing it
                 dist.destroy_process_group(fresh)

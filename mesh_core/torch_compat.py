@@ -25,15 +25,29 @@ name                                             2.6 … 2.14.1
 ``c10d._new_group_with_tag``                     what ``new_group`` calls (``+ sort_ranks`` from 2.13)
                                                  → :data:`NEW_GROUP_ENTRY` (wrapped by compat's trace)
 ``ProcessGroup.bound_device_id``                 the device ``init_process_group(device_id=)`` bound,
-                                                 else None; settable; ``_new_group_with_tag`` reads it
-                                                 for every new group → :func:`bound_device`,
-                                                 :func:`unbound_default_group`
+                                                 else None; a pybind property that torch's Python
+                                                 code reads (``_new_group_with_tag``,
+                                                 ``_new_process_group_helper``: split from the world
+                                                 if set) → :func:`bound_device`,
+                                                 :func:`unbound_default_group` (hidden per thread)
+``new_group(device_id=)``                        binds the group and connects it at creation
+                                                 (``eager_connect_single_device``) when its backend
+                                                 ``supports_splitting``
+``c10d._use_torchcomms_enabled()``               TorchComms mode (2.13: member-only ``new_group``
+                                                 raises; 2.14: member-only ``new_comm``; absent
+                                                 before) → :func:`torchcomms_enabled`,
+                                                 :func:`check_settings`
+``"nccl2"``, ``"nccl-lazy"``                      backends of 2.14 (``TORCH_DIST_USE_NCCL2=1`` makes
+                                                 ``nccl`` one) → refused by :func:`check_settings`
 ``ProcessGroup._get_backend(device)``            present; raises RuntimeError for an unregistered
                                                  device type → :func:`backend_supports_splitting`,
                                                  :func:`backend_timeout`
 ``Backend.supports_splitting``                   NCCL True; gloo True from 2.13; fake False
 ``Backend.options._timeout``                     present (NCCL/gloo options) → :func:`backend_timeout`
-``dist.split_group`` (public, "experimental")    returns None to a rank in no split up to 2.13,
+``dist.split_group`` (public, "experimental")    names through ``_process_group_name``: members
+                                                 only, counter names, before 2.10; every rank,
+                                                 hashed, from 2.10 (2.14 advances the counter);
+                                                 returns None to a rank in no split up to 2.13,
                                                  ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14;
                                                  before 2.10 hands the *parent's* options object to the
                                                  child and mutates it (and 2.6's NCCL options cannot be
@@ -74,10 +88,12 @@ __all__ = [
     "OLDEST",
     "SPLIT_GROUP_ENTRY",
     "SUPPORTED",
+    "UnsupportedSettingError",
     "UnsupportedTorchError",
     "backend_supports_splitting",
     "backend_timeout",
     "bound_device",
+    "check_settings",
     "check_torch",
     "current_device_index",
     "default_device",
@@ -90,6 +106,7 @@ __all__ = [
     "own_device_index",
     "split_group",
     "torch_release",
+    "torchcomms_enabled",
     "unbound_default_group",
 ]
 
@@ -127,15 +144,68 @@ def is_supported(version: Optional[str] = None) -> bool:
 
 
 def check_torch(version: Optional[str] = None) -> str:
-    """The installed torch version when ds-mesh supports it; :class:`UnsupportedTorchError` otherwise."""
+    """The installed torch version when ds-mesh supports it; :class:`UnsupportedTorchError` otherwise.
+    For the installed torch (``version`` None) its distributed settings too (:func:`check_settings`)."""
+    installed = version is None
     version = str(torch.__version__ if version is None else version)
     if is_supported(version):
+        if installed:
+            check_settings()
         return version
     oldest, newest = (".".join(map(str, r)) for r in (OLDEST, NEWEST))
     raise UnsupportedTorchError(
         f"ds-mesh supports torch >={oldest},<={newest} ({oldest} through {newest}); the installed torch is "
         f"{version}. Install a supported release (e.g. pip install torch=={newest})."
     )
+
+
+class UnsupportedSettingError(UnsupportedTorchError):
+    """A torch.distributed setting under which ds-mesh cannot create its groups safely."""
+
+
+#: backends of torch 2.14 that ds-mesh refuses as the world's backend, and why
+REFUSED_BACKENDS = {
+    "nccl2": "its communicators come from the torchcomms engine, whose split and eager connect of a group "
+    "created among its members only are not verified",
+    "nccl-lazy": "it creates each point-to-point pair's communicator lazily, at the pair's first message "
+    "(a communicator init that can deadlock against NCCL work in flight)",
+}
+
+
+def torchcomms_enabled() -> bool:
+    """Whether torch routes process groups through TorchComms (``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1`` /
+    ``torch.distributed.config.use_torchcomms``, with torchcomms installed); False where torch has no such mode."""
+    probe = getattr(c10d, "_use_torchcomms_enabled", None)
+    return bool(probe()) if probe is not None else False
+
+
+def check_settings() -> None:
+    """Refuse, with one :class:`UnsupportedSettingError` naming the setting, the torch.distributed
+    settings under which a group cannot be created among its members only (docs/nccl.md):
+
+    - TorchComms before torch 2.14 (``new_group(use_local_synchronization=True)`` raises there);
+    - ``TORCH_DIST_USE_NCCL2=1`` (torch ≥ 2.14: the ``nccl`` backend becomes ``nccl2``) and a world
+      whose backend is ``nccl2`` or ``nccl-lazy``.
+    """
+    release = torch_release()
+    if torchcomms_enabled() and release is not None and release < (2, 14, 0):
+        raise UnsupportedSettingError(
+            f"TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 (torch.distributed.config.use_torchcomms) is not supported by "
+            f"ds-mesh on torch {torch.__version__}: there new_group(use_local_synchronization=True) raises "
+            "NotImplementedError, and ds-mesh creates groups among their members only. Unset "
+            "TORCH_DISTRIBUTED_USE_TORCHCOMMS, or use torch 2.14.1."
+        )
+    if os.environ.get("TORCH_DIST_USE_NCCL2") == "1" and release is not None and release >= (2, 14, 0):
+        raise UnsupportedSettingError(
+            "TORCH_DIST_USE_NCCL2=1 is not supported by ds-mesh: it makes the nccl backend nccl2, and "
+            f"{REFUSED_BACKENDS['nccl2']}. Unset TORCH_DIST_USE_NCCL2."
+        )
+    if dist.is_available() and dist.is_initialized():
+        for backend in sorted(set(backend_devices().values()) & set(REFUSED_BACKENDS)):
+            raise UnsupportedSettingError(
+                f"the {backend!r} backend (init_process_group(backend={backend!r})) is not supported by ds-mesh: "
+                f"{REFUSED_BACKENDS[backend]}. Use backend='nccl'."
+            )
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -165,43 +235,76 @@ def default_store() -> dist.Store:
     return c10d._get_default_store()
 
 
-_UNBIND_LOCK = threading.Lock()
-_unbind: dict[str, Any] = {"depth": 0, "saved": None, "group": None}
+# The default group's bound device, hidden from one thread at a time: ``ProcessGroup.bound_device_id``
+# is a pybind property read by torch's Python code (``_new_group_with_tag``, ``_new_process_group_helper``);
+# while a thread creates a member-only group the property is replaced by a descriptor that answers
+# None to that thread, for the default group only, and the real value to every other reader.
+_REAL_BOUND_DEVICE = dist.ProcessGroup.__dict__.get("bound_device_id")
+_HIDING_LOCK = threading.Lock()
+_hiding = threading.local()  # .world: the default group this thread creates a member-only group on
+_hiders = 0
+
+
+class _ThreadBoundDevice:
+    """``ProcessGroup.bound_device_id`` as torch's own property, except None for the default group
+    in a thread inside :func:`unbound_default_group`."""
+
+    def __get__(self, group: Any, owner: Any = None) -> Any:
+        if group is None:
+            return self
+        if getattr(_hiding, "world", None) is group:
+            return None
+        return _REAL_BOUND_DEVICE.__get__(group, owner)  # type: ignore[union-attr]
+
+    def __set__(self, group: Any, value: Any) -> None:
+        _REAL_BOUND_DEVICE.__set__(group, value)  # type: ignore[union-attr]
+
+
+_THREAD_VIEW = _ThreadBoundDevice()
+
+
+def _real_bound_device(group: dist.ProcessGroup) -> Optional[torch.device]:
+    if _REAL_BOUND_DEVICE is not None and isinstance(group, dist.ProcessGroup):
+        return _REAL_BOUND_DEVICE.__get__(group, type(group))
+    return getattr(group, "bound_device_id", None)
 
 
 def bound_device(group: Optional[dist.ProcessGroup] = None) -> Optional[torch.device]:
     """The device ``group`` (default: the world) is bound to (``init_process_group(device_id=)``), or
     None; inside :func:`unbound_default_group` still the device the world is bound to."""
-    group = default_group() if group is None else group
-    with _UNBIND_LOCK:
-        if _unbind["depth"] and group is _unbind["group"]:
-            return _unbind["saved"]
-    return getattr(group, "bound_device_id", None)
+    return _real_bound_device(default_group() if group is None else group)
 
 
 @contextlib.contextmanager
 def unbound_default_group() -> Iterator[Optional[torch.device]]:
-    """Inside the block the default group reports no bound device, so ``new_group`` creates a fresh
-    communicator among its members instead of splitting the world's (which every world rank must
-    join). Re-entrant across threads (the first entry clears, the last exit restores, in ``finally``);
-    yields the device that was bound."""
+    """Inside the block the default group reports no bound device *to this thread*, so a
+    ``new_group`` it makes is a fresh communicator among the members instead of a split of the
+    world's (which every world rank must join). Nothing changes for other threads: they keep
+    seeing the bound device (and so keep splitting as their peers do). Yields the bound device.
+
+    torch's property is swapped for a thread-aware one while any thread is inside such a block
+    and put back (in ``finally``) when the last one leaves."""
+    global _hiders
     world = default_group()
-    with _UNBIND_LOCK:
-        if _unbind["depth"] == 0:
-            _unbind["saved"], _unbind["group"] = getattr(world, "bound_device_id", None), world
-            if _unbind["saved"] is not None:
-                world.bound_device_id = None
-        _unbind["depth"] += 1
-        saved = _unbind["saved"]
+    saved = _real_bound_device(world)
+    if getattr(_hiding, "world", None) is not None:
+        raise RuntimeError("nested unbound_default_group in one thread")
+    if saved is None or _REAL_BOUND_DEVICE is None:  # nothing to hide
+        yield saved
+        return
+    with _HIDING_LOCK:
+        if _hiders == 0:
+            dist.ProcessGroup.bound_device_id = _THREAD_VIEW  # type: ignore[misc]
+        _hiders += 1
+    _hiding.world = world
     try:
         yield saved
     finally:
-        with _UNBIND_LOCK:
-            _unbind["depth"] -= 1
-            if _unbind["depth"] == 0:
-                if _unbind["saved"] is not None:
-                    _unbind["group"].bound_device_id = _unbind["saved"]
-                _unbind["saved"] = _unbind["group"] = None
+        _hiding.world = None
+        with _HIDING_LOCK:
+            _hiders -= 1
+            if _hiders == 0:
+                dist.ProcessGroup.bound_device_id = _REAL_BOUND_DEVICE  # type: ignore[misc]
 
 
 def _backend(group: dist.ProcessGroup, device: torch.device) -> Any:

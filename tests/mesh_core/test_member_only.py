@@ -221,7 +221,7 @@ def test_split_path_bookkeeping(monkeypatch):
         mine = next((r for r in split_ranks if dist.get_rank() in r), None)
         if mine is None:
             return None
-        return registry_mod.new_member_group(mine, f"split.{len(splits)}")
+        return dist.new_group(mine, use_local_synchronization=True)  # named by the registry's split
 
     monkeypatch.setattr(dist, "split_group", fake_split)
     monkeypatch.setattr(

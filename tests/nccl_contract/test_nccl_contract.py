@@ -166,11 +166,12 @@ def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_worl
     assert [log.result for log in logs] == [("cuda", "cuda", [0, 1]), ("cuda", "cuda", [0, 1]),
                                             ("cuda", "cuda", [2, 3]), ("cuda", "cuda", [2, 3])]
     assert logs[0].world == [("split_group", ((0, 2), (1, 3))), ("split_group", ((0, 1), (2, 3)))]
+    assert all(log.collectives and not log.lazy_inits for log in logs)  # every group connected at creation
 
 
-def test_threads_building_sub_world_meshes_on_a_bound_world_create_one_at_a_time():
-    """Meshes built from threads on a bound world: each creation clears the process-wide bound device,
-    so creations are serialized per process (none of them waits on peers there)."""
+def test_threads_building_sub_world_meshes_on_a_bound_world_need_no_non_member():
+    """Meshes built from threads on a bound world: the bound device is hidden from the creating thread
+    only, so the two threads' member-only creations run side by side and neither splits the world."""
     import threading
 
     def scenario(rank):
@@ -201,7 +202,7 @@ def test_threads_building_sub_world_meshes_on_a_bound_world_create_one_at_a_time
         assert got == {"pair": [[log.rank - log.rank % 2, log.rank - log.rank % 2 + 1]] * 3,
                        "column": [[log.rank % 2, log.rank % 2 + 2]] * 3}
         assert bound == torch.device("cuda", log.rank)
-        assert log.max_concurrent_creations == 1 and log.world == []
+        assert log.world == [] and not log.lazy_inits
 
 
 def test_migrated_topology_code_builds_a_mesh_on_the_worlds_device():
