@@ -37,13 +37,36 @@ _W_GRID = legacy_entry(
 )
 
 
+# what PipelineTopology._setup derives from ``axes`` / ``dims`` (the queries read these)
+_DERIVED_TOPOLOGY_FIELDS = frozenset({"_axis_index", "_strides", "_size"})
+
+
 class ProcessTopology(PipelineTopology):
-    """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest)."""
+    """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest).
+
+    A subclass that skips ``super().__init__`` and sets ``axes`` / ``dims`` itself (as DeepSpeed's
+    own ``__init__`` does) is served as in DeepSpeed: the derived lookup tables are built from its
+    attributes on first use; a ``mapping`` it sets itself stays its own.
+    """
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
         # TODOV1: legacy topology; use mesh_core.MeshSpec / MeshLayout
         _W_PROCESS_TOPOLOGY.warn()
         self._setup(axes, dims)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes the instance lacks: a subclass that never ran _setup
+        own = self.__dict__
+        if name in _DERIVED_TOPOLOGY_FIELDS and "axes" in own and "dims" in own:
+            mapping = own.get("mapping")
+            coord = own.get("ProcessCoord")
+            self._setup(own["axes"], own["dims"])
+            if coord is not None:  # its own coordinate type and mapping win
+                self.ProcessCoord = coord
+            if mapping is not None:
+                self.mapping = mapping
+            return own[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
@@ -154,6 +177,27 @@ def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
     return MeshSpec.build(world_size, order=names, **sizes)
 
 
+_GRID_MESH = "_ds_mesh_grid_mesh"
+
+
+def _grid_mesh(grid: Any) -> Optional[DeepSpeedDeviceMesh]:
+    """The mesh ``PipelineParallelGrid.__init__`` built or was given; None for a subclass that
+    skipped it (and set the legacy attributes itself)."""
+    return grid.__dict__.get(_GRID_MESH)
+
+
+def _legacy_p2p_pairs(topology: Any, world_size: int, stages: int) -> list[list[int]]:
+    """DeepSpeed's ``_build_p2p_groups`` on a topology: ``[rank, next stage's rank]`` per rank."""
+    buddy = {}
+    for ranks in topology.get_axis_comm_lists("pipe"):
+        assert len(ranks) == stages
+        for idx, rank in enumerate(ranks):
+            buddy[rank] = ranks[(idx + 1) % stages]
+    pairs = [[rank, buddy[rank]] for rank in range(world_size) if rank in buddy]
+    assert len(pairs) == world_size
+    return pairs
+
+
 class PipelineParallelGrid:
     """DeepSpeed's pipeline grid: the same attributes, methods and group memberships, on a mesh.
 
@@ -166,6 +210,11 @@ class PipelineParallelGrid:
     Beyond DeepSpeed 0.19.8 the grid also has ``get_tensor_model_parallel_group`` and
     ``get_pipeline_model_parallel_group`` (0.19.8 lacks them, so ``checkpointing.configure(grid)``
     crashed); every other probe-visible method is the same.
+
+    Subclasses are served as DeepSpeed served them: a subclass that skips ``super().__init__`` and
+    sets the legacy attributes itself (``_topo``, ``global_rank``, its own process groups, ...)
+    has no mesh, and the methods it did not override answer from those attributes with DeepSpeed's
+    own rules; what a subclass sets or overrides wins over what this class computes.
     """
 
     def __init__(
@@ -209,6 +258,7 @@ class PipelineParallelGrid:
         self.model_parallel_size = max(self._topo.get_dim("model"), 1)
         self.slice_parallel_size = self.model_parallel_size
         self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec, device_type=default_device_type())
+        self.__dict__[_GRID_MESH] = self.mesh  # the grid's own, whatever a subclass later calls `mesh`
 
         self.stage_id = self.get_stage_id()
         self.data_parallel_id = self.get_data_parallel_id()
@@ -238,17 +288,28 @@ class PipelineParallelGrid:
             self.model_groups = self.mesh.get_all_group_ranks("tp")
 
     def get_stage_id(self) -> int:
-        return self.mesh.layout.coordinate(self.global_rank).get("pp", 0)
+        mesh = _grid_mesh(self)
+        if mesh is None:  # a subclass that built itself: DeepSpeed's rule on its own topology
+            return self._topo.get_coord(rank=self.global_rank).pipe
+        return mesh.layout.coordinate(self.global_rank).get("pp", 0)
 
     def get_data_parallel_id(self) -> int:
-        return self.mesh.layout.coordinate(self.global_rank).get("dp", 0)
+        mesh = _grid_mesh(self)
+        if mesh is None:
+            return self._topo.get_coord(rank=self.global_rank).data
+        return mesh.layout.coordinate(self.global_rank).get("dp", 0)
 
     def _build_p2p_groups(self) -> list[list[int]]:
         """``[rank, next stage]`` for every rank (wrapping), index = rank; rank lists only."""
-        return self.mesh.layout.p2p_pairs()
+        mesh = _grid_mesh(self)
+        if mesh is None:
+            return _legacy_p2p_pairs(self._topo, self.world_size, self.pipe_parallel_size)
+        return mesh.layout.p2p_pairs()
 
     def _is_grid_valid(self) -> bool:
-        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == self.mesh.spec.size
+        mesh = _grid_mesh(self)
+        size = dist.get_world_size() if mesh is None else mesh.spec.size
+        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == size
 
     def stage_to_global(self, stage_id: int, **kwargs: int) -> int:
         """Rank of this rank's coordinate with ``pipe=stage_id`` (and other axes from ``kwargs``)."""
