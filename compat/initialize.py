@@ -234,9 +234,22 @@ def _engine_mesh(
         # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
         # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
         return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
-    if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
-        _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid", order=order)
-        return as_engine_mesh(grid.mesh), None
+    if grid is not None:
+        from .topology import grid_mesh
+
+        own = grid_mesh(grid)
+        if own is not None:
+            _require_same_layout(spec, own.spec, "the config", "the PipelineModule's grid", order=order)
+            return as_engine_mesh(own), None
+        if pipeline:
+            # a grid that made its own groups (a subclass that skipped the base __init__, e.g. on
+            # Megatron's groups): the engine uses those very groups, as DeepSpeed's did through mpu=grid
+            from .mpu import mesh_from_mpu
+
+            mesh = as_engine_mesh(mesh_from_mpu(grid))
+            _require_same_layout(spec, mesh.spec, "the config", f"the PipelineModule's grid ({type(grid).__name__})",
+                                 order=order)
+            return mesh, None
     if mpu is not None:
         if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
             _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)

@@ -180,10 +180,12 @@ def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
 _GRID_MESH = "_ds_mesh_grid_mesh"
 
 
-def _grid_mesh(grid: Any) -> Optional[DeepSpeedDeviceMesh]:
-    """The mesh ``PipelineParallelGrid.__init__`` built or was given; None for a subclass that
-    skipped it (and set the legacy attributes itself)."""
-    return grid.__dict__.get(_GRID_MESH)
+def grid_mesh(grid: Any) -> Optional[DeepSpeedDeviceMesh]:
+    """The mesh ``PipelineParallelGrid.__init__`` built or was given; None for a grid without one
+    (a subclass that skipped that ``__init__`` and set the legacy attributes itself, or DeepSpeed's
+    own grid)."""
+    mesh = getattr(grid, "__dict__", {}).get(_GRID_MESH)
+    return mesh if isinstance(mesh, DeepSpeedDeviceMesh) else None
 
 
 def _legacy_p2p_pairs(topology: Any, world_size: int, stages: int) -> list[list[int]]:
@@ -288,26 +290,26 @@ class PipelineParallelGrid:
             self.model_groups = self.mesh.get_all_group_ranks("tp")
 
     def get_stage_id(self) -> int:
-        mesh = _grid_mesh(self)
+        mesh = grid_mesh(self)
         if mesh is None:  # a subclass that built itself: DeepSpeed's rule on its own topology
             return self._topo.get_coord(rank=self.global_rank).pipe
         return mesh.layout.coordinate(self.global_rank).get("pp", 0)
 
     def get_data_parallel_id(self) -> int:
-        mesh = _grid_mesh(self)
+        mesh = grid_mesh(self)
         if mesh is None:
             return self._topo.get_coord(rank=self.global_rank).data
         return mesh.layout.coordinate(self.global_rank).get("dp", 0)
 
     def _build_p2p_groups(self) -> list[list[int]]:
         """``[rank, next stage]`` for every rank (wrapping), index = rank; rank lists only."""
-        mesh = _grid_mesh(self)
+        mesh = grid_mesh(self)
         if mesh is None:
             return _legacy_p2p_pairs(self._topo, self.world_size, self.pipe_parallel_size)
         return mesh.layout.p2p_pairs()
 
     def _is_grid_valid(self) -> bool:
-        mesh = _grid_mesh(self)
+        mesh = grid_mesh(self)
         size = dist.get_world_size() if mesh is None else mesh.spec.size
         return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == size
 

@@ -209,3 +209,29 @@ def test_a_self_built_grid_keeps_its_own_groups_and_has_no_mesh(shim):
             assert id(getattr(grid, name)()) in _OWN_GROUPS, name
         assert (grid.get_stage_id(), grid.get_data_parallel_id(), grid.get_slice_parallel_rank()) == (1, 0, 1)
         assert grid.p2p_groups[5] == [5, 1] and grid.stage_to_global(0) == 1
+
+
+def test_the_engine_mesh_of_a_self_built_grid_uses_the_grids_own_groups(shim):
+    """What ``deepspeed.initialize`` makes of a PipelineModule whose grid built itself: a mesh that
+    hands out the grid's very groups (legacy's engine used them through ``mpu=grid``)."""
+    import deepspeed.runtime.pipe.topology as module
+
+    from compat import initialize as ci
+    from compat import topology as ct
+
+    _OWN_GROUPS.clear()
+    with fake_world(5, 8, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
+        topo = module.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)
+        grid = shapes(module)["SelfBuiltGrid"](topo)
+        assert ct.grid_mesh(grid) is None
+        mesh, engine_mpu = ci._engine_mesh(ct.mesh_spec_for(topo, 8), grid=grid, mpu=None, given=None, pipeline=True)
+        assert engine_mpu is None
+        assert mesh.get_group("dp") is grid.get_data_parallel_group()
+        assert mesh.get_group("pp") is grid.get_pipe_parallel_group()
+        assert mesh.get_group("tp") is grid.get_slice_parallel_group()
+        # a grid the shim built keeps serving its own mesh, whatever a subclass calls `mesh`
+        own = shapes(module)["OwnGroupsGrid"](module.PipeDataParallelTopology(2, 4))
+        assert own.mesh == "the subclass's own attribute" and ct.grid_mesh(own) is not None
+        engine_mesh, _ = ci._engine_mesh(ct.mesh_spec_for(own.topology(), 8), grid=own, mpu=None, given=None,
+                                         pipeline=True)
+        assert engine_mesh is ct.grid_mesh(own)
