@@ -41,6 +41,7 @@ import torch.distributed as dist
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
 from mesh_core.runtime_hooks import register_expert_groups, registry_for_world, release_hpz_groups
 import mesh_core.roles.hpz as _hpz
+from mesh_core.roles.legacy_state import NoSequenceParallelGroupError
 from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp  # noqa: F401 (re-exported)
 from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
 
@@ -1269,7 +1270,10 @@ def _get_sequence_parallel_group():
             return _mesh_device_group("sequence_parallel")
         if _state.bound_groups:
             return _state.bound_groups["sp"][0]
-        raise KeyError("No sequence parallel group found")
+        raise NoSequenceParallelGroupError(
+            "no mpu with a sequence-parallel group and no mesh yet (deepspeed.initialize with the config's "
+            '"mesh": {"sp": N} makes one)'
+        )
     return mpu.get_sequence_parallel_group()
 
 

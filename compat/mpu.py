@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
+from mesh_core.roles.mpu_mesh import NoPipelineGroupError
 
 from .device import default_device_type
 
@@ -79,7 +80,10 @@ def bwc_pipeline_parallel_group(mpu: Any = None) -> Any:
         return mpu.get_pipeline_model_parallel_group()
     if hasattr(mpu, "get_pipe_parallel_group"):
         return mpu.get_pipe_parallel_group()
-    raise AttributeError(f"mpu {type(mpu).__name__} has no pipeline parallel group getter")
+    raise NoPipelineGroupError(  # DeepSpeed asserts here; the error is an AssertionError too
+        f"mpu does not support pipeline parallel group: {type(mpu).__name__} has neither "
+        "get_pipeline_model_parallel_group nor get_pipe_parallel_group"
+    )
 
 
 # --- mesh -> mpu ---------------------------------------------------------------------------
