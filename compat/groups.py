@@ -170,7 +170,25 @@ def _set_tp_global(value: Any, dp: bool) -> None:
         state.tp_group, state.tp_size, state.tp_rank, state.tp_src = value, size, rank, first
 
 
+def _set_mpu_written(value: Any) -> None:
+    """``deepspeed.utils.groups.mpu = value`` written by DeepSpeed's engine or user code. Outside
+    ``deepspeed.initialize`` (an engine a framework constructs itself, e.g. a ``PipelineEngine``
+    subclass with ``mpu=`` its grid) the written mpu serves the getters, as in legacy, even while
+    another engine's mesh is bound or several engines' layouts exist: that mesh is unbound (its
+    engine re-binds it around its steps)."""
+    global mpu
+    from .engine_scope import pending_mesh
+
+    if value is not None and value is not mpu and pending_mesh() is None:
+        if _state.mesh_is_bound:
+            bind_mesh(None)
+        _set_wrong_grid(None)  # one mpu named: the legacy getters have one answer again
+    STATE_MARK[0] = None
+    mpu = value
+
+
 _LEGACY_SETTERS = {
+    "mpu": _set_mpu_written,
     "_TENSOR_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
     "_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
     "_DATA_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=True),

@@ -7,7 +7,9 @@ subclass that skips ``super().__init__`` and builds its attributes and process g
 ``DS_MESH=1 torchrun --nproc_per_node 4 self_built_grid_train.py OUT ds_mesh,legacy,install``: with
 ``DS_MESH=1`` the start-up hook (what the ``ds_mesh.pth`` line runs) installs the shim before
 anything else, so mode ``ds_mesh`` runs the unchanged program on the mesh; ``legacy`` then runs it
-with the shim uninstalled and ``install`` after ``compat.install()``. Each rank saves losses,
+with the shim uninstalled and ``install`` after ``compat.install()``. A mode ending in ``_direct``
+builds the engine as CoLLiE's own ``initialize`` does: a ``PipelineEngine`` subclass (overriding
+``train_batch``) constructed directly with ``mpu=`` the grid, not through ``deepspeed.initialize``. Each rank saves losses,
 parameters and groups to ``OUT/<mode>.rank<r>.pt``.
 """
 import os
@@ -74,11 +76,12 @@ def run(mode: str, rank: int) -> dict:
 
     import compat.install as installer
 
-    if mode == "install":
+    shim_mode, direct = mode.removesuffix("_direct"), mode.endswith("_direct")
+    if shim_mode == "install":
         installer.install()
-    elif mode == "legacy":
+    elif shim_mode == "legacy":
         installer.uninstall()
-    assert installer.is_installed() == (mode != "legacy")
+    assert installer.is_installed() == (shim_mode != "legacy")
     Grid = grid_class(topology_module.PipelineParallelGrid)  # the name as the program sees it now
 
     class SelfGridPipe(PipelineModule):
@@ -97,7 +100,19 @@ def run(mode: str, rank: int) -> dict:
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "steps_per_print": 10**6,
     }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if direct:  # CoLLiE's own initialize: its PipelineEngine subclass, built directly with mpu=grid
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
+        class TrainBatchEngine(PipelineEngine):
+            def train_batch(self, data_iter=None):
+                self.batches_seen = getattr(self, "batches_seen", 0) + 1
+                return super().train_batch(data_iter=data_iter)
+
+        engine = TrainBatchEngine(args=None, model=model, model_parameters=model.parameters(), mpu=model.mpu(),
+                                  config=config, config_class=DeepSpeedConfig(config, model.mpu()))
+    else:
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     gen = torch.Generator().manual_seed(100 + rank % 2)  # the dp index picks the data
 
     def batches():

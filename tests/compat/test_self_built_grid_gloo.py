@@ -1,6 +1,8 @@
 """4 gloo ranks: an unchanged program whose pipeline grid is a subclass that skips
 ``PipelineParallelGrid.__init__`` (CoLLiE's shape, ``self_built_grid_train.py``) trains under
-``DS_MESH=1`` and under ``compat.install()`` with the same groups, losses and parameters as legacy."""
+``DS_MESH=1`` and under ``compat.install()`` with the same groups, losses and parameters as legacy,
+with its engine from ``deepspeed.initialize`` or (as CoLLiE's own ``initialize``) a
+``PipelineEngine`` subclass built directly."""
 from __future__ import annotations
 
 import os
@@ -13,7 +15,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORLD = 4
-MODES = ("ds_mesh", "legacy", "install")
+MODES = ("ds_mesh", "ds_mesh_direct", "legacy", "legacy_direct", "install")
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
@@ -30,10 +32,11 @@ def runs(tmp_path_factory):
     return [{m: torch.load(out / f"{m}.rank{r}.pt") for m in MODES} for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("mode", ["ds_mesh", "install"])
-def test_self_built_grid_trains_as_legacy(runs, mode):
+@pytest.mark.parametrize("mode,reference", [("ds_mesh", "legacy"), ("install", "legacy"),
+                                            ("ds_mesh_direct", "legacy_direct")])
+def test_self_built_grid_trains_as_legacy(runs, mode, reference):
     for rank, by_mode in enumerate(runs):
-        legacy, shimmed = by_mode["legacy"], by_mode[mode]
+        legacy, shimmed = by_mode[reference], by_mode[mode]
         assert shimmed["shim"] and not legacy["shim"]
         assert shimmed["grid_type"] == legacy["grid_type"] == "SelfBuiltGrid"
         assert shimmed["losses"] == legacy["losses"], rank
@@ -42,5 +45,8 @@ def test_self_built_grid_trains_as_legacy(runs, mode):
             assert torch.equal(shimmed["params"][name], value), (rank, name)
         assert shimmed["grid"] == legacy["grid"], rank
         assert shimmed["engine"] == legacy["engine"], rank
+    # built directly, the engine's data-parallel group is the very group the grid made, as in legacy
+    if mode.endswith("_direct"):
+        assert all(by_mode[mode]["engine_dp_is_grids"] and by_mode[reference]["engine_dp_is_grids"] for by_mode in runs)
     assert len(set(runs[0]["legacy"]["losses"])) > 1  # it trained
     assert runs[0]["legacy"]["grid"]["dp"] == [0, 1] and runs[0]["legacy"]["grid"]["pp"] == [0, 2]

@@ -235,3 +235,131 @@ def test_the_engine_mesh_of_a_self_built_grid_uses_the_grids_own_groups(shim):
         engine_mesh, _ = ci._engine_mesh(ct.mesh_spec_for(own.topology(), 8), grid=own, mpu=None, given=None,
                                          pipeline=True)
         assert engine_mesh is ct.grid_mesh(own)
+
+
+# --- engine subclasses --------------------------------------------------------------------------
+def _tiny_config():
+    return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+            "steps_per_print": 10**6}
+
+
+class _ParityMPU:
+    """A Megatron-style mpu: tp=2 consecutive, dp strided (made with torch's new_group)."""
+
+    def __init__(self, world):
+        rank = dist.get_rank()
+        self.dp_ranks = list(range(rank % 2, world, 2))
+        self.tp_ranks = [rank - rank % 2, rank - rank % 2 + 1]
+        self.dp, self.tp = _own_group(self.dp_ranks), _own_group(self.tp_ranks)
+
+    def get_data_parallel_group(self):
+        return self.dp
+
+    def get_data_parallel_world_size(self):
+        return len(self.dp_ranks)
+
+    def get_data_parallel_rank(self):
+        return self.dp_ranks.index(dist.get_rank())
+
+    def get_model_parallel_group(self):
+        return self.tp
+
+    def get_model_parallel_world_size(self):
+        return 2
+
+    def get_model_parallel_rank(self):
+        return self.tp_ranks.index(dist.get_rank())
+
+
+def engine_shapes(engine_module):
+    Engine = engine_module.DeepSpeedEngine
+
+    class OwnDataGroupEngine(Engine):
+        """Overrides _configure_distributed_model: its own data-parallel group wins."""
+
+        def _configure_distributed_model(self, model):
+            super()._configure_distributed_model(model)
+            self.own_dp = _own_group(list(range(dist.get_world_size())))
+            self.data_parallel_group = self.own_dp
+
+    class CountingEngine(Engine):
+        """Overrides forward and step around the base ones (CoLLiE's engine shape)."""
+
+        def forward(self, *args, **kwargs):
+            self.forwards = getattr(self, "forwards", 0) + 1
+            return super().forward(*args, **kwargs)
+
+        def step(self, *args, **kwargs):
+            self.steps = getattr(self, "steps", 0) + 1
+            return super().step(*args, **kwargs)
+
+    return {"OwnDataGroupEngine": OwnDataGroupEngine, "CountingEngine": CountingEngine}
+
+
+def _engine_view(engine, groups):
+    import torch
+
+    x = torch.ones(2, 4)
+    loss = engine(x).sum()
+    engine.backward(loss)
+    engine.step()
+    return {
+        "dp": ranks_of(engine.data_parallel_group),
+        "seq_dp": ranks_of(engine.seq_data_parallel_group),
+        "dp_is_own": engine.data_parallel_group is getattr(engine, "own_dp", None)
+        or engine.data_parallel_group is getattr(engine.mpu, "dp", None),
+        "dp_world_size": engine.dp_world_size,
+        "mp_world_size": engine.mp_world_size,
+        "groups_dp": ranks_of(groups._get_data_parallel_group()),
+        "groups_dp_is_mpus": groups._get_data_parallel_group() is getattr(groups.mpu, "dp", object()),
+        "calls": (getattr(engine, "forwards", None), getattr(engine, "steps", None)),
+        "param": [p.detach().clone().tolist() for p in engine.module.parameters()],
+    }
+
+
+def _build_engines(rank, world, *, shim_installed, monkeypatch):
+    """A deepspeed.initialize engine, then the subclass shapes built directly (as CoLLiE's initialize)."""
+    import deepspeed
+    import deepspeed.runtime.engine as engine_module
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import groups
+
+    for name, value in (("LOCAL_RANK", rank), ("RANK", rank), ("WORLD_SIZE", world)):
+        monkeypatch.setenv(name, str(value))
+    _OWN_GROUPS.clear()
+    views = {}
+    with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
+        torch.manual_seed(0)
+        first, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=_tiny_config())
+        assert hasattr(first, "mesh_device") == shim_installed or first.mesh_device is None
+        classes = engine_shapes(engine_module)
+        for name, mpu in (("OwnDataGroupEngine", None), ("CountingEngine", None), ("CountingEngine", "mpu")):
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 4)
+            the_mpu = _ParityMPU(world) if mpu else None
+            engine = classes[name](args=None, model=model, model_parameters=model.parameters(), mpu=the_mpu,
+                                   config=_tiny_config(), config_class=DeepSpeedConfig(_tiny_config(), the_mpu))
+            views[f"{name} mpu={mpu}"] = _engine_view(engine, groups)
+        groups.mpu = None
+    return views
+
+
+@pytest.mark.parametrize("rank,world", [(1, 4), (6, 8)])
+def test_engine_subclasses_built_directly_answer_as_in_deepspeed(rank, world, monkeypatch):
+    import importlib
+
+    import deepspeed  # noqa: F401
+
+    installer = importlib.import_module("compat.install")
+    installer.uninstall()
+    legacy = _build_engines(rank, world, shim_installed=False, monkeypatch=monkeypatch)
+    installer.install()
+    try:
+        shimmed = _build_engines(rank, world, shim_installed=True, monkeypatch=monkeypatch)
+    finally:
+        installer.uninstall()
+    assert shimmed == legacy
+    assert legacy["OwnDataGroupEngine mpu=None"]["dp_is_own"]
+    assert legacy["CountingEngine mpu=mpu"]["groups_dp_is_mpus"] and legacy["CountingEngine mpu=mpu"]["dp_is_own"]
+    assert legacy["CountingEngine mpu=None"]["calls"] == (1, 1)
