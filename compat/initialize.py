@@ -91,6 +91,12 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     )
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
+    if _beyond_the_mesh(pipeline, grid, given_mesh, config):
+        # a topology with axes no mesh dim says (a 'sequence' axis): its grid is DeepSpeed's own, and
+        # so is this engine (no engine.mesh_device); the groups getters serve its grid as the mpu
+        logger.warning("ds-mesh: the PipelineModule's topology has axes %s that no mesh dim expresses; this engine "
+                       "runs as plain DeepSpeed on its grid (engine.mesh_device is None)", _extra_axes(topology))
+        return wrapped(*args, **kwargs)
     config = _with_topology_mesh(config, topology)  # issue 11: a sub-world pipeline states its ranks
     spec = engine_spec(
         config,
@@ -196,6 +202,22 @@ def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
     if not isinstance(model, PipelineModule):
         return False, None, None
     return True, model.mpu(), model.topology()
+
+
+def _extra_axes(topology: Any) -> list[str]:
+    from .topology import extra_axes
+
+    return extra_axes(topology) if topology is not None else []
+
+
+def _beyond_the_mesh(pipeline: bool, grid: Any, given_mesh: Any, config: dict) -> bool:
+    """A pipeline whose mesh-less grid stands on axes the mesh cannot express, with no mesh stated."""
+    from .topology import grid_mesh
+
+    if not pipeline or grid is None or grid_mesh(grid) is not None or given_mesh is not None or "mesh" in config:
+        return False
+    topology = grid.topology() if callable(getattr(grid, "topology", None)) else None
+    return bool(_extra_axes(topology))
 
 
 def _with_topology_mesh(config: dict, topology: Any) -> dict:

@@ -154,6 +154,11 @@ def topology_from_mesh(mesh: DeepSpeedDeviceMesh) -> ProcessTopology:
     return topo
 
 
+def extra_axes(topology: Any) -> list[str]:
+    """Axes of ``topology`` beyond pipe / data / model whose size is above 1 (no mesh dim says them)."""
+    return [a for a, d in zip(topology.get_axis_names(), topology.dims) if a not in AXIS_TO_DIM and d != 1]
+
+
 def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
     """The mesh spec of a legacy topology ('pipe' → pp, 'data' → dp, 'model' → tp)."""
     missing = [a for a in ("pipe", "data") if a not in topology.axes]
@@ -216,7 +221,9 @@ class PipelineParallelGrid:
     Subclasses are served as DeepSpeed served them: a subclass that skips ``super().__init__`` and
     sets the legacy attributes itself (``_topo``, ``global_rank``, its own process groups, ...)
     has no mesh, and the methods it did not override answer from those attributes with DeepSpeed's
-    own rules; what a subclass sets or overrides wins over what this class computes.
+    own rules; what a subclass sets or overrides wins over what this class computes. A topology
+    with axes beyond pipe / data / model of size above 1 (a ``'sequence'`` axis) gets DeepSpeed's
+    grid without a mesh (the same groups, each created once through the world's registry).
     """
 
     def __init__(
@@ -246,6 +253,9 @@ class PipelineParallelGrid:
             self._topo = topology if topology is not None else mesh_topo
         elif topology is not None:
             self._topo = topology
+            if extra_axes(topology):
+                self._build_without_mesh()  # axes no mesh dim expresses: DeepSpeed's own grid
+                return
         else:
             self._topo = default_topology(self.world_size)
         # validates before any group exists (a mesh topology is its mesh's spec)
@@ -288,6 +298,51 @@ class PipelineParallelGrid:
         if self.model_parallel_size > 1:
             self.mp_group: list[int] = []  # never filled in DeepSpeed either
             self.model_groups = self.mesh.get_all_group_ranks("tp")
+
+    def _build_without_mesh(self) -> None:
+        """DeepSpeed's grid over a topology with axes beyond pipe / data / model (e.g. a
+        ``'sequence'`` axis): the same attributes and memberships, no mesh; each rank set's group
+        comes from the world's registry (one communicator per rank set, created by its members)."""
+        from mesh_core.runtime_hooks import registry_for_world
+
+        topo, rank = self._topo, self.global_rank
+        self.data_parallel_size = max(topo.get_dim("data"), 1)
+        self.pipe_parallel_size = max(topo.get_dim("pipe"), 1)
+        self.model_parallel_size = max(topo.get_dim("model"), 1)
+        self.slice_parallel_size = self.model_parallel_size
+        if not self._is_grid_valid():
+            raise MeshSpecError(
+                f"topology axes {topo.axes} with dims {topo.dims} cover {math.prod(topo.dims)} ranks, but "
+                f"world_size={self.world_size}; the dims must multiply to the world size (Invalid Grid)"
+            )
+        missing = [a for a in ("pipe", "data") if a not in topo.get_axis_names()]
+        if missing:
+            raise MeshSpecError(f"topology axes {topo.axes} lack {missing}; PipelineParallelGrid needs 'pipe' and 'data' axes")
+        registry = registry_for_world()
+
+        def mine(rank_lists: list[list[int]]) -> tuple[Any, list[int]]:
+            group, _ = registry.partition(rank_lists, asker="PipelineParallelGrid")
+            return group, next(list(r) for r in rank_lists if rank in r)
+
+        self.stage_id = self.get_stage_id()
+        self.data_parallel_id = self.get_data_parallel_id()
+        model_lists = [sorted(topo.get_axis_list(axis="data", idx=d)) for d in range(self.data_parallel_size)]
+        self.ds_model_proc_group, model_ranks = mine(model_lists)
+        self.ds_model_world_size = len(model_ranks)
+        self.ds_model_rank = model_ranks.index(rank)
+        self.dp_groups = topo.get_axis_comm_lists("data")
+        self.dp_proc_group, self.dp_group = mine(self.dp_groups)
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == (self.pipe_parallel_size - 1)
+        self.p2p_groups = self._build_p2p_groups()
+        self.pipe_groups = topo.get_axis_comm_lists("pipe")
+        self.pp_proc_group, self.pp_group = mine(self.pipe_groups)
+        if self.model_parallel_size == 1:
+            self.slice_proc_group, self.slice_group = mine([[r] for r in range(self.world_size)])
+        else:
+            self.mp_group = []
+            self.model_groups = topo.get_axis_comm_lists("model")
+            self.slice_proc_group, self.slice_group = mine(self.model_groups)
 
     def get_stage_id(self) -> int:
         mesh = grid_mesh(self)

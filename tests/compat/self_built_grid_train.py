@@ -9,7 +9,9 @@ subclass that skips ``super().__init__`` and builds its attributes and process g
 anything else, so mode ``ds_mesh`` runs the unchanged program on the mesh; ``legacy`` then runs it
 with the shim uninstalled and ``install`` after ``compat.install()``. A mode ending in ``_direct``
 builds the engine as CoLLiE's own ``initialize`` does: a ``PipelineEngine`` subclass (overriding
-``train_batch``) constructed directly with ``mpu=`` the grid, not through ``deepspeed.initialize``. Each rank saves losses,
+``train_batch``) constructed directly with ``mpu=`` the grid, not through ``deepspeed.initialize``;
+one ending in ``_seq`` trains a plain ``PipelineModule`` on a topology subclass with a fourth,
+``'sequence'`` axis (pp=2 x sequence=2), which no mesh dim expresses. Each rank saves losses,
 parameters and groups to ``OUT/<mode>.rank<r>.pt``.
 """
 import os
@@ -76,6 +78,7 @@ def run(mode: str, rank: int) -> dict:
 
     import compat.install as installer
 
+    sequence_axis, mode = mode.endswith("_seq"), mode.removesuffix("_seq")
     shim_mode, direct = mode.removesuffix("_direct"), mode.endswith("_direct")
     if shim_mode == "install":
         installer.install()
@@ -91,10 +94,18 @@ def run(mode: str, rank: int) -> dict:
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
-    topo = topology_module.PipeDataParallelTopology(num_pp=2, num_dp=2)
-    model = SelfGridPipe(layers, topo, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    if sequence_axis:  # a plain PipelineModule on a topology with a 'sequence' axis (its grid is the base one)
+        class SequenceTopology(topology_module.ProcessTopology):
+            def __init__(self, num_pp, num_mp, num_dp, num_sp=1):
+                super().__init__(axes=["pipe", "data", "model", "sequence"], dims=[num_pp, num_dp, num_mp, num_sp])
+
+        model = PipelineModule(layers=layers, topology=SequenceTopology(2, 1, 1, 2), loss_fn=torch.nn.MSELoss(),
+                               partition_method="uniform")
+    else:
+        topo = topology_module.PipeDataParallelTopology(num_pp=2, num_dp=2)
+        model = SelfGridPipe(layers, topo, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
     config = {
-        "train_batch_size": 16,
+        "train_batch_size": 8 if sequence_axis else 16,  # 4 x 2 x dp
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 2,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
@@ -128,7 +139,10 @@ def run(mode: str, rank: int) -> dict:
     def ranks(group):
         return sorted(dist.get_process_group_ranks(group))
 
+    grid_groups = [grid.get_data_parallel_group(), grid.get_pipe_parallel_group(), grid.get_model_parallel_group()]
     return {
+        "engine_mesh": type(getattr(engine, "mesh_device", None)).__name__,
+        "grid_groups_unique": len({id(g) for g in grid_groups}),
         "losses": losses,
         "params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
         "grid_type": type(grid).__name__,

@@ -2,7 +2,8 @@
 ``PipelineParallelGrid.__init__`` (CoLLiE's shape, ``self_built_grid_train.py``) trains under
 ``DS_MESH=1`` and under ``compat.install()`` with the same groups, losses and parameters as legacy,
 with its engine from ``deepspeed.initialize`` or (as CoLLiE's own ``initialize``) a
-``PipelineEngine`` subclass built directly."""
+``PipelineEngine`` subclass built directly; and a plain ``PipelineModule`` on a topology subclass
+with a ``'sequence'`` axis (a public tree's ``PipeModelDataSequenceParallelTopology`` shape)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORLD = 4
-MODES = ("ds_mesh", "ds_mesh_direct", "legacy", "legacy_direct", "install")
+MODES = ("ds_mesh", "ds_mesh_direct", "ds_mesh_seq", "legacy", "legacy_direct", "legacy_seq", "install")
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
@@ -33,12 +34,14 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode,reference", [("ds_mesh", "legacy"), ("install", "legacy"),
-                                            ("ds_mesh_direct", "legacy_direct")])
+                                            ("ds_mesh_direct", "legacy_direct"), ("ds_mesh_seq", "legacy_seq")])
 def test_self_built_grid_trains_as_legacy(runs, mode, reference):
     for rank, by_mode in enumerate(runs):
         legacy, shimmed = by_mode[reference], by_mode[mode]
         assert shimmed["shim"] and not legacy["shim"]
-        assert shimmed["grid_type"] == legacy["grid_type"] == "SelfBuiltGrid"
+        assert shimmed["grid_type"] == legacy["grid_type"] == ("PipelineParallelGrid" if mode.endswith("_seq")
+                                                               else "SelfBuiltGrid")
+        assert shimmed["grid_groups_unique"] == legacy["grid_groups_unique"]
         assert shimmed["losses"] == legacy["losses"], rank
         assert shimmed["params"].keys() == legacy["params"].keys()
         for name, value in legacy["params"].items():
@@ -48,5 +51,9 @@ def test_self_built_grid_trains_as_legacy(runs, mode, reference):
     # built directly, the engine's data-parallel group is the very group the grid made, as in legacy
     if mode.endswith("_direct"):
         assert all(by_mode[mode]["engine_dp_is_grids"] and by_mode[reference]["engine_dp_is_grids"] for by_mode in runs)
-    assert len(set(runs[0]["legacy"]["losses"])) > 1  # it trained
-    assert runs[0]["legacy"]["grid"]["dp"] == [0, 1] and runs[0]["legacy"]["grid"]["pp"] == [0, 2]
+    assert len(set(runs[0][reference]["losses"])) > 1  # it trained
+    if mode.endswith("_seq"):  # a 'sequence' axis: DeepSpeed's grid and engine, no mesh
+        assert runs[1][reference]["grid"]["model"] == [0, 1, 2, 3] and runs[1][reference]["grid"]["pp"] == [1, 3]
+        assert runs[1][mode]["engine_mesh"] == "NoneType"
+    else:
+        assert runs[0][reference]["grid"]["dp"] == [0, 1] and runs[0][reference]["grid"]["pp"] == [0, 2]

@@ -92,7 +92,14 @@ def shapes(topology_module):
             self.ProcessCoord = namedtuple("ProcessCoord", axes)
             self.mapping = {self.ProcessCoord(*c): r for r, c in enumerate(product(*[range(d) for d in dims]))}
 
+    class SequenceTopology(Topology):
+        """A fourth axis no mesh dim expresses (pipe, data, model, sequence)."""
+
+        def __init__(self, num_pp, num_mp, num_dp, num_sp=1):
+            super().__init__(axes=["pipe", "data", "model", "sequence"], dims=[num_pp, num_dp, num_mp, num_sp])
+
     return {
+        "SequenceTopology": SequenceTopology,
         "SelfBuiltGrid": SelfBuiltGrid,
         "ReversedRingGrid": ReversedRingGrid,
         "OwnGroupsGrid": OwnGroupsGrid,
@@ -158,6 +165,13 @@ CASES = {
         8, lambda c, m: m.PipelineParallelGrid(topology=c["ColumnMajorTopology"](4, 2))),
     "SelfBuiltGrid on SelfBuiltTopology pp2 dp2 model2": (
         8, lambda c, m: c["SelfBuiltGrid"](c["SelfBuiltTopology"](["pipe", "data", "model"], [2, 2, 2]))),
+    "grid on SequenceTopology pp2 sp2": (4, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 1, 2))),
+    "grid on SequenceTopology pp2 dp2 sp2": (
+        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 2, 2))),
+    "grid on SequenceTopology pp2 mp2 sp2": (
+        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 2, 1, 2))),
+    "grid on SequenceTopology pp2 dp4 sp1": (
+        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 4))),
     "grid on SelfBuiltTopology pp2 dp2": (
         4, lambda c, m: m.PipelineParallelGrid(topology=c["SelfBuiltTopology"](["pipe", "data"], [2, 2]))),
 }
@@ -363,3 +377,19 @@ def test_engine_subclasses_built_directly_answer_as_in_deepspeed(rank, world, mo
     assert legacy["OwnDataGroupEngine mpu=None"]["dp_is_own"]
     assert legacy["CountingEngine mpu=mpu"]["groups_dp_is_mpus"] and legacy["CountingEngine mpu=mpu"]["dp_is_own"]
     assert legacy["CountingEngine mpu=None"]["calls"] == (1, 1)
+
+
+def test_the_engine_layout_of_a_topology_with_a_sequence_axis():
+    """A 'sequence' axis of size 1 says nothing to the engine's layout; of size 2 no mesh dim says
+    it (deepspeed.initialize then leaves that engine to DeepSpeed: self_built_grid_train.py, mode *_seq)."""
+    import deepspeed.runtime.pipe.topology as module
+
+    from compat import topology as ct
+    from compat.engine_spec import topology_sizes
+    from mesh_core import MeshSpecError
+
+    Sequence = shapes(module)["SequenceTopology"]
+    assert topology_sizes(Sequence(2, 1, 4)) == {"pp": 2, "dp": 4, "tp": 1}
+    assert ct.extra_axes(Sequence(2, 1, 4)) == [] and ct.extra_axes(Sequence(2, 1, 1, 2)) == ["sequence"]
+    with pytest.raises(MeshSpecError, match="sequence"):
+        topology_sizes(Sequence(2, 1, 1, 2))
