@@ -255,7 +255,8 @@ def _engine_mesh(
             return mesh, source  # mesh=from_mpu(mpu) of the script's own pipeline: as mpu=mpu (below)
         # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
         # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
-        return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
+        return mesh, (_mesh_mpu(mesh, like=mpu if mpu is not None else source)
+                      if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
     if grid is not None:
         from .topology import grid_mesh
 
@@ -288,7 +289,7 @@ def _engine_mesh(
             # one stage of the script's own pipeline: DeepSpeed reads the mpu as plain DeepSpeed does
             # (its model-parallel rank names the checkpoint files); the mesh holds its communicators
             return mesh, mpu
-        return mesh, _mesh_mpu(mesh)
+        return mesh, _mesh_mpu(mesh, like=mpu)
     return EngineMesh(spec, device_type=default_device_type()), None
 
 
@@ -316,10 +317,13 @@ def _sequence_parallel_mesh(spec: MeshSpec, sp_module: Any) -> EngineMesh:
     return EngineMesh(spec, device_type=default_device_type())
 
 
-def _mesh_mpu(mesh: EngineMesh) -> Any:
-    from .mpu import MeshMPU
+def _mesh_mpu(mesh: EngineMesh, like: Any = None) -> Any:
+    """The engine's mesh-backed mpu; standing for a user's mpu ``like`` that had no pipeline getters
+    (pp = 1), it has none either (DeepSpeed's bwc helpers answer as they did on that mpu)."""
+    from .mpu import MeshMPU, has_pipeline_getters
 
-    return MeshMPU(mesh)
+    keep = like is None or has_pipeline_getters(like) or mesh.spec.dim_size("pp") != 1
+    return MeshMPU(mesh, pipeline_getters=keep)
 
 
 def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str, *, order: bool = True) -> None:

@@ -174,6 +174,10 @@ class TensorDataMPU:
     def get_tensor_model_parallel_rank(self):
         return dist.get_rank(self._tp)
 
+    get_model_parallel_group = get_tensor_model_parallel_group
+    get_model_parallel_world_size = get_tensor_model_parallel_world_size
+    get_model_parallel_rank = get_tensor_model_parallel_rank
+
 
 @pytest.mark.parametrize("rank,world", WORLDS)
 @pytest.mark.parametrize("with_mpu", [True, False])
@@ -199,3 +203,55 @@ def test_bwc_helpers_plain_shim_and_migrated(rank, world, with_mpu):
             assert isinstance(err, AssertionError) and isinstance(err, AttributeError)
             assert "does not support a pipeline parallel group" in str(err)
             assert mesh_of(mpu).get_rank("pp") == 0
+
+
+def _engine_mpu_pipeline_answers(rank, world, monkeypatch, *, shim_installed):
+    import contextlib
+    import io
+
+    import deepspeed
+    import deepspeed.utils.bwc as legacy_bwc
+    import torch
+
+    for name, value in (("LOCAL_RANK", rank), ("RANK", rank), ("WORLD_SIZE", world)):
+        monkeypatch.setenv(name, str(value))
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+              "steps_per_print": 10**6}
+    with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
+        mpu = TensorDataMPU(world)
+        engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config, mpu=mpu)
+        assert (type(engine.mpu).__name__ == "MeshMPU") == shim_installed
+        out = {
+            "has pipe getters": [hasattr(engine.mpu, n) for n in ("get_pipe_parallel_group",
+                                                                  "get_pipeline_model_parallel_world_size")],
+            "pp size": outcome(lambda: legacy_bwc.bwc_pipeline_parallel_world_size(engine.mpu)),
+            "pp group": outcome(lambda: legacy_bwc.bwc_pipeline_parallel_group(engine.mpu)),
+            "tp size": outcome(lambda: legacy_bwc.bwc_tensor_model_parallel_world_size(engine.mpu)),
+            "dp": sorted(dist.get_process_group_ranks(engine.data_parallel_group)),
+        }
+        from deepspeed.utils import groups
+
+        groups.mpu = None
+        return out
+
+
+@pytest.mark.parametrize("rank,world", WORLDS)
+def test_the_engines_mpu_of_an_mpu_without_pipeline_getters(rank, world, monkeypatch):
+    """deepspeed.initialize(mpu=<an mpu with no pipeline getters>): DeepSpeed's bwc helpers on
+    engine.mpu answer pipeline size 1 and assert for the group, plain and under the shim."""
+    import importlib
+
+    import deepspeed  # noqa: F401
+
+    installer = importlib.import_module("compat.install")
+    installer.uninstall()
+    legacy = _engine_mpu_pipeline_answers(rank, world, monkeypatch, shim_installed=False)
+    installer.install()
+    try:
+        shimmed = _engine_mpu_pipeline_answers(rank, world, monkeypatch, shim_installed=True)
+    finally:
+        installer.uninstall()
+    assert legacy["pp size"] == ("ok", 1) and legacy["pp group"][0] == "raised"
+    assert legacy["has pipe getters"] == shimmed["has pipe getters"] == [False, False]
+    for key in legacy:
+        assert agrees(legacy[key], shimmed[key]) if key.startswith("pp") else legacy[key] == shimmed[key], key
