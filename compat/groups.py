@@ -170,6 +170,11 @@ def _set_tp_global(value: Any, dp: bool) -> None:
         state.tp_group, state.tp_size, state.tp_rank, state.tp_src = value, size, rank, first
 
 
+# the mesh of the engine deepspeed.initialize is building right now, if any (compat.engine_scope
+# installs its probe here when it first uses this module; this module does not import it)
+engine_being_built: list = [lambda: None]
+
+
 def _set_mpu_written(value: Any) -> None:
     """``deepspeed.utils.groups.mpu = value`` written by DeepSpeed's engine or user code. Outside
     ``deepspeed.initialize`` (an engine a framework constructs itself, e.g. a ``PipelineEngine``
@@ -177,9 +182,7 @@ def _set_mpu_written(value: Any) -> None:
     another engine's mesh is bound or several engines' layouts exist: that mesh is unbound (its
     engine re-binds it around its steps)."""
     global mpu
-    from .engine_scope import pending_mesh
-
-    if value is not None and value is not mpu and pending_mesh() is None:
+    if value is not None and value is not mpu and engine_being_built[0]() is None:
         if _state.mesh_is_bound:
             bind_mesh(None)
         _set_wrong_grid(None)  # one mpu named: the legacy getters have one answer again
