@@ -92,10 +92,10 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
     if _beyond_the_mesh(pipeline, grid, given_mesh, config):
-        # a topology with axes no mesh dim says (a 'sequence' axis): its grid is DeepSpeed's own, and
-        # so is this engine (no engine.mesh_device); the groups getters serve its grid as the mpu
-        logger.warning("ds-mesh: the PipelineModule's topology has axes %s that no mesh dim expresses; this engine "
-                       "runs as plain DeepSpeed on its grid (engine.mesh_device is None)", _extra_axes(topology))
+        # a topology a mesh cannot stand for (a 'sequence' axis, rank methods of its own): its grid is
+        # DeepSpeed's own, and so is this engine (no engine.mesh_device); the getters serve its grid
+        logger.warning("ds-mesh: the PipelineModule's topology has %s, which no mesh expresses; this engine runs as "
+                       "plain DeepSpeed on its grid (engine.mesh_device is None)", ", ".join(_beyond(topology)))
         return wrapped(*args, **kwargs)
     config = _with_topology_mesh(config, topology)  # issue 11: a sub-world pipeline states its ranks
     spec = engine_spec(
@@ -204,10 +204,10 @@ def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
     return True, model.mpu(), model.topology()
 
 
-def _extra_axes(topology: Any) -> list[str]:
-    from .topology import extra_axes
+def _beyond(topology: Any) -> list[str]:
+    from .topology import beyond_the_mesh
 
-    return extra_axes(topology) if topology is not None else []
+    return beyond_the_mesh(topology) if topology is not None else []
 
 
 def _beyond_the_mesh(pipeline: bool, grid: Any, given_mesh: Any, config: dict) -> bool:
@@ -217,7 +217,7 @@ def _beyond_the_mesh(pipeline: bool, grid: Any, given_mesh: Any, config: dict) -
     if not pipeline or grid is None or grid_mesh(grid) is not None or given_mesh is not None or "mesh" in config:
         return False
     topology = grid.topology() if callable(getattr(grid, "topology", None)) else None
-    return bool(_extra_axes(topology))
+    return bool(_beyond(topology))
 
 
 def _with_topology_mesh(config: dict, topology: Any) -> dict:

@@ -159,6 +159,31 @@ def extra_axes(topology: Any) -> list[str]:
     return [a for a, d in zip(topology.get_axis_names(), topology.dims) if a not in AXIS_TO_DIM and d != 1]
 
 
+# the topology methods DeepSpeed's grid asks for ranks (a mesh would not ask them)
+_RANK_MATH = ("get_rank", "get_coord", "get_axis_comm_lists", "get_axis_list", "filter_match")
+
+
+def beyond_the_mesh(topology: Any) -> list[str]:
+    """What makes ``topology`` something a mesh cannot stand for ([] if nothing): axes beyond pipe /
+    data / model of size above 1, rank methods a subclass overrides, a ``mapping`` of its own that is
+    not row-major. DeepSpeed's grid on it asks the topology itself (so does this module's then)."""
+    reasons = [f"axis {a!r}" for a in extra_axes(topology)]
+    cls = type(topology)
+    if isinstance(topology, PipelineTopology):
+        reasons += [f"{cls.__name__}.{n}" for n in _RANK_MATH if getattr(cls, n) is not getattr(PipelineTopology, n)]
+        own = topology.__dict__.get("mapping")
+        if own is not None and "_strides" not in topology.__dict__ and own != _row_major_mapping(topology):
+            reasons.append(f"{cls.__name__}.mapping")
+    return reasons
+
+
+def _row_major_mapping(topology: Any) -> dict:
+    coord = topology.__dict__.get("ProcessCoord")
+    ranks = range(math.prod(topology.dims))
+    coords = [tuple(c) for c in (PipelineTopology.get_coord(topology, r) for r in ranks)]
+    return {(coord(*c) if coord is not None else c): r for r, c in zip(ranks, coords)}
+
+
 def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
     """The mesh spec of a legacy topology ('pipe' → pp, 'data' → dp, 'model' → tp)."""
     missing = [a for a in ("pipe", "data") if a not in topology.axes]
@@ -222,8 +247,9 @@ class PipelineParallelGrid:
     sets the legacy attributes itself (``_topo``, ``global_rank``, its own process groups, ...)
     has no mesh, and the methods it did not override answer from those attributes with DeepSpeed's
     own rules; what a subclass sets or overrides wins over what this class computes. A topology
-    with axes beyond pipe / data / model of size above 1 (a ``'sequence'`` axis) gets DeepSpeed's
-    grid without a mesh (the same groups, each created once through the world's registry).
+    a mesh cannot stand for (:func:`beyond_the_mesh`: a ``'sequence'`` axis, overridden rank
+    methods, a mapping of its own) gets DeepSpeed's grid without a mesh, asking the topology as
+    DeepSpeed did (the same groups, each created once through the world's registry).
     """
 
     def __init__(
@@ -253,8 +279,8 @@ class PipelineParallelGrid:
             self._topo = topology if topology is not None else mesh_topo
         elif topology is not None:
             self._topo = topology
-            if extra_axes(topology):
-                self._build_without_mesh()  # axes no mesh dim expresses: DeepSpeed's own grid
+            if beyond_the_mesh(topology):
+                self._build_without_mesh()  # axes or rank math no mesh expresses: DeepSpeed's own grid
                 return
         else:
             self._topo = default_topology(self.world_size)
@@ -300,9 +326,9 @@ class PipelineParallelGrid:
             self.model_groups = self.mesh.get_all_group_ranks("tp")
 
     def _build_without_mesh(self) -> None:
-        """DeepSpeed's grid over a topology with axes beyond pipe / data / model (e.g. a
-        ``'sequence'`` axis): the same attributes and memberships, no mesh; each rank set's group
-        comes from the world's registry (one communicator per rank set, created by its members)."""
+        """DeepSpeed's grid over a topology a mesh cannot stand for (:func:`beyond_the_mesh`): the
+        same attributes and memberships, no mesh; each rank set's group comes from the world's
+        registry (one communicator per rank set, created by its members)."""
         from mesh_core.runtime_hooks import registry_for_world
 
         topo, rank = self._topo, self.global_rank

@@ -98,7 +98,29 @@ def shapes(topology_module):
         def __init__(self, num_pp, num_mp, num_dp, num_sp=1):
             super().__init__(axes=["pipe", "data", "model", "sequence"], dims=[num_pp, num_dp, num_mp, num_sp])
 
+    class ReversedTopology(Topology):
+        """Overrides the rank math: ranks numbered from the other end (rank r is index W-1-r)."""
+
+        def _flip(self, rank):
+            return self.world_size() - 1 - rank
+
+        def get_rank(self, **coord):
+            return self._flip(super().get_rank(**coord))
+
+        def get_coord(self, rank):
+            return super().get_coord(self._flip(rank))
+
+        def get_axis_comm_lists(self, axis):
+            return [[self._flip(r) for r in ranks] for ranks in super().get_axis_comm_lists(axis)]
+
+        def get_axis_list(self, axis, idx):
+            return sorted(self._flip(r) for r in super().get_axis_list(axis, idx))
+
+        def filter_match(self, **filter_kwargs):
+            return sorted(self._flip(r) for r in super().filter_match(**filter_kwargs))
+
     return {
+        "ReversedTopology": ReversedTopology,
         "SequenceTopology": SequenceTopology,
         "SelfBuiltGrid": SelfBuiltGrid,
         "ReversedRingGrid": ReversedRingGrid,
@@ -172,6 +194,10 @@ CASES = {
         8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 2, 1, 2))),
     "grid on SequenceTopology pp2 dp4 sp1": (
         8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 4))),
+    "grid on ReversedTopology pp2 dp2": (
+        4, lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data"], [2, 2]))),
+    "grid on ReversedTopology pp2 dp2 model2": (
+        8, lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data", "model"], [2, 2, 2]))),
     "grid on SelfBuiltTopology pp2 dp2": (
         4, lambda c, m: m.PipelineParallelGrid(topology=c["SelfBuiltTopology"](["pipe", "data"], [2, 2]))),
 }
