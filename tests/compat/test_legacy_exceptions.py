@@ -255,3 +255,38 @@ def test_the_engines_mpu_of_an_mpu_without_pipeline_getters(rank, world, monkeyp
     assert legacy["has pipe getters"] == shimmed["has pipe getters"] == [False, False]
     for key in legacy:
         assert agrees(legacy[key], shimmed[key]) if key.startswith("pp") else legacy[key] == shimmed[key], key
+
+
+@pytest.mark.parametrize("rank,world", WORLDS)
+def test_expert_getters_before_any_expert_group(rank, world):
+    """Legacy's named expert getters assert before any MoE layer built its groups; so does the shim.
+    Their migrated form (``codemods.groups_getters.EXPERT`` on ``current_mesh()``) builds the groups
+    and answers: the mesh cannot tell a reader from the builder it also stands for, so a site that
+    waits for that AssertionError is the codemods' to flag."""
+    import importlib
+
+    import deepspeed.utils.groups as groups
+
+    from codemods.groups_getters import EXPERT
+    from mesh_core import set_default_mesh
+    from mesh_core.roles.current import current_mesh
+
+    installer = importlib.import_module("compat.install")
+    results = {}
+    for mode in ("legacy", "shim", "migrated"):
+        if mode == "shim":
+            installer.install()
+        else:
+            installer.uninstall()
+        set_default_mesh(None)
+        with fake_world(rank, world, deepspeed_comm=True):
+            if mode == "migrated":
+                results[mode] = {n: outcome(lambda t=t: eval(t.format(mesh="current_mesh()", n=2),
+                                                             {"current_mesh": current_mesh}))
+                                 for n, t in EXPERT.items()}
+            else:
+                results[mode] = {n: outcome(lambda n=n: getattr(groups, n)("ep_size_2")) for n in EXPERT}
+    installer.uninstall()
+    assert all(o[0] == "raised" and isinstance(o[1], AssertionError) for o in results["legacy"].values())
+    assert all(agrees(results["legacy"][n], results["shim"][n]) for n in EXPERT)
+    assert all(o[0] == "ok" for o in results["migrated"].values())
