@@ -211,7 +211,8 @@ def _beyond(topology: Any) -> list[str]:
 
 
 def _beyond_the_mesh(pipeline: bool, grid: Any, given_mesh: Any, config: dict) -> bool:
-    """A pipeline whose mesh-less grid stands on axes the mesh cannot express, with no mesh stated."""
+    """A pipeline whose mesh-less grid stands on a topology no mesh can stand for (a 'sequence' axis,
+    rank methods of its own: compat.topology.beyond_the_mesh), with no mesh stated."""
     from .topology import grid_mesh
 
     if not pipeline or grid is None or grid_mesh(grid) is not None or given_mesh is not None or "mesh" in config:
