@@ -51,6 +51,7 @@ def _groups():
     from . import groups
 
     if not _GROUPS:
+        groups.engine_being_built[0] = pending_mesh  # an mpu written outside initialize serves (compat.groups)
         _GROUPS.append(groups)
     return groups
 

@@ -63,12 +63,12 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
 
 
 def topology_sizes(topology: Any) -> dict[str, int]:
-    """Mesh dim sizes of a ``ProcessTopology`` (axes pipe / data / model)."""
+    """Mesh dim sizes of a ``ProcessTopology`` (axes pipe / data / model; other axes of size 1 say nothing)."""
     axes = list(topology.get_axis_names())
-    unknown = [a for a in axes if a not in AXIS_TO_DIM]
+    unknown = [a for a in axes if a not in AXIS_TO_DIM and int(topology.get_dim(a)) != 1]
     if unknown:
         raise MeshSpecError(f"topology axes {unknown} have no mesh dim; supported axes are {sorted(AXIS_TO_DIM)}")
-    return {AXIS_TO_DIM[a]: int(topology.get_dim(a)) for a in axes}
+    return {AXIS_TO_DIM[a]: int(topology.get_dim(a)) for a in axes if a in AXIS_TO_DIM}
 
 
 def code_sources(

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
 from mesh_core.runtime_hooks import register_expert_groups, registry_for_world, release_hpz_groups
 import mesh_core.roles.hpz as _hpz
+from mesh_core.roles.legacy_state import NoSequenceParallelGroupError
 from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp  # noqa: F401 (re-exported)
 from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
 
@@ -169,7 +170,28 @@ def _set_tp_global(value: Any, dp: bool) -> None:
         state.tp_group, state.tp_size, state.tp_rank, state.tp_src = value, size, rank, first
 
 
+# the mesh of the engine deepspeed.initialize is building right now, if any (compat.engine_scope
+# installs its probe here when it first uses this module; this module does not import it)
+engine_being_built: list = [lambda: None]
+
+
+def _set_mpu_written(value: Any) -> None:
+    """``deepspeed.utils.groups.mpu = value`` written by DeepSpeed's engine or user code. Outside
+    ``deepspeed.initialize`` (an engine a framework constructs itself, e.g. a ``PipelineEngine``
+    subclass with ``mpu=`` its grid) the written mpu serves the getters, as in legacy, even while
+    another engine's mesh is bound or several engines' layouts exist: that mesh is unbound (its
+    engine re-binds it around its steps)."""
+    global mpu
+    if value is not None and value is not mpu and engine_being_built[0]() is None:
+        if _state.mesh_is_bound:
+            bind_mesh(None)
+        _set_wrong_grid(None)  # one mpu named: the legacy getters have one answer again
+    STATE_MARK[0] = None
+    mpu = value
+
+
 _LEGACY_SETTERS = {
+    "mpu": _set_mpu_written,
     "_TENSOR_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
     "_MODEL_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=False),
     "_DATA_PARALLEL_GROUP": lambda v: _set_tp_global(v, dp=True),
@@ -1269,7 +1291,10 @@ def _get_sequence_parallel_group():
             return _mesh_device_group("sequence_parallel")
         if _state.bound_groups:
             return _state.bound_groups["sp"][0]
-        raise KeyError("No sequence parallel group found")
+        raise NoSequenceParallelGroupError(
+            "no mpu with a sequence-parallel group and no mesh yet (deepspeed.initialize with the config's "
+            '"mesh": {"sp": N} makes one)'
+        )
     return mpu.get_sequence_parallel_group()
 
 

@@ -93,6 +93,12 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     mixed_world.announce()  # before the imports below: a mesh check that fails waits for this rank's reading
     world_size = ds_dist.get_world_size()
     pipeline, grid, topology = _pipeline_of(model)
+    if _beyond_the_mesh(pipeline, grid, given_mesh, config):
+        # a topology a mesh cannot stand for (a 'sequence' axis, rank methods of its own): its grid is
+        # DeepSpeed's own, and so is this engine (no engine.mesh_device); the getters serve its grid
+        logger.warning("ds-mesh: the PipelineModule's topology has %s, which no mesh expresses; this engine runs as "
+                       "plain DeepSpeed on its grid (engine.mesh_device is None)", ", ".join(_beyond(topology)))
+        return wrapped(*args, **kwargs)
     config = _with_topology_mesh(config, topology)  # a sub-world pipeline states its ranks
     spec = engine_spec(
         config,
@@ -202,6 +208,23 @@ def _pipeline_of(model: Any) -> tuple[bool, Any, Any]:
     return True, model.mpu(), model.topology()
 
 
+def _beyond(topology: Any) -> list[str]:
+    from .topology import beyond_the_mesh
+
+    return beyond_the_mesh(topology) if topology is not None else []
+
+
+def _beyond_the_mesh(pipeline: bool, grid: Any, given_mesh: Any, config: dict) -> bool:
+    """A pipeline whose mesh-less grid stands on a topology no mesh can stand for (a 'sequence' axis,
+    rank methods of its own: compat.topology.beyond_the_mesh), with no mesh stated."""
+    from .topology import grid_mesh
+
+    if not pipeline or grid is None or grid_mesh(grid) is not None or given_mesh is not None or "mesh" in config:
+        return False
+    topology = grid.topology() if callable(getattr(grid, "topology", None)) else None
+    return bool(_beyond(topology))
+
+
 def _with_topology_mesh(config: dict, topology: Any) -> dict:
     """``config`` whose ``"mesh"`` section gets the ranks (and order) of a :class:`MeshTopology`'s mesh
     when it names none (``PipelineModule(topology=compat.mesh_topology(mesh))``)."""
@@ -237,10 +260,24 @@ def _engine_mesh(
             return mesh, source  # mesh=from_mpu(mpu) of the script's own pipeline: as mpu=mpu (below)
         # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
         # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
-        return mesh, (_mesh_mpu(mesh) if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
-    if grid is not None and isinstance(getattr(grid, "mesh", None), DeepSpeedDeviceMesh):
-        _require_same_layout(spec, grid.mesh.spec, "the config", "the PipelineModule's grid", order=order)
-        return as_engine_mesh(grid.mesh), None
+        return mesh, (_mesh_mpu(mesh, like=mpu if mpu is not None else source)
+                      if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
+    if grid is not None:
+        from .topology import grid_mesh
+
+        own = grid_mesh(grid)
+        if own is not None:
+            _require_same_layout(spec, own.spec, "the config", "the PipelineModule's grid", order=order)
+            return as_engine_mesh(own), None
+        if pipeline:
+            # a grid that made its own groups (a subclass that skipped the base __init__, e.g. on
+            # Megatron's groups): the engine uses those very groups, as DeepSpeed's did through mpu=grid
+            from .mpu import mesh_from_mpu
+
+            mesh = as_engine_mesh(mesh_from_mpu(grid))
+            _require_same_layout(spec, mesh.spec, "the config", f"the PipelineModule's grid ({type(grid).__name__})",
+                                 order=order)
+            return mesh, None
     if mpu is not None:
         if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
             _require_same_layout(spec, mpu.mesh.spec, "the config", f"mpu={type(mpu).__name__}", order=order)
@@ -257,7 +294,7 @@ def _engine_mesh(
             # one stage of the script's own pipeline: DeepSpeed reads the mpu as plain DeepSpeed does
             # (its model-parallel rank names the checkpoint files); the mesh holds its communicators
             return mesh, mpu
-        return mesh, _mesh_mpu(mesh)
+        return mesh, _mesh_mpu(mesh, like=mpu)
     return EngineMesh(spec, device_type=default_device_type()), None
 
 
@@ -285,10 +322,13 @@ def _sequence_parallel_mesh(spec: MeshSpec, sp_module: Any) -> EngineMesh:
     return EngineMesh(spec, device_type=default_device_type())
 
 
-def _mesh_mpu(mesh: EngineMesh) -> Any:
-    from .mpu import MeshMPU
+def _mesh_mpu(mesh: EngineMesh, like: Any = None) -> Any:
+    """The engine's mesh-backed mpu; standing for a user's mpu ``like`` that had no pipeline getters
+    (pp = 1), it has none either (DeepSpeed's bwc helpers answer as they did on that mpu)."""
+    from .mpu import MeshMPU, has_pipeline_getters
 
-    return MeshMPU(mesh)
+    keep = like is None or has_pipeline_getters(like) or mesh.spec.dim_size("pp") != 1
+    return MeshMPU(mesh, pipeline_getters=keep)
 
 
 def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str, *, order: bool = True) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
+from mesh_core.roles.mpu_mesh import NoPipelineGroupError
 
 from .device import default_device_type
 
@@ -79,13 +80,39 @@ def bwc_pipeline_parallel_group(mpu: Any = None) -> Any:
         return mpu.get_pipeline_model_parallel_group()
     if hasattr(mpu, "get_pipe_parallel_group"):
         return mpu.get_pipe_parallel_group()
-    raise AttributeError(f"mpu {type(mpu).__name__} has no pipeline parallel group getter")
+    raise NoPipelineGroupError(  # DeepSpeed asserts here; the error is an AssertionError too
+        f"mpu does not support pipeline parallel group: {type(mpu).__name__} has neither "
+        "get_pipeline_model_parallel_group nor get_pipe_parallel_group"
+    )
 
 
 # --- mesh -> mpu ---------------------------------------------------------------------------
 MODEL_PARALLEL_DIMS = ("pp", "tp")
 MPU_DIMS = ("pp", "dp", "sp", "tp")
 SEQUENCE_DATA_DIMS = ("dp", "sp")
+
+
+PIPELINE_GETTERS = (
+    "get_pipe_parallel_group", "get_pipe_parallel_world_size", "get_pipe_parallel_rank",
+    "get_pipeline_model_parallel_group", "get_pipeline_model_parallel_world_size",
+    "get_pipeline_model_parallel_rank", "get_stage_id",
+)
+
+
+class _PipelineGetter:
+    """A pipeline getter of :class:`MeshMPU`; absent (``AttributeError``, so ``hasattr`` is False)
+    on an instance standing for an mpu that had no pipeline getters."""
+
+    def __init__(self, name: str, method: Any) -> None:
+        self.name, self.method = name, method
+        self.__doc__ = method.__doc__
+
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+        if instance is None:
+            return self.method
+        if not instance.__dict__.get("_pipeline_getters", True):
+            raise AttributeError(f"{instance!r} stands for an mpu without pipeline getters; it has no {self.name}")
+        return self.method.__get__(instance, owner)
 
 
 class MeshMPU:
@@ -107,12 +134,20 @@ class MeshMPU:
     ``get_pipeline_model_parallel_group``; unlike the Ulysses ``parallel_state_sp`` module it has no
     ``initialize_sequence_parallel`` (DeepSpeed would then drop the DP group).
 
+    ``pipeline_getters=False`` (what the shim passes for a user's mpu that had none, on a mesh with
+    pp = 1): the pipeline getters are absent, so DeepSpeed's ``bwc`` helpers answer size 1 and
+    assert for the group, as they did on that mpu.
+
     Construction is collective (it resolves every group, including size-1 ones, up front).
     """
 
-    def __init__(self, mesh: DeepSpeedDeviceMesh) -> None:
+    def __init__(self, mesh: DeepSpeedDeviceMesh, *, pipeline_getters: bool = True) -> None:
         if not isinstance(mesh, DeepSpeedDeviceMesh):
             raise TypeError(f"MeshMPU needs a DeepSpeedDeviceMesh, got {type(mesh).__name__}: {mesh!r}")
+        if not pipeline_getters and mesh.spec.dim_size("pp") != 1:
+            raise MeshSpecError(f"{mesh.spec.describe()} has pp={mesh.spec.dim_size('pp')}; its mpu needs the "
+                                "pipeline getters (pipeline_getters=False is for pp=1)")
+        self._pipeline_getters = pipeline_getters
         self.mesh = mesh
         self._groups = {  # collective: every rank resolves every group, members or not
             dims: mesh.ensure_group(dims) for dims in ("dp", "tp", "pp", "sp", SEQUENCE_DATA_DIMS, MODEL_PARALLEL_DIMS)
@@ -211,6 +246,11 @@ class MeshMPU:
         return self._ranks[SEQUENCE_DATA_DIMS]
 
 
+for _name in PIPELINE_GETTERS:
+    setattr(MeshMPU, _name, _PipelineGetter(_name, MeshMPU.__dict__[_name]))
+del _name
+
+
 # --- mpu -> mesh ---------------------------------------------------------------------------
 def _mpu_groups(mpu: Any) -> dict[str, Any]:
     """The mpu's groups by mesh dim (this rank's view); dims the mpu lacks are left out."""
@@ -241,6 +281,13 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
     if hasattr(mpu, "get_sequence_parallel_group"):
         found["sp"] = mpu.get_sequence_parallel_group()
     return {dim: g for dim, g in found.items() if g is not None}
+
+
+def has_pipeline_getters(mpu: Any) -> bool:
+    """``mpu`` has a pipeline getter DeepSpeed's ``bwc`` helpers probe for."""
+    return any(hasattr(mpu, name) for name in ("get_pipeline_model_parallel_group", "get_pipe_parallel_group",
+                                               "get_pipeline_model_parallel_world_size",
+                                               "get_pipe_parallel_world_size"))
 
 
 def mesh_from_mpu(mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True) -> DeepSpeedDeviceMesh:

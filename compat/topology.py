@@ -37,13 +37,36 @@ _W_GRID = legacy_entry(
 )
 
 
+# what PipelineTopology._setup derives from ``axes`` / ``dims`` (the queries read these)
+_DERIVED_TOPOLOGY_FIELDS = frozenset({"_axis_index", "_strides", "_size"})
+
+
 class ProcessTopology(PipelineTopology):
-    """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest)."""
+    """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest).
+
+    A subclass that skips ``super().__init__`` and sets ``axes`` / ``dims`` itself (as DeepSpeed's
+    own ``__init__`` does) is served as in DeepSpeed: the derived lookup tables are built from its
+    attributes on first use; a ``mapping`` it sets itself stays its own.
+    """
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
         # TODOV1: legacy topology; use mesh_core.MeshSpec / MeshLayout
         _W_PROCESS_TOPOLOGY.warn()
         self._setup(axes, dims)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes the instance lacks: a subclass that never ran _setup
+        own = self.__dict__
+        if name in _DERIVED_TOPOLOGY_FIELDS and "axes" in own and "dims" in own:
+            mapping = own.get("mapping")
+            coord = own.get("ProcessCoord")
+            self._setup(own["axes"], own["dims"])
+            if coord is not None:  # its own coordinate type and mapping win
+                self.ProcessCoord = coord
+            if mapping is not None:
+                self.mapping = mapping
+            return own[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
@@ -131,6 +154,36 @@ def topology_from_mesh(mesh: DeepSpeedDeviceMesh) -> ProcessTopology:
     return topo
 
 
+def extra_axes(topology: Any) -> list[str]:
+    """Axes of ``topology`` beyond pipe / data / model whose size is above 1 (no mesh dim says them)."""
+    return [a for a, d in zip(topology.get_axis_names(), topology.dims) if a not in AXIS_TO_DIM and d != 1]
+
+
+# the topology methods DeepSpeed's grid asks for ranks (a mesh would not ask them)
+_RANK_MATH = ("get_rank", "get_coord", "get_axis_comm_lists", "get_axis_list", "filter_match")
+
+
+def beyond_the_mesh(topology: Any) -> list[str]:
+    """What makes ``topology`` something a mesh cannot stand for ([] if nothing): axes beyond pipe /
+    data / model of size above 1, rank methods a subclass overrides, a ``mapping`` of its own that is
+    not row-major. DeepSpeed's grid on it asks the topology itself (so does this module's then)."""
+    reasons = [f"axis {a!r}" for a in extra_axes(topology)]
+    cls = type(topology)
+    if isinstance(topology, PipelineTopology):
+        reasons += [f"{cls.__name__}.{n}" for n in _RANK_MATH if getattr(cls, n) is not getattr(PipelineTopology, n)]
+        own = topology.__dict__.get("mapping")
+        if own is not None and "_strides" not in topology.__dict__ and own != _row_major_mapping(topology):
+            reasons.append(f"{cls.__name__}.mapping")
+    return reasons
+
+
+def _row_major_mapping(topology: Any) -> dict:
+    coord = topology.__dict__.get("ProcessCoord")
+    ranks = range(math.prod(topology.dims))
+    coords = [tuple(c) for c in (PipelineTopology.get_coord(topology, r) for r in ranks)]
+    return {(coord(*c) if coord is not None else c): r for r, c in zip(ranks, coords)}
+
+
 def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
     """The mesh spec of a legacy topology ('pipe' → pp, 'data' → dp, 'model' → tp)."""
     missing = [a for a in ("pipe", "data") if a not in topology.axes]
@@ -154,6 +207,29 @@ def mesh_spec_for(topology: ProcessTopology, world_size: int) -> MeshSpec:
     return MeshSpec.build(world_size, order=names, **sizes)
 
 
+_GRID_MESH = "_ds_mesh_grid_mesh"
+
+
+def grid_mesh(grid: Any) -> Optional[DeepSpeedDeviceMesh]:
+    """The mesh ``PipelineParallelGrid.__init__`` built or was given; None for a grid without one
+    (a subclass that skipped that ``__init__`` and set the legacy attributes itself, or DeepSpeed's
+    own grid)."""
+    mesh = getattr(grid, "__dict__", {}).get(_GRID_MESH)
+    return mesh if isinstance(mesh, DeepSpeedDeviceMesh) else None
+
+
+def _legacy_p2p_pairs(topology: Any, world_size: int, stages: int) -> list[list[int]]:
+    """DeepSpeed's ``_build_p2p_groups`` on a topology: ``[rank, next stage's rank]`` per rank."""
+    buddy = {}
+    for ranks in topology.get_axis_comm_lists("pipe"):
+        assert len(ranks) == stages
+        for idx, rank in enumerate(ranks):
+            buddy[rank] = ranks[(idx + 1) % stages]
+    pairs = [[rank, buddy[rank]] for rank in range(world_size) if rank in buddy]
+    assert len(pairs) == world_size
+    return pairs
+
+
 class PipelineParallelGrid:
     """DeepSpeed's pipeline grid: the same attributes, methods and group memberships, on a mesh.
 
@@ -166,6 +242,14 @@ class PipelineParallelGrid:
     Beyond DeepSpeed 0.19.8 the grid also has ``get_tensor_model_parallel_group`` and
     ``get_pipeline_model_parallel_group`` (0.19.8 lacks them, so ``checkpointing.configure(grid)``
     crashed); every other probe-visible method is the same.
+
+    Subclasses are served as DeepSpeed served them: a subclass that skips ``super().__init__`` and
+    sets the legacy attributes itself (``_topo``, ``global_rank``, its own process groups, ...)
+    has no mesh, and the methods it did not override answer from those attributes with DeepSpeed's
+    own rules; what a subclass sets or overrides wins over what this class computes. A topology
+    a mesh cannot stand for (:func:`beyond_the_mesh`: a ``'sequence'`` axis, overridden rank
+    methods, a mapping of its own) gets DeepSpeed's grid without a mesh, asking the topology as
+    DeepSpeed did (the same groups, each created once through the world's registry).
     """
 
     def __init__(
@@ -195,6 +279,9 @@ class PipelineParallelGrid:
             self._topo = topology if topology is not None else mesh_topo
         elif topology is not None:
             self._topo = topology
+            if beyond_the_mesh(topology):
+                self._build_without_mesh()  # axes or rank math no mesh expresses: DeepSpeed's own grid
+                return
         else:
             self._topo = default_topology(self.world_size)
         # validates before any group exists (a mesh topology is its mesh's spec)
@@ -209,6 +296,7 @@ class PipelineParallelGrid:
         self.model_parallel_size = max(self._topo.get_dim("model"), 1)
         self.slice_parallel_size = self.model_parallel_size
         self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec, device_type=default_device_type())
+        self.__dict__[_GRID_MESH] = self.mesh  # the grid's own, whatever a subclass later calls `mesh`
 
         self.stage_id = self.get_stage_id()
         self.data_parallel_id = self.get_data_parallel_id()
@@ -237,18 +325,74 @@ class PipelineParallelGrid:
             self.mp_group: list[int] = []  # never filled in DeepSpeed either
             self.model_groups = self.mesh.get_all_group_ranks("tp")
 
+    def _build_without_mesh(self) -> None:
+        """DeepSpeed's grid over a topology a mesh cannot stand for (:func:`beyond_the_mesh`): the
+        same attributes and memberships, no mesh; each rank set's group comes from the world's
+        registry (one communicator per rank set, created by its members)."""
+        from mesh_core.runtime_hooks import registry_for_world
+
+        topo, rank = self._topo, self.global_rank
+        self.data_parallel_size = max(topo.get_dim("data"), 1)
+        self.pipe_parallel_size = max(topo.get_dim("pipe"), 1)
+        self.model_parallel_size = max(topo.get_dim("model"), 1)
+        self.slice_parallel_size = self.model_parallel_size
+        if not self._is_grid_valid():
+            raise MeshSpecError(
+                f"topology axes {topo.axes} with dims {topo.dims} cover {math.prod(topo.dims)} ranks, but "
+                f"world_size={self.world_size}; the dims must multiply to the world size (Invalid Grid)"
+            )
+        missing = [a for a in ("pipe", "data") if a not in topo.get_axis_names()]
+        if missing:
+            raise MeshSpecError(f"topology axes {topo.axes} lack {missing}; PipelineParallelGrid needs 'pipe' and 'data' axes")
+        registry = registry_for_world()
+
+        def mine(rank_lists: list[list[int]]) -> tuple[Any, list[int]]:
+            group, _ = registry.partition(rank_lists, asker="PipelineParallelGrid")
+            return group, next(list(r) for r in rank_lists if rank in r)
+
+        self.stage_id = self.get_stage_id()
+        self.data_parallel_id = self.get_data_parallel_id()
+        model_lists = [sorted(topo.get_axis_list(axis="data", idx=d)) for d in range(self.data_parallel_size)]
+        self.ds_model_proc_group, model_ranks = mine(model_lists)
+        self.ds_model_world_size = len(model_ranks)
+        self.ds_model_rank = model_ranks.index(rank)
+        self.dp_groups = topo.get_axis_comm_lists("data")
+        self.dp_proc_group, self.dp_group = mine(self.dp_groups)
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == (self.pipe_parallel_size - 1)
+        self.p2p_groups = self._build_p2p_groups()
+        self.pipe_groups = topo.get_axis_comm_lists("pipe")
+        self.pp_proc_group, self.pp_group = mine(self.pipe_groups)
+        if self.model_parallel_size == 1:
+            self.slice_proc_group, self.slice_group = mine([[r] for r in range(self.world_size)])
+        else:
+            self.mp_group = []
+            self.model_groups = topo.get_axis_comm_lists("model")
+            self.slice_proc_group, self.slice_group = mine(self.model_groups)
+
     def get_stage_id(self) -> int:
-        return self.mesh.layout.coordinate(self.global_rank).get("pp", 0)
+        mesh = grid_mesh(self)
+        if mesh is None:  # a subclass that built itself: DeepSpeed's rule on its own topology
+            return self._topo.get_coord(rank=self.global_rank).pipe
+        return mesh.layout.coordinate(self.global_rank).get("pp", 0)
 
     def get_data_parallel_id(self) -> int:
-        return self.mesh.layout.coordinate(self.global_rank).get("dp", 0)
+        mesh = grid_mesh(self)
+        if mesh is None:
+            return self._topo.get_coord(rank=self.global_rank).data
+        return mesh.layout.coordinate(self.global_rank).get("dp", 0)
 
     def _build_p2p_groups(self) -> list[list[int]]:
         """``[rank, next stage]`` for every rank (wrapping), index = rank; rank lists only."""
-        return self.mesh.layout.p2p_pairs()
+        mesh = grid_mesh(self)
+        if mesh is None:
+            return _legacy_p2p_pairs(self._topo, self.world_size, self.pipe_parallel_size)
+        return mesh.layout.p2p_pairs()
 
     def _is_grid_valid(self) -> bool:
-        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == self.mesh.spec.size
+        mesh = grid_mesh(self)
+        size = dist.get_world_size() if mesh is None else mesh.spec.size
+        return math.prod(self._topo.get_dim(ax) for ax in self._topo.get_axis_names()) == size
 
     def stage_to_global(self, stage_id: int, **kwargs: int) -> int:
         """Rank of this rank's coordinate with ``pipe=stage_id`` (and other axes from ``kwargs``)."""

@@ -7,7 +7,8 @@ device mesh of its own (``deepspeed.initialize(mpu=...)`` without the mesh runti
 answers with DeepSpeed's own getters (:mod:`mesh_core.roles.legacy_state`). Otherwise it is the
 data-parallel mesh over the whole world, which is what legacy ``deepspeed.utils.groups`` falls back
 to with no mpu (its data parallel group is a world clone; its expert groups are built over the world
-as data parallel).
+as data parallel; it has no sequence-parallel group: ``get_group("sp")`` raises legacy's
+``KeyError``, see :mod:`mesh_core.roles.legacy_state`).
 """
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ def _world_dp_mesh() -> "DeepSpeedDeviceMesh":
     world = dist.group.WORLD
     group, mesh = _world_mesh
     if group is not world or mesh is None or getattr(mesh, "_destroyed", False):
-        from ..device_mesh import DeepSpeedDeviceMesh
+        from .legacy_state import world_mesh_class
 
-        mesh = DeepSpeedDeviceMesh.build(dp=dist.get_world_size(), verify=False)
+        # a DeepSpeedDeviceMesh whose SP group query raises legacy's KeyError (no SP layout yet)
+        mesh = world_mesh_class().build(dp=dist.get_world_size(), verify=False)
         _world_mesh[:] = [world, mesh]
         logger.info("no default mesh is set; using the data-parallel world mesh %s", mesh.spec.describe())
     return mesh

@@ -12,11 +12,18 @@ each mesh query with the legacy getter the rewrite replaced, so the result is wh
 other query (``expert_groups_named``, ``spec``, ...) goes to the mesh ``current_mesh`` would have
 returned without that state, the world data-parallel mesh.
 
+Where legacy holds nothing either, ``current_mesh`` is the data-parallel world mesh, whose
+``get_group("sp")`` raises :class:`NoSequenceParallelGroupError` (a ``KeyError``) as legacy's
+``_get_sequence_parallel_group()`` did before any SP layout existed, so code that waits for that
+error (retries later, falls back to no SP) keeps its meaning; its SP size is 1 and its SP rank 0,
+as legacy's.
+
 mesh_core does not import DeepSpeed: the module is looked up in ``sys.modules`` (only code that
 imported DeepSpeed can have set its state), duck-typed, at call time.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -39,6 +46,41 @@ _GETTERS: dict[tuple[str, ...], tuple[str, str, str]] = {
 
 
 _LETTERED_DP = ("get_data_parallel_group", "get_data_parallel_world_size", "get_data_parallel_rank")
+
+NO_SP_GROUP = "No sequence parallel group found"  # legacy's KeyError text
+
+
+class NoSequenceParallelGroupError(KeyError):
+    """No sequence-parallel group exists yet. Legacy ``groups._get_sequence_parallel_group()``
+    raised ``KeyError("No sequence parallel group found")`` there; this is that ``KeyError``
+    (``args[0]`` is legacy's text) with a hint of what makes one."""
+
+    def __init__(self, hint: str = "") -> None:
+        super().__init__(*((NO_SP_GROUP, hint) if hint else (NO_SP_GROUP,)))
+
+    def __str__(self) -> str:
+        return ": ".join(str(a) for a in self.args if a)
+
+
+@functools.lru_cache(maxsize=None)
+def world_mesh_class() -> type:
+    """The class of the data-parallel world mesh ``current_mesh`` falls back to (a
+    ``DeepSpeedDeviceMesh`` whose ``get_group("sp")`` raises as legacy did without SP)."""
+    from ..device_mesh import DeepSpeedDeviceMesh
+
+    class WorldDataParallelMesh(DeepSpeedDeviceMesh):
+        """The whole world as data parallel: legacy ``deepspeed.utils.groups`` with no mpu and no
+        device mesh. It has no sequence-parallel group (:class:`NoSequenceParallelGroupError`)."""
+
+        def get_group(self, dims: Dims) -> Any:
+            if (dims,) == ("sp",) or (not isinstance(dims, str) and tuple(dims) == ("sp",)):
+                raise NoSequenceParallelGroupError(
+                    "no mesh with a sequence-parallel dim is set yet (deepspeed.initialize with the config's "
+                    '"mesh": {"sp": N} sets one, as does mesh_core.set_default_mesh(mesh))'
+                )
+            return super().get_group(dims)
+
+    return WorldDataParallelMesh
 
 
 def legacy_groups_view(fallback: Callable[[], Any]) -> Optional["LegacyGroupsView"]:

@@ -25,7 +25,8 @@ Dims on an ``MpuMesh`` follow DeepSpeed's probe order (``deepspeed/utils/bwc.py`
 - ``"tp"``: ``get_tensor_model_parallel_*``, else ``get_slice_parallel_*``, else
   ``get_model_parallel_*`` (= ``bwc_tensor_model_parallel_*``);
 - ``"pp"``: ``get_pipeline_model_parallel_*``, else ``get_pipe_parallel_*``; with neither, size 1
-  and rank 0 (= ``bwc_pipeline_parallel_world_size``);
+  and rank 0 (= ``bwc_pipeline_parallel_world_size``) and no group: :class:`NoPipelineGroupError`,
+  an ``AssertionError`` as ``bwc_pipeline_parallel_group`` raised;
 - ``("pp", "tp")`` — model parallel: ``get_model_parallel_*``, whatever the mpu means by it (pipe ×
   tensor for a grid, tensor for AutoTP and Megatron-style mpus, sequence for ``parallel_state_sp``);
   on a ``DeepSpeedDeviceMesh`` it is the flattened pp × tp group, as compat's ``MeshMPU`` serves it.
@@ -61,6 +62,12 @@ _ABSENT = {(("pp",), "world_size"): 1, (("pp",), "rank"): 0}
 _views: dict[int, tuple["weakref.ref[Any]", "MpuMesh"]] = {}
 
 
+class NoPipelineGroupError(AssertionError, AttributeError):
+    """The mpu has no pipeline-parallel group getter. DeepSpeed's ``bwc_pipeline_parallel_group``
+    asserted there (``AssertionError``) and calling the missing getter raised ``AttributeError``;
+    this error is both, so code written for either keeps working."""
+
+
 def _key(dims: Dims) -> tuple[str, ...]:
     key = (dims,) if isinstance(dims, str) else tuple(dims)
     if key not in PROBE_ORDER:
@@ -90,6 +97,11 @@ class MpuMesh:
         if (key, what) in _ABSENT:
             return _ABSENT[(key, what)]
         names = [f"get_{stem}_{what}" for stem in PROBE_ORDER[key]]
+        if key == ("pp",):  # legacy: "mpu does not support pipeline parallel group"
+            raise NoPipelineGroupError(
+                f"mpu {self!r} does not support a pipeline parallel group: it has none of {names} "
+                "(its pipeline size is 1 and its pipeline rank 0)"
+            )
         raise AttributeError(f"mpu {self!r} has none of {names}, so it has no {what} along {dims!r}")
 
     @property
