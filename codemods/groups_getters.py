@@ -22,44 +22,13 @@ from .base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args,
 
 KIND = "groups getter"
 
-# legacy function -> replacement template ({mesh}: the model's mesh); calls take no arguments.
-SIMPLE: dict[str, str] = {
-    "get_tensor_model_parallel_group": '{mesh}.get_group("tp")',
-    "get_model_parallel_group": '{mesh}.get_group("tp")',
-    "get_data_parallel_group": '{mesh}.get_group("dp")',
-    "get_tensor_model_parallel_world_size": '{mesh}.size("tp")',
-    "get_model_parallel_world_size": '{mesh}.size("tp")',
-    "get_tensor_model_parallel_rank": '{mesh}.get_rank("tp")',
-    "get_model_parallel_rank": '{mesh}.get_rank("tp")',
-    "get_tensor_model_parallel_src_rank": '{mesh}.get_group_ranks("tp")[0]',
-    "get_data_parallel_world_size": '{mesh}.size("dp")',
-    "get_data_parallel_rank": '{mesh}.get_rank("dp")',
-    "_get_data_parallel_group": '{mesh}.get_group("dp")',
-    "_get_data_parallel_world_size": '{mesh}.size("dp")',
-    "_get_data_parallel_rank": '{mesh}.get_rank("dp")',
-    "_get_data_parallel_group_ranks": '{mesh}.get_group_ranks("dp")',
-    "_get_sequence_parallel_world_size": '{mesh}.size("sp")',
-    "_get_sequence_parallel_rank": '{mesh}.get_rank("sp")',
-    "_get_sequence_parallel_group": '{mesh}.get_group("sp")',
-    "_get_sequence_data_parallel_world_size": '{mesh}.size(("dp", "sp"))',
-    "_get_sequence_data_parallel_rank": '{mesh}.get_rank(("dp", "sp"))',
-    "_get_sequence_data_parallel_group": '{mesh}.get_group(("dp", "sp"))',
-    "_get_broadcast_src_rank": '{mesh}.get_group_ranks(("dp", "sp"))[0]',
-}
-
+_GROUPS = "deepspeed.utils.groups."
+_MESH_ROWS = [r for r in ds_mesh_advice.rows() if r.section == "groups" and r.mesh]
+# legacy function -> replacement template ({mesh}: the model's mesh), the catalog's mesh expression;
+# calls take no arguments.
+SIMPLE: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" not in r.mesh}
 # legacy function taking an expert group name "ep_size_N" -> template ({n}: N).
-EXPERT: dict[str, str] = {
-    "_get_expert_parallel_group": "{mesh}.expert_groups({n}).ep_group",
-    "_get_expert_parallel_group_ranks": "{mesh}.expert_groups({n}).ep_ranks",
-    "_get_expert_data_parallel_group": "{mesh}.expert_groups({n}).edp_group",
-    "_get_expert_data_parallel_group_ranks": "{mesh}.expert_groups({n}).edp_ranks",
-    "_get_expert_parallel_world_size": "len({mesh}.expert_groups({n}).ep_ranks)",
-    "_get_expert_data_parallel_world_size": "len({mesh}.expert_groups({n}).edp_ranks)",
-    "_get_expert_parallel_rank": "{mesh}.expert_groups({n}).ep_ranks.index({mesh}.rank)",
-    "_get_expert_data_parallel_rank": "{mesh}.expert_groups({n}).edp_ranks.index({mesh}.rank)",
-    "_get_expert_broadcast_src_rank": "{mesh}.expert_groups({n}).edp_ranks[0]",
-    "_get_expert_parallel_src_rank": "{mesh}.expert_groups({n}).ep_ranks[0]",
-}
+EXPERT: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" in r.mesh}
 
 # Inside DeepSpeed's engine-scoped modules (ENGINE_SCOPED_MODULES) the expert getters read the
 # name-keyed groups the MoE layers / the engine built; the model's mesh serves that table by name
@@ -113,7 +82,7 @@ _MANUAL_NAMES = (
     "_init_tp_mesh_device",
     "_create_expert_and_data_parallel",
 )
-MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(f"deepspeed.utils.groups.{name}") for name in _MANUAL_NAMES}
+MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(_GROUPS + name) for name in _MANUAL_NAMES}
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world

@@ -13,22 +13,13 @@ import contextlib
 from contextvars import ContextVar
 from typing import Iterator, Optional, Sequence
 
+import ds_mesh_advice
+
 TODO_TAG = "TODOV1"
 DOC = "MIGRATION.md"
 MAX_COMMENT = 100
-# site kind (the codemods' counters) -> its anchor in MIGRATION.md ("<a id=...>" there)
-KIND_IDS: dict[str, str] = {
-    "groups getter": "todov1-groups",
-    "grid method/attribute": "todov1-grid-use",
-    "engine grid": "todov1-engine-grid",
-    "grid construction": "todov1-grid",
-    "pipeline topology": "todov1-topology",
-    "initialize mesh_param": "todov1-mesh-param",
-    "initialize mpu": "todov1-initialize-mpu",
-    "mpu call": "todov1-mpu-call",
-    "mpu/bwc call": "todov1-mpu-internal",
-    "deepspeed.comm call": "todov1-comm",
-}
+# site kind (the codemods' counters) -> its id: its MIGRATION.md anchor and ds-migrate --explain code
+KIND_IDS: dict[str, str] = {k.kind: k.id for k in ds_mesh_advice.kinds()}
 DEFAULT_ID = "todov1"
 _BOUNDARIES = (": ", "; ", " (", ", ", " - ", " — ")
 _MIN_HEAD = 12

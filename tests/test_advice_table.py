@@ -1,69 +1,118 @@
-"""Replacement advice comes from one table (``ds_mesh_advice/replacements.json``): MIGRATION.md's
-rows say what it says, the shim's warnings and the codemods' TODOV1 texts read it."""
+"""Advice comes from one catalog (``ds_mesh_advice/catalog.json``): MIGRATION.md's tables are
+generated from it, the shim's warnings and the codemods' templates and ``TODOV1`` texts read it."""
 from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
+import sys
+
+import pytest
 
 import ds_mesh_advice
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import migration_tables  # noqa: E402
 
 
-def _migration_rows() -> dict[str, str]:
-    rows: dict[str, str] = {}
-    for line in (ROOT / "MIGRATION.md").read_text(encoding="utf-8").splitlines():
-        match = re.match(r"\| `([^`]+)` \| (.*?) \|", line)
-        if match:
-            rows.setdefault(match.group(1), match.group(2))
-    return rows
+def _migration_rows() -> list[str]:
+    """The first cell of every 4-column legacy-API row of MIGRATION.md's tables, and of the mpu_internal table."""
+    text = (ROOT / "MIGRATION.md").read_text(encoding="utf-8")
+    found, header = [], None
+    for line in text.splitlines():
+        if line.startswith("| legacy API | replacement | codemod | notes |") or line.startswith("| legacy call (receiver"):
+            header = line
+        elif not line.startswith("|"):
+            header = None
+        elif header and not line.startswith("|---"):
+            found.append(line[2:].split(" | ", 1)[0])
+    return found
 
 
-def test_migration_md_says_what_the_table_says():
-    rows = _migration_rows()
-    table = ds_mesh_advice.table()
-    assert len(table) >= 50
-    missing = sorted(set(table) - set(rows))
-    assert not missing, f"rows missing from MIGRATION.md: {missing}"
-    differ = {name: (rows[name], text) for name, text in table.items() if rows[name] != text}
-    assert not differ, "MIGRATION.md's replacement differs from ds_mesh_advice/replacements.json: " + "; ".join(
-        f"{name}: {got!r} != {want!r}" for name, (got, want) in sorted(differ.items()))
+def test_migration_md_tables_are_the_generated_ones():
+    text = (ROOT / "MIGRATION.md").read_text(encoding="utf-8")
+    assert migration_tables.generated(text) == text, "run python tools/migration_tables.py --write"
+    assert migration_tables.covered(text) == {s["id"] for s in ds_mesh_advice.sections()}
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "migration_tables.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
-def test_the_shim_warns_with_the_tables_text():
+def test_every_migration_row_is_one_catalog_row():
+    listed = _migration_rows()
+    apis = [r.api for r in ds_mesh_advice.rows()]
+    assert len(listed) == len(apis) >= 180
+    assert sorted(listed) == sorted(apis)
+    assert len(set(r.name for r in ds_mesh_advice.rows())) == len(apis), "two rows for one API"
+
+
+def test_a_changed_row_makes_the_check_fail(monkeypatch):
+    text = (ROOT / "MIGRATION.md").read_text(encoding="utf-8")
+    sections = [dict(s, rows=[dict(r) for r in s["rows"]]) for s in ds_mesh_advice.sections()]
+    sections[0]["rows"][0]["replacement"] += " (changed)"
+    monkeypatch.setattr(ds_mesh_advice, "sections", lambda: sections)
+    assert migration_tables.generated(text) != text
+
+
+def test_rows_are_well_formed():
+    for row in ds_mesh_advice.rows():
+        assert row.action in ds_mesh_advice.ACTIONS, row
+        assert row.replacement and row.anchor.startswith("legacy-"), row
+        if row.mesh is not None:
+            assert "<mesh>" in row.mesh and "`" not in row.mesh, row
+        if row.section == "grid":
+            assert row.form in ("call", "attribute", "class"), row
+    assert len({k.id for k in ds_mesh_advice.kinds()}) == len(ds_mesh_advice.kinds()) >= 10
+
+
+def test_the_shim_warns_with_the_catalogs_text():
     import compat.groups  # noqa: F401 (registers its legacy entries)
+    import compat.topology  # noqa: F401
     from compat import deprecation
 
     checked = 0
-    for name, text in ds_mesh_advice.table().items():
+    for name in ds_mesh_advice.table():
         entry = deprecation._ENTRIES.get(name)
         if entry is not None:
             assert entry.replacement == ds_mesh_advice.plain(name), name
             checked += 1
-    assert checked >= 50
-    # the advice that had drifted: the shim said mesh.size(('pp', 'tp')) whatever the mpu
+    assert checked >= 55
+    # the advice that had drifted: a pipeline topology's warning named the mesh, the codemod pipeline_topology
+    entry = deprecation._ENTRIES["deepspeed.runtime.pipe.topology.PipeDataParallelTopology"]
+    assert "mesh_core.pipeline_topology(pp=P, dp=D)" in entry.text
     entry = deprecation._ENTRIES["deepspeed.utils.groups._get_model_parallel_world_size"]
     assert "for AutoTP" in entry.text and "1 without an mpu" in entry.text
 
 
-def test_the_codemods_todo_texts_read_the_table():
-    from codemods import groups_getters
+def test_the_codemods_templates_and_todo_texts_read_the_catalog():
+    from codemods import grid_api, groups_getters, todo_links
 
     checked = 0
     for short, text in groups_getters.MANUAL.items():
-        name = "deepspeed.utils.groups." + short
-        if name in ds_mesh_advice.table():
-            assert text == "use " + ds_mesh_advice.plain(name), short
-            checked += 1
+        assert text == "use " + ds_mesh_advice.plain("deepspeed.utils.groups." + short), short
+        checked += 1
     assert checked >= 15
-    assert groups_getters.MANUAL["_get_model_parallel_world_size"].startswith("use what the mpu gives")
+    grid = {r.name.rsplit(".", 1)[1]: r for r in ds_mesh_advice.rows() if r.section == "grid"}
+    for name, template in grid_api.METHODS.items():
+        assert grid[name].form == "call" and template == grid[name].template(mesh="{m}"), name
+    for name, template in grid_api.ATTRIBUTES.items():
+        assert grid[name].form == "attribute" and template == grid[name].template(mesh="{m}"), name
+    assert len(grid_api.METHODS) + len(grid_api.ATTRIBUTES) == sum(1 for r in grid.values() if r.mesh)
+    for name, text in grid_api.MANUAL.items():
+        assert text == grid[name].advice, name
+    for name, template in groups_getters.SIMPLE.items():
+        assert template == ds_mesh_advice.row("deepspeed.utils.groups." + name).template(), name
+    for name, template in groups_getters.EXPERT.items():
+        assert template == ds_mesh_advice.row("deepspeed.utils.groups." + name).template(), name
+    assert todo_links.KIND_IDS == {k.kind: k.id for k in ds_mesh_advice.kinds()}
 
 
-def test_plain_text_has_no_markdown_and_unknown_names_say_where_to_add_them():
+def test_explain_prints_a_row_and_says_what_is_valid():
+    text = ds_mesh_advice.explain("_get_expert_parallel_group")
+    assert "use: <mesh>.expert_groups(N).ep_group" in text and "MIGRATION.md#legacy-groups" in text
+    assert "todov1-groups" in ds_mesh_advice.explain("todov1-groups")
+    assert "no legacy API or TODOV1 kind" in ds_mesh_advice.explain("no_such_api")
     assert "`" not in ds_mesh_advice.plain("deepspeed.utils.groups._get_data_parallel_group")
-    try:
+    with pytest.raises(KeyError, match="catalog.json"):
         ds_mesh_advice.replacement("deepspeed.utils.groups.no_such_api")
-    except KeyError as err:
-        assert "replacements.json" in str(err)
-    else:
-        raise AssertionError("an unknown name must raise")
