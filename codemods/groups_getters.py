@@ -84,6 +84,17 @@ _MANUAL_NAMES = (
 )
 MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(_GROUPS + name) for name in _MANUAL_NAMES}
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
+
+
+def _referenced_advice(fname: str) -> str:
+    """What to pass where a getter is handed on uncalled: a function of the model's mesh."""
+    template = SIMPLE.get(fname)
+    if template is not None:
+        return "pass (lambda: " + template.format(mesh="<mesh>") + ")"
+    try:
+        return "call the model's mesh instead: " + ds_mesh_advice.row(_GROUPS + fname).next_step
+    except KeyError:
+        return "call <mesh>.get_group / .size / .get_rank(<dim>) instead"
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
 EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
@@ -282,7 +293,7 @@ class GroupsGettersCommand(MigrationCommand):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self._is_dynamic_getattr(original_node):
-            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
+            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_rank(<dim>)")
             return updated_node
         fname = self.function_of(original_node.func)
         if fname is None and self._groups_parameter_is_module(original_node.func):
@@ -511,7 +522,7 @@ class GroupsGettersCommand(MigrationCommand):
         for name in self.legacy_names(node):
             fname = ln.groups_function(name)
             if fname in ALL_FUNCTIONS:
-                self.flag(KIND, f"groups.{fname} is referenced, not called; call the model's mesh instead")
+                self.flag(KIND, f"groups.{fname} is referenced, not called; {_referenced_advice(fname)}")
                 return
             if fname in STATE:
                 self.flag(KIND, f"groups.{fname} is legacy module state; use the model's mesh (engine.mesh_device)")

@@ -52,7 +52,8 @@ def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
     return (
         f"topology kept: {callee}(...) reads it as a ProcessTopology (a Megatron mpu's initialize_model_parallel "
         "and PipelineModule call its get_axis_comm_lists / get_coord / get_dim), so keep handing it a topology, "
-        f"not a mesh: {target} has the same axes and answers once the callee does not isinstance-check ProcessTopology"
+        f"not a mesh; hand it {target}; the same axes and answers, unless the callee isinstance-checks "
+        "ProcessTopology"
     )
 DEFAULT_ORDER = ("pp", "dp", "tp")
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}

@@ -16,13 +16,18 @@ from __future__ import annotations
 import functools
 import json
 import pkgutil
+import textwrap
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-__all__ = ["ACTIONS", "Kind", "Row", "explain", "find", "kinds", "plain", "replacement", "row", "rows", "table"]
+__all__ = ["ACTIONS", "NEXT_VERBS", "WIDTH", "wrap", "Kind", "Row", "explain", "find", "kinds", "plain", "replacement", "row", "rows", "table"]
 
 _NAME = "catalog.json"
 ACTIONS = ("rewrite", "flag", "keep")
+WIDTH = 100  # the longest line of advice text
+# the words a next step starts with (a TODOV1 comment's or warning's "what to write")
+NEXT_VERBS = ("use", "write", "put", "pass", "hand", "build", "call", "add", "bind", "import", "remove", "describe",
+              "keep", "move", "filter", "drop", "set")
 
 
 @dataclass(frozen=True)
@@ -34,10 +39,12 @@ class Row:
     action: str  # one of ACTIONS: what the codemods do with a site of it
     section: str  # the catalog section id ("groups", "grid", "topology", "mpu", ...)
     anchor: str  # the MIGRATION.md anchor of its section
+    short: str = ""  # the next step in a few words, where "use <replacement>" is long
     codemod: str = ""
     notes: str = ""
     mesh: Optional[str] = None  # the mesh expression answering it ("<mesh>", "N" placeholders)
     form: Optional[str] = None  # grid rows: "call", "attribute" or "class"
+    code: str = ""  # its ds-migrate --explain code where the name is not a dotted path (else derived)
 
     @property
     def name(self) -> str:
@@ -48,6 +55,11 @@ class Row:
     def advice(self) -> str:
         """The replacement as plain text (a warning, a code comment): no Markdown."""
         return self.replacement.replace("`", "")
+
+    @property
+    def next_step(self) -> str:
+        """What to write, in one short clause (a ``TODOV1`` comment's text)."""
+        return self.short or f"use {self.advice}"
 
     def template(self, mesh: str = "{mesh}", n: str = "{n}") -> Optional[str]:
         """The mesh expression with ``<mesh>`` / ``N`` as format fields (``None`` without one)."""
@@ -60,9 +72,15 @@ class Row:
 class Kind:
     """A kind of ``# TODOV1:`` site the codemods leave, and what to do about it."""
 
-    id: str  # its MIGRATION.md anchor and its ``ds-migrate --explain`` code
+    id: str  # its MIGRATION.md anchor
     kind: str  # the codemods' counter name
+    short: str  # the next step in a few words
     text: str  # Markdown
+
+    @property
+    def code(self) -> str:
+        """Its ``ds-migrate --explain`` code: the id without ``todov1-`` (``groups``, ``grid-use``, ...)."""
+        return self.id.removeprefix("todov1-")
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,16 +99,33 @@ def sections() -> list[dict]:
 @functools.lru_cache(maxsize=None)
 def rows() -> tuple[Row, ...]:
     """Every row of the catalog, in MIGRATION.md's order."""
-    found = []
-    for section in sections():
-        for cell in section["rows"]:
-            found.append(Row(section=section["id"], anchor=section["anchor"], **cell))
-    return tuple(found)
+    cells = [(section, cell) for section in sections() for cell in section["rows"]]
+    codes = _codes([cell for _, cell in cells])
+    return tuple(Row(section=section["id"], anchor=section["anchor"],
+                     **{"code": codes[cell["api"].replace("`", "")], **cell}) for section, cell in cells)
 
 
 @functools.lru_cache(maxsize=None)
 def _by_name() -> dict[str, Row]:
     return {r.name: r for r in rows()}
+
+
+def _codes(found: list[dict]) -> dict[str, str]:
+    """Each dotted name's ``ds-migrate --explain`` code: the shortest tail that names it alone (and
+    is no kind's code)."""
+    names = [cell["api"].replace("`", "") for cell in found]
+    taken = {k["id"].removeprefix("todov1-") for k in _data()["kinds"]}
+    codes = {}
+    for name in names:
+        parts = name.split(".")
+        for start in range(len(parts) - 1, -1, -1):
+            tail = ".".join(parts[start:])
+            if tail not in taken and sum(1 for other in names if other == tail or other.endswith("." + tail)) == 1:
+                codes[name] = tail
+                break
+        else:
+            codes[name] = name
+    return codes
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,10 +162,13 @@ def find(code: str) -> list:
     """The rows or kinds ``code`` names: a kind id (``todov1-groups``), a full API name, or its
     last dotted parts (``_get_expert_parallel_group``, ``PipelineParallelGrid.topology``)."""
     code = code.strip().replace("`", "")
-    matched: list = [k for k in kinds() if code in (k.id, k.kind)]
+    matched: list = [k for k in kinds() if code in (k.id, k.kind, k.code)]
     if code in _by_name():
         return matched + [_by_name()[code]]
-    return matched + [r for r in rows() if r.name.endswith("." + code)]
+    by_code = [r for r in rows() if r.code == code]
+    if by_code or matched:
+        return matched + by_code
+    return [r for r in rows() if r.name.endswith("." + code)]
 
 
 def explain(code: str) -> str:
@@ -143,17 +181,28 @@ def explain(code: str) -> str:
     parts = []
     for item in found:
         if isinstance(item, Kind):
-            parts.append(f"{item.id} ({item.kind}):\n  {_unmark(item.text)}")
+            parts.append(_wrap(f"{item.code} ({item.kind}): {item.short}.", "") + "\n" + _wrap(_unmark(item.text), "  ")
+                         + "\n  (ds-migrate --explain <function or method> prints its row)")
             continue
-        lines = [f"{item.name}", f"  use: {item.advice}", f"  codemod: {item.action}"
-                 + (f" ({_unmark(item.codemod)})" if item.codemod else "")]
+        lines = [f"{item.name}", _wrap(f"next step: {item.next_step}", "  "), _wrap(f"replacement: {item.advice}", "  "),
+                 _wrap(f"codemod: {item.action}"
+                       + (f" ({_unmark(item.codemod)})" if item.codemod else ""), "  ")]
         if item.mesh:
-            lines.append(f"  mesh expression: {item.mesh}")
+            lines.append(_wrap(f"mesh expression: {item.mesh}", "  "))
         if item.notes:
-            lines.append(f"  notes: {_unmark(item.notes)}")
+            lines.append(_wrap(f"notes: {_unmark(item.notes)}", "  "))
         lines.append(f"  MIGRATION.md#{item.anchor}")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def wrap(text: str, indent: str = "") -> str:
+    """``text`` in lines of at most :data:`WIDTH` characters (continuation lines indented two more)."""
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+_wrap = wrap
 
 
 def _unmark(text: str) -> str:

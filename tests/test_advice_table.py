@@ -12,6 +12,8 @@ import pytest
 import ds_mesh_advice
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+GROUPS = "deepspeed.utils.groups."
+TOPOLOGY = "deepspeed.runtime.pipe.topology."
 sys.path.insert(0, str(ROOT / "tools"))
 import migration_tables  # noqa: E402
 
@@ -110,9 +112,63 @@ def test_the_codemods_templates_and_todo_texts_read_the_catalog():
 
 def test_explain_prints_a_row_and_says_what_is_valid():
     text = ds_mesh_advice.explain("_get_expert_parallel_group")
-    assert "use: <mesh>.expert_groups(N).ep_group" in text and "MIGRATION.md#legacy-groups" in text
+    assert "next step: use <mesh>.expert_groups(N).ep_group" in text and "MIGRATION.md#legacy-groups" in text
     assert "todov1-groups" in ds_mesh_advice.explain("todov1-groups")
     assert "no legacy API or TODOV1 kind" in ds_mesh_advice.explain("no_such_api")
     assert "`" not in ds_mesh_advice.plain("deepspeed.utils.groups._get_data_parallel_group")
     with pytest.raises(KeyError, match="catalog.json"):
         ds_mesh_advice.replacement("deepspeed.utils.groups.no_such_api")
+
+
+def _unwrapped(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_warning_says_what_to_write_in_lines_of_100_and_its_code_explains():
+    from codemods import todo_links
+    from compat import deprecation
+
+    for row in ds_mesh_advice.rows():
+        text = deprecation.message(row.name, row.advice, row.name)
+        assert max(len(line) for line in text.splitlines()) <= ds_mesh_advice.WIDTH, text
+        assert "…" not in text and _unwrapped(text).startswith(f"TODOV1: {row.name} is deprecated; {row.next_step}")
+        assert row.next_step in _unwrapped(text), text
+        assert todo_links.has_next_step(row.next_step), row.name
+        code = _unwrapped(text).rsplit("(ds-migrate --explain ", 1)[1].removesuffix(")").strip("'")
+        assert row in ds_mesh_advice.find(code), (code, row.name)
+
+
+def test_the_shim_and_the_codemod_say_the_same_for_each_api():
+    """The shim's warning and the codemod's comment for one legacy API carry its catalog row's next step."""
+    import re
+
+    import compat.groups  # noqa: F401 (registers its legacy entries)
+    import compat.topology  # noqa: F401
+    from codemods import groups_getters
+    from codemods.pipeline import migrate_code
+    from compat import deprecation
+
+    compared = 0
+    for short in groups_getters.MANUAL:
+        row = ds_mesh_advice.row(GROUPS + short)
+        code = migrate_code(f"from deepspeed.utils import groups\nx = groups.{short}()\n").code
+        comment = re.search(r"# TODOV1: (.*); ds-migrate --explain (\S+)", code)
+        assert comment and comment.group(1) == row.next_step, (short, code)
+        assert row.next_step in _unwrapped(deprecation._ENTRIES[GROUPS + short].text), short
+        compared += 1
+    for name in ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid"):
+        row = ds_mesh_advice.row(TOPOLOGY + name)
+        assert row.next_step in _unwrapped(deprecation._ENTRIES[TOPOLOGY + name].text), name
+        compared += 1
+    assert compared >= 24
+
+
+def test_the_mpu_warning_writes_the_mesh_section_of_the_adopted_layout():
+    from compat.initialize import mpu_advice
+    from mesh_core import MeshSpec
+
+    assert mpu_advice(MeshSpec.build(8, pp=2, dp=2, tp=2)).startswith(
+        'put "mesh": {"pp": 2, "dp": 2, "tp": 2} in the config (this mpu\'s layout) and drop mpu=, with '
+        '"tensor_parallel": {"autotp_size": 0}')
+    assert '"order": ["tp", "dp"]' in mpu_advice(MeshSpec.build(4, order=("tp", "dp"), tp=2, dp=2))
+    assert mpu_advice(MeshSpec.build(4, dp=4)) == 'put "mesh": {"dp": 4} in the config (this mpu\'s layout) and drop mpu='
