@@ -29,11 +29,12 @@ import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core.axis_names import LEGACY_DIMS
 from mesh_core.runtime_hooks import registry_for_world
 from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config
-from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
+from .layout_config import autotp_off, config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
 from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
 from .device import default_device_type
@@ -46,7 +47,7 @@ from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (issue 24: HSDP und
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_DIMS = ("pp", "dp", "sp", "tp")
+LAYOUT_DIMS = LEGACY_DIMS  # the dims an mpu, grid or mesh_param states
 CONSUMED_KEYS = ("mesh", "data_parallel_size", "sequence_parallel_size")
 _pending = PENDING_MESH  # engine_scope owns it (scope_mesh reads it there)
 _COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -260,10 +261,7 @@ def _stated_tp(config: dict) -> int:
     ``"tensor_parallel": {"autotp_size": 0}`` (or 1) beside it, the model does its own TP (what the
     codemods write for ``mpu=grid``); without it, ``with_autotp_from_mesh`` hands tp to AutoTP."""
     section = config.get("mesh") or {}
-    tensor_parallel = config.get("tensor_parallel")
-    if not isinstance(section, dict) or not isinstance(tensor_parallel, dict):
-        return 1
-    if tensor_parallel.get("autotp_size") not in (0, 1):
+    if not isinstance(section, dict) or not autotp_off(config):
         return 1
     tp = section.get("tp", 1)
     return tp if isinstance(tp, int) else 1
