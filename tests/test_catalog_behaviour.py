@@ -85,6 +85,34 @@ def test_groups_and_mpu_rows_answer_as_the_shim(world, rank, sizes):
     assert compared >= len(groups_rows) + 20
 
 
+# the groups rows deepspeed 0.19.8 answers from process state with no mpu: the lettered (AutoTP)
+# getters after _init_tp_mesh_device(tp), the expert getters after _create_expert_and_data_parallel(2)
+# (equal to the mesh's expert groups when tp = 1, as the catalog's notes say)
+LETTERED = [r for r in _rows("groups", GROUPS) if not r.name[len(GROUPS):].startswith("_")]
+EXPERT = [r for r in _rows("groups", GROUPS) if "(N)" in r.mesh]
+
+
+@pytest.mark.parametrize("world, rank, tp", [(8, 5, 1), (8, 5, 2), (16, 6, 4)])
+def test_lettered_and_expert_rows_answer_as_deepspeed(world, rank, tp):
+    from mesh_core import DeepSpeedDeviceMesh
+
+    assert len(LETTERED) >= 10 and len(EXPERT) >= 10
+    rows = LETTERED + (EXPERT if tp == 1 else [])
+    with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
+        from deepspeed.utils import groups as legacy
+
+        try:
+            legacy._init_tp_mesh_device(tp)
+            if tp == 1:
+                legacy._create_expert_and_data_parallel(EP)
+            deepspeed_answers = {row.name: _legacy_call(legacy, row.name[len(GROUPS):], row) for row in rows}
+            mesh = DeepSpeedDeviceMesh.build(tp=tp)
+            mesh_answers = {row.name: _evaluate(row, mesh) for row in rows}
+        finally:
+            legacy._release_process_group_references()
+    assert mesh_answers == deepspeed_answers
+
+
 def _grid_answers(grid, rows) -> dict[str, object]:
     answers = {}
     for row in rows:
