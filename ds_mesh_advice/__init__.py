@@ -184,7 +184,7 @@ def explain(code: str) -> str:
             parts.append(_wrap(f"{item.code} ({item.kind}): {item.short}.", "") + "\n" + _wrap(_unmark(item.text), "  ")
                          + "\n  (ds-migrate --explain <function or method> prints its row)")
             continue
-        lines = [f"{item.name}", _wrap(f"next step: {item.next_step}", "  "), _wrap(f"replacement: {item.advice}", "  "),
+        lines = [_wrap(f"{item.name} (code {item.code})", ""), _wrap(f"next step: {item.next_step}", "  "), _wrap(f"replacement: {item.advice}", "  "),
                  _wrap(f"codemod: {item.action}"
                        + (f" ({_unmark(item.codemod)})" if item.codemod else ""), "  ")]
         if item.mesh:

@@ -114,6 +114,9 @@ def test_explain_prints_a_row_and_says_what_is_valid():
     text = ds_mesh_advice.explain("_get_expert_parallel_group")
     assert "next step: use <mesh>.expert_groups(N).ep_group" in text and "MIGRATION.md#legacy-groups" in text
     assert "todov1-groups" in ds_mesh_advice.explain("todov1-groups")
+    for item in (*ds_mesh_advice.rows(), *ds_mesh_advice.kinds()):  # every code answers, in lines of 100
+        assert ds_mesh_advice.find(item.code)[-1 if isinstance(item, ds_mesh_advice.Row) else 0] == item, item.code
+        assert max(len(line) for line in ds_mesh_advice.explain(item.code).splitlines()) <= ds_mesh_advice.WIDTH
     assert "no legacy API or TODOV1 kind" in ds_mesh_advice.explain("no_such_api")
     assert "`" not in ds_mesh_advice.plain("deepspeed.utils.groups._get_data_parallel_group")
     with pytest.raises(KeyError, match="catalog.json"):
