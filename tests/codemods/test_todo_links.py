@@ -153,3 +153,17 @@ def test_help_names_the_command_typed_and_has_no_markup(tmp_path, argv0, prog):
     done = _run(["--help"], tmp_path, argv0=argv0)
     assert done.returncode == 0 and done.stdout.startswith(f"usage: {prog} "), done.stdout[:200]
     assert "``" not in done.stdout and ":class:" not in done.stdout and ":func:" not in done.stdout
+
+
+def test_every_comm_todo_names_what_to_write():
+    from codemods.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
+
+    names = sorted({**KILL_SWITCH, **BACKEND, **DIFFERENT})
+    source = ("import deepspeed.comm as dist\ndef f(t, g, a, b):\n" + "".join(f"    dist.{n}(a, b)\n" for n in names)
+              + "    dist.all_reduce(t, op=g)\n    dist.all_reduce(t, prof=True)\n    dist.all_reduce(*a)\n")
+    comments = _todo_comments(migrate_code(source, comm_to_torch=True).code)
+    assert len(comments) == len(names) + 3 and len(set(comments)) == len(comments)  # one per site, each its own
+    for comment in comments:
+        body = re.fullmatch(r"# TODOV1: (.*); ds-migrate --explain comm", comment).group(1)
+        assert len(comment) <= todo_links.MAX_COMMENT and todo_links.has_next_step(body), comment
+        assert re.search(r"\w\.\w|\(", body), comment
