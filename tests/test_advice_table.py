@@ -175,3 +175,30 @@ def test_the_mpu_warning_writes_the_mesh_section_of_the_adopted_layout():
         '"tensor_parallel": {"autotp_size": 0}')
     assert '"order": ["tp", "dp"]' in mpu_advice(MeshSpec.build(4, order=("tp", "dp"), tp=2, dp=2))
     assert mpu_advice(MeshSpec.build(4, dp=4)) == 'put "mesh": {"dp": 4} in the config (this mpu\'s layout) and drop mpu='
+
+
+def test_every_shim_warning_reads_a_catalog_row():
+    """Each ``legacy_entry`` / ``warn_legacy`` / ``_warn_user`` call in compat names a catalog row
+    (its ``row``, else its legacy name) or takes its text from ``ds_mesh_advice``; the launcher's
+    ``--log_level`` line names its ``ds-migrate --explain`` code."""
+    import ast
+
+    checked = 0
+    for path in sorted((ROOT / "compat").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+                    in ("legacy_entry", "warn_legacy", "_warn_user")) or path.name == "deprecation.py":
+                continue
+            if len(node.args) < 2 or isinstance(node.args[0], ast.Name):
+                continue  # a forwarding helper's own parameters
+            row = next((k.value for k in node.keywords if k.arg == "row"), node.args[2] if len(node.args) > 2 else None)
+            row = row if row is not None else node.args[0]
+            if isinstance(row, ast.Constant):
+                assert ds_mesh_advice.row(row.value), (path.name, node.lineno)
+            else:
+                assert "ds_mesh_advice" in ast.unparse(node.args[1]), (path.name, node.lineno, ast.unparse(node))
+            checked += 1
+    assert checked >= 6
+    text = (ROOT / "compat" / "logging_tree.py").read_text(encoding="utf-8")
+    assert "ds-migrate --explain launcher-log_level" in text and ds_mesh_advice.find("launcher-log_level")
