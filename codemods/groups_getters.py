@@ -300,12 +300,12 @@ class GroupsGettersCommand(MigrationCommand):
             fname = original_node.func.attr.value  # type: ignore[attr-defined]
         if fname is None and self._on_groups_parameter(original_node.func):
             self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
-                      "in) cannot be followed statically; pass the model's mesh instead and call it (see MIGRATION.md)")
+                      "in) cannot be followed statically; pass the model's mesh instead and call it (ds-migrate --explain groups)")
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
         if has_star_args(original_node):
-            self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
+            self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; spell the arguments out, then rerun")
             return updated_node
         if self._held:  # a legacy state kept whole: its builder flagged once, its readers as they are
             state = ls.state_of_builder(fname)
@@ -357,10 +357,10 @@ class GroupsGettersCommand(MigrationCommand):
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             if expert_process.named_reads_here(self.context.full_module_name):
                 self.flag(KIND, f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
-                          "what expert_groups_named(<mesh>, name) serves (see MIGRATION.md 'Expert groups by name')")
+                          "what expert_groups_named(<mesh>, name) serves (ds-migrate --explain groups)")
                 return updated_node
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
-                      "see MIGRATION.md 'Expert groups'")
+                      "move them together (ds-migrate --explain groups)")
             return updated_node
         if fname in EXPERT and self.outside_engine():
             self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
@@ -375,7 +375,7 @@ class GroupsGettersCommand(MigrationCommand):
         if replacement is not None:
             self.record(KIND)
             return cst.parse_expression(replacement)
-        self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
+        self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'ds-migrate --explain groups')}")
         return updated_node
 
     def engine_scoped(self) -> bool:

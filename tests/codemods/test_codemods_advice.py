@@ -18,8 +18,8 @@ def migrate_code(source: str):
     m.code = m.spelled_out()
     return m
 
-# a named replacement: "<legacy kept>: <call> is the same topology ..." (codemods.topology)
-SAME = re.compile(r"# TODOV1: topology kept: (mesh_core\.pipeline_topology\(.*?\)) is the same topology")
+# a named replacement: "<legacy kept>: use <call>: the same topology ..." (codemods.topology)
+SAME = re.compile(r"# TODOV1: topology kept: use (mesh_core\.pipeline_topology\(.*?\)): the same topology")
 
 ESCAPING_TOPOLOGY = '''
 import torch.distributed as tdist
