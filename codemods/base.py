@@ -73,8 +73,8 @@ def counters(context: CodemodContext) -> tuple[Counter, Counter]:
 
 
 def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]]) -> cst.TrailingWhitespace:
-    """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``, linking the
-    advice's MIGRATION.md section (:mod:`codemods.todo_links`); unchanged if one is there."""
+    """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``: what to write and
+    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there."""
     existing = ws.comment.value if ws.comment is not None else ""
     if TODO_TAG in existing:
         return ws

@@ -57,7 +57,7 @@ DIFFERENT = {
     "is_initialized": "DeepSpeed's is True only once its own backend is set up (init_distributed), torch's once any process group is",
     "destroy_process_group": "DeepSpeed's also resets deepspeed.utils.groups state",
     "init_distributed": "also discovers MPI/AML/SageMaker env, picks the accelerator's backend and is idempotent; torch.distributed.init_process_group is not",
-    "get_local_rank": "reads the launcher's LOCAL_RANK env; torch has no equivalent (use int(os.environ['LOCAL_RANK']))",
+    "get_local_rank": "reads the launcher's LOCAL_RANK env; torch has no equivalent; use int(os.environ['LOCAL_RANK'])",
     "get_all_ranks_from_group": "torch.distributed.get_process_group_ranks(group) needs a group (DeepSpeed's accepts None for the world)",
     "batch_isend_irecv": "takes deepspeed.comm.P2POp with op names; build torch.distributed.P2POp(torch.distributed.isend, ...) instead",
     "get_global_rank": "DeepSpeed defaults group=None, group_rank=0; torch.distributed.get_global_rank needs both",
@@ -103,15 +103,18 @@ class CommToTorchCommand(MigrationCommand):
         if fname is None:
             return updated_node
         if fname in KILL_SWITCH:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {KILL_SWITCH[fname]}; torch.distributed.{fname} has no kill switch")
+            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {KILL_SWITCH[fname]}; torch.distributed.{fname} has no kill "
+                              f"switch; use torch.distributed.{fname} if you never set it")
         if fname in BACKEND:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {BACKEND[fname]}")
+            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {BACKEND[fname]}; keep deepspeed.comm.{fname} for it")
         if fname in DIFFERENT:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {DIFFERENT[fname]}")
+            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {DIFFERENT[fname]}; keep deepspeed.comm.{fname} "
+                              "where that matters")
         if has_star_args(original_node):
-            return self._todo(updated_node, f"deepspeed.comm.{fname}(*args): rewrite to torch.distributed.{fname} by hand")
+            return self._todo(updated_node, f"deepspeed.comm.{fname}(*args): write torch.distributed.{fname}(...) by hand")
         if arg_by(original_node, None, "prof") is not None:
-            return self._todo(updated_node, f"deepspeed.comm.{fname}(prof=...) feeds DeepSpeed's comms logger; torch.distributed has none")
+            return self._todo(updated_node, f"deepspeed.comm.{fname}(prof=...) feeds DeepSpeed's comms logger; torch.distributed has "
+                              f"none; drop prof= and use torch.distributed.{fname}")
         if fname == "get_world_group":
             if original_node.args:
                 return updated_node
@@ -122,7 +125,7 @@ class CommToTorchCommand(MigrationCommand):
             if op is not None:
                 name = self._reduce_op(op.value)
                 if name is None:
-                    return self._todo(updated_node, f"deepspeed.comm.{fname}: op is not a literal ReduceOp.X; torch needs torch.distributed.ReduceOp (DeepSpeed translates its own enum)")
+                    return self._todo(updated_node, f"deepspeed.comm.{fname}: op is not a literal ReduceOp.X; torch needs torch.distributed.ReduceOp (DeepSpeed translates its own enum); pass op=torch.distributed.ReduceOp.X")
                 index = original_node.args.index(op)
                 args = [a.with_changes(value=cst.parse_expression(f"{TORCH}.ReduceOp.{name}")) if a is updated_node.args[index] else a for a in args]
         if fname == "all_to_all_single":

@@ -10,71 +10,20 @@ from typing import Optional
 
 import libcst as cst
 
+import ds_mesh_advice
+
 PP_TP = '("pp", "tp")'
 
-# method -> template ({m}: the mesh); the method takes no arguments.
-METHODS: dict[str, str] = {
-    "get_stage_id": '{m}.get_rank("pp")',
-    "get_pipe_parallel_rank": '{m}.get_rank("pp")',
-    "get_pipeline_model_parallel_rank": '{m}.get_rank("pp")',
-    "get_data_parallel_id": '{m}.get_rank("dp")',
-    "get_data_parallel_rank": '{m}.get_rank("dp")',
-    "get_pipe_parallel_world_size": '{m}.size("pp")',
-    "get_pipeline_model_parallel_world_size": '{m}.size("pp")',
-    "get_pipe_parallel_group": '{m}.get_group("pp")',
-    "get_data_parallel_world_size": '{m}.size("dp")',
-    "get_data_parallel_group": '{m}.get_group("dp")',
-    "get_data_parallel_group_ranks": '{m}.get_group_ranks("dp")',
-    "get_model_parallel_rank": "{m}.get_rank(" + PP_TP + ")",
-    "get_model_parallel_world_size": "{m}.size(" + PP_TP + ")",
-    "get_model_parallel_group": "{m}.get_group(" + PP_TP + ")",
-    "get_slice_parallel_rank": '{m}.get_rank("tp")',
-    "get_tensor_model_parallel_rank": '{m}.get_rank("tp")',
-    "get_slice_parallel_world_size": '{m}.size("tp")',
-    "get_tensor_model_parallel_world_size": '{m}.size("tp")',
-    "get_slice_parallel_group": '{m}.get_group("tp")',
-    "get_global_rank": "{m}.rank",
-}
-
-# attribute (read) -> template.
+_GRID = "deepspeed.runtime.pipe.topology.PipelineParallelGrid."
+_ROWS = [r for r in ds_mesh_advice.rows() if r.section == "grid" and r.name.startswith(_GRID)]
+# method -> template ({m}: the mesh); the method takes no arguments (the catalog's mesh expressions)
+METHODS: dict[str, str] = {r.name[len(_GRID):]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "call"}
+# attribute (read) -> template
 ATTRIBUTES: dict[str, str] = {
-    "stage_id": '{m}.get_rank("pp")',
-    "data_parallel_id": '{m}.get_rank("dp")',
-    "pipe_parallel_size": '{m}.size("pp")',
-    "data_parallel_size": '{m}.size("dp")',
-    "model_parallel_size": '{m}.size("tp")',
-    "slice_parallel_size": '{m}.size("tp")',
-    "is_first_stage": '({m}.get_rank("pp") == 0)',
-    "is_last_stage": '({m}.get_rank("pp") == {m}.size("pp") - 1)',
-    "dp_group": '{m}.get_group_ranks("dp")',
-    "pp_group": '{m}.get_group_ranks("pp")',
-    "slice_group": '{m}.get_group_ranks("tp")',
-    "dp_groups": '{m}.get_all_group_ranks("dp")',
-    "pipe_groups": '{m}.get_all_group_ranks("pp")',
-    "model_groups": '{m}.get_all_group_ranks("tp")',
-    "dp_proc_group": '{m}.get_group("dp")',
-    "pp_proc_group": '{m}.get_group("pp")',
-    "slice_proc_group": '{m}.get_group("tp")',
-    "ds_model_proc_group": "{m}.get_group(" + PP_TP + ")",
-    "ds_model_rank": "{m}.get_rank(" + PP_TP + ")",
-    "ds_model_world_size": "{m}.size(" + PP_TP + ")",
-    "global_rank": "{m}.rank",
-    "world_size": "{m}.spec.world_size",
-    "p2p_groups": "{m}.layout.p2p_pairs()",
+    r.name[len(_GRID):]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "attribute"
 }
-
-_NO_TOPOLOGY = (
-    "the mesh has no ProcessTopology: mesh_core.pipeline_topology(pp=, dp=, tp=) where a topology object is "
-    "needed (PipelineModule), <mesh>.layout for rank math"
-)
-# What has no mesh equivalent (documented in MIGRATION.md).
-MANUAL: dict[str, str] = {
-    "topology": _NO_TOPOLOGY,
-    "_topo": _NO_TOPOLOGY,
-    "mp_group": "mp_group is always [] in 0.19.8; remove it",
-    "_build_p2p_groups": "use <mesh>.layout.p2p_pairs()",
-    "_is_grid_valid": "a mesh is valid by construction",
-}
+# what has no mesh equivalent -> the catalog's advice
+MANUAL: dict[str, str] = {r.name[len(_GRID):]: r.advice for r in _ROWS if r.action == "flag"}
 
 # topology axis name -> mesh dim (stage_to_global keyword arguments, ProcessTopology axes): a copy of
 # mesh_core.axis_names.AXIS_TO_DIM (the codemods never import mesh_core; tests/test_structure.py holds them equal).

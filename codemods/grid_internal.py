@@ -52,7 +52,8 @@ class GridInternalCommand(MigrationCommand):
             return updated_node
         replacement = grid_api.rewrite_use(f"{code(func.value)}.mesh", func, original_node)
         if replacement is None:
-            self.flag(KIND, f"{code(func)}(...) with these arguments has no mesh call; see MIGRATION.md (grid rows)")
+            self.flag(KIND, f"{code(func)}(...) with these arguments has no mesh call; write the mesh call by hand "
+                              "(ds-migrate --explain grid-use)")
             return updated_node
         self.keep_comments(original_node)
         self.record(KIND)

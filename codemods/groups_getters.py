@@ -22,44 +22,13 @@ from .base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args,
 
 KIND = "groups getter"
 
-# legacy function -> replacement template ({mesh}: the model's mesh); calls take no arguments.
-SIMPLE: dict[str, str] = {
-    "get_tensor_model_parallel_group": '{mesh}.get_group("tp")',
-    "get_model_parallel_group": '{mesh}.get_group("tp")',
-    "get_data_parallel_group": '{mesh}.get_group("dp")',
-    "get_tensor_model_parallel_world_size": '{mesh}.size("tp")',
-    "get_model_parallel_world_size": '{mesh}.size("tp")',
-    "get_tensor_model_parallel_rank": '{mesh}.get_rank("tp")',
-    "get_model_parallel_rank": '{mesh}.get_rank("tp")',
-    "get_tensor_model_parallel_src_rank": '{mesh}.get_group_ranks("tp")[0]',
-    "get_data_parallel_world_size": '{mesh}.size("dp")',
-    "get_data_parallel_rank": '{mesh}.get_rank("dp")',
-    "_get_data_parallel_group": '{mesh}.get_group("dp")',
-    "_get_data_parallel_world_size": '{mesh}.size("dp")',
-    "_get_data_parallel_rank": '{mesh}.get_rank("dp")',
-    "_get_data_parallel_group_ranks": '{mesh}.get_group_ranks("dp")',
-    "_get_sequence_parallel_world_size": '{mesh}.size("sp")',
-    "_get_sequence_parallel_rank": '{mesh}.get_rank("sp")',
-    "_get_sequence_parallel_group": '{mesh}.get_group("sp")',
-    "_get_sequence_data_parallel_world_size": '{mesh}.size(("dp", "sp"))',
-    "_get_sequence_data_parallel_rank": '{mesh}.get_rank(("dp", "sp"))',
-    "_get_sequence_data_parallel_group": '{mesh}.get_group(("dp", "sp"))',
-    "_get_broadcast_src_rank": '{mesh}.get_group_ranks(("dp", "sp"))[0]',
-}
-
+_GROUPS = "deepspeed.utils.groups."
+_MESH_ROWS = [r for r in ds_mesh_advice.rows() if r.section == "groups" and r.mesh]
+# legacy function -> replacement template ({mesh}: the model's mesh), the catalog's mesh expression;
+# calls take no arguments.
+SIMPLE: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" not in r.mesh}
 # legacy function taking an expert group name "ep_size_N" -> template ({n}: N).
-EXPERT: dict[str, str] = {
-    "_get_expert_parallel_group": "{mesh}.expert_groups({n}).ep_group",
-    "_get_expert_parallel_group_ranks": "{mesh}.expert_groups({n}).ep_ranks",
-    "_get_expert_data_parallel_group": "{mesh}.expert_groups({n}).edp_group",
-    "_get_expert_data_parallel_group_ranks": "{mesh}.expert_groups({n}).edp_ranks",
-    "_get_expert_parallel_world_size": "len({mesh}.expert_groups({n}).ep_ranks)",
-    "_get_expert_data_parallel_world_size": "len({mesh}.expert_groups({n}).edp_ranks)",
-    "_get_expert_parallel_rank": "{mesh}.expert_groups({n}).ep_ranks.index({mesh}.rank)",
-    "_get_expert_data_parallel_rank": "{mesh}.expert_groups({n}).edp_ranks.index({mesh}.rank)",
-    "_get_expert_broadcast_src_rank": "{mesh}.expert_groups({n}).edp_ranks[0]",
-    "_get_expert_parallel_src_rank": "{mesh}.expert_groups({n}).ep_ranks[0]",
-}
+EXPERT: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" in r.mesh}
 
 # Inside DeepSpeed's engine-scoped modules (ENGINE_SCOPED_MODULES) the expert getters read the
 # name-keyed groups the MoE layers / the engine built; the model's mesh serves that table by name
@@ -113,8 +82,19 @@ _MANUAL_NAMES = (
     "_init_tp_mesh_device",
     "_create_expert_and_data_parallel",
 )
-MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(f"deepspeed.utils.groups.{name}") for name in _MANUAL_NAMES}
+MANUAL: dict[str, str] = {name: "use " + ds_mesh_advice.plain(_GROUPS + name) for name in _MANUAL_NAMES}
 INIT_TP = ("_init_tp_mesh_device", "_init_tp_groups_with_new_group")
+
+
+def _referenced_advice(fname: str) -> str:
+    """What to pass where a getter is handed on uncalled: a function of the model's mesh."""
+    template = SIMPLE.get(fname)
+    if template is not None:
+        return "pass (lambda: " + template.format(mesh="<mesh>") + ")"
+    try:
+        return "call the model's mesh instead: " + ds_mesh_advice.row(_GROUPS + fname).next_step
+    except KeyError:
+        return "call <mesh>.get_group / .size / .get_rank(<dim>) instead"
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
 EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
@@ -313,19 +293,19 @@ class GroupsGettersCommand(MigrationCommand):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self._is_dynamic_getattr(original_node):
-            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call the model's mesh directly")
+            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_rank(<dim>)")
             return updated_node
         fname = self.function_of(original_node.func)
         if fname is None and self._groups_parameter_is_module(original_node.func):
             fname = original_node.func.attr.value  # type: ignore[attr-defined]
         if fname is None and self._on_groups_parameter(original_node.func):
             self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
-                      "in) cannot be followed statically; pass the model's mesh instead and call it (see MIGRATION.md)")
+                      "in) cannot be followed statically; pass the model's mesh instead and call it (ds-migrate --explain groups)")
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
         if has_star_args(original_node):
-            self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; see MIGRATION.md")
+            self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; spell the arguments out, then rerun")
             return updated_node
         if self._held:  # a legacy state kept whole: its builder flagged once, its readers as they are
             state = ls.state_of_builder(fname)
@@ -377,10 +357,10 @@ class GroupsGettersCommand(MigrationCommand):
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             if expert_process.named_reads_here(self.context.full_module_name):
                 self.flag(KIND, f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
-                          "what expert_groups_named(<mesh>, name) serves (see MIGRATION.md 'Expert groups by name')")
+                          "what expert_groups_named(<mesh>, name) serves (ds-migrate --explain groups)")
                 return updated_node
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
-                      "see MIGRATION.md 'Expert groups'")
+                      "move them together (ds-migrate --explain groups)")
             return updated_node
         if fname in EXPERT and self.outside_engine():
             self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
@@ -395,7 +375,7 @@ class GroupsGettersCommand(MigrationCommand):
         if replacement is not None:
             self.record(KIND)
             return cst.parse_expression(replacement)
-        self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'see MIGRATION.md')}")
+        self.flag(KIND, f"groups.{fname}: {MANUAL.get(fname, 'ds-migrate --explain groups')}")
         return updated_node
 
     def engine_scoped(self) -> bool:
@@ -542,7 +522,7 @@ class GroupsGettersCommand(MigrationCommand):
         for name in self.legacy_names(node):
             fname = ln.groups_function(name)
             if fname in ALL_FUNCTIONS:
-                self.flag(KIND, f"groups.{fname} is referenced, not called; call the model's mesh instead")
+                self.flag(KIND, f"groups.{fname} is referenced, not called; {_referenced_advice(fname)}")
                 return
             if fname in STATE:
                 self.flag(KIND, f"groups.{fname} is legacy module state; use the model's mesh (engine.mesh_device)")

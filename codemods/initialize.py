@@ -122,7 +122,7 @@ class InitializeCommand(MigrationCommand):
                 if mesh_param is None and self._plan_from_mpu(node, mpu):
                     mpu = None
                 else:
-                    self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=')
+                    self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=, or pass mesh=DeepSpeedDeviceMesh.from_mpu(mpu)')
             else:
                 entries += sizes
                 drops.append(mpu)
@@ -134,7 +134,7 @@ class InitializeCommand(MigrationCommand):
         target = self.config_dict(node)
         if target is None:
             for kind in kinds:
-                self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + "} to the config and drop mpu=/mesh_param=")
+                self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + "} to the config, drop mpu=/mesh_param=")
             return
         if "mesh" in dict_keys(target) or id(target) in self._dict_entries:
             for kind in kinds:

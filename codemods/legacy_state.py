@@ -24,6 +24,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Optional
 
+import ds_mesh_advice
+
 AUTOTP = "AutoTP groups"
 EXPERTS = "expert groups"
 
@@ -47,18 +49,23 @@ READERS: dict[str, frozenset] = {
         "_get_max_expert_parallel_group",
     }),
 }
-# DeepSpeed modules that read none of these states
+# DeepSpeed modules and names that read none of these states
 _NEUTRAL = ("deepspeed.utils.groups", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.utils.logging",
-            "deepspeed.runtime.pipe.topology")
+            "deepspeed.runtime.pipe.topology", "deepspeed.init_distributed")
 
-# TODOV1 texts, one place (kept short: a reader list and why)
+# TODOV1 texts, one place (kept short: a reader list, why, and what to write: the catalog's next step)
 KEPT = "groups.{fname} kept{readers}: {why}"
+NEXT_STEP = {
+    AUTOTP: ds_mesh_advice.row("deepspeed.utils.groups._init_tp_mesh_device").next_step,
+    EXPERTS: ds_mesh_advice.row("deepspeed.utils.groups._create_expert_and_data_parallel").next_step,
+}
 WHY = {
-    "internal": "DeepSpeed code here ({modules}) reads the legacy {state}; no mesh form while it does",
-    "elsewhere": "its readers are in other modules or DeepSpeed; move them together (MIGRATION.md)",
-    "builder": "{builder_why}; move it and its readers together (MIGRATION.md)",
+    "internal": "the DeepSpeed code this file uses ({modules}) may read the legacy {state}, which have no mesh form "
+                "while it does; to move: {next}",
+    "elsewhere": "its readers are in other modules or DeepSpeed; to move it with them: {next}",
+    "builder": "{builder_why}; to move it and its readers together: {next}",
     "builder elsewhere": "the legacy {state} they read are built in another module or by DeepSpeed; "
-                         "move them with their builder (MIGRATION.md)",
+                         "to move them with their builder: {next}",
 }
 # readers that stay legacy in a file that does not build their state (none today: with no default
 # mesh, current_mesh() answers the AutoTP "tp" / "dp" from the legacy AutoTP groups built in another
@@ -82,6 +89,9 @@ class Holding:
         return self.names is None or fname in self.names
 
     def message(self, fname: str) -> str:
+        why = self.why
+        if fname in BUILDERS[self.state]:  # a builder's own next step (the shim's warning for it says the same)
+            why = why.replace(NEXT_STEP[self.state], ds_mesh_advice.row(f"deepspeed.utils.groups.{fname}").next_step)
         lines: dict[str, list] = {}
         for name, line in self.readers:
             lines.setdefault(name, []).append(str(line))
@@ -89,8 +99,8 @@ class Holding:
         readers = " with " + ", ".join(shown) if shown else ""  # each reader named (a bounded set of getters)
         if self.at_reader:
             return KEPT.format(fname=fname, readers=" (and this file's other readers)" if len(self.readers) > 1 else "",
-                               why=self.why)
-        return KEPT.format(fname=fname, readers=readers, why=self.why)
+                               why=why)
+        return KEPT.format(fname=fname, readers=readers, why=why)
 
 
 def _neutral(module: str) -> bool:
@@ -134,7 +144,7 @@ def holdings(
     for state, names in READERS_WITHOUT_BUILDER.items():
         found = [r for r in readers.get(state, []) if r[0] in names]
         if found and not builders.get(state):
-            held[state] = Holding(state, WHY["builder elsewhere"].format(state=state), found, at_reader=True, names=names)
+            held[state] = Holding(state, WHY["builder elsewhere"].format(state=state, next=NEXT_STEP[state]), found, at_reader=True, names=names)
     for state, calls in builders.items():
         if not calls:
             continue
@@ -142,11 +152,11 @@ def holdings(
         stuck = next((why for why, _ in calls if why), "")
         if users:
             shown = ", ".join(users[:2]) + (", ..." if len(users) > 2 else "")
-            why = WHY["internal"].format(modules=shown, state=state)
+            why = WHY["internal"].format(modules=shown, state=state, next=NEXT_STEP[state])
         elif stuck:
-            why = WHY["builder"].format(builder_why=stuck)
+            why = WHY["builder"].format(builder_why=stuck, next=NEXT_STEP[state])
         elif not found:
-            why = WHY["elsewhere"]
+            why = WHY["elsewhere"].format(next=NEXT_STEP[state])
         else:
             continue
         held[state] = Holding(state, why, found)

@@ -18,13 +18,15 @@ from typing import Iterable, Iterator, Optional, Sequence
 from .cache import FixedPoints
 from .files import discover
 from .runner import FileReport, Summary, run
+from .todo_links import explain_command
 
 
 DESCRIPTION = (
     "Rewrite legacy DeepSpeed process-group call sites (deepspeed.utils.groups, PipelineParallelGrid, "
     "topologies, deepspeed.initialize(mpu=, mesh_param=), mpu calls) to the mesh API (mesh_core), in place. "
-    "Sites that cannot be rewritten safely keep their code and get a short '# TODOV1:' comment linking "
-    "their MIGRATION.md section; the run lists each one as file:line with its full advice."
+    "Sites that cannot be rewritten safely keep their code and get a short '# TODOV1:' comment naming what to "
+    "write and the 'ds-migrate --explain <code>' that prints the rest; the run lists each one as file:line with "
+    "its full advice."
 )
 EPILOG = "Exit status: 0 on success; 1 with --check when any file would change; 2 when a file could not be parsed, migrated or written."
 
@@ -39,7 +41,10 @@ def prog_name(argv0: Optional[str] = None) -> str:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog_name(), description=DESCRIPTION, epilog=EPILOG)
-    parser.add_argument("paths", nargs="+", help="files or directories to migrate")
+    parser.add_argument("paths", nargs="*", help="files or directories to migrate")
+    parser.add_argument("--explain", action="append", default=[], metavar="CODE",
+                        help="print what a TODOV1 comment's code means (a legacy API such as "
+                        "_get_expert_parallel_group, or a kind such as groups) and exit")
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when any file would change")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
@@ -59,6 +64,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "and, with --diff, each file's diff")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if not args.paths and not args.explain:
+        parser.error("the following arguments are required: paths")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs} is not valid; it must be at least 1")
     return args
@@ -91,17 +98,22 @@ def format_summary(summary: Summary, seconds: float, wrote: bool) -> str:
 
 def todo_list(summary: Summary) -> list[dict]:
     """Each TODOV1 comment the run wrote (or would write): path, line, the comment, its full advice
-    and the MIGRATION.md section it links."""
+    and the ``ds-migrate --explain`` command it names."""
     out = []
     for report in sorted(summary.reports, key=lambda r: r.path):
         for line, comment, advice in report.todo_lines:
-            see = comment.rsplit("; see ", 1)[-1]
+            see = explain_command(comment)
             out.append({"path": report.path, "line": line, "comment": comment, "advice": advice, "see": see})
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.explain:
+        import ds_mesh_advice
+
+        sys.stdout.write("\n\n".join(ds_mesh_advice.explain(code) for code in args.explain) + "\n")
+        return 0 if all(ds_mesh_advice.find(code) for code in args.explain) else 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         paths = discover(args.paths, args.include, args.exclude)

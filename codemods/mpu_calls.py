@@ -147,7 +147,7 @@ class MpuCallsCommand(MigrationCommand):
         if provenance == UNKNOWN and method not in PROTOCOL:
             return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol
         template = grid_api.METHODS.get(method)
-        mesh_hint = template.format(m="<mesh>") if template else "see MIGRATION.md"
+        mesh_hint = template.format(m="<mesh>") if template else "ds-migrate --explain mpu-call"
         if provenance == GRID:
             engine = self._grid_engines.get(id(func.value))
             if engine is not None and not self.engine_bound_at(original_node, engine):
@@ -171,7 +171,8 @@ class MpuCallsCommand(MigrationCommand):
         self.flag(
             KIND,
             f"mpu.{method}() on an mpu of unknown provider: use engine.mesh_device "
-            + (f"(a PipelineParallelGrid maps to {mesh_hint}; see MIGRATION.md for other providers)" if template else "(see MIGRATION.md)"),
+            + (f"(a PipelineParallelGrid maps to {mesh_hint}; ds-migrate --explain mpu-call for other providers)"
+               if template else "(ds-migrate --explain mpu-call)"),
         )
         return updated_node
 

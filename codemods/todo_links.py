@@ -1,37 +1,43 @@
-"""The ``# TODOV1:`` comment the codemods leave: at most :data:`MAX_COMMENT` characters, the full
-advice one link away.
+"""The ``# TODOV1:`` comment the codemods leave: at most :data:`MAX_COMMENT` characters, never cut,
+naming what to write, with the command that prints the rest.
 
-The comment keeps the head of each advice (cut at a clause boundary) and ends with
-``see MIGRATION.md#<id>``, the section of MIGRATION.md that explains that kind of site (one id per
-kind in :data:`KIND_IDS`). The full, site-specific advice is not lost: a migration collects it
-(:func:`collecting`), keyed by the comment, and ``ds-migrate`` prints it beside each comment's
-``file:line``.
+A comment reads ``# TODOV1: <next step>; ds-migrate --explain <code>``. The next step is the site's
+own advice when it fits; else, where the advice is the catalog's for the legacy API it names, that
+API's next step from the catalog (:mod:`ds_mesh_advice`, the one place advice is written: the shim's
+warning says the same); else the clause of the advice that says what to write (``use …``,
+``write …``, ``pass …``); else the API's or its kind's next step. ``<code>`` is
+that API's catalog code when it fits, else the kind's (``groups``, ``grid-use``, ...):
+``ds-migrate --explain <code>`` prints the catalog row or what the kind means, from the installed
+package. The full, site-specific advice is not lost: a migration collects it (:func:`collecting`),
+keyed by the comment, and ``ds-migrate`` prints it beside each comment's ``file:line``.
 """
 from __future__ import annotations
 
 import contextlib
+import re
 from contextvars import ContextVar
 from typing import Iterator, Optional, Sequence
 
+import ds_mesh_advice
+
 TODO_TAG = "TODOV1"
-DOC = "MIGRATION.md"
 MAX_COMMENT = 100
-# site kind (the codemods' counters) -> its anchor in MIGRATION.md ("<a id=...>" there)
-KIND_IDS: dict[str, str] = {
-    "groups getter": "todov1-groups",
-    "grid method/attribute": "todov1-grid-use",
-    "engine grid": "todov1-engine-grid",
-    "grid construction": "todov1-grid",
-    "pipeline topology": "todov1-topology",
-    "initialize mesh_param": "todov1-mesh-param",
-    "initialize mpu": "todov1-initialize-mpu",
-    "mpu call": "todov1-mpu-call",
-    "mpu/bwc call": "todov1-mpu-internal",
-    "deepspeed.comm call": "todov1-comm",
-}
-DEFAULT_ID = "todov1"
-_BOUNDARIES = (": ", "; ", " (", ", ", " - ", " — ")
-_MIN_HEAD = 12
+EXPLAIN = "ds-migrate --explain"
+LINK = f"; {EXPLAIN} "
+# site kind (the codemods' counters) -> its id: its MIGRATION.md anchor; ds-migrate --explain takes its code
+KIND_IDS: dict[str, str] = {k.kind: k.id for k in ds_mesh_advice.kinds()}
+_KINDS = {k.kind: k for k in ds_mesh_advice.kinds()}
+DEFAULT_KIND = "groups getter"
+# the words a next step starts with
+NEXT_VERBS = ds_mesh_advice.NEXT_VERBS
+_VERB = re.compile(r"(?:then |or |and )?(?:" + "|".join(NEXT_VERBS) + r")\b")
+# how a message names the legacy API it is about: groups.<fn>, <x>.grid.<m> / grid.<m>, mpu.<m>, ...
+_API_PATTERNS = (
+    (re.compile(r"^groups\.(\w+)"), "deepspeed.utils.groups.{}"),
+    (re.compile(r"^(?:[\w.]*\.)?_?grid\.(\w+)"), "deepspeed.runtime.pipe.topology.PipelineParallelGrid.{}"),
+    (re.compile(r"^PipelineParallelGrid\b()"), "deepspeed.runtime.pipe.topology.PipelineParallelGrid"),
+    (re.compile(r"^(?:[\w.]*\.)?mpu\.(\w+)\("), "mpu.{}"),
+)
 
 # comment text -> the full advice it stands for (set around one migration by collecting())
 _ADVICE: ContextVar[Optional[dict[str, list[str]]]] = ContextVar("codemods_todo_advice", default=None)
@@ -39,49 +45,94 @@ _ADVICE: ContextVar[Optional[dict[str, list[str]]]] = ContextVar("codemods_todo_
 
 def anchor(kind: str) -> str:
     """The MIGRATION.md anchor explaining sites of ``kind``."""
-    return KIND_IDS.get(kind, DEFAULT_ID)
+    return KIND_IDS.get(kind, KIND_IDS[DEFAULT_KIND])
 
 
-def shorten(message: str, room: int) -> str:
-    """``message``, or its head: cut at the last clause boundary that fits ``room`` characters
-    when that keeps most of them, else at a word, with an ellipsis."""
-    if len(message) <= room:
-        return message
-    cuts = [i for sep in _BOUNDARIES for i in _positions(message, sep) if _MIN_HEAD <= i <= room]
-    if cuts and max(cuts) >= 0.6 * room:  # a clause that keeps most of the room
-        return message[: max(cuts)]
-    head = message[: max(room - 1, 1)]
-    space = head.rfind(" ")
-    return (head[:space] if space >= _MIN_HEAD else head).rstrip(" ,;:(") + "…"
+def _kind(kind: str) -> ds_mesh_advice.Kind:
+    return _KINDS.get(kind, _KINDS[DEFAULT_KIND])
 
 
-def _positions(text: str, sep: str) -> Iterator[int]:
-    start = text.find(sep)
-    while start != -1:
-        yield start
-        start = text.find(sep, start + 1)
+def api_row(message: str) -> Optional[ds_mesh_advice.Row]:
+    """The catalog row of the legacy API ``message`` is about (None when it names none)."""
+    for pattern, template in _API_PATTERNS:
+        match = pattern.match(message)
+        if match:
+            try:
+                return ds_mesh_advice.row(template.format(*match.groups()))
+            except KeyError:
+                return None
+    return None
+
+
+def clauses(message: str) -> list[str]:
+    """``message`` split at its top-level ``; `` / ``: `` / ``, `` (never inside brackets or quotes,
+    nor after a quoted key: ``"mesh": {...}``)."""
+    out, depth, quoted, start, i = [], 0, False, 0, 0
+    while i < len(message):
+        ch = message[i]
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in "([{":
+            depth += 1
+        elif not quoted and ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif not quoted and depth == 0 and message.startswith((": ", "; ", ", "), i) \
+                and not (message[i] == ":" and message[i - 1:i] == '"'):  # a JSON key's colon
+            out.append(message[start:i])
+            start = i + 2
+            i += 1
+        i += 1
+    out.append(message[start:])
+    return [c.strip() for c in out if c.strip()]
+
+
+def next_steps(message: str) -> list[str]:
+    """The clauses of ``message`` that say what to write (start with one of :data:`NEXT_VERBS`;
+    a leading "or" / "then" / "and" dropped)."""
+    return [re.sub(r"^(?:then|or|and) ", "", c) for c in clauses(message) if _VERB.match(c)]
+
+
+def has_next_step(text: str) -> bool:
+    """Whether ``text`` says what to write: a clause starting with one of :data:`NEXT_VERBS`."""
+    return bool(next_steps(text))
 
 
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
-    """The ``# TODOV1: <head>; see MIGRATION.md#<id>`` comment for ``(kind, advice)`` entries
-    (their distinct advices, in order); records the full advice for :func:`collecting`."""
+    """The ``# TODOV1: <next step>; ds-migrate --explain <code>`` comment for ``(kind, advice)``
+    entries (their distinct advices, in order); records the full advice for :func:`collecting`."""
     messages = list(dict.fromkeys(message for _, message in entries))
-    ids = list(dict.fromkeys(anchor(kind) for kind, _ in entries))
-    link = f"; see {DOC}#" + ", #".join(ids)
+    kind = _kind(entries[0][0]) if entries else _kind(DEFAULT_KIND)
+    row = api_row(messages[0]) if messages else None
+    more = f" (+{len(messages) - 1} more)" if len(messages) > 1 else ""
+    bodies = ["; ".join(messages)] if has_next_step("; ".join(messages)) else []
+    if messages:
+        bodies += [messages[0] + more] if has_next_step(messages[0]) else []
+        if row is not None and (row.advice in messages[0] or row.next_step in messages[0]):  # as the shim says
+            bodies.append(row.next_step + more)
+        bodies += [step + more for step in next_steps(messages[0])]
+    if row is not None:
+        bodies.append(row.next_step + more)
+    bodies.append(kind.short + more)
+    codes = ([row.code] if row is not None else []) + [kind.code]
     prefix = f"# {TODO_TAG}: "
-    room = MAX_COMMENT - len(prefix) - len(link)
-    joined = "; ".join(messages)
-    if len(joined) <= room:
-        body = joined
-    else:
-        more = f" (+{len(messages) - 1} more)" if len(messages) > 1 else ""
-        body = shorten(messages[0], room - len(more)) + more
-    text = prefix + body + link
+    fitting = [prefix + body + LINK + code for body in bodies for code in codes
+               if len(prefix + body + LINK + code) <= MAX_COMMENT]
     advice = _ADVICE.get()
+    if advice is not None and messages:  # two sites with other advice get two comments (the listing keys on it)
+        head = clauses(messages[0])[0]
+        fitting += [prefix + f"{head}: {body}" + LINK + code for body in bodies for code in codes
+                    if len(prefix + f"{head}: {body}" + LINK + code) <= MAX_COMMENT]
+        fitting = [text for text in fitting if advice.get(text) in (None, messages)] or fitting
+    text = fitting[0] if fitting else prefix + kind.short + LINK + kind.code
     if advice is not None:
         advice.setdefault(text, [])
         advice[text] += [m for m in messages if m not in advice[text]]
     return text
+
+
+def explain_command(comment: str) -> str:
+    """``ds-migrate --explain <code>`` as a comment names it."""
+    return EXPLAIN + " " + comment.rsplit(LINK, 1)[-1]
 
 
 def spell_out(code: str, advice: dict[str, list[str]]) -> str:

@@ -25,9 +25,9 @@ _PIPE_TOPOLOGY_TODO = (
 )
 # advice for a kept topology whose uses are not all known
 _KEPT_TOPOLOGY = {
-    "same": "topology kept: {call} is the same topology (axes and answers, what PipelineModule needs)",
-    "groups only": "topology kept: DeepSpeedDeviceMesh.build({args}) has its groups; no mesh form where code needs "
-                   "the topology object",
+    "same": "topology kept: use {call}: the same topology (axes and answers, what PipelineModule needs)",
+    "groups only": "topology kept: use DeepSpeedDeviceMesh.build({args}) for its groups; no mesh form where code "
+                   "needs the topology object",
     "none": "topology kept: no mesh form (axes or sizes not readable here); keep the ProcessTopology",
 }
 PIPELINE_MODULES = frozenset(
@@ -52,7 +52,8 @@ def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
     return (
         f"topology kept: {callee}(...) reads it as a ProcessTopology (a Megatron mpu's initialize_model_parallel "
         "and PipelineModule call its get_axis_comm_lists / get_coord / get_dim), so keep handing it a topology, "
-        f"not a mesh: {target} has the same axes and answers once the callee does not isinstance-check ProcessTopology"
+        f"not a mesh; hand it {target}; the same axes and answers, unless the callee isinstance-checks "
+        "ProcessTopology"
     )
 DEFAULT_ORDER = ("pp", "dp", "tp")
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
@@ -263,7 +264,7 @@ class TopologyCommand(MigrationCommand):
         kind = self.legacy_name(original_node.func, {ln.GRID, *ln.TOPOLOGY_CLASSES})
         if kind == ln.GRID:
             reason = self._kept_grids.get(id(original_node), "the grid is not bound to a local variable")
-            self.flag(KIND_GRID, f"PipelineParallelGrid kept: {reason}; build DeepSpeedDeviceMesh.build(pp=, dp=, tp=) and see MIGRATION.md")
+            self.flag(KIND_GRID, f"PipelineParallelGrid kept: {reason}; use DeepSpeedDeviceMesh.build(pp=P, dp=D, tp=T)")
         elif (
             kind is not None
             and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)

@@ -6,7 +6,8 @@
   (:func:`compat.groups.bind_mesh`);
 - :mod:`compat.mpu` — :class:`~compat.mpu.MeshMPU` (a Megatron-style mpu served from a mesh) and
   :func:`~compat.mpu.mesh_from_mpu` (a mesh from a user's mpu);
-- :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning`;
+- :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning` (its advice is the
+  catalog's, :mod:`ds_mesh_advice`: what to write, and the ``ds-migrate --explain`` code);
 - :func:`use_engine` — serve the legacy global getters from one engine when several exist
   (outside any engine's step they raise :class:`WrongGridError`; see :mod:`compat.engine_scope`).
 

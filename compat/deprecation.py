@@ -1,7 +1,9 @@
 """Deprecation warnings for the legacy process-group APIs the compat layer re-implements.
 
 Every legacy entry point warns with a :class:`LegacyAPIDeprecationWarning` whose message starts with
-``TODOV1:``, names the mesh replacement and the MIGRATION.md row (the legacy qualified name). It
+``TODOV1:`` and says what to write: the next step of the legacy API's catalog row
+(:mod:`ds_mesh_advice`, which the codemods' ``TODOV1`` comments read too), or a site's own, and the
+``ds-migrate --explain <code>`` that prints the row; lines of at most 100 characters. It
 warns once per call site per job: rank 0 shows it (a third-party package's: local rank 0 of each
 node, whose installed packages can differ), the other ranks stay quiet unless a filter asks every
 occurrence (``"error"``, ``"always"``); standard ``warnings`` filters silence it or turn it into an error.
@@ -20,10 +22,13 @@ probing costs about a millisecond per getter and filter change.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from types import FrameType
 from typing import Optional
+
+import ds_mesh_advice
 
 __all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "end_probing",
            "job_ranks", "legacy_entry", "speaks_here", "warn_legacy"]
@@ -43,16 +48,37 @@ class ThirdPartyLegacyWarning(LegacyAPIDeprecationWarning):
 _third_party_warned: set[str] = set()  # distributions already warned about
 
 
+def _advice(legacy_name: str, replacement: str, row: str) -> tuple[str, str]:
+    """``(what to write, where the rest is)`` for a warning: the catalog row's next step (and its
+    full replacement where that says more) when ``replacement`` is the row's, else ``replacement``
+    itself; ``ds-migrate --explain <code>`` for a catalog row, else MIGRATION.md."""
+    try:
+        cat = ds_mesh_advice.row(row)
+    except KeyError:
+        cat = None
+    if cat is not None and replacement == cat.advice:
+        step = cat.next_step + (f" (in full: {cat.advice})" if cat.short else "")
+    else:
+        verb = replacement.split(" ", 1)[0]
+        step = replacement if verb in ds_mesh_advice.NEXT_VERBS else f"use {replacement}"
+    where = f"ds-migrate --explain {shlex.quote(cat.code)}" if cat is not None else f"MIGRATION.md row '{row}'"
+    return step, where
+
+
 def third_party_message(legacy_name: str, replacement: str, row: str, dist: str, version: str, where: str) -> str:
-    return (f"TODOV1: {legacy_name} is called by {dist} {version} ({where}), not your code: your script needs no "
-            f"change. {dist} uses a deprecated DeepSpeed API (its replacement: {replacement}; MIGRATION.md row "
-            f"'{row}'); the warning goes away with a {dist} release that stops calling it (upgrade {dist}, or "
-            f"report it to {dist}). Shown once per package; silence it with warnings.filterwarnings('ignore', "
-            f"category=compat.deprecation.ThirdPartyLegacyWarning).")
+    step, see = _advice(legacy_name, replacement, row)
+    return ds_mesh_advice.wrap(
+        f"TODOV1: {legacy_name} is called by {dist} {version} ({where}), not your code: your script needs no "
+        f"change. {dist} uses a deprecated DeepSpeed API (its replacement: {step}; {see}); the warning goes "
+        f"away with a {dist} release that stops calling it (upgrade {dist}, or report it to {dist}). Shown once "
+        "per package; silence it with warnings.filterwarnings('ignore', "
+        "category=compat.deprecation.ThirdPartyLegacyWarning).")
 
 
 def message(legacy_name: str, replacement: str, row: str) -> str:
-    return f"TODOV1: {legacy_name} is deprecated; use {replacement} (MIGRATION.md row '{row}')"
+    """The warning text: what to write instead of ``legacy_name``, in lines of at most 100 characters."""
+    step, see = _advice(legacy_name, replacement, row)
+    return ds_mesh_advice.wrap(f"TODOV1: {legacy_name} is deprecated; {step} ({see})")
 
 
 class LegacyEntry:
@@ -190,11 +216,14 @@ def speaks_here(category: type, text: str, module: str, lineno: int, *, per_node
 _ENTRIES: dict[str, LegacyEntry] = {}
 
 
-def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False) -> LegacyEntry:
-    """The (shared) entry for a legacy API, for shims that inline the fast-path check."""
-    entry = _ENTRIES.get(legacy_name)
+def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False,
+                 key: Optional[str] = None) -> LegacyEntry:
+    """The (shared) entry for a legacy API, for shims that inline the fast-path check (``key``: one
+    entry per site-specific advice, e.g. the ``"mesh"`` section of each adopted mpu layout)."""
+    key = legacy_name if key is None else key
+    entry = _ENTRIES.get(key)
     if entry is None:
-        entry = _ENTRIES[legacy_name] = LegacyEntry(legacy_name, replacement, row, hot=hot)
+        entry = _ENTRIES[key] = LegacyEntry(legacy_name, replacement, row, hot=hot)
     return entry
 
 

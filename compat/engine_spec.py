@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from mesh_core import MeshSpec, MeshSpecError
-from mesh_core.axis_names import AXIS_TO_DIM
+from mesh_core.axis_names import AXIS_TO_DIM, LEGACY_DIMS
 from mesh_core.config import SECTION_SOURCE, layout_sources, spec_from_config
 
 __all__ = ["SECTION_SOURCE", "check_before_world", "code_sources", "engine_spec", "mpu_sizes", "topology_sizes"]
@@ -33,7 +33,7 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
     mesh = getattr(mpu, "mesh", None)
     spec = getattr(mesh, "spec", None)
     if isinstance(spec, MeshSpec):
-        return {d: spec.dim_size(d) for d in ("pp", "dp", "sp", "tp")}
+        return {d: spec.dim_size(d) for d in LEGACY_DIMS}
 
     def probe(*names: str) -> Optional[int]:
         for name in names:
@@ -92,7 +92,7 @@ def code_sources(
             raise MeshSpecError(f"mesh_param={mesh_param!r} must be a pair (dp, sp)") from None
         stated += [("dp", dp, f"mesh_param={tuple(mesh_param)!r}"), ("sp", sp, f"mesh_param={tuple(mesh_param)!r}")]
     if mesh_spec is not None:
-        stated += [(dim, mesh_spec.dim_size(dim), "mesh=") for dim in ("pp", "dp", "sp", "tp")]
+        stated += [(dim, mesh_spec.dim_size(dim), "mesh=") for dim in LEGACY_DIMS]
     return stated
 
 

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
 import os
 import sys
 from typing import Any, Optional
 
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core.axis_names import LEGACY_DIMS
 from mesh_core.runtime_hooks import registry_for_world
 from mesh_core import set_default_mesh, use_mesh
 
 from .config_loading import load_deepspeed_config
-from .layout_config import config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
+from .layout_config import autotp_off, config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
 from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
 from . import mixed_world
@@ -46,7 +48,7 @@ from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (HSDP under ZeRO)
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_DIMS = ("pp", "dp", "sp", "tp")
+LAYOUT_DIMS = LEGACY_DIMS  # the dims an mpu, grid or mesh_param states
 CONSUMED_KEYS = ("mesh", "data_parallel_size", "sequence_parallel_size")
 _pending = PENDING_MESH  # engine_scope owns it (scope_mesh reads it there)
 _COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -75,14 +77,9 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     config, ds_args = resolved
     config = with_tp_model_init(config, mpu=mpu, mesh_param=mesh_param)  # tp_model_init's tp in the mesh
 
-    if mpu is not None:
-        _warn_user("deepspeed.initialize(mpu=...)", "the config 'mesh' section (or mesh=)")
     if mesh_param:
-        _warn_user(
-            "deepspeed.initialize(mesh_param=...)",
-            "the config 'mesh' section, e.g. {\"mesh\": {\"dp\": 2, \"sp\": 2}}",
-            row="deepspeed.initialize(mesh_param=(dp, sp))",
-        )
+        _warn_user("deepspeed.initialize(mesh_param=...)", _mesh_param_advice(mesh_param),
+                   row="deepspeed.initialize(mesh_param=(dp, sp))")
 
     check_before_world(config, mesh_param=mesh_param)  # bad values before any process group
     ds_dist.init_distributed(
@@ -132,6 +129,8 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     if zero_stage(config) == 3:  # a model zero.Init partitioned over other ranks: refused before any collective
         check_zero3_partitions(model, spec, ds_dist.get_rank())
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order, pipeline=pipeline)
+    if mpu is not None:  # the "mesh" section equal to the mpu just adopted
+        _warn_user("deepspeed.initialize(mpu=...)", mpu_advice(mesh.spec))
     if engine_mpu is None and not pipeline and (
         _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))
     ):
@@ -303,10 +302,7 @@ def _stated_tp(config: dict) -> int:
     ``"tensor_parallel": {"autotp_size": 0}`` (or 1) beside it, the model does its own TP (what the
     codemods write for ``mpu=grid``); without it, ``with_autotp_from_mesh`` hands tp to AutoTP."""
     section = config.get("mesh") or {}
-    tensor_parallel = config.get("tensor_parallel")
-    if not isinstance(section, dict) or not isinstance(tensor_parallel, dict):
-        return 1
-    if tensor_parallel.get("autotp_size") not in (0, 1):
+    if not isinstance(section, dict) or not autotp_off(config):
         return 1
     tp = section.get("tp", 1)
     return tp if isinstance(tp, int) else 1
@@ -346,6 +342,26 @@ def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str, *, 
         raise MeshSpecError(f"{a_name} describes {a.describe()} but {b_name} is {b.describe()}; make them equal")
 
 
+def mpu_advice(spec: MeshSpec) -> str:
+    """What to write instead of ``mpu=``: the config's ``"mesh"`` section equal to the layout adopted."""
+    section: dict[str, Any] = {dim: spec.dim_size(dim) for dim in LAYOUT_DIMS if spec.dim_size(dim) > 1 or dim == "dp"}
+    outer_first = [dim for dim in spec.names if dim in section and spec.dim_size(dim) > 1]
+    if outer_first != [dim for dim in LAYOUT_DIMS if dim in outer_first]:  # the mpu's own rank order
+        section["order"] = outer_first
+    text = f'put "mesh": {json.dumps(section)} in the config (this mpu\'s layout) and drop mpu='
+    if spec.dim_size("tp") > 1:
+        text += ', with "tensor_parallel": {"autotp_size": 0} (a "mesh" tp alone turns on AutoTP)'
+    return text
+
+
+def _mesh_param_advice(mesh_param: Any) -> str:
+    try:
+        dp, sp = mesh_param
+    except (TypeError, ValueError):
+        dp, sp = "D", "S"
+    return f'put "mesh": {{"dp": {dp}, "sp": {sp}}} in the config and drop mesh_param='
+
+
 def _warn_user(legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
     """Warn ``TODOV1:`` once, at the user's call site (the first frame outside compat and wrapt)."""
     from .deprecation import legacy_entry
@@ -355,7 +371,7 @@ def _warn_user(legacy_name: str, replacement: str, row: Optional[str] = None) ->
         os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _COMPAT_DIR or "wrapt" in frame.f_code.co_filename
     ):
         frame, depth = frame.f_back, depth + 1
-    legacy_entry(legacy_name, replacement, row).warn(depth=depth)
+    legacy_entry(legacy_name, replacement, row, key=f"{legacy_name}: {replacement}").warn(depth=depth)
 
 
 # --- in-place wrappers of deepspeed internals (installed by compat.install) ----------------------

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from mesh_core.config import autotp_off  # the one AutoTP-off rule (re-exported for compat.initialize)
+
 logger = logging.getLogger(__name__)
 
 
@@ -34,7 +36,7 @@ def with_autotp_from_mesh(
         return config
     tensor_parallel = config.get("tensor_parallel")
     if isinstance(tensor_parallel, dict) and tensor_parallel.get("autotp_size") is not None:
-        if tensor_parallel.get("autotp_size") in (0, 1):
+        if autotp_off(config):
             logger.info("config 'mesh.tp'=%s with tensor_parallel.autotp_size=%s: tp groups only, no AutoTP", tp,
                         tensor_parallel.get("autotp_size"))
         return config

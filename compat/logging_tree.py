@@ -458,7 +458,8 @@ def _launcher_args(warn: bool):
         if explicit and warn:
             logging.getLogger("deepspeed.launcher").warning(
                 "TODOV1: --log_level is deprecated; set %s=deepspeed=%s instead (per module: "
-                "%s=deepspeed=warning,deepspeed.runtime.engine=info)", ENV_VAR, namespace.log_level, ENV_VAR)
+                "%s=deepspeed=warning,deepspeed.runtime.engine=info; ds-migrate --explain launcher-log_level)",
+                ENV_VAR, namespace.log_level, ENV_VAR)
         if not explicit:
             namespace.log_level = logging.getLevelName(DEFAULT_LEVEL).lower()
         level = "error" if getattr(namespace, "quiet", False) else namespace.log_level

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
+from mesh_core.axis_names import LEGACY_DIMS
 from mesh_core.roles.mpu_mesh import NoPipelineGroupError
 
 from .device import default_device_type
@@ -88,7 +89,7 @@ def bwc_pipeline_parallel_group(mpu: Any = None) -> Any:
 
 # --- mesh -> mpu ---------------------------------------------------------------------------
 MODEL_PARALLEL_DIMS = ("pp", "tp")
-MPU_DIMS = ("pp", "dp", "sp", "tp")
+MPU_DIMS = LEGACY_DIMS
 SEQUENCE_DATA_DIMS = ("dp", "sp")
 
 

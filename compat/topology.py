@@ -32,9 +32,7 @@ _W_PROCESS_TOPOLOGY, _W_PIPE_DATA, _W_PIPE_MODEL_DATA = (
     legacy_entry(f"{_TOPOLOGY}.{name}", ds_mesh_advice.plain(f"{_TOPOLOGY}.{name}"))  # the one advice table
     for name in ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology")
 )
-_W_GRID = legacy_entry(
-    f"{_TOPOLOGY}.PipelineParallelGrid", "engine.mesh_device / mesh_core.DeepSpeedDeviceMesh.build(pp=..., tp=...)"
-)
+_W_GRID = legacy_entry(f"{_TOPOLOGY}.PipelineParallelGrid", ds_mesh_advice.plain(f"{_TOPOLOGY}.PipelineParallelGrid"))
 
 
 # what PipelineTopology._setup derives from ``axes`` / ``dims`` (the queries read these)

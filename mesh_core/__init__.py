@@ -11,8 +11,10 @@
 - the errors :class:`MeshSpecError` and :class:`AbsentRanksError`.
 
 What the DeepSpeed runtime uses beside these (group registries, expert groups by name, hpZ,
-AutoTP's groups...) is in :mod:`mesh_core.runtime_hooks`; constants and the torch range are in
-:mod:`mesh_core.spec` and :mod:`mesh_core.torch_compat`.
+AutoTP's groups...) is in :mod:`mesh_core.runtime_hooks`; the dim names (the ``MeshDim`` enum and
+the legacy names for them) in :mod:`mesh_core.axis_names`; the rank ↔ coordinate equation in
+:mod:`mesh_core.row_major`; other constants and the torch range in :mod:`mesh_core.spec` and
+:mod:`mesh_core.torch_compat`.
 """
 import importlib
 from typing import Any

@@ -19,24 +19,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from .spec import MESH_DIMS, MeshSpec, MeshSpecError, _resolve_order, _validate_ranks
+from .axis_names import ALIASES, EXPERT_ALIASES
+from .spec import MESH_DIMS, MeshSpec, MeshSpecError, _resolve_order, _validate_ranks, auto_message, is_auto
 
 MESH_SECTION_KEYS = set(MESH_DIMS) | {"ep", "order", "ranks", "data_before_expert"}
 SECTION_SOURCE = "config 'mesh' section"
 HSDP_EXAMPLE = '{"dp_replicate": R, "dp_shard": S}'
-# what other frameworks call a dim (torch FSDP / HSDP / DDP, Megatron, DeepSpeed) -> the dim here
-DIM_VOCABULARY = {
-    "fsdp": "dp_shard", "shard": "dp_shard", "sharded": "dp_shard", "zero": "dp_shard",
-    "ddp": "dp_replicate", "replicate": "dp_replicate", "replica": "dp_replicate", "replicas": "dp_replicate",
-    "data": "dp", "data_parallel": "dp", "data_parallel_size": "dp", "dp_size": "dp",
-    "tensor": "tp", "tensor_parallel": "tp", "model_parallel": "tp", "mp": "tp", "tp_size": "tp",
-    "autotp": "tp", "autotp_size": "tp",
-    "pipe": "pp", "pipeline": "pp", "pipeline_parallel": "pp", "pp_size": "pp", "num_stages": "pp",
-    "sequence": "sp", "sequence_parallel": "sp", "sequence_parallel_size": "sp", "ulysses": "sp",
-    "cp": "sp", "context_parallel": "sp",
-    "expert": "ep", "experts": "ep", "moe": "ep", "expert_parallel": "ep", "ep_size": "ep",
-}
-AUTO = "auto"
 
 
 def load_config(config: Union[str, os.PathLike, Mapping[str, Any], None]) -> dict[str, Any]:
@@ -73,8 +61,8 @@ def suggest_key(name: Any) -> str:
     key = str(name).strip().lower().replace("-", "_")
     if key in ("hsdp", "hybrid_shard", "hybrid"):
         return f"{name!r} (HSDP is two dims: {HSDP_EXAMPLE}, replicas x shards per replica)"
-    if key in DIM_VOCABULARY:
-        dim = DIM_VOCABULARY[key]
+    if key in ALIASES or key in EXPERT_ALIASES:
+        dim = ALIASES.get(key) or EXPERT_ALIASES[key]
         extra = f" HSDP is {HSDP_EXAMPLE}" if dim.startswith("dp_") else ""
         return f"{name!r} (did you mean {dim!r}?{extra})"
     close = difflib.get_close_matches(key, MESH_SECTION_KEYS, n=1)
@@ -111,16 +99,18 @@ def check_section_values(section: Mapping[str, Any]) -> None:
     for key, value in section.items():
         where = f"config 'mesh.{key}'={value!r}"
         if key in MESH_DIMS or key == "ep":
-            if _is_auto(value):
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                raise MeshSpecError(
+                    f"{where} is not valid; a size is a positive integer — write \"auto\" to infer this dim"
+                )
+            if is_auto(value):
                 continue
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                raise MeshSpecError(auto_message(where))
             if isinstance(value, bool):
                 raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\"), not a boolean")
             if isinstance(value, float):
                 raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\")")
-            if isinstance(value, int) and value < 1:
-                raise MeshSpecError(
-                    f"{where} is not valid; a size is a positive integer — write \"auto\" to infer this dim"
-                )
             if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
                 raise MeshSpecError(f"{where} is a string; write the number {value.strip()} without quotes")
         elif key == "data_before_expert":
@@ -140,6 +130,16 @@ def check_section_values(section: Mapping[str, Any]) -> None:
                 raise MeshSpecError(f"{where} holds {bad[:4]}; every entry is a dim name such as \"dp\"")
 
 
+AUTOTP_OFF = (0, 1)  # tensor_parallel.autotp_size values that leave AutoTP off
+
+
+def autotp_off(config: Mapping[str, Any]) -> bool:
+    """Whether the config turns AutoTP off explicitly (``"tensor_parallel": {"autotp_size": 0}`` or 1):
+    a ``"mesh"`` tp beside it is the model's own TP, not AutoTP's. The one home of that rule."""
+    tensor_parallel = config.get("tensor_parallel")
+    return isinstance(tensor_parallel, Mapping) and tensor_parallel.get("autotp_size") in AUTOTP_OFF
+
+
 def legacy_sizes(config: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
     """Dim sizes implied by the legacy config keys, each with the key that set it."""
     found: dict[str, tuple[int, str]] = {}
@@ -153,14 +153,10 @@ def legacy_sizes(config: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
     if not isinstance(tensor_parallel, Mapping):
         raise MeshSpecError(f"config key 'tensor_parallel' must be a dict, got {tensor_parallel!r}")
     autotp = tensor_parallel.get("autotp_size")
-    if autotp not in (None, 0, 1):
+    if autotp is not None and not autotp_off(config):
         source = "config key 'tensor_parallel.autotp_size'"
         found["tp"] = (_size(autotp, source), source)
     return found
-
-
-def _is_auto(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() == AUTO)
 
 
 @dataclass
@@ -208,7 +204,7 @@ def layout_sources(
     section = None if section is None else check_section(section)
     sources = LayoutSources()
     for dim, value in (section or {}).items():
-        if (dim in MESH_DIMS or dim == "ep") and not _is_auto(value):
+        if (dim in MESH_DIMS or dim == "ep") and not is_auto(value):
             sources.add(dim, _size(value, f"config 'mesh.{dim}'"), SECTION_SOURCE)
     for dim, (size, source) in legacy_sizes(config).items():
         sources.add(dim, size, source)

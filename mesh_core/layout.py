@@ -72,7 +72,7 @@ class MeshLayout:
 
     def rank_at(self, **coords: int) -> int:
         """Global rank at a coordinate; undeclared dims may be given as 0, missing ones default to 0."""
-        idx = 0
+        coordinate = [0] * len(self.spec.names)
         for name, value in coords.items():
             if name not in self._index:
                 check_dim_name(name)
@@ -82,8 +82,8 @@ class MeshLayout:
             size = self.spec.sizes[self._index[name]]
             if not 0 <= value < size:
                 raise MeshSpecError(f"{name}={value} is out of range; valid values are 0..{size - 1}")
-            idx += value * self._strides[self._index[name]]
-        return self.spec.ranks[idx]
+            coordinate[self._index[name]] = value
+        return self.spec.ranks[row_major.flat_index(coordinate, self._strides)]
 
     def group_ranks(self, dims: Dims, rank: int) -> list[int]:
         """Ranks of ``rank``'s group along ``dims`` (a dim name or a tuple of them, flattened)."""
@@ -159,7 +159,7 @@ class MeshLayout:
         idx = self.local_index(rank)
         for name in members:
             i = self._index[name]
-            idx -= ((idx // self._strides[i]) % self.spec.sizes[i]) * self._strides[i]
+            idx -= row_major.coord_along(idx, self._strides[i], self.spec.sizes[i]) * self._strides[i]
         return idx
 
     def _fibres(self, members: tuple[str, ...]) -> np.ndarray:

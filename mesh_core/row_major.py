@@ -1,5 +1,7 @@
 """Row-major rank ↔ coordinate math (the last dim varies fastest), shared by every layout:
-:class:`~mesh_core.MeshLayout`, the pipeline topologies and the shim's ``ProcessTopology``."""
+:class:`~mesh_core.MeshLayout`, the pipeline topologies, the shim's ``ProcessTopology``, the layout a
+set of legacy groups implies and ``mesh show``'s picture (``tests/test_structure.py`` holds every
+``(i // stride) % size`` to this module)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["coords", "flat_index", "rank_grid", "strides"]
+__all__ = ["coord_along", "coords", "flat_index", "rank_grid", "strides"]
 
 
 def strides(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -15,9 +17,15 @@ def strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
 
 
+def coord_along(index, step: int, size: int):
+    """The coordinate of flat ``index`` along the dim of stride ``step`` and size ``size`` (an int,
+    or a numpy array of indices): the one decode every layout uses."""
+    return (index // step) % size
+
+
 def coords(index: int, sizes: Sequence[int], steps: Sequence[int]) -> tuple[int, ...]:
     """The coordinate of flat ``index`` (``steps`` is :func:`strides` of ``sizes``)."""
-    return tuple((index // step) % size for step, size in zip(steps, sizes))
+    return tuple(coord_along(index, step, size) for step, size in zip(steps, sizes))
 
 
 def flat_index(coordinate: Sequence[int], steps: Sequence[int]) -> int:

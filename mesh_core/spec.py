@@ -11,12 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
-# Dimension names a mesh may declare. "dp" and the HSDP pair ("dp_replicate", "dp_shard") are
-# mutually exclusive; "ep"/"edp" are not dims of their own but a split of the data ranks.
-MESH_DIMS: tuple[str, ...] = ("pp", "dp", "dp_replicate", "dp_shard", "sp", "tp")
-DEFAULT_ORDER: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "dp", "sp", "tp")
-HSDP_DIMS: tuple[str, str] = ("dp_replicate", "dp_shard")
-EXPERT_DIMS: tuple[str, str] = ("ep", "edp")
+# the dim names (one list: mesh_core.axis_names); "dp" and the HSDP pair are mutually exclusive,
+# "ep"/"edp" are not dims of their own but a split of the data ranks
+from .axis_names import ALIASES, DEFAULT_ORDER, EXPERT_DIMS, HSDP_DIMS, MESH_DIMS  # noqa: F401 (re-exported)
+
 AUTO = "auto"
 
 SizeArg = Union[int, str, None]
@@ -24,6 +22,28 @@ SizeArg = Union[int, str, None]
 
 class MeshSpecError(ValueError):
     """An invalid mesh description; the message names the offending value and what is valid."""
+
+
+def is_auto(value: object) -> bool:
+    """Whether a dim size asks to be inferred from the number of ranks: ``"auto"`` (any case, no
+    spaces), ``None``, or ``-1`` (Python callers; a config's ``"mesh"`` section refuses -1 first)."""
+    if isinstance(value, str):
+        return value.lower() == AUTO
+    return value is None or (type(value) is int and value == -1)
+
+
+def auto_message(where: str) -> str:
+    """The one message for a value that looks like ``"auto"`` but is not it (``" auto "``)."""
+    return f'{where} is not valid; write "auto" exactly (no spaces) to infer this dim, or a positive integer'
+
+
+def _size_or_auto(name: str, value: object) -> Union[int, None]:
+    """A dim's size, or None for "infer it"; the one "auto" message for near-misses."""
+    if is_auto(value):
+        return None
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        raise MeshSpecError(auto_message(f"{name}={value!r}"))
+    return _positive_int(name, value)
 
 
 @dataclass(frozen=True)
@@ -129,7 +149,8 @@ class MeshSpec:
 def check_dim_name(name: str) -> None:
     """Raise a :class:`MeshSpecError` unless ``name`` is a mesh or expert dim name."""
     if name not in MESH_DIMS and name not in EXPERT_DIMS:
-        raise MeshSpecError(f"unknown mesh dim {name!r}; valid dims are {list(MESH_DIMS + EXPERT_DIMS)}")
+        hint = f" ({name!r} is {ALIASES[name]!r} on a mesh)" if name in ALIASES else ""
+        raise MeshSpecError(f"unknown mesh dim {name!r}{hint}; valid dims are {list(MESH_DIMS + EXPERT_DIMS)}")
 
 
 def _positive_int(what: str, value: object) -> int:
@@ -197,11 +218,11 @@ def _resolve_sizes(
     resolved: dict[str, int] = {}
     inferred: list[str] = []
     for name in names:
-        value = sizes.get(name, 1)
-        if value is None or value == -1 or (isinstance(value, str) and value.lower() == AUTO):
+        size = _size_or_auto(name, sizes.get(name, 1))
+        if size is None:
             inferred.append(name)
             continue
-        resolved[name] = _positive_int(name, value)
+        resolved[name] = size
     if len(inferred) > 1:
         raise MeshSpecError(f"only one dim may be inferred ('auto'), got {inferred}")
     where = f"world_size={world_size}" if n_ranks == world_size else f"the {n_ranks} ranks {_ranks_repr(ranks)}"

@@ -134,3 +134,79 @@ def test_codemod_rules_call_no_private_method_of_a_command():
 
     members = {n for n in vars(RuleHost) if not n.startswith("_")} - {"context"}
     assert members and all(callable(getattr(GroupsGettersCommand, n, None)) for n in members), members
+
+
+def _source_trees(folders=("mesh_core", "compat", "codemods")):
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_one_rank_decode():
+    """Every ``(i // stride) % size`` is ``mesh_core.row_major.coord_along`` (read from the AST)."""
+    inline = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() if path.name != "row_major.py"
+              for node in ast.walk(tree)
+              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+              and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.FloorDiv)]
+    assert not inline, f"row-major decodes outside mesh_core/row_major.py: {inline}"
+    from mesh_core import MeshLayout, MeshSpec, row_major
+
+    layout = MeshLayout(MeshSpec.build(24, pp=2, dp=3, sp=2, tp=2))
+    for rank in range(24):
+        assert layout.rank_at(**layout.coordinate(rank)) == rank
+        assert row_major.flat_index(row_major.coords(rank, (2, 3, 2, 2), layout._strides), layout._strides) == rank
+
+
+def test_one_is_auto():
+    """One ``is_auto`` (``mesh_core.spec``); a near-miss like ``" auto "`` gets the one "auto" message
+    before any process group exists, from the config and from Python alike."""
+    import pytest
+    import torch.distributed as dist
+
+    from compat.engine_spec import check_before_world
+    from mesh_core import MeshSpec, MeshSpecError
+    from mesh_core.spec import auto_message, is_auto
+
+    defined = [f"{path.relative_to(ROOT)}" for path, tree in _source_trees() for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "is_auto"]
+    assert defined == ["mesh_core/spec.py"], defined
+    assert all(is_auto(v) for v in ("auto", "AUTO", None, -1)) and not any(is_auto(v) for v in (" auto ", 1, True, "2"))
+    assert not dist.is_initialized()
+    with pytest.raises(MeshSpecError) as before_world:
+        check_before_world({"mesh": {"tp": 2, "dp": " auto "}})
+    assert str(before_world.value) == auto_message("config 'mesh.dp'=' auto '")
+    with pytest.raises(MeshSpecError, match='write "auto" exactly'):
+        MeshSpec.build(8, tp=2, dp=" auto ")
+    assert MeshSpec.build(8, tp=2, dp="auto").dim_size("dp") == 4 == MeshSpec.build(8, tp=2, dp=-1).dim_size("dp")
+    with pytest.raises(MeshSpecError, match='positive integer — write "auto"'):
+        check_before_world({"mesh": {"tp": -1}})  # a config says "auto", not -1
+
+
+def test_one_autotp_off_rule():
+    """``autotp_size`` 0 / 1 turns AutoTP off: written once (``mesh_core.config.autotp_off``)."""
+    from mesh_core.config import autotp_off
+
+    written = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() for node in ast.walk(tree)
+               if isinstance(node, ast.Compare) and "autotp" in ast.unparse(node.left)
+               and any(isinstance(c, ast.Tuple) and 0 in [getattr(e, "value", None) for e in c.elts]
+                       for c in node.comparators) and path.name != "config.py"]
+    assert not written, f"the AutoTP-off values written outside mesh_core/config.py: {written}"
+    assert autotp_off({"tensor_parallel": {"autotp_size": 0}}) and autotp_off({"tensor_parallel": {"autotp_size": 1}})
+    assert not autotp_off({"tensor_parallel": {"autotp_size": 2}}) and not autotp_off({"mesh": {"tp": 2}})
+
+
+def test_one_list_of_dim_names():
+    """The dim names are written once (``mesh_core.axis_names``: the ``MeshDim`` enum, the legacy
+    dims and the aliases as data); nowhere else spells the legacy four or the six as a tuple."""
+    from mesh_core import axis_names
+    from mesh_core.spec import MESH_DIMS
+
+    legacy, every = ["pp", "dp", "sp", "tp"], sorted(MESH_DIMS)
+    written = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() for node in ast.walk(tree)
+               if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                                      for e in node.elts)
+               and ([e.value for e in node.elts] == legacy or sorted(e.value for e in node.elts) == every)
+               and path.name != "axis_names.py"]
+    assert not written, f"dim names spelled outside mesh_core/axis_names.py: {written}"
+    assert MESH_DIMS == tuple(d.value for d in axis_names.MeshDim) and axis_names.MeshDim.TP == "tp"
+    assert set(axis_names.ALIASES.values()) <= set(MESH_DIMS) and axis_names.ALIASES["fsdp"] == "dp_shard"

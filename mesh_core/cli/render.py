@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import row_major
 from ..layout import MeshLayout
 from ..spec import MeshSpec, MeshSpecError
 
@@ -48,11 +49,8 @@ def cell_arrays(layout: MeshLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """(stage, tp coordinate, row) of every rank's cell, in mesh order (vectorised)."""
     spec = layout.spec
     index = np.arange(spec.size, dtype=np.int64)
-    coords = {}
-    stride = 1
-    for name, size in reversed(list(zip(spec.names, spec.sizes))):
-        coords[name] = (index // stride) % size
-        stride *= size
+    steps = row_major.strides(spec.sizes)
+    coords = {name: row_major.coord_along(index, step, size) for name, step, size in zip(spec.names, steps, spec.sizes)}
     zero = np.zeros(spec.size, dtype=np.int64)
     row = zero.copy()
     for name in spec.names:

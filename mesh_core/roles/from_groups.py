@@ -14,7 +14,8 @@ from typing import Any, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from .. import torch_compat
+from .. import row_major, torch_compat
+from ..axis_names import LEGACY_DIMS
 from ..layout import MeshLayout
 from ..registry import registry_for_world
 from ..spec import MeshSpec, MeshSpecError
@@ -25,7 +26,7 @@ MeshT = TypeVar("MeshT")
 
 logger = logging.getLogger(__name__)
 
-GROUP_DIMS = ("pp", "dp", "sp", "tp")
+GROUP_DIMS = LEGACY_DIMS
 # mpu getter names per mesh dim, in DeepSpeed's probe order (deepspeed/utils/bwc.py)
 MPU_GETTERS: dict[str, tuple[str, ...]] = {
     "dp": ("get_data_parallel_group",),
@@ -125,7 +126,7 @@ def unstated_pp(rank_lists: dict[str, list[int]], world: int, rank: int) -> Opti
             "or build the mesh yourself: DeepSpeedDeviceMesh.build(..., order=[outermost, ..., innermost])"
         )
     step, size = gaps[0]
-    start = rank - ((rank // step) % size) * step
+    start = rank - row_major.coord_along(rank, step, size) * step
     return [start + k * step for k in range(size)]
 
 

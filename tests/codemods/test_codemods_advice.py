@@ -18,8 +18,8 @@ def migrate_code(source: str):
     m.code = m.spelled_out()
     return m
 
-# a named replacement: "<legacy kept>: <call> is the same topology ..." (codemods.topology)
-SAME = re.compile(r"# TODOV1: topology kept: (mesh_core\.pipeline_topology\(.*?\)) is the same topology")
+# a named replacement: "<legacy kept>: use <call>: the same topology ..." (codemods.topology)
+SAME = re.compile(r"# TODOV1: topology kept: use (mesh_core\.pipeline_topology\(.*?\)): the same topology")
 
 ESCAPING_TOPOLOGY = '''
 import torch.distributed as tdist
@@ -94,11 +94,14 @@ def test_a_topology_with_axes_no_mesh_has_says_so_and_names_no_replacement(axes,
     "import deepspeed\nfrom deepspeed.utils import groups\ngroups._init_tp_mesh_device(2)\n"
     "engine, *_ = deepspeed.initialize(model=None, config={})\n",
 ])
-def test_a_builder_deepspeed_reads_is_kept_and_its_advice_says_there_is_no_mesh_form(legacy):
+def test_a_builder_deepspeed_reads_is_kept_and_its_advice_says_what_to_write(legacy):
     m = migrate_code(legacy)
     todos = re.findall(r"# TODOV1: (.*)", m.code)
-    assert len(todos) == 1 and "no mesh form" in todos[0], m.code
-    assert "set_default_mesh" not in m.code and "expert_groups(" not in m.code
+    assert len(todos) == 1 and re.search(r'use "mesh": \{"(ep|tp)": N\}', todos[0]), m.code
+    (full,) = re.findall(r"# TODOV1: (.*)", m.spelled_out())
+    assert "no mesh form while it does" in full and "init_distributed" not in full, full
+    code = "\n".join(line.split("#")[0] for line in m.code.splitlines())  # the code, not the advice
+    assert "set_default_mesh" not in code and "expert_groups(" not in code
 
 
 @pytest.mark.deepspeed
@@ -117,3 +120,12 @@ def test_the_expert_rank_math_advice_applied_gives_the_legacy_lists(world, tp, e
     expected = groups._get_expert_parallel_ranks(world, tp, ep)
     assert [list(g) for g in layout.groups("ep")] == [list(g) for g in expected[0]]
     assert [list(g) for g in layout.groups("edp")] == [list(g) for g in expected[1]]
+
+
+def test_init_distributed_is_not_taken_for_a_reader_of_the_expert_groups():
+    """deepspeed.init_distributed reads no legacy group state: the builder and its readers move."""
+    legacy = ("import deepspeed\nfrom deepspeed.utils import groups\ndeepspeed.init_distributed()\n"
+              "groups._create_expert_and_data_parallel(2)\ng = groups._get_expert_parallel_group('ep_size_2')\n")
+    m = migrate_code(legacy)
+    assert "TODOV1" not in m.code, m.code
+    assert "expert_groups(2)" in m.code and "deepspeed.init_distributed()" in m.code

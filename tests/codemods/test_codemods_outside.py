@@ -79,7 +79,7 @@ def test_a_topology_a_megatron_mpu_reads_keeps_a_topology_and_the_advice_is_righ
     todo = re.search(r"# TODOV1: (.*)", m.spelled_out()).group(1)
     assert "initialize_model_parallel(...) reads it as a ProcessTopology" in todo
     assert "DeepSpeedDeviceMesh" not in todo and "MeshSpec" not in todo  # a mesh would break the mpu
-    advised_call = re.search(r"not a mesh: (mesh_core\.pipeline_topology\(.*?\)) has", todo).group(1)
+    advised_call = re.search(r"hand it (mesh_core\.pipeline_topology\(.*?\)); the same axes", todo).group(1)
     assert advised_call == "mesh_core.pipeline_topology(pp=pp, tp=mp, dp=world // (pp * mp))"
     # apply the advice: the same program with the advised topology prints the same as legacy
     advised = "import mesh_core\n" + re.sub(r"PipeModelDataParallelTopology\(num_pp=.*?\)\)  # TODOV1: .*",

@@ -1,6 +1,7 @@
-"""What ``ds-migrate`` says: short ``# TODOV1:`` comments whose MIGRATION.md section exists, each one
-listed as ``file:line`` with its full advice, ``--json`` alone on stdout, ``--help`` naming the
-command the user typed."""
+"""What ``ds-migrate`` says: short ``# TODOV1:`` comments that name what to write, never cut, with a
+``ds-migrate --explain <code>`` that answers from the installed package; each one listed as
+``file:line`` with its full advice, ``--json`` alone on stdout, ``--help`` naming the command the user
+typed."""
 from __future__ import annotations
 
 import ast
@@ -55,17 +56,17 @@ def _written_comments() -> list[str]:
     return comments
 
 
-def test_every_todo_comment_is_short_and_links_an_existing_section():
-    migration = (REPO / "MIGRATION.md").read_text(encoding="utf-8")
-    anchors = set(re.findall(r'<a id="([^"]+)"></a>', migration))
+def test_every_todo_comment_is_short_names_what_to_write_and_its_code_explains():
     comments = _written_comments()
     assert len(comments) >= 10
     for comment in comments:
         assert len(comment) <= todo_links.MAX_COMMENT, comment
-        ids = re.search(r"; see MIGRATION\.md#(\S+)$", comment)
-        assert ids, comment
-        for anchor in ids.group(1).replace(" ", "").split(",#"):
-            assert anchor in anchors, (anchor, comment)
+        assert "…" not in comment, comment
+        body, code = re.fullmatch(r"# TODOV1: (.*); ds-migrate --explain (\S+)", comment).groups()
+        assert todo_links.has_next_step(body), comment
+        assert re.search(r"[(<\"]|\w\.\w", body), f"no code or config named: {comment}"
+        assert ds_mesh_advice.find(code), (code, comment)
+        assert body.count("(") == body.count(")") and body.count('"') % 2 == 0, f"cut inside code: {comment}"
 
 
 def test_every_kind_of_site_has_its_section():
@@ -90,11 +91,26 @@ def test_the_full_advice_is_kept_for_each_comment():
     assert max(len(c) for c in _todo_comments(full)) > todo_links.MAX_COMMENT  # what is kept off the line
 
 
-def test_shorten_cuts_at_a_clause_or_a_word():
-    assert todo_links.shorten("short", 50) == "short"
-    text = "groups.x kept: a long explanation of why the site cannot be rewritten safely here"
-    assert todo_links.shorten(text, 40) == "groups.x kept: a long explanation of…"
-    assert todo_links.shorten("alpha beta: " + "x" * 60, 30).startswith("alpha beta")
+def test_the_comment_keeps_the_site_advice_or_a_whole_clause_of_it():
+    short = todo_links.todo_comment([("groups getter", "groups.f: use <mesh>.size(\"dp\")")])
+    assert short == '# TODOV1: groups.f: use <mesh>.size("dp"); ds-migrate --explain groups'
+    long = "topology kept: " + "x " * 40 + '; hand it mesh_core.pipeline_topology(pp=2, dp=2); more reasons'
+    assert todo_links.todo_comment([("pipeline topology", long)]) == (
+        "# TODOV1: hand it mesh_core.pipeline_topology(pp=2, dp=2); ds-migrate --explain topology")
+    hpz = "groups._get_zero_param_intra_parallel_group: use " + ds_mesh_advice.plain(
+        "deepspeed.utils.groups._get_zero_param_intra_parallel_group")
+    row = ds_mesh_advice.row("deepspeed.utils.groups._get_zero_param_intra_parallel_group")
+    assert todo_links.todo_comment([("groups getter", hpz)]).startswith(f"# TODOV1: {row.next_step};")
+    assert todo_links.clauses('a: b(c, d); "e; f", g') == ["a", "b(c, d)", '"e; f"', "g"]
+
+
+def test_explain_answers_from_the_installed_package(tmp_path):
+    done = _run(["--explain", "_get_expert_parallel_group", "--explain", "groups"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "next step: use <mesh>.expert_groups(N).ep_group" in done.stdout and "groups (groups getter)" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 100
+    done = _run(["--explain", "no_such_api"], tmp_path)
+    assert done.returncode == 1 and "give a kind" in done.stdout
 
 
 def _run(args, cwd, argv0=None):
@@ -111,12 +127,13 @@ def test_the_run_lists_each_todo_it_wrote_as_file_line(tmp_path):
     done = _run(["train.py", "--no-progress"], tmp_path)
     assert done.returncode == 0, done.stderr
     written = (tmp_path / "train.py").read_text().splitlines()
-    listed = re.findall(r"^train\.py:(\d+): TODOV1: (.*) \(see MIGRATION\.md#(\S+)\)$", done.stderr, re.M)
+    listed = re.findall(r"^train\.py:(\d+): TODOV1: (.*) \(see ds-migrate --explain (\S+)\)$", done.stderr, re.M)
     todo_lines = [n for n, line in enumerate(written, 1) if "# TODOV1:" in line]
     assert [int(n) for n, _, _ in listed] == todo_lines and len(todo_lines) == 4
-    for n, advice, anchor in listed:
+    for n, advice, code in listed:
         comment = written[int(n) - 1]
-        assert anchor in comment and advice.startswith(comment.split("# TODOV1: ")[1].split("…")[0].split("; see")[0])
+        body = comment.split("# TODOV1: ")[1].rsplit("; ds-migrate --explain ", 1)[0]
+        assert comment.endswith(f"--explain {code}") and (body.split(" (+")[0] in advice or ds_mesh_advice.find(code))
     assert "mesh_core.pipeline_topology(pp=pp, tp=mp, dp=world // (pp * mp))" in done.stderr  # the full advice
 
 
@@ -136,3 +153,17 @@ def test_help_names_the_command_typed_and_has_no_markup(tmp_path, argv0, prog):
     done = _run(["--help"], tmp_path, argv0=argv0)
     assert done.returncode == 0 and done.stdout.startswith(f"usage: {prog} "), done.stdout[:200]
     assert "``" not in done.stdout and ":class:" not in done.stdout and ":func:" not in done.stdout
+
+
+def test_every_comm_todo_names_what_to_write():
+    from codemods.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
+
+    names = sorted({**KILL_SWITCH, **BACKEND, **DIFFERENT})
+    source = ("import deepspeed.comm as dist\ndef f(t, g, a, b):\n" + "".join(f"    dist.{n}(a, b)\n" for n in names)
+              + "    dist.all_reduce(t, op=g)\n    dist.all_reduce(t, prof=True)\n    dist.all_reduce(*a)\n")
+    comments = _todo_comments(migrate_code(source, comm_to_torch=True).code)
+    assert len(comments) == len(names) + 3 and len(set(comments)) == len(comments)  # one per site, each its own
+    for comment in comments:
+        body = re.fullmatch(r"# TODOV1: (.*); ds-migrate --explain comm", comment).group(1)
+        assert len(comment) <= todo_links.MAX_COMMENT and todo_links.has_next_step(body), comment
+        assert re.search(r"\w\.\w|\(", body), comment

@@ -582,8 +582,8 @@ def test_legacy_calls_warn_once_per_call_site_and_obey_filters():
                 cgroups._get_expert_parallel_group("ep_size_2")  # another site
             assert len(caught) == 2 and all(w.category is LegacyAPIDeprecationWarning for w in caught)
             assert str(caught[0].message) == (
-                "TODOV1: deepspeed.utils.groups._get_expert_parallel_group is deprecated; use "
-                "<mesh>.expert_groups(N).ep_group (MIGRATION.md row 'deepspeed.utils.groups._get_expert_parallel_group')"
+                "TODOV1: deepspeed.utils.groups._get_expert_parallel_group is deprecated; use\n"
+                "  <mesh>.expert_groups(N).ep_group (ds-migrate --explain _get_expert_parallel_group)"
             )
             assert caught[0].filename == __file__
             with warnings.catch_warnings():
@@ -609,7 +609,7 @@ def test_warn_legacy_names_the_replacement_and_row():
         for _ in range(3):
             shim()  # one call site of the shim
         shim()  # another
-    text = "TODOV1: deepspeed.example.old is deprecated; use mesh.new() (MIGRATION.md row 'deepspeed.example.old')"
+    text = "TODOV1: deepspeed.example.old is deprecated; use mesh.new() (MIGRATION.md row\n  'deepspeed.example.old')"
     assert [str(w.message) for w in caught] == [text, text]
     assert caught[0].lineno != caught[1].lineno and caught[0].filename == __file__
     assert issubclass(LegacyAPIDeprecationWarning, DeprecationWarning)
