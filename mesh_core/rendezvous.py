@@ -45,14 +45,16 @@ class Arrival:
 
 
 def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
-           *, flag: bool = False) -> Arrival:
+           *, flag: bool = False, rank: "int | None" = None) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
     Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
-    ``absent(arrived, missing)`` when not all arrived within ``timeout``."""
+    ``absent(arrived, missing)`` when not all arrived within ``timeout``. ``rank``: this member's
+    number among ``members`` (default: its rank in the default group)."""
     n = len(members)
+    rank = dist.get_rank() if rank is None else rank
     try:
-        store.append(f"{prefix}/who", f"{dist.get_rank()},")
+        store.append(f"{prefix}/who", f"{rank},")
         value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
         state_key = f"{prefix}/state"
         last = value % (n + 1) == n
@@ -66,7 +68,7 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
         error = _as_error(absent(arrived, sorted(set(members) - set(arrived))))
         _leave_together(store, f"{prefix}/left", len(arrived), min(timeout.total_seconds(), LEAVE_WAIT_S))
     except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
-        raise _as_error(absent([dist.get_rank()], None)) from err
+        raise _as_error(absent([rank], None)) from err
     raise error
 
 
