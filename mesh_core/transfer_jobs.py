@@ -49,6 +49,7 @@ from .transfer import ParamLayout, check_tensors, own_box
 from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
 from .transfer_devices import WorldDevices, device_text
+from .transfer_engines import AUTOTP_META, EngineSide
 from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
                                  record, sender_param, sync_bytes, verdict)
 
@@ -82,12 +83,14 @@ class WeightLink:
     ``role`` is ``"sender"`` on every rank of the sending job (its rank 0 serves the store at
     ``address``), ``"receiver"`` on every rank of the receiving job. ``rank`` / ``world_size``
     default to this job's ``torch.distributed`` world (1 process when none). ``timeout`` bounds
-    every wait. Only ``gloo`` (CPU tensors) is supported as the side channel's backend.
+    every wait. Only ``gloo`` (CPU tensors) is supported as the side channel's backend. ``launch``:
+    an id the receiving job's ranks share, one per launch (default: drawn by its rank 0 and shared
+    through the job's default store; needed when several receiving ranks have no world).
     """
 
     def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 window: int = DEFAULT_WINDOW, backend: str = "gloo") -> None:
+                 window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None) -> None:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
         if backend != "gloo":
@@ -103,7 +106,7 @@ class WeightLink:
         self.role, self.address, self.timeout = role, address, timeout
         self.bucket_bytes, self.window, self.backend = bucket_bytes, window, backend
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
-        self._launch = _launch_id(self.rank, self.job_size, initialised) if role == "receiver" else ""
+        self._launch = launch or (_launch_id(self.rank, self.job_size, initialised) if role == "receiver" else "")
         self._round = None if role == "receiver" else 0
         self._cache: Optional[dict] = None  # digest, verdict, buckets, pool, process group, sizes
         self.partial = False  # a receiver whose last sync failed in the data phase
@@ -272,8 +275,11 @@ def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
 
 def _launch_id(rank: int, size: int, initialised: bool) -> str:
     """One id shared by this launch's ranks (rank 0 draws it; the job's own store carries it)."""
-    if size == 1 or not initialised:
+    if size == 1:
         return uuid.uuid4().hex
+    if not initialised:
+        raise MeshSpecError(f"a receiving job of {size} ranks without a torch.distributed world must pass launch=, "
+                            "one id its ranks share (a new one per launch)")
     store = torch_compat.default_store()
     key = f"{PREFIX}/launch"
     if rank == 0:
@@ -306,8 +312,6 @@ def _is_zero3(param: torch.Tensor) -> bool:
 
 def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
                  size: int) -> tuple[dict, dict, list[str]]:
-    from .transfer_engines import EngineSide
-
     module, tensors = _tensors(model)
     spec = _job_spec(model, spec, size)
     params: dict[str, dict] = {}
@@ -316,6 +320,11 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
     zero3 = {n: p for n, p in tensors.items() if _is_zero3(p)}
     rest = [n for n in tensors if n not in zero3]
     for name, param in zero3.items():
+        meta = getattr(param, AUTOTP_META, None)
+        if isinstance(meta, Mapping) and meta.get("partition_dim") is not None and not meta.get("replicated"):
+            problems.append(f"source parameter {name!r} is both an AutoTP shard and ZeRO-3 partitioned, which the "
+                            "weight link does not read (use ZeRO-3 or AutoTP)")
+            continue
         part = param.ds_tensor
         shape = tuple(param.ds_shape)
         index = dist.get_rank(param.ds_process_group)
