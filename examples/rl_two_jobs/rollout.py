@@ -10,6 +10,7 @@ import argparse
 import io
 import os
 import sys
+import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/common.py
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--link", required=True, help="host:port the trainer job's rank 0 serves")
     parser.add_argument("--syncs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any wait of a sync may last")
+    parser.add_argument("--generate-seconds", type=float, default=0.0,
+                        help="time spent generating after each sync (simulated by waiting)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -47,6 +50,7 @@ def main() -> None:
         equal = all(torch.equal(shards[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])]) for n in shards)
         say(f"sync {stats.round}: {stats.seconds:.4f} s, {stats.bytes} bytes, received {stats.received_bytes} bytes "
             f"on this rank, {'WEIGHTS EQUAL' if equal else 'WEIGHTS DIFFER'}")
+        time.sleep(args.generate_seconds)
     dist.barrier()
     dist.destroy_process_group()
 
