@@ -135,6 +135,17 @@ class WeightLink:
         params, targets, problems = _receiver_side(model, layouts, spec, self.rank, self.job_size)
         return self._sync(params, problems, {}, targets)
 
+    def pair_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
+        if self._cache is None:
+            return {}
+        senders = self._cache["sizes"][0]
+        out: dict[tuple[int, int], int] = {}
+        for bucket in self._cache["buckets"]:
+            key = (bucket.src, bucket.dst - senders)
+            out[key] = out.get(key, 0) + bucket.nbytes
+        return out
+
     def close(self) -> None:
         """Drop the side channel (its process group and buffers)."""
         self._cache = None
@@ -143,6 +154,8 @@ class WeightLink:
 
     def _sync(self, params: dict, problems: list[str], sources: dict, targets: dict) -> SyncStats:
         start = time.perf_counter()
+        if self.store.timeout != self.timeout:  # the store's own waits are the link's
+            self.store.set_timeout(self.timeout)
         n, senders, receivers = self._open() if self.role == "sender" else self._claim()
         me = self.rank if self.role == "sender" else senders + self.rank
         members = list(range(senders + receivers))
@@ -181,10 +194,9 @@ class WeightLink:
             self.store.add(f"{PREFIX}/opened", 1)
         claim = f"{PREFIX}/{n}/claim"
         try:
-            self.store.wait([claim], self.timeout)
+            value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
         except (RuntimeError, dist.DistError):
-            pass
-        value = self.store.compare_set(claim, "", "abandoned").decode()
+            value = self.store.compare_set(claim, "", "abandoned").decode()  # or a claim that came just now
         if value == "abandoned":
             raise MeshSpecError(f"weight sync {n}: no receiving job joined within {self.timeout} (is it running, "
                                 f"and given the address {self.address}?); the sending job's weights are untouched")
@@ -195,6 +207,10 @@ class WeightLink:
         deadline = time.monotonic() + self.timeout.total_seconds()
         n = self._round if self._round is not None else max(0, self.store.add(f"{PREFIX}/opened", 0) - 1)
         mine = f"{self.job_size}:{self._launch}"
+        if self._cache is not None:  # synced last round: claim the next one before it opens (one store operation)
+            if self.store.compare_set(f"{PREFIX}/{n}/claim", "", mine).decode() == mine:
+                self._round = n + 1
+                return n, self._cache["sizes"][0], self.job_size
         while True:
             left = deadline - time.monotonic()
             try:
