@@ -127,8 +127,8 @@ def _worker(index, ports, sizes, repeat, split, out):
         pairs = link.pair_bytes() if trainer else None
         everyone.allreduce([torch.zeros(1)]).wait()
         if trainer and rank == 0:
-            link.store.set("bench/pairs", repr(sorted(pairs.items())))
-        pairs = dict(ast.literal_eval(link.store.get("bench/pairs").decode()))
+            link.store.set(f"bench/pairs/{mb}", repr(sorted(pairs.items())))
+        pairs = dict(ast.literal_eval(link.store.get(f"bench/pairs/{mb}").decode()))
         mine = [(s, d, b) for (s, d), b in sorted(pairs.items()) if (trainer and s == rank) or (not trainer and d == rank)]
         buffers = [torch.empty(b, dtype=torch.uint8) for _, _, b in mine]
 

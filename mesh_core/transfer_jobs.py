@@ -247,7 +247,12 @@ class WeightLink:
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
         pieces = plan_sync(agreed, itemsize)
         buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes)
-        group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers, self.timeout)
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
+                                          self.timeout)
+        except (RuntimeError, dist.DistError) as err:  # a rank ended between the agreement and here
+            raise MeshSpecError(f"weight sync: the side channel between the jobs could not be built within "
+                                f"{self.timeout}: {err}; no message was sent") from err
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
         return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets, "pool": BufferPool(),
                 "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
