@@ -163,8 +163,10 @@ def verdict(records: Sequence[dict], senders: int) -> Verdict:
         rows = [{"job size": str(records[b]["job"])} for b in ranks]
         rows = [dict(row, **{f"parameter {n!r}": f"shape {tuple(p['shape'])} {p['dtype']}" for n, p in records[b]["params"].items()})
                 for row, b in zip(rows, ranks)]
-        differ += [f"{side}s: {d}" for d in differing_fields(rows, [who(b, senders) for b in ranks], absent="<absent>")]
-    backends = differing_fields([{"backend": rec["backend"]} for rec in records], list(range(len(records))))
+        job_ranks = [b if side == "sender" else b - senders for b in ranks]
+        differ += [f"{side} job: {d}" for d in differing_fields(rows, job_ranks, absent="<absent>")]
+    backends = differing_fields([{"backend": rec["backend"]} for rec in records], list(range(len(records))),
+                                show=str)
     if differ or backends:
         raise MeshSpecError(_listing(f"{head}: the ranks of one job disagree", differ + backends))
     send, recv = records[0]["params"], records[senders]["params"]

@@ -89,7 +89,7 @@ def test_replicas_each_send_a_part_of_a_big_piece():
     (lambda r, p: dict(p, extra=receiver_param((3,), "float32", "cpu", ((0, 3),))), "only the receiver has: ['extra']"),
     (lambda r, p: dict(p, up=dict(p["up"], dtype="int64")), "'up': sent as float32, received into int64"),
     (lambda r, p: dict(p, up=dict(p["up"], shape=[10, 18])), "'up': shape (18, 10) on the sender, (10, 18) on the receiver"),
-    (lambda r, p: dict(p, norm=dict(p["norm"], shape=[17])) if r == 1 else p, "the ranks of one job disagree: receivers"),
+    (lambda r, p: dict(p, norm=dict(p["norm"], shape=[17])) if r == 1 else p, "the ranks of one job disagree: receiver job: parameter 'norm': shape (18,) float32 on rank 0; shape (17,) float32 on rank 1"),
 ])
 def test_the_verdict_refuses_what_would_be_wrong(edit, words):
     with pytest.raises(MeshSpecError, match="refused before any message was sent") as err:
