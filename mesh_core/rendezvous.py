@@ -47,16 +47,19 @@ class Arrival:
 
 
 def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
-           *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None) -> Arrival:
+           *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None,
+           rank: Optional[int] = None) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
     Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
     ``absent(arrived, missing)`` when not all arrived within ``timeout``. ``expected()``: the members
     known to be on their way; before raising, this rank also waits (bounded) until those have the
-    verdict."""
+    verdict. ``rank``: this member's number among ``members`` (default: its rank in the default
+    group)."""
     n = len(members)
+    rank = dist.get_rank() if rank is None else rank
     try:
-        store.append(f"{prefix}/who", f"{dist.get_rank()},")
+        store.append(f"{prefix}/who", f"{rank},")
         value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
         state_key = f"{prefix}/state"
         last = value % (n + 1) == n
@@ -69,7 +72,7 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
         arrived = sorted(_arrived(store, prefix))
         error = _as_error(absent(arrived, sorted(set(members) - set(arrived))))
     except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
-        raise _as_error(absent([dist.get_rank()], None)) from err
+        raise _as_error(absent([rank], None)) from err
     try:
         _leave_together(store, prefix, expected, min(timeout.total_seconds(), LEAVE_WAIT_S))
     except (RuntimeError, dist.DistError):

@@ -179,6 +179,8 @@ def execute(
     *,
     buffer_bytes: int,
     pool: Optional[BufferPool] = None,
+    rank: Optional[int] = None,
+    post: Optional[Callable[[list[tuple[bool, torch.Tensor, int, int]]], list]] = None,
 ) -> Run:
     """Send and receive this rank's buckets in rounds; ``local()`` runs once the first round is in flight.
 
@@ -188,8 +190,11 @@ def execute(
     on the oldest, while the buffers of the rounds in flight fit ``buffer_bytes`` (one round always
     may): every rank posts a prefix of its buckets and waits on its oldest round, so the oldest
     unfinished bucket of the whole transfer is posted on both ends and completes (no deadlock).
-    Buckets sent from / received into the tensors themselves only count as messages."""
-    rank = dist.get_rank()
+    Buckets sent from / received into the tensors themselves only count as messages. ``rank`` and
+    ``post`` (``[(is_send, tensor, peer, tag)]`` -> works) run it on another channel than the
+    default group (default: this rank of the world, one ``batch_isend_irecv`` per round)."""
+    rank = dist.get_rank() if rank is None else rank
+    post = _batch_on_world if post is None else post
     pool = pool if pool is not None else BufferPool()
     mine = deque(b for b in buckets if rank in (b.src, b.dst))
     run = Run()
@@ -231,15 +236,15 @@ def execute(
                 mine.popleft()
                 if bucket.src == rank:
                     buffer, owned = _pack(bucket, source, wire_dtype, pool, direct(bucket))
-                    ops.append(dist.P2POp(dist.isend, buffer, bucket.dst, tag=bucket.tag))
+                    ops.append((True, buffer, bucket.dst, bucket.tag))
                     run.sent_bytes += bucket.nbytes
                 else:
                     buffer, owned = _landing(bucket, target, pool, direct(bucket))
-                    ops.append(dist.P2POp(dist.irecv, buffer, bucket.src, tag=bucket.tag))
+                    ops.append((False, buffer, bucket.src, bucket.tag))
                     run.received_bytes += bucket.nbytes
                 alive += buffer.numel() if owned else 0
                 posted.append((bucket, buffer, owned))
-            works = dist.batch_isend_irecv(ops)
+            works = post(ops)
             messages += len(posted)
             run.messages += len(posted)
             run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
@@ -261,6 +266,11 @@ def execute(
         del posted, works
         post_rounds()
     return run
+
+
+def _batch_on_world(ops: list[tuple[bool, torch.Tensor, int, int]]) -> list:
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, tag=tag)
+                                   for send, tensor, peer, tag in ops])
 
 
 def _direct(bucket: Bucket, tensor_of, sending: bool, wire_dtype) -> Optional[torch.Tensor]:

@@ -1,0 +1,216 @@
+"""Weight sync between two jobs: a ZeRO-3 trainer job (4 gloo ranks) -> a tp=2 rollout job (2 gloo
+ranks), each its own world, on this machine. Alternated in each repetition:
+
+- ``link``: ``mesh_core.transfer_jobs.WeightLink`` (each rollout rank receives its tp shard straight
+  from the ZeRO-3 partitions that hold its parts: no gather, every trainer rank sends);
+- ``gather+bcast``: what RL frameworks do: every parameter gathered over the trainer job (the
+  all-gather of ZeRO-3's GatheredParameters), then broadcast whole from trainer rank 0 to every
+  rollout rank (a group of trainer rank 0 and the rollout ranks), which copy their shard out of it;
+- ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
+  exactly the bytes the link's plan moves (moves bytes, places nothing).
+
+Seconds are the slowest rank's, from a barrier of all 6 ranks; GB/s = model bytes / seconds.
+Ratios are per repetition (min / median / max).
+
+    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 7                # Megatron split
+    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 7 --split rows   # both weights by rows
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+TRAINERS, ROLLOUTS = 4, 2
+HIDDEN = 512
+METHODS = ("link", "gather+bcast", "raw")
+
+
+def _shapes(mb: int) -> dict:
+    """A stack of MLP blocks (up: 4h x h split by rows, down: h x 4h split by columns, a norm) of about ``mb`` MB."""
+    per_block = (2 * 4 * HIDDEN * HIDDEN + HIDDEN) * 4
+    blocks = max(1, round(mb * 1e6 / per_block))
+    shapes = {}
+    for b in range(blocks):
+        shapes[f"{b}.up"] = (4 * HIDDEN, HIDDEN)
+        shapes[f"{b}.down"] = (HIDDEN, 4 * HIDDEN)
+        shapes[f"{b}.norm"] = (HIDDEN,)
+    return shapes
+
+
+def _layouts(shapes, split):
+    """Megatron: up by rows, down by columns (the rollout's down shard is a block of columns); rows: both by rows."""
+    from mesh_core.transfer import ParamLayout
+
+    down_dim = 1 if split == "megatron" else 0
+    return {n: ParamLayout(s, shard_dim=0 if n.endswith(".up") else down_dim if n.endswith(".down") else None)
+            for n, s in shapes.items()}
+
+
+def _partitions(shapes, rank):
+    """ZeRO-3 parameters as DeepSpeed lays them out: ``ds_tensor`` = this rank's flat partition."""
+    params = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        numel = torch.Size(shape).numel()
+        size = -(-numel // TRAINERS)
+        flat = torch.zeros(size * TRAINERS)
+        flat[:numel] = torch.arange(numel, dtype=torch.float32) % 251 + i
+        param = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        param.ds_tensor = flat[rank * size:(rank + 1) * size].clone()
+        param.ds_tensor.ds_numel = size
+        param.ds_shape, param.ds_numel, param.ds_process_group = shape, numel, dist.group.WORLD
+        params[name] = param
+    return params
+
+
+def _worker(index, ports, sizes, repeat, split, out):
+    from mesh_core import MeshSpec
+    from mesh_core.transfer import own_box
+    from mesh_core.transfer_jobs import WeightLink
+
+    trainer = index < TRAINERS
+    rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)
+    job_store = dist.TCPStore("127.0.0.1", ports[0 if trainer else 1], size, rank == 0, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=job_store, rank=rank, world_size=size)
+    link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", timeout=timedelta(seconds=120))
+    everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS,
+                                     timedelta(seconds=120))
+    in_bcast = index == 0 or not trainer
+    bcast = (dist.ProcessGroupGloo(dist.PrefixStore("bench/bcast", link.store), 0 if trainer else 1 + rank,
+                                   1 + ROLLOUTS, timedelta(seconds=120)) if in_bcast else None)
+    spec = MeshSpec.build(ROLLOUTS, tp=2)
+    results = {}
+    for mb in sizes:
+        shapes = _shapes(mb)
+        layouts = _layouts(shapes, split)
+        model_bytes = sum(torch.Size(s).numel() * 4 for s in shapes.values())
+        if trainer:
+            params = _partitions(shapes, rank)
+            gathered = {n: torch.empty(p.ds_tensor.numel() * TRAINERS) for n, p in params.items()}
+        else:
+            boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in shapes}
+            shards = {n: torch.zeros([hi - lo for lo, hi in boxes[n]]) for n in shapes}
+            whole = {n: torch.empty(s) for n, s in shapes.items()}
+
+        def run_link():
+            if trainer:
+                link.send(params)
+            else:
+                link.receive(shards, layouts=layouts, spec=spec)
+
+        def run_gather_bcast():
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            for name in shapes:
+                if trainer:
+                    dist.all_gather_into_tensor(gathered[name], params[name].ds_tensor)
+                    if rank == 0:
+                        full = gathered[name][:params[name].ds_numel].view(shapes[name])
+                        bcast.broadcast([full], opts).wait()
+                else:
+                    bcast.broadcast([whole[name]], opts).wait()
+                    shards[name].copy_(whole[name][tuple(slice(lo, hi) for lo, hi in boxes[name])])
+
+        run_link()  # the first sync agrees and plans: outside the timings
+        pairs = link.pair_bytes() if trainer else None
+        everyone.allreduce([torch.zeros(1)]).wait()
+        if trainer and rank == 0:
+            link.store.set(f"bench/pairs/{mb}", repr(sorted(pairs.items())))
+        pairs = dict(ast.literal_eval(link.store.get(f"bench/pairs/{mb}").decode()))
+        mine = [(s, d, b) for (s, d), b in sorted(pairs.items()) if (trainer and s == rank) or (not trainer and d == rank)]
+        buffers = [torch.empty(b, dtype=torch.uint8) for _, _, b in mine]
+
+        def run_raw():
+            works = []
+            for (s, d, _), buffer in zip(mine, buffers):
+                works.append(everyone.send([buffer], TRAINERS + d, 7) if trainer else everyone.recv([buffer], s, 7))
+            for w in works:
+                w.wait()
+
+        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw}
+        for fn in runs.values():  # warm-up (buffers, connections)
+            fn()
+        times = {m: [] for m in METHODS}
+        for rep in range(repeat):
+            order = METHODS[rep % 3:] + METHODS[:rep % 3]
+            for method in order:
+                everyone.allreduce([torch.zeros(1)]).wait()
+                start = time.perf_counter()
+                runs[method]()
+                elapsed = torch.tensor([time.perf_counter() - start])
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = dist.ReduceOp.MAX
+                everyone.allreduce([elapsed], opts).wait()
+                times[method].append(elapsed.item())
+        if not trainer:
+            assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
+        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs)}
+        everyone.allreduce([torch.zeros(1)]).wait()
+    if index == 0:
+        out.put(results)
+    everyone.allreduce([torch.zeros(1)]).wait()
+    time.sleep(0.5 if index == 0 else 0)
+    dist.destroy_process_group()
+
+
+def _expected(shapes, name, box):
+    i = list(shapes).index(name)
+    numel = torch.Size(shapes[name]).numel()
+    full = (torch.arange(numel, dtype=torch.float32) % 251 + i).view(shapes[name])
+    return full[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mmm(values) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="16,64,256", help="model sizes in MB")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
+                        help="the rollout's tp split of the down projection: by columns (megatron) or by rows")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    ports = (_port(), _port(), _port())
+    procs = [ctx.Process(target=_worker, args=(i, ports, sizes, args.repeat, args.split, out)) for i in range(TRAINERS + ROLLOUTS)]
+    for p in procs:
+        p.start()
+    results = out.get()
+    for p in procs:
+        p.join()
+    print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
+          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank")
+    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link |")
+    print("|---|---|---|---|---|---|---|")
+    for mb, res in results.items():
+        t = res["times"]
+        med = {m: statistics.median(t[m]) for m in METHODS}
+        speedup = [g / l for g, l in zip(t["gather+bcast"], t["link"])]
+        vs_raw = [r / l for r, l in zip(t["raw"], t["link"])]
+        print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
+              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,391 @@
+"""Weight sync between two separately launched jobs (RL: a trainer job → a rollout job).
+
+Both jobs are given one rendezvous address (``host:port``). Rank 0 of the sending job serves a
+``torch.distributed.TCPStore`` there; every rank of both jobs connects to it. The weights travel on
+a side channel: a gloo process group of its own over a ``PrefixStore`` of that store, with the
+sender ranks first (bridge ranks ``0..S-1``) and the receiver ranks after them (``S..S+R-1``). It is
+not registered with ``torch.distributed``: neither job's world, groups or default store is used
+(the receiving job's default store is read once, at connect, to give its ranks one launch id).
+
+Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met by one
+:meth:`WeightLink.receive` (each rank of the receiving job):
+
+1. sender rank 0 opens round ``n``; the receiving job claims it (atomically: a round is claimed by
+   one launch of the receiving job, or given up by the senders after ``timeout``);
+2. one agreement through the store (:mod:`mesh_core.transfer_jobs_plan`): every rank's record of
+   what it holds or needs (names, shapes, dtypes, devices, boxes) and its own problems; any problem
+   or disagreement is the same :class:`~mesh_core.MeshSpecError` on every rank of both jobs, before
+   any message. When no rank's record changed since the previous round, the cached verdict, plan,
+   buckets and process group are reused (O(1) store operations per rank);
+3. the data: each receiver rank gets its own shard, straight from the sender ranks holding it (ZeRO-3
+   partitions are sent from the partitions, with no gather; replicas each send a part), in packed
+   buckets (:mod:`mesh_core.transfer_buckets`);
+4. one closing arrival: a rank that failed in the data phase (its peer died) flags it, so every rank
+   of both jobs raises; a receiver's error says its weights are partially written.
+
+Every wait is bounded by ``timeout``. A receiving job that ended is replaced by launching it again:
+its ranks claim the next round and the process group is built anew.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import torch_compat
+from .rendezvous import arrive
+from .spec import MeshSpec, MeshSpecError
+from .transfer import ParamLayout, check_tensors, own_box
+from .transfer_agree import dtype_name, dtype_of
+from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
+from .transfer_devices import WorldDevices, device_text
+from .transfer_engines import AUTOTP_META, EngineSide
+from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
+                                 record, sender_param, sync_bytes, verdict)
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "mesh_core/weight_link"
+ROLES = ("sender", "receiver")
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+
+
+@dataclass
+class SyncStats:
+    """What one sync did on this rank."""
+
+    round: int
+    seconds: float
+    bytes: int  # bytes the whole sync delivers to the receiving job
+    sent_bytes: int
+    received_bytes: int
+    messages: int
+    agreed_again: bool  # records were exchanged (first round, a change, a new receiving job)
+
+
+class _Late(Exception):
+    """This receiver reached a round the senders had already given up."""
+
+
+class WeightLink:
+    """One rank's end of a weight sync between two jobs (see the module docstring).
+
+    ``role`` is ``"sender"`` on every rank of the sending job (its rank 0 serves the store at
+    ``address``), ``"receiver"`` on every rank of the receiving job. ``rank`` / ``world_size``
+    default to this job's ``torch.distributed`` world (1 process when none). ``timeout`` bounds
+    every wait. Only ``gloo`` (CPU tensors) is supported as the side channel's backend. ``launch``:
+    an id the receiving job's ranks share, one per launch (default: drawn by its rank 0 and shared
+    through the job's default store; needed when several receiving ranks have no world).
+    """
+
+    def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None) -> None:
+        if role not in ROLES:
+            raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
+        if backend != "gloo":
+            raise MeshSpecError(f"backend={backend!r}: a weight link moves CPU tensors over gloo only")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise MeshSpecError(f"address={address!r}; expected 'host:port'")
+        initialised = dist.is_available() and dist.is_initialized()
+        self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
+        self.job_size = world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
+        if not 0 <= self.rank < self.job_size:
+            raise MeshSpecError(f"rank={self.rank} is out of range for world_size={self.job_size}")
+        self.role, self.address, self.timeout = role, address, timeout
+        self.bucket_bytes, self.window, self.backend = bucket_bytes, window, backend
+        self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
+        self._launch = launch or (_launch_id(self.rank, self.job_size, initialised) if role == "receiver" else "")
+        self._round = None if role == "receiver" else 0
+        self._cache: Optional[dict] = None  # digest, verdict, buckets, pool, process group, sizes
+        self.partial = False  # a receiver whose last sync failed in the data phase
+
+    # -- public -----------------------------------------------------------------------------------
+
+    def send(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
+             spec: Optional[MeshSpec] = None) -> SyncStats:
+        """Send this rank's share of ``model``'s parameters (a DeepSpeed engine, a module or tensors by name).
+
+        Layouts are read from the engine (ZeRO-3 partitions, AutoTP shards; whole tensors otherwise);
+        ``layouts`` gives hand-written tensor-parallel ones over ``spec`` (default: the engine's mesh)."""
+        if self.role != "sender":
+            raise MeshSpecError("send() is for the sending job's ranks; this link was made with role='receiver'")
+        params, sources, problems = _sender_side(model, layouts, spec, self.rank, self.job_size)
+        return self._sync(params, problems, sources, {})
+
+    def receive(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
+                spec: Optional[MeshSpec] = None) -> SyncStats:
+        """Write the sender's weights into this rank's shard of ``model`` (a module or tensors by name), in place.
+
+        ``layouts`` (by name) says how the parameters are split over ``spec`` (this job's mesh;
+        default: every rank holds whole tensors)."""
+        if self.role != "receiver":
+            raise MeshSpecError("receive() is for the receiving job's ranks; this link was made with role='sender'")
+        params, targets, problems = _receiver_side(model, layouts, spec, self.rank, self.job_size)
+        return self._sync(params, problems, {}, targets)
+
+    def pair_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
+        if self._cache is None:
+            return {}
+        senders = self._cache["sizes"][0]
+        out: dict[tuple[int, int], int] = {}
+        for bucket in self._cache["buckets"]:
+            key = (bucket.src, bucket.dst - senders)
+            out[key] = out.get(key, 0) + bucket.nbytes
+        return out
+
+    def close(self) -> None:
+        """Drop the side channel (its process group and buffers)."""
+        self._cache = None
+
+    # -- the round ---------------------------------------------------------------------------------
+
+    def _sync(self, params: dict, problems: list[str], sources: dict, targets: dict) -> SyncStats:
+        start = time.perf_counter()
+        if self.store.timeout != self.timeout:  # the store's own waits are the link's
+            self.store.set_timeout(self.timeout)
+        n, senders, receivers = self._open() if self.role == "sender" else self._claim()
+        me = self.rank if self.role == "sender" else senders + self.rank
+        members = list(range(senders + receivers))
+        rec = record(self.role, self.job_size, params, problems, self.backend)
+        digest = hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
+        cache = self._cache
+        stale = (cache is None or cache["digest"] != digest or cache["sizes"] != (senders, receivers))
+        where = f"{PREFIX}/{n}"
+        arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=bool(problems) or stale)
+        again = arrival.flagged > 0
+        if again:
+            self._cache = None
+            self.store.set(f"{where}/record/{me}", json.dumps(rec))
+            self._arrive(f"{where}/published", members, senders, n, me)
+            records = [json.loads(v) for v in self.store.multi_get([f"{where}/record/{b}" for b in members])]
+            agreed = verdict(records, senders)  # the same error on every rank, before any message
+            self._cache = cache = self._prepare(agreed, digest, senders, receivers, me, where)
+        assert cache is not None
+        failure: Optional[BaseException] = None
+        run = None
+        try:
+            run = self._data(cache, me, sources, targets)
+        except Exception as err:  # a peer died or its channel broke: every rank hears of it below
+            failure = err
+        self._close_round(f"{where}/done", members, senders, n, me, failure)
+        self.partial = False
+        return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes, run.received_bytes,
+                         run.messages, again)
+
+    def _open(self) -> tuple[int, int, int]:
+        """Sender: open the next round and wait for a receiving job to claim it."""
+        n = self._round
+        self._round += 1
+        if self.rank == 0:
+            self.store.set(f"{PREFIX}/open/{n}", str(self.job_size))
+            self.store.add(f"{PREFIX}/opened", 1)
+        claim = f"{PREFIX}/{n}/claim"
+        try:
+            value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
+        except (RuntimeError, dist.DistError):
+            value = self.store.compare_set(claim, "", "abandoned").decode()  # or a claim that came just now
+        if value == "abandoned":
+            raise MeshSpecError(f"weight sync {n}: no receiving job joined within {self.timeout} (is it running, "
+                                f"and given the address {self.address}?); the sending job's weights are untouched")
+        return n, self.job_size, int(value.partition(":")[0])
+
+    def _claim(self) -> tuple[int, int, int]:
+        """Receiver: claim the next round the senders open (skipping rounds given up or another launch's)."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        n = self._round if self._round is not None else max(0, self.store.add(f"{PREFIX}/opened", 0) - 1)
+        mine = f"{self.job_size}:{self._launch}"
+        if self._cache is not None:  # synced last round: claim the next one before it opens (one store operation)
+            if self.store.compare_set(f"{PREFIX}/{n}/claim", "", mine).decode() == mine:
+                self._round = n + 1
+                return n, self._cache["sizes"][0], self.job_size
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise RuntimeError("timeout")
+                self.store.wait([f"{PREFIX}/open/{n}"], timedelta(seconds=left))
+            except (RuntimeError, dist.DistError) as err:
+                raise MeshSpecError(f"weight sync: no sending job opened a sync within {self.timeout} at "
+                                    f"{self.address}; this rank's weights are untouched") from err
+            senders = int(self.store.get(f"{PREFIX}/open/{n}"))
+            if self.store.compare_set(f"{PREFIX}/{n}/claim", "", mine).decode() == mine:
+                self._round = n + 1
+                return n, senders, self.job_size
+            n += 1
+
+    def _arrive(self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False):
+        def absent(arrived, missing):
+            if missing is None:
+                return MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending "
+                                     "job's rank 0 ended)")
+            if not missing:
+                return _Late(n) if self.role == "receiver" else MeshSpecError(
+                    f"weight sync {n}: this rank came after the others gave up waiting ({self.timeout})")
+            return MeshSpecError(f"weight sync {n}: only {len(arrived)} of the {len(members)} ranks of both jobs "
+                                 f"arrived within {self.timeout}; missing: {describe_missing(missing, senders)} (ended, or "
+                                 "not calling send()/receive()); no message was sent")
+        try:
+            return arrive(self.store, prefix, members, self.timeout, absent, flag=flag, rank=me)
+        except _Late:
+            raise MeshSpecError(f"weight sync {n}: this receiving rank came after the sending job gave up waiting "
+                                f"({self.timeout}); its weights are untouched") from None
+
+    def _prepare(self, agreed: Verdict, digest: str, senders: int, receivers: int, me: int, where: str) -> dict:
+        itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
+        pieces = plan_sync(agreed, itemsize)
+        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes)
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
+                                          self.timeout)
+        except (RuntimeError, dist.DistError) as err:  # a rank ended between the agreement and here
+            raise MeshSpecError(f"weight sync: the side channel between the jobs could not be built within "
+                                f"{self.timeout}: {err}; no message was sent") from err
+        wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
+        return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets, "pool": BufferPool(),
+                "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
+
+    def _data(self, cache: dict, me: int, sources: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]):
+        group, wire = cache["group"], cache["wire"]
+
+        def post(ops):
+            return [group.send([t], peer, tag) if send else group.recv([t], peer, tag) for send, t, peer, tag in ops]
+
+        return execute(cache["buckets"], lambda key: sources[key], lambda key: targets[name_of(key)],
+                       lambda key, src: wire[name_of(key)], lambda: None,
+                       buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post)
+
+    def _close_round(self, prefix: str, members: list[int], senders: int, n: int, me: int,
+                     failure: Optional[BaseException]) -> None:
+        receiving = self.role == "receiver"
+        try:
+            done = self._arrive(prefix, members, senders, n, me, flag=failure is not None)
+        except MeshSpecError as err:
+            failure = failure or err
+            done = None
+        if failure is None and done is not None and done.flagged == 0:
+            return
+        self._cache = None  # the channel is rebuilt at the next round
+        self.partial = receiving
+        what = ("this rank's weights are partially written (received again at the next sync)" if receiving
+                else "the sending job's weights are untouched")
+        cause = f": {failure}" if failure is not None else f" on {done.flagged} of the ranks of both jobs"
+        raise MeshSpecError(f"weight sync {n} failed in the data phase{cause}; {what}") from failure
+
+
+def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
+    try:
+        return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, dist.DistError) as err:
+        if serve:
+            raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
+        raise MeshSpecError(f"no sending job's weight link answered at {host}:{port} within {timeout}: {err}") from err
+
+
+def _launch_id(rank: int, size: int, initialised: bool) -> str:
+    """One id shared by this launch's ranks (rank 0 draws it; the job's own store carries it)."""
+    if size == 1:
+        return uuid.uuid4().hex
+    if not initialised:
+        raise MeshSpecError(f"a receiving job of {size} ranks without a torch.distributed world must pass launch=, "
+                            "one id its ranks share (a new one per launch)")
+    store = torch_compat.default_store()
+    key = f"{PREFIX}/launch"
+    if rank == 0:
+        store.set(key, uuid.uuid4().hex)
+    return store.get(key).decode()
+
+
+_BRIDGE = WorldDevices("gloo", ("cpu",), None, False, False, socket.gethostname(), 0)
+
+
+def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Tensor]]:
+    if isinstance(model, Mapping):
+        return None, dict(model)
+    module = getattr(model, "module", model)
+    if not isinstance(module, torch.nn.Module):
+        raise MeshSpecError(f"expected a DeepSpeed engine, a torch.nn.Module or tensors by name, got {type(model).__name__}")
+    return module, dict(module.named_parameters())
+
+
+def _job_spec(model: Any, spec: Optional[MeshSpec], size: int) -> MeshSpec:
+    if spec is not None:
+        return spec
+    engine_spec = getattr(getattr(model, "mesh_device", None), "spec", None)
+    return engine_spec if isinstance(engine_spec, MeshSpec) else MeshSpec.build(size, dp=size)
+
+
+def _is_zero3(param: torch.Tensor) -> bool:
+    return hasattr(param, "ds_tensor") and hasattr(param, "ds_shape")
+
+
+def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
+                 size: int) -> tuple[dict, dict, list[str]]:
+    module, tensors = _tensors(model)
+    spec = _job_spec(model, spec, size)
+    params: dict[str, dict] = {}
+    sources: dict[str, torch.Tensor] = {}
+    problems: list[str] = []
+    zero3 = {n: p for n, p in tensors.items() if _is_zero3(p)}
+    rest = [n for n in tensors if n not in zero3]
+    for name, param in zero3.items():
+        meta = getattr(param, AUTOTP_META, None)
+        if isinstance(meta, Mapping) and meta.get("partition_dim") is not None and not meta.get("replicated"):
+            problems.append(f"source parameter {name!r} is both an AutoTP shard and ZeRO-3 partitioned, which the "
+                            "weight link does not read (use ZeRO-3 or AutoTP)")
+            continue
+        part = param.ds_tensor
+        shape = tuple(param.ds_shape)
+        index = dist.get_rank(param.ds_process_group)
+        start = index * part.ds_numel
+        holds = flat_boxes(shape, start, start + part.ds_numel)
+        flat = part.detach().reshape(-1)
+        for i, (box, first) in enumerate(holds):
+            extent = [hi - lo for lo, hi in box]
+            sources[key_of(name, i)] = flat[first - start:first - start + math.prod(extent)].view(extent)
+        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(part.device),
+                                    [(b, f - start) for b, f in holds])
+        if part.device.type != "cpu":
+            problems.append(f"source tensor {name!r} is on {device_text(part.device)}; the link moves cpu tensors only")
+    if module is not None and rest:
+        side = EngineSide(model, spec, rest, layouts)
+        known, shapes, problems = side.layouts, side.shapes, problems + side.problems
+    else:
+        known = {n: (layouts or {}).get(n) or ParamLayout(tuple(tensors[n].shape)) for n in rest}
+        shapes = {}
+    metas, found = check_tensors(spec, rank, "source", known, tensors, shapes=shapes, world=_BRIDGE)
+    problems += found
+    for name, meta in metas.items():
+        box = own_box(spec, known[name], rank, name, "source")
+        tensor = tensors[name].detach()
+        sources[key_of(name, 0)] = tensor
+        params[name] = sender_param(known[name].shape, dtype_name(meta.dtype), meta.device, [(box, None)])
+    return params, sources, problems
+
+
+def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
+                   size: int) -> tuple[dict, dict, list[str]]:
+    _, tensors = _tensors(model)
+    spec = spec if spec is not None else MeshSpec.build(size, dp=size)
+    known = {n: (layouts or {}).get(n) or ParamLayout(tuple(t.shape)) for n, t in tensors.items()}
+    extra = sorted(set(layouts or {}) - set(tensors))
+    metas, problems = check_tensors(spec, rank, "destination", known, tensors, world=_BRIDGE)
+    if extra:
+        problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
+    params = {}
+    for name, meta in metas.items():
+        params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,
+                                      own_box(spec, known[name], rank, name, "destination"))
+    return params, {n: t.detach() for n, t in tensors.items()}, problems

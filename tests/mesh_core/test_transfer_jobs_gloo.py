@@ -1,0 +1,139 @@
+"""mesh_core.transfer_jobs between two jobs of spawned processes (a sending job of 2 ranks holding
+whole tensors, a receiving job of 2 ranks split tp=2; no torch world in either, links made with
+explicit ranks): bit for bit, each receiver fed by both senders; another model, another dtype, a
+shard of the wrong size: the same error on every rank of both jobs, with no process group built and
+no message; the next sync works and reuses the cached agreement; an absent other job: an error
+within the timeout."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from spawn import run_ranks
+
+pytestmark = pytest.mark.multiprocess
+SENDERS, RECEIVERS = 2, 2
+SHAPES = {"up": (64, 96), "down": (96, 64), "bias": (5,)}  # up/down big enough to be cut between the two senders
+
+
+def _full(version: int) -> dict:
+    gen = torch.Generator().manual_seed(version)
+    return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+
+
+def _layouts():
+    from mesh_core.transfer import ParamLayout
+
+    return {"up": ParamLayout(SHAPES["up"], shard_dim=0), "down": ParamLayout(SHAPES["down"], shard_dim=1),
+            "bias": ParamLayout(SHAPES["bias"])}
+
+
+def _worker(index: int, port: int, out_dir: str) -> None:
+    from mesh_core import MeshSpec, MeshSpecError
+    from mesh_core import transfer_jobs
+    from mesh_core.transfer import own_box
+
+    sender = index < SENDERS
+    rank = index if sender else index - SENDERS
+    built, posted = [], []
+    real_prepare, real_execute = transfer_jobs.WeightLink._prepare, transfer_jobs.execute
+    transfer_jobs.WeightLink._prepare = lambda self, *a: built.append(1) or real_prepare(self, *a)
+    transfer_jobs.execute = lambda *a, **k: posted.append(1) or real_execute(*a, **k)
+    link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
+                                    world_size=SENDERS if sender else RECEIVERS, timeout=timedelta(seconds=20),
+                                    launch="job-1")
+    spec = MeshSpec.build(RECEIVERS, tp=2)
+    layouts = _layouts()
+    boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in SHAPES}
+    out: dict = {}
+
+    def case(name, version, *, edit=None, extra=None, dtype=torch.float32):
+        full = _full(version)
+        if sender:
+            tensors = dict(full, **(extra or {}))
+        else:
+            tensors = {n: torch.zeros([hi - lo for lo, hi in boxes[n]], dtype=dtype) for n in SHAPES}
+            if edit:
+                tensors = edit(tensors)
+        before = len(built), len(posted)
+        start = time.monotonic()
+        try:
+            stats = link.send(tensors) if sender else link.receive(tensors, layouts=layouts, spec=spec)
+            res = {"ok": True, "again": stats.agreed_again, "received": stats.received_bytes, "sent": stats.sent_bytes}
+            if not sender:
+                res["equal"] = all(torch.equal(tensors[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])])
+                                   for n in SHAPES)
+        except MeshSpecError as err:
+            res = {"ok": False, "error": str(err)}
+        res.update(seconds=time.monotonic() - start, built=len(built) - before[0], posted=len(posted) - before[1])
+        out[name] = res
+
+    case("first", 1)
+    case("second", 2)
+    case("another_model", 3, extra={"extra.weight": torch.ones(3)})
+    case("another_dtype", 4, dtype=torch.int32)
+    case("wrong_shard", 5, edit=lambda t: dict(t, up=torch.zeros(33, 96)) if rank == 1 else t)
+    case("after_errors", 6)
+    case("cached", 7)
+    if sender:  # the receiving job is gone: the senders' next sync ends within the timeout
+        link.timeout = timedelta(seconds=3)
+        case("absent", 8)
+    with open(os.path.join(out_dir, f"{index}.json"), "w") as fh:
+        json.dump(out, fh)
+    time.sleep(0.5 if sender else 0)  # the store's server (sender 0) outlives the others' last reads
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def outs(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("jobs"))
+    run_ranks(_worker, (_free_port(), out_dir), world=SENDERS + RECEIVERS, timeout_s=240, hang="weight link cases")
+    res = []
+    for i in range(SENDERS + RECEIVERS):
+        with open(os.path.join(out_dir, f"{i}.json")) as fh:
+            res.append(json.load(fh))
+    return res
+
+
+def test_receivers_get_their_shards_bit_for_bit_from_both_senders(outs):
+    for case in ("first", "second", "after_errors", "cached"):
+        assert all(o[case]["ok"] for o in outs), [o[case] for o in outs]
+        assert all(o[case]["equal"] for o in outs[SENDERS:])
+    # each sender sends a share: the 64x96 and 96x64 shards are cut between the two replicas
+    total = sum(o["first"]["sent"] for o in outs[:SENDERS])
+    assert total == sum(o["first"]["received"] for o in outs[SENDERS:]) >= 4 * (64 * 96 + 96 * 64 + 5)
+    assert all(0.4 * total < o["first"]["sent"] < 0.6 * total for o in outs[:SENDERS])
+
+
+def test_the_agreement_and_plan_are_reused_until_something_changes(outs):
+    assert all(o["first"]["again"] and o["first"]["built"] == 1 for o in outs)
+    assert all(not o["second"]["again"] and o["second"]["built"] == 0 for o in outs)
+    assert all(o["after_errors"]["again"] and not o["cached"]["again"] for o in outs)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("another_model", "the two jobs hold different models: parameters only the sender has: ['extra.weight']"),
+    ("another_dtype", "'up': sent as float32, received into int32"),
+    ("wrong_shard", "receiver rank 1: destination tensor 'up' has shape (33, 96); its layout (64, 96) needs (32, 96) here"),
+])
+def test_a_disagreement_is_one_error_on_every_rank_of_both_jobs_before_any_message(outs, case, words):
+    errors = {o[case].get("error") for o in outs}
+    assert len(errors) == 1 and words in errors.pop(), [o[case] for o in outs]
+    assert all(o[case]["built"] == 0 and o[case]["posted"] == 0 for o in outs)  # no channel, no message
+
+
+def test_an_absent_receiving_job_is_an_error_on_every_sender_within_the_timeout(outs):
+    for o in outs[:SENDERS]:
+        assert not o["absent"]["ok"] and "no receiving job joined within 0:00:03" in o["absent"]["error"]
+        assert o["absent"]["seconds"] < 3 + 5
