@@ -98,6 +98,47 @@ class _Frame:
         return statement.with_changes(leading_lines=[*statement.leading_lines, *lines])
 
 
+class SiteFailure(Exception):
+    """A rule failed at one statement (its output would not be valid code, or the rule raised):
+    that statement is to be left as it is and reported; the rest of the file still migrates."""
+
+    def __init__(self, position: tuple[int, int], why: str, statement: Optional[cst.CSTNode] = None) -> None:
+        super().__init__(f"line {position[0]}: {why}")
+        self.position = position  # (line, column) of the statement in the codemod's input tree
+        self.why = why
+        self.statement = statement
+
+
+def _why(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+
+
+def _invalid_output(node: Union[cst.CSTNode, cst.FlattenSentinel]) -> Optional[str]:
+    """Why the code of a rewritten statement ``node`` is not valid Python (None when it is): it is
+    printed and parsed on its own, so a rule cannot write what would not compile or would change
+    the statements around it."""
+    nodes = list(node.nodes) if isinstance(node, cst.FlattenSentinel) else [node]
+    for statement in nodes:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        text = cst.Module([]).code_for_node(statement)
+        try:
+            count = len(ast.parse(text).body)
+        except (SyntaxError, ValueError) as err:
+            if not find_all(statement, cst.FormattedString):
+                return f"the rewritten statement would not parse ({getattr(err, 'msg', err)})"
+            # f-strings: this interpreter's grammar may be older than the code's (quotes are made
+            # portable after the codemods); libcst's parser does not depend on it
+            try:
+                count = len(cst.parse_statement(text).body)
+            except cst.ParserSyntaxError as error:
+                return f"the rewritten statement would not parse ({error.message})"
+        if count != len(statement.body):
+            return "the rewritten statement would parse as another number of statements"
+    return None
+
+
 class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
     """Base of every migration codemod.
 
@@ -135,6 +176,55 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         self._engine_cache: dict[int, list[tuple[str, int]]] = {}
         self._foreign: Optional[set[str]] = None  # names the file binds to something other than mesh_core's
         self.sites, self.todos = counters(context)
+        # statements (by their (line, column) in this codemod's input) left as they are: a rule failed there
+        self.excluded: set[tuple[int, int]] = set()
+        self._statements: list[cst.BaseStatement] = []
+
+    # --- a failing site never stops the file --------------------------------------------------
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseStatement):
+            self._statements.append(node)
+            if self.excluded and self.position(node) in self.excluded:
+                self._pruned = node  # LazyMetadata.on_leave then returns it unchanged
+                return False
+        try:
+            return super().on_visit(node)
+        except (SkipFile, SiteFailure):
+            raise
+        except Exception as err:
+            failure = self._failure(node, _why(err))
+            if failure is None:
+                raise
+            raise failure from err
+
+    def on_leave(self, original_node, updated_node=None):
+        if updated_node is None:
+            return super().on_leave(original_node)
+        try:
+            result = super().on_leave(original_node, updated_node)
+            if result is not original_node and isinstance(original_node, cst.SimpleStatementLine):
+                problem = _invalid_output(result)
+                if problem is not None:
+                    raise SiteFailure(self.position(original_node), problem, original_node)
+            return result
+        except (SkipFile, SiteFailure):
+            raise
+        except Exception as err:
+            failure = self._failure(original_node, _why(err))
+            if failure is None:
+                raise
+            raise failure from err
+        finally:
+            if isinstance(original_node, cst.BaseStatement) and self._statements:
+                self._statements.pop()
+
+    def _failure(self, node: cst.CSTNode, why: str) -> Optional[SiteFailure]:
+        """The :class:`SiteFailure` of the statement holding ``node`` (None outside any statement:
+        the whole file then fails)."""
+        statement = node if isinstance(node, cst.BaseStatement) else (self._statements[-1] if self._statements else None)
+        if statement is None:
+            return None
+        return SiteFailure(self.position(statement), why, statement)
 
     # --- files this codemod must not touch ----------------------------------------------------
     def visit_Module(self, node: cst.Module) -> Optional[bool]:

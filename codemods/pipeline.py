@@ -13,7 +13,7 @@ from libcst.codemod import CodemodContext, SkipFile
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from . import chunks
-from .base import MESH_REFS, MigrationCommand, counters, find_all, identifiers
+from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
@@ -81,6 +81,9 @@ def _applies(command_class, source: str, names, module) -> bool:
     return needs is None or needs(names, module)
 
 
+# A codemod that fails at more statements than this in one file fails the file (left untouched).
+MAX_FAILED_SITES = 50
+
 # A file can only reach a legacy API through an import that names one of these, or through a
 # relative import (inside deepspeed: ``from .. import comm as dist``).
 _MARKERS = ("deepspeed", "compat", "groups", "topology")
@@ -96,6 +99,8 @@ class Migration:
     todos: Counter = field(default_factory=Counter)
     skipped: Optional[str] = None
     advice: dict = field(default_factory=dict)  # TODOV1 comment written -> its full advice (codemods.todo_links)
+    # (line, why) of each statement a rule failed at, left as it is (neither rewritten nor commented)
+    failures: list = field(default_factory=list)
 
     def spelled_out(self) -> str:
         """``code`` with each short TODOV1 comment replaced by its full advice (for reading it in one place)."""
@@ -158,7 +163,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
     done = _transform(source, filename, module, package, applied)
     if isinstance(done, str):
         return Migration(source, skipped=done)
-    parsed, tree, sites, todos, _ = done
+    parsed, tree, sites, todos, _, failures = done
     # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
     # code is the source (libcst round-trips exactly): no printing
     code = source if tree is parsed else tree.code
@@ -171,7 +176,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         problem = parse_error(code)
         if problem is not None and parse_error(source) is None:
             raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
-    return Migration(code, +sites, +todos)
+    return Migration(code, +sites, +todos, failures=failures)
 
 
 def _in_deepspeed(module: Optional[str]) -> bool:
@@ -191,6 +196,7 @@ def _transform(source, filename, module, package, applied):
     """(parsed tree, migrated tree, sites, TODOV1 sites, what each codemod asked of the header's
     imports) of running ``applied`` over ``source``; or why the file is skipped."""
     parsed = tree = cst.parse_module(source)
+    failures: list[tuple[int, str]] = []
     sites: Counter = Counter()
     todos: Counter = Counter()
     effects: list = []
@@ -199,16 +205,40 @@ def _transform(source, filename, module, package, applied):
             if command_class.CLEANUP and not sites:
                 effects.append((command_class.__name__, None))
                 continue  # nothing was rewritten, so no import became unused
-            context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
-            try:
-                tree = command_class(context).transform_module(tree)
-            except SkipFile as skip:
-                return str(skip)
+            excluded: set = set()
+            while True:
+                context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
+                command = command_class(context)
+                command.excluded = excluded
+                try:
+                    tree = command.transform_module(tree)
+                    break
+                except SkipFile as skip:
+                    return str(skip)
+                except SiteFailure as failure:
+                    # that statement is left as it is (reported); the codemod runs again on the same tree
+                    if failure.position in excluded or len(excluded) >= MAX_FAILED_SITES:
+                        raise
+                    excluded.add(failure.position)
+                    line = _source_line(parsed, failure.statement) if tree is not parsed else failure.position[0]
+                    failures.append((line or failure.position[0], f"{command_class.__name__}: {failure.why}"))
             done, flagged = counters(context)
             sites.update(done)
             todos.update(flagged)
             effects.append((command_class.__name__, _import_effect(context)))
-    return parsed, tree, sites, todos, effects
+    return parsed, tree, sites, todos, effects, failures
+
+
+def _source_line(parsed: cst.Module, statement) -> Optional[int]:
+    """The line of ``statement`` in the source, where an earlier codemod left it as it was (the same
+    node object); None otherwise."""
+    if statement is None:
+        return None
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    positions = MetadataWrapper(parsed, unsafe_skip_copy=True).resolve(PositionProvider)
+    position = positions.get(statement)
+    return position.start.line if position is not None else None
 
 
 def _import_effect(context: CodemodContext) -> tuple:
@@ -294,7 +324,9 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
             MESH_REFS.reset(token)
         if isinstance(done, str):
             return _whole_file("a codemod skipped a group")
-        parsed, tree, group_sites, group_todos, group_effects = done
+        parsed, tree, group_sites, group_todos, group_effects, failures = done
+        if failures:  # reported at lines of the whole file
+            return _whole_file("a rule failed at a site of a group")
         sites.update(group_sites)  # a site flagged again (its TODOV1 already there) changes nothing but counts
         todos.update(group_todos)
         if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)

@@ -10,6 +10,7 @@ kind in :data:`KIND_IDS`). The full, site-specific advice is not lost: a migrati
 from __future__ import annotations
 
 import contextlib
+import re
 from contextvars import ContextVar
 from typing import Iterator, Optional, Sequence
 
@@ -42,17 +43,71 @@ def anchor(kind: str) -> str:
     return KIND_IDS.get(kind, DEFAULT_ID)
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+_LINE_BREAK = re.compile(r"[ \t\f]*(?:\r\n|\r|\n)[ \t\f]*")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: code quoted in it (a call written across lines) has its line breaks
+    (and the indentation after them) removed inside brackets, a space elsewhere. A comment cannot
+    hold a line break."""
+    out: list[str] = []
+    pos = 0
+    for match in _LINE_BREAK.finditer(message):
+        out.append(message[pos:match.start()])
+        before, after = "".join(out)[-1:], message[match.end():match.end() + 1]
+        if before in _OPEN or after in _CLOSE or not before or not after:
+            joiner = ""
+        else:
+            joiner = " "
+        if after in _CLOSE and before == ",":  # a trailing comma before the closing bracket
+            out[-1] = out[-1][:-1]
+        out.append(joiner)
+        pos = match.end()
+    out.append(message[pos:])
+    return "".join(out)
+
+
+def _depths(text: str) -> list[int]:
+    """The bracket depth (outside backtick quotes: 0 only outside every code span) before each
+    character of ``text`` and after the last one."""
+    depths, depth, quoted = [], 0, False
+    for char in text:
+        depths.append(1 if quoted else depth)
+        if char == "`":
+            quoted = not quoted
+        elif char in _OPEN:
+            depth += 1
+        elif char in _CLOSE:
+            depth = max(depth - 1, 0)
+    depths.append(1 if quoted else depth)
+    return depths
+
+
 def shorten(message: str, room: int) -> str:
     """``message``, or its head: cut at the last clause boundary that fits ``room`` characters
-    when that keeps most of them, else at a word, with an ellipsis."""
+    when that keeps most of them, else at a word, with an ellipsis; never inside code (brackets or
+    a backtick quote), so a call is quoted whole or not at all."""
     if len(message) <= room:
         return message
-    cuts = [i for sep in _BOUNDARIES for i in _positions(message, sep) if _MIN_HEAD <= i <= room]
+    depths = _depths(message)
+    cuts = [
+        i for sep in _BOUNDARIES for i in _positions(message, sep) if _MIN_HEAD <= i <= room and depths[i] == 0
+    ]
     if cuts and max(cuts) >= 0.6 * room:  # a clause that keeps most of the room
         return message[: max(cuts)]
-    head = message[: max(room - 1, 1)]
-    space = head.rfind(" ")
-    return (head[:space] if space >= _MIN_HEAD else head).rstrip(" ,;:(") + "…"
+    limit = max(room - 1, 1)
+    spaces = [i for i in _positions(message[:limit + 1], " ") if i <= limit and depths[i] == 0]
+    good = [i for i in spaces if i >= _MIN_HEAD]
+    if good:
+        head = message[: good[-1]]
+    elif depths[limit] == 0 and " " not in message[:limit]:
+        head = message[:limit]  # one long word outside code
+    elif spaces:
+        head = message[: spaces[-1]]
+    else:
+        head = ""
+    return head.rstrip(" ,;:(") + "…"
 
 
 def _positions(text: str, sep: str) -> Iterator[int]:
@@ -65,7 +120,7 @@ def _positions(text: str, sep: str) -> Iterator[int]:
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
     """The ``# TODOV1: <head>; see MIGRATION.md#<id>`` comment for ``(kind, advice)`` entries
     (their distinct advices, in order); records the full advice for :func:`collecting`."""
-    messages = list(dict.fromkeys(message for _, message in entries))
+    messages = list(dict.fromkeys(one_line(message) for _, message in entries))
     ids = list(dict.fromkeys(anchor(kind) for kind, _ in entries))
     link = f"; see {DOC}#" + ", #".join(ids)
     prefix = f"# {TODO_TAG}: "
