@@ -167,7 +167,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
     # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
     # code is the source (libcst round-trips exactly): no printing
     code = source if tree is parsed else tree.code
-    if code != source and not _in_deepspeed(module) and needs_runtime(source, code, sites):  # library code never installs
+    if code != source and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites):  # library code never installs
         tree = add_runtime(tree)
         code = tree.code
     if code != source:

@@ -44,13 +44,16 @@ def anchor(kind: str) -> str:
 
 
 _OPEN, _CLOSE = "([{", ")]}"
+# a comment at the end of a line of quoted code (dropped with its line break)
+_LINE_COMMENT = re.compile(r"(?:(?<=\s)|(?<=[(\[{,]))#[^\r\n]*(?=\r\n|\r|\n)")
 _LINE_BREAK = re.compile(r"[ \t\f]*(?:\r\n|\r|\n)[ \t\f]*")
 
 
 def one_line(message: str) -> str:
-    """``message`` on one line: code quoted in it (a call written across lines) has its line breaks
-    (and the indentation after them) removed inside brackets, a space elsewhere. A comment cannot
-    hold a line break."""
+    """``message`` on one line: code quoted in it (a call written across lines) loses its end-of-line
+    comments and its line breaks (with the indentation after them): nothing next to a bracket, a
+    space elsewhere. A comment cannot hold a line break."""
+    message = _LINE_COMMENT.sub("", message)
     out: list[str] = []
     pos = 0
     for match in _LINE_BREAK.finditer(message):
