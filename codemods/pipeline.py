@@ -19,7 +19,7 @@ from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
 from .grid_users import GridUsersCommand
-from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, STATE, GroupsGettersCommand
+from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
@@ -49,7 +49,7 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
 # These codemods' hooks act only at a node that names one of these identifiers (a call or reference
 # whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
 # import, so statements without any are not visited (codemods.metadata.prune_unless).
-prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | {"getattr"})
+prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | frozenset(PRE_06) | {"getattr"})
 prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # Qualified names are looked up at nodes naming one of these (the codemods' identifiers): the

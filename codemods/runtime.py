@@ -12,7 +12,9 @@ Both the decision and the place come from the code, never from comments:
   ``<x>.mesh_device`` (``x`` not ``self``) than the source did, and the code names ``initialize``
   and does not call ``compat.install()`` already;
 - placed right before the first statement that imports a deepspeed module (or any star import, which
-  may bind a deepspeed name), in the block that holds it: inside the same ``try`` / ``if`` guard,
+  may bind a deepspeed name), in the block that holds it: inside the same ``if`` guard (and a
+  ``try`` that does not catch ``ImportError``; before one that does, so a missing ds-mesh is never
+  taken for a missing deepspeed),
   after every module-level statement that ran before it (a start-time stamp). Where the module
   imports deepspeed only inside functions, each such function gets the lines before its import.
   Where it imports no deepspeed module at all, after the module's leading imports.
@@ -231,6 +233,7 @@ def _in_functions(tree: cst.Module) -> Optional[cst.Module]:
             path = _first_import(updated_node.body.body, functions=False)
             if path is None:
                 return updated_node
+            path = _outside_import_guards(updated_node.body.body, path, functions=False)
             self.changed = True
             body = _insert(updated_node.body.body, path, functions=False)
             return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
@@ -257,10 +260,43 @@ def _after_leading_imports(tree: cst.Module) -> cst.Module:
     return tree.with_changes(body=[*body[:index], *_lines(), *body[index:]])
 
 
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _catches_import_error(statement: cst.CSTNode) -> bool:
+    if not isinstance(statement, (cst.Try, getattr(cst, "TryStar", cst.Try))):
+        return False
+    for handler in statement.handlers:
+        kind = handler.type
+        if kind is None:
+            return True
+        types = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
+        for t in types:
+            name = t.attr.value if isinstance(t, cst.Attribute) else getattr(t, "value", None)
+            if name in _IMPORT_ERRORS:
+                return True
+    return False
+
+
+def _outside_import_guards(statements: Sequence[cst.BaseStatement], path: list, *, functions: bool) -> list:
+    """``path`` cut at the first ``try`` on it whose handler catches ``ImportError``: the runtime
+    lines go before that ``try``, never inside the user's "no deepspeed" guard (where a missing
+    ds-mesh would be taken for a missing deepspeed and silently turn the feature off). ``install()``
+    works without deepspeed, so the user's guard still answers for deepspeed alone."""
+    statement = statements[path[0]]
+    if len(path) == 1:
+        return path
+    if _catches_import_error(statement):
+        return path[:1]
+    suite = _blocks(statement, functions=functions)[path[1]]
+    return path[:2] + _outside_import_guards(suite.body, path[2:], functions=functions)
+
+
 def add_runtime(tree: cst.Module) -> cst.Module:
     """``tree`` with ``import compat`` / ``compat.install()`` where the module docstring says."""
     path = _first_import(tree.body, functions=False)
     if path is not None:
+        path = _outside_import_guards(tree.body, path, functions=False)
         return tree.with_changes(body=_insert(tree.body, path, functions=False))
     local = _in_functions(tree)
     if local is not None:
