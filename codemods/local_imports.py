@@ -293,3 +293,25 @@ def _bare(statement: cst.CSTNode) -> str:
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+
+
+def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
+    """``tree`` where the module-level statement right after an import line the migration added
+    has the blank lines (and comments) it had in ``source``: libcst's import pass separates the
+    code after the imports it adds with a blank line the source may not have had."""
+    before = {_code(s) for s in source.body}
+    bare: dict[str, list] = {}
+    for statement in source.body:
+        bare.setdefault(_bare(statement), []).append(statement)
+    body = list(tree.body)
+    changed = False
+    for i in range(1, len(body)):
+        previous, statement = body[i - 1], body[i]
+        if _code(previous) in before or not _is_import_line(previous) or _code(statement) in before:
+            continue
+        same = bare.get(_bare(statement), [])
+        if len(same) == 1 and not _is_import_line(statement):
+            body[i] = statement.with_changes(leading_lines=same[0].leading_lines)
+            changed = True
+    return tree.with_changes(body=body) if changed else tree
+

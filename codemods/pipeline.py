@@ -24,7 +24,7 @@ from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
 from .mpu_internal import BWC, MpuInternalCommand
-from .local_imports import localize
+from .local_imports import keep_blank_lines, localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
@@ -188,7 +188,7 @@ def _finish(parsed: cst.Module, tree: cst.Module, code: str, package: Optional[s
     scopes of the ones they replace, f-string quotes for Python < 3.12."""
     # a relative import is a legacy one only inside deepspeed's own package (elsewhere it is the
     # project's own: accelerate's ``from .utils import ...`` does not make deepspeed a top-level import)
-    tree = localize(parsed, tree, in_package=_in_deepspeed(package))
+    tree = keep_blank_lines(parsed, localize(parsed, tree, in_package=_in_deepspeed(package)))
     return requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
 
 

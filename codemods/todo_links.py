@@ -87,6 +87,20 @@ def _depths(text: str) -> list[int]:
     return depths
 
 
+def _elide_code_at(message: str, depths: list[int], room: int) -> Optional[str]:
+    """``message`` with the arguments of the bracketed code that crosses character ``room`` replaced
+    by ``…`` (``f(a, b)`` → ``f(…)``), when that call starts early enough to keep its name; else None."""
+    if depths[room] == 0:
+        return None
+    start = max(i for i in range(room + 1) if depths[i] == 0)  # the opening bracket
+    if message[start] not in _OPEN or start < _MIN_HEAD:
+        return None
+    end = next((i for i in range(start + 1, len(message)) if depths[i + 1] == 0), None)
+    if end is None or end - start <= 2:
+        return None
+    return message[: start + 1] + "…" + message[end:]
+
+
 def shorten(message: str, room: int) -> str:
     """``message``, or its head: cut at the last clause boundary that fits ``room`` characters
     when that keeps most of them, else at a word, with an ellipsis; never inside code (brackets or
@@ -99,6 +113,9 @@ def shorten(message: str, room: int) -> str:
     ]
     if cuts and max(cuts) >= 0.6 * room:  # a clause that keeps most of the room
         return message[: max(cuts)]
+    elided = _elide_code_at(message, depths, room)
+    if elided is not None:  # the call that crosses the cut quoted as name(…)
+        return shorten(elided, room)
     limit = max(room - 1, 1)
     spaces = [i for i in _positions(message[:limit + 1], " ") if i <= limit and depths[i] == 0]
     good = [i for i in spaces if i >= _MIN_HEAD]

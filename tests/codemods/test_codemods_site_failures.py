@@ -132,3 +132,28 @@ def test_a_codemod_failing_on_a_whole_file_is_not_called_a_parse_error(tmp_path,
     assert "codemod failed (file left unchanged): RuntimeError: module-level failure" in err
     assert '"parse_errors": 0, "codemod_failures": 1' in out
     assert (tmp_path / "ok.py").read_text() == MULTI_LINE
+
+
+def test_a_todo_comment_never_cuts_inside_a_quoted_call():
+    from codemods.todo_links import MAX_COMMENT, shorten, todo_comment
+
+    call = "mesh_core.pipeline_topology(pp=pp_size, tp=1, dp=dp_size)"
+    message = f"topology kept: {call} is the same topology (axes and answers, what PipelineModule needs)"
+    for room in range(20, len(message)):
+        head = shorten(message, room)
+        assert len(head) <= room, (room, head)
+        kept = head.rstrip("…")
+        # the call is quoted whole, as name(…), or not at all
+        assert call in kept or "mesh_core.pipeline_topology(…)" in kept or "pipeline_topology" not in kept, head
+    two = todo_comment([("pipeline topology", message), ("pipeline topology", "pp=1 (+1) " + message)])
+    assert len(two) <= MAX_COMMENT and "pp_size;" not in two and "(pp=" not in two.split("(+1 more)")[0][-10:]
+
+
+def test_no_blank_line_is_added_after_the_added_imports():
+    source = (
+        "import deepspeed\nfrom deepspeed.utils import groups\nfrom helpers import log\n"
+        "try:\n    import wandb\nexcept ImportError:\n    wandb = None\n\n"
+        "def dp():\n    return groups._get_data_parallel_world_size()\n"
+    )
+    code = migrate_code(source).code
+    assert "from mesh_core import current_mesh\ntry:\n" in code, code
