@@ -135,8 +135,18 @@ class Site:
 
 
 def _dotted(node: ast.AST) -> Optional[str]:
+    """``a.b.c`` of a name or attribute chain (a subscript in it as ``a.b[]``: ``engines[-1].grid``)."""
     parts = []
-    while isinstance(node, ast.Attribute):
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Subscript):
+            node = node.value
+            if isinstance(node, ast.Attribute):
+                parts.append(node.attr + "[]")
+                node = node.value
+            elif isinstance(node, ast.Name):
+                parts.append(node.id + "[]")
+                return ".".join(reversed(parts))
+            continue
         parts.append(node.attr)
         node = node.value
     if isinstance(node, ast.Name):
@@ -261,6 +271,8 @@ class _Scan(ast.NodeVisitor):
                 self.add("bwc", node)
             elif func.id in self.topology_names:
                 self.add("topology", node)
+            elif self.is_deepspeed_initialize(func) and self._moves_layout(node):
+                self.add("initialize", node)
         elif isinstance(func, ast.Attribute):
             if owner in self.groups_modules and (attr in self.names.groups or attr in PRE_06_GROUPS):
                 self.add("groups", node)
@@ -269,14 +281,17 @@ class _Scan(ast.NodeVisitor):
             elif attr in TOPOLOGY_CLASSES and owner.startswith("deepspeed"):
                 self.add("topology", node)
             elif self.is_deepspeed_initialize(func) and any(kw.arg in ("mpu", "mesh_param") for kw in node.keywords):
-                if any(kw.arg == "mpu" and not _is_none(kw.value) for kw in node.keywords) or \
-                        any(kw.arg == "mesh_param" and not _is_none(kw.value) for kw in node.keywords):
+                if self._moves_layout(node):
                     self.add("initialize", node)
             elif attr in self.names.mpu and owner in self.mpu_exprs and not self._grid_owner(owner):
                 self.add("mpu", node)
             elif attr in self.names.mpu and owner == "mpu" and self.mpu_parameter and self.deepspeed_modules | self.initialize_names:
                 self.add("mpu", node)  # a parameter named mpu in a file that imports deepspeed
         self.generic_visit(node)
+
+    @staticmethod
+    def _moves_layout(node: ast.Call) -> bool:
+        return any(kw.arg in ("mpu", "mesh_param") and not _is_none(kw.value) for kw in node.keywords)
 
     def _grid_owner(self, owner: str) -> bool:
         head, _, last = owner.rpartition(".")
