@@ -205,7 +205,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         if isinstance(node, cst.BaseStatement):
             self._statements.append(node)
             if self.excluded and self.position(node) in self.excluded:
-                self._pruned = node  # LazyMetadata.on_leave then returns it unchanged
+                self._pruned = node  # on_leave then returns it unchanged
                 return False
         try:
             return super().on_visit(node)
@@ -220,6 +220,11 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
     def on_leave(self, original_node, updated_node=None):
         if updated_node is None:
             return super().on_leave(original_node)
+        if original_node is self._pruned:  # not visited (excluded or pruned): neither hooks nor children
+            self._pruned = None
+            if isinstance(original_node, cst.BaseStatement) and self._statements:
+                self._statements.pop()
+            return original_node
         try:
             if isinstance(original_node, cst.Call) and self._frames:
                 return self._call_kept_where_its_exception_is_caught(original_node, updated_node)
@@ -247,7 +252,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         sites = Counter(self.sites)
         added = self.context.scratch.get(AddImportsVisitor.CONTEXT_KEY)
         count = len(added) if added is not None else 0
-        result = LazyMetadata.on_leave(self, original_node, updated_node)
+        result = super().on_leave(original_node, updated_node)
         grown = self.sites - sites
         if result is original_node or result is updated_node or not grown:
             return result

@@ -296,15 +296,28 @@ def _is_import_line(statement: cst.CSTNode) -> bool:
 
 
 def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
-    """``tree`` where the module-level statement right after an import line the migration added
-    has the blank lines (and comments) it had in ``source``: libcst's import pass separates the
-    code after the imports it adds with a blank line the source may not have had."""
+    """``tree`` where the module-level statement right after an import line the migration added, and
+    the runtime lines (``import compat`` / ``compat.install()``) before a statement of ``source``,
+    have the blank lines (and comments) that statement had in ``source``: libcst's import pass
+    separates the code after the imports it adds with a blank line the source may not have had."""
     before = {_code(s) for s in source.body}
     bare: dict[str, list] = {}
     for statement in source.body:
         bare.setdefault(_bare(statement), []).append(statement)
     body = list(tree.body)
     changed = False
+    added = 0  # module-level lines the migration added before the current one
+    for i in range(len(body) - 2):  # the runtime lines take the place (and blank lines) of what follows them
+        runtime = _bare(body[i]) == "import compat\n" and _bare(body[i + 1]).startswith("compat.install()")
+        if runtime and _code(body[i]) not in before:
+            k = i - added  # the source statement the runtime lines stand before
+            if k < len(source.body) and type(body[i + 2]) is type(source.body[k]) \
+                    and _bare(body[i + 2]).split("\n")[0] == _bare(source.body[k]).split("\n")[0] \
+                    and body[i].leading_lines != source.body[k].leading_lines:
+                body[i] = body[i].with_changes(leading_lines=source.body[k].leading_lines)
+                changed = True
+        if _code(body[i]) not in before and (_is_import_line(body[i]) or _bare(body[i]).startswith("compat.install()")):
+            added += 1
     for i in range(1, len(body)):
         previous, statement = body[i - 1], body[i]
         if _code(previous) in before or not _is_import_line(previous) or _code(statement) in before:

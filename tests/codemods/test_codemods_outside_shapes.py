@@ -263,3 +263,13 @@ def test_a_multi_line_topology_is_flagged_and_the_file_migrates(world):
     assert not m.failures and m.todos["grid construction"] == 2 and m.sites["groups getter"] == 1
     assert "        num_mp=tp_size)  # TODOV1: topology kept: mesh_core.pipeline_topology(…)" in m.code
     assert_same(MULTI_LINE_TOPOLOGY, m.code, world)
+
+
+def test_the_runtime_lines_before_the_users_guard_add_no_blank_line():
+    source = (
+        "# Copyright\n# Arguments for training\ntry:\n    import deepspeed.utils\n    import deepspeed\nexcept:\n"
+        "    pass\n\n\ndef build(model, mpu, config):\n    return deepspeed.initialize(model=model, mpu=mpu, config=config)\n"
+    )
+    code = migrate_code(source).code
+    assert code.startswith("# Copyright\n# Arguments for training\nimport compat\ncompat.install()  #"), code
+    assert "\ntry:\n    import deepspeed.utils\n" in code
