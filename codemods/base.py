@@ -148,6 +148,10 @@ LEGACY_EXCEPTIONS = frozenset({
 })
 
 
+# the kinds of site whose rewrite is a query (a getter): kept where code waits for its legacy exception
+GETTER_KINDS = frozenset({"groups getter", "mpu call", "mpu/bwc call"})
+
+
 def _catches_legacy(handler: cst.CSTNode) -> Optional[str]:
     """The type (as written) of ``handler`` when it catches one of :data:`LEGACY_EXCEPTIONS`."""
     kind = getattr(handler, "type", None)
@@ -254,7 +258,9 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         count = len(added) if added is not None else 0
         result = super().on_leave(original_node, updated_node)
         grown = self.sites - sites
-        if result is original_node or result is updated_node or not grown:
+        if result is original_node or result is updated_node or not grown or not set(grown) <= GETTER_KINDS:
+            return result
+        if not self.may_keep_alone(original_node):
             return result
         caught = self._caught_legacy_exception(original_node)
         if caught is None:
@@ -269,6 +275,11 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
                       "the groups existed (code may wait for that: retry, fall back); migrate it once the code "
                       "no longer relies on that exception")
         return updated_node
+
+    def may_keep_alone(self, call: cst.Call) -> bool:
+        """The legacy ``call`` may stay while the rest of the file moves (not a reader of legacy state
+        whose builder this file moves: those move together, :mod:`codemods.legacy_state`)."""
+        return True
 
     def _caught_legacy_exception(self, node: cst.CSTNode) -> Optional[str]:
         """The handler (its type as written) of the innermost enclosing ``try`` of ``node``'s function

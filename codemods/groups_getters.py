@@ -240,6 +240,14 @@ class GroupsGettersCommand(MigrationCommand):
         self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
         return result
 
+    def may_keep_alone(self, call: cst.Call) -> bool:
+        fname = self.function_of(call.func)
+        state = ls.state_of_reader(fname) if fname is not None else None
+        if state is None or state in self._held:
+            return True
+        # a reader whose builder this file moves moves with it (the planning above decided so)
+        return not any(ls.state_of_builder(self.function_of(c.func) or "") == state for c in self._calls)
+
     def _held_states(self, module: cst.Module) -> dict:
         """The process-wide legacy states this file keeps with their readers (codemods.legacy_state)."""
         builders: dict[str, list] = {}

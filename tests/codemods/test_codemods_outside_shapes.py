@@ -273,3 +273,25 @@ def test_the_runtime_lines_before_the_users_guard_add_no_blank_line():
     code = migrate_code(source).code
     assert code.startswith("# Copyright\n# Arguments for training\nimport compat\ncompat.install()  #"), code
     assert "\ntry:\n    import deepspeed.utils\n" in code
+
+
+def test_a_reader_of_autotp_groups_built_in_this_file_moves_with_its_builder():
+    # the builder moves to the mesh, so its reader cannot stay legacy alone (it would read nothing)
+    source = (
+        "from deepspeed.utils import groups\n\n"
+        "def setup():\n    groups._init_tp_mesh_device(2)\n    try:\n"
+        "        return groups.get_tensor_model_parallel_world_size()\n    except AssertionError:\n        return 1\n"
+    )
+    m = migrate_code(source)
+    assert m.sites["groups getter"] == 2 and not m.todos
+    assert "set_default_mesh(DeepSpeedDeviceMesh.build(tp=2))" in m.code and 'current_mesh().size("tp")' in m.code
+
+
+def test_only_getters_are_kept_under_such_a_try():
+    source = (
+        "import deepspeed\n\ndef build(model, mpu, config):\n    try:\n"
+        "        return deepspeed.initialize(model=model, mpu=mpu, config=config)\n    except RuntimeError:\n"
+        "        return None\n"
+    )
+    m = migrate_code(source)
+    assert m.sites["initialize mpu"] == 1 and not m.todos
