@@ -263,19 +263,30 @@ def _after_leading_imports(tree: cst.Module) -> cst.Module:
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
 
+def _names_import_error(kind: cst.BaseExpression) -> bool:
+    types = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
+    for t in types:
+        name = t.attr.value if isinstance(t, cst.Attribute) else getattr(t, "value", None)
+        if name in _IMPORT_ERRORS:
+            return True
+    return False
+
+
 def _catches_import_error(statement: cst.CSTNode) -> bool:
+    """``statement`` is a ``try`` with a handler catching ``ImportError`` (or a base, or bare), or a
+    ``with contextlib.suppress(...)`` of one."""
+    if isinstance(statement, cst.With):
+        for item in statement.items:
+            call = item.item
+            func = call.func.attr if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) else \
+                getattr(call, "func", None)
+            if isinstance(func, cst.Name) and func.value == "suppress":
+                if any(_names_import_error(arg.value) for arg in call.args):
+                    return True
+        return False
     if not isinstance(statement, (cst.Try, getattr(cst, "TryStar", cst.Try))):
         return False
-    for handler in statement.handlers:
-        kind = handler.type
-        if kind is None:
-            return True
-        types = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
-        for t in types:
-            name = t.attr.value if isinstance(t, cst.Attribute) else getattr(t, "value", None)
-            if name in _IMPORT_ERRORS:
-                return True
-    return False
+    return any(handler.type is None or _names_import_error(handler.type) for handler in statement.handlers)
 
 
 def _outside_import_guards(statements: Sequence[cst.BaseStatement], path: list, *, functions: bool) -> list:

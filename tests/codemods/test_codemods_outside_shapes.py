@@ -295,3 +295,13 @@ def test_only_getters_are_kept_under_such_a_try():
     )
     m = migrate_code(source)
     assert m.sites["initialize mpu"] == 1 and not m.todos
+
+
+def test_the_runtime_goes_before_a_contextlib_suppress_guard():
+    source = (
+        "import contextlib\n\nwith contextlib.suppress(Exception):\n    import deepspeed\n\n\n"
+        "def build(model, mpu, config):\n    return deepspeed.initialize(model=model, mpu=mpu, config=config)\n"
+    )
+    code = migrate_code(source).code
+    assert "import contextlib\n\nimport compat\ncompat.install()  #" in code, code
+    assert "with contextlib.suppress(Exception):\n    import deepspeed\n" in code
