@@ -103,6 +103,24 @@ EXPERT_RELATED = frozenset(EXPERT) | EXPERT_MANUAL | {"_create_expert_and_data_p
 TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 _READER_NAMES = frozenset().union(*ls.READERS.values())
+# pre-0.6 ``deepspeed.utils.groups`` names that DeepSpeed 0.19.8 no longer has (calling one raises
+# AttributeError there) -> what 0.19.8 has instead; a call is flagged, naming it
+PRE_06: dict[str, str] = {
+    "expert_parallel_is_initialized": "bool(groups._get_expert_parallel_group_dict())",
+    "initialize_expert_parallel": "groups._create_expert_and_data_parallel(ep_size)",
+    "initialize_model_parallel": "groups._create_model_parallel(mp_size)",
+    "get_expert_parallel_group": "groups._get_expert_parallel_group(group_name)",
+    "get_expert_data_parallel_group": "groups._get_expert_data_parallel_group(group_name)",
+    "get_expert_parallel_world_size": "groups._get_expert_parallel_world_size(group_name)",
+    "get_expert_data_parallel_world_size": "groups._get_expert_data_parallel_world_size(group_name)",
+    "get_expert_parallel_rank": "groups._get_expert_parallel_rank(group_name)",
+    "get_expert_data_parallel_rank": "groups._get_expert_data_parallel_rank(group_name)",
+    "get_expert_parallel_src_rank": "groups._get_expert_parallel_src_rank(group_name)",
+    "get_max_expert_size": "groups._get_max_expert_size()",
+    "get_model_parallel_src_rank": "groups.get_tensor_model_parallel_src_rank()",
+}
+PRE_06_NOTE = "group_name: 'ep_size_<N>', e.g. groups._get_max_expert_size_name()"
+
 ALL_FUNCTIONS = (
     frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
 )
@@ -173,7 +191,7 @@ def code(node: cst.CSTNode) -> str:
 
 class GroupsGettersCommand(MigrationCommand):
     DESCRIPTION = "deepspeed.utils.groups getters -> calls on the model's DeepSpeedDeviceMesh"
-    IDENTIFIERS = (ALL_FUNCTIONS | STATE | {"getattr"},)
+    IDENTIFIERS = (ALL_FUNCTIONS | STATE | frozenset(PRE_06) | {"getattr"},)
     MARKERS = (
         (
             "utils.groups",
@@ -201,6 +219,14 @@ class GroupsGettersCommand(MigrationCommand):
         self._mpu_assigned = self._groups_mpu_assignment(node)
         self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
         return result
+
+    def may_keep_alone(self, call: cst.Call) -> bool:
+        fname = self.function_of(call.func)
+        state = ls.state_of_reader(fname) if fname is not None else None
+        if state is None or state in self._held:
+            return True
+        # a reader whose builder this file moves moves with it (the planning above decided so)
+        return not any(ls.state_of_builder(self.function_of(c.func) or "") == state for c in self._calls)
 
     def _held_states(self, module: cst.Module) -> dict:
         """The process-wide legacy states this file keeps with their readers (codemods.legacy_state)."""
@@ -268,6 +294,9 @@ class GroupsGettersCommand(MigrationCommand):
                 continue
             if served_by_name and (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS):
                 continue  # read from the legacy table by name (expert_process), whoever built it
+            caught = self._caught_legacy_exception(call)
+            if caught is not None:  # kept there (MigrationCommand), so every expert site is
+                return f"groups.{fname} is inside try/except {caught} (code may wait for the legacy exception)"
             if has_star_args(call):
                 return f"groups.{fname}(*args)"
             if fname in EXPERT and expert_size(call) is None:
@@ -301,6 +330,14 @@ class GroupsGettersCommand(MigrationCommand):
         if fname is None and self._on_groups_parameter(original_node.func):
             self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
                       "in) cannot be followed statically; pass the model's mesh instead and call it (ds-migrate --explain groups)")
+            return updated_node
+        if fname is None and self.could_be(original_node.func, PRE_06):
+            old = self.legacy_name(original_node.func, lambda n: ln.groups_function(n) in PRE_06)
+            if old is not None:
+                old = ln.groups_function(old)
+                note = f" ({PRE_06_NOTE})" if "group_name" in PRE_06[old] else ""
+                self.flag(KIND, f"groups.{old}() is a pre-0.6 name that DeepSpeed 0.19.8 does not have (AttributeError "
+                          f"there): write {PRE_06[old]}{note}, then migrate again")
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node

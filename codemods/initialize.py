@@ -121,6 +121,12 @@ class InitializeCommand(MigrationCommand):
             if sizes is None:
                 if mesh_param is None and self._plan_from_mpu(node, mpu):
                     mpu = None
+                elif mesh_param is None and isinstance(mpu.value, cst.Call) and mpu.keyword is not None \
+                        and arg_by(node, None, "mesh") is None:
+                    # the obstacle is evaluating the call twice (mesh=... from_mpu(<call>) if <call> ...)
+                    call = " ".join(cst.Module([]).code_for_node(mpu.value).split())
+                    self._defer(node, KIND_MPU, f"mpu={call} is a call: bind it to a name first (mpu = {call}), pass "
+                                "mpu=mpu, and migrate again (mpu= then becomes mesh=DeepSpeedDeviceMesh.from_mpu(mpu))")
                 else:
                     self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=, or pass mesh=DeepSpeedDeviceMesh.from_mpu(mpu)')
             else:

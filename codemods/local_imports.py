@@ -66,6 +66,10 @@ class _LegacyImports(cst.CSTVisitor):
         self._bodies: list = []
         # function -> (index in its body, the line) of its first legacy import among its own statements
         self.first: dict[int, tuple[int, cst.SimpleStatementLine]] = {}
+        # function -> (index of a ``try`` in its body, index in that try's body, the line) when its first
+        # legacy import stands in the body of a ``try`` of its own
+        self.in_try: dict[int, tuple[int, int, cst.SimpleStatementLine]] = {}
+        self._tries: list = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._functions.append(self._count)
@@ -76,11 +80,24 @@ class _LegacyImports(cst.CSTVisitor):
         self._functions.pop()
         self._bodies.pop()
 
+    def visit_Try(self, node: cst.Try) -> None:
+        self._tries.append(node)
+
+    def leave_Try(self, original_node: cst.Try) -> None:
+        self._tries.pop()
+
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         if any(_is_legacy(s, self.in_package) for s in node.body):
             if self._functions:
-                self.lazy.add(self._functions[-1])
+                function = self._functions[-1]
                 body = self._bodies[-1]
+                if function not in self.lazy and function not in self.first and self._tries:
+                    guard = self._tries[-1]
+                    at = next((i for i, s in enumerate(body) if s is guard), None)
+                    inner = next((i for i, s in enumerate(guard.body.body) if s is node), None)
+                    if at is not None and inner is not None:
+                        self.in_try[function] = (at, inner, node)
+                self.lazy.add(self._functions[-1])
                 if self._functions[-1] not in self.first and any(s is node for s in body):
                     self.first[self._functions[-1]] = (next(i for i, s in enumerate(body) if s is node), node)
             elif self._top is not None and node in self._top:
@@ -136,9 +153,10 @@ def _import_line(names) -> cst.SimpleStatementLine:
 
 
 class _Place(cst.CSTTransformer):
-    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None) -> None:
+    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None, in_try=None) -> None:
         self.used, self.guarded, self.split = used, guarded, split
         self.first = first or {}
+        self.in_try = in_try or {}
         self._count = 0
         self._stack: list[int] = []
         self.placed_guarded = False
@@ -153,14 +171,39 @@ class _Place(cst.CSTTransformer):
         if not names or not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
         body = list(updated_node.body.body)
-        at = 1 if body and _is_docstring(body[0]) else 0
         line = _import_line(self._split(names))
+        guarded = self._into_try(index, body, line)
+        if guarded is not None:
+            return updated_node.with_changes(body=updated_node.body.with_changes(body=guarded))
+        at = 1 if body and _is_docstring(body[0]) else 0
         replaced = self.first.get(index)
         if replaced is not None and replaced[0] == at and not (at < len(body) and _bare(body[at]) == _bare(replaced[1])):
             # the removed legacy import stood here: the new one takes its place and its blank lines
             line = line.with_changes(leading_lines=replaced[1].leading_lines)
         body.insert(at, line)
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+
+    def _into_try(self, index: int, body: list, line: cst.SimpleStatementLine) -> Optional[list]:
+        """``body`` with ``line`` where the function's first legacy import stood inside its ``try``
+        (the new import is bound under the same guard, as the legacy one was); None when that
+        ``try`` is not where it was."""
+        found = self.in_try.get(index)
+        if found is None:
+            return None
+        at, inner, replaced = found
+        guard = body[at] if at < len(body) else None
+        if not isinstance(guard, cst.Try) or not isinstance(guard.body, cst.IndentedBlock):
+            return None
+        statements = list(guard.body.body)
+        if inner > len(statements):
+            return None
+        line = line.with_changes(leading_lines=replaced.leading_lines)
+        if inner < len(statements) and _bare(statements[inner]) == "pass\n" and _bare(replaced) != "pass\n":
+            statements[inner] = line  # the placeholder libcst left for the removed import
+        else:
+            statements.insert(inner, line)
+        body[at] = guard.with_changes(body=guard.body.with_changes(body=statements))
+        return body
 
     def _split(self, names: set[str]) -> set[str]:
         return {MESH_MODULE} if self.split else names
@@ -203,7 +246,7 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
     if outside and guarded is None:
         return tree  # module-level code needs the names and there is no guarded import to follow
-    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first)
+    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first, in_try=legacy.in_try)
     placed = tree.visit(place)
     if guarded is not None and not place.placed_guarded:
         return tree
@@ -250,3 +293,38 @@ def _bare(statement: cst.CSTNode) -> str:
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+
+
+def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
+    """``tree`` where the module-level statement right after an import line the migration added, and
+    the runtime lines (``import compat`` / ``compat.install()``) before a statement of ``source``,
+    have the blank lines (and comments) that statement had in ``source``: libcst's import pass
+    separates the code after the imports it adds with a blank line the source may not have had."""
+    before = {_code(s) for s in source.body}
+    bare: dict[str, list] = {}
+    for statement in source.body:
+        bare.setdefault(_bare(statement), []).append(statement)
+    body = list(tree.body)
+    changed = False
+    added = 0  # module-level lines the migration added before the current one
+    for i in range(len(body) - 2):  # the runtime lines take the place (and blank lines) of what follows them
+        runtime = _bare(body[i]) == "import compat\n" and _bare(body[i + 1]).startswith("compat.install()")
+        if runtime and _code(body[i]) not in before:
+            k = i - added  # the source statement the runtime lines stand before
+            if k < len(source.body) and type(body[i + 2]) is type(source.body[k]) \
+                    and _bare(body[i + 2]).split("\n")[0] == _bare(source.body[k]).split("\n")[0] \
+                    and body[i].leading_lines != source.body[k].leading_lines:
+                body[i] = body[i].with_changes(leading_lines=source.body[k].leading_lines)
+                changed = True
+        if _code(body[i]) not in before and (_is_import_line(body[i]) or _bare(body[i]).startswith("compat.install()")):
+            added += 1
+    for i in range(1, len(body)):
+        previous, statement = body[i - 1], body[i]
+        if _code(previous) in before or not _is_import_line(previous) or _code(statement) in before:
+            continue
+        same = bare.get(_bare(statement), [])
+        if len(same) == 1 and not _is_import_line(statement):
+            body[i] = statement.with_changes(leading_lines=same[0].leading_lines)
+            changed = True
+    return tree.with_changes(body=body) if changed else tree
+

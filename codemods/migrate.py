@@ -2,8 +2,11 @@
 process-group call sites to the mesh API (``mesh_core``), in place, and report what was rewritten
 and, by ``file:line``, each site left with a ``# TODOV1:`` comment.
 
-Exit status: 0 on success; 1 with ``--check`` when any file would change; 2 when any file could not
-be parsed, migrated or written (those files are reported and left untouched).
+Exit status (:data:`EPILOG`): 0 on success; 1 with ``--check`` when any file would change; 2 when
+any file could not be read, parsed or written (left untouched); 3 when the files parse but the
+codemods failed on a file (left untouched) or at a site (that statement left as it is, neither
+rewritten nor commented, the rest of its file migrated). Each is reported on stderr: ``path:
+error`` or ``path:line: not migrated: why``. 2 wins over 3, and both over 1.
 """
 from __future__ import annotations
 
@@ -28,7 +31,12 @@ DESCRIPTION = (
     "write and the 'ds-migrate --explain <code>' that prints the rest; the run lists each one as file:line with "
     "its full advice."
 )
-EPILOG = "Exit status: 0 on success; 1 with --check when any file would change; 2 when a file could not be parsed, migrated or written."
+EPILOG = (
+    "Exit status: 0 on success; 1 with --check when any file would change; 2 when a file could not be read, parsed "
+    "or written (left untouched); 3 when the codemods failed on a file that parses (left untouched) or at a site "
+    "(that statement left as it is, the rest of the file migrated). 2 wins over 3, both over 1."
+)
+EXIT_CHANGES, EXIT_UNREADABLE, EXIT_CODEMOD_FAILED = 1, 2, 3
 
 
 def prog_name(argv0: Optional[str] = None) -> str:
@@ -88,8 +96,8 @@ def _progress_bar(enabled: bool):
 def format_summary(summary: Summary, seconds: float, wrote: bool) -> str:
     verb = "changed" if wrote else "would change"
     lines = [
-        f"files scanned: {summary.scanned}, {verb}: {summary.changed}, parse errors: {len(summary.errors)} "
-        f"({seconds:.1f} s)",
+        f"files scanned: {summary.scanned}, {verb}: {summary.changed}, not read/parsed/written: {len(summary.errors)}, "
+        f"codemod failures: {len(summary.failed)} files, {len(summary.failed_sites)} sites ({seconds:.1f} s)",
         "sites rewritten: " + (", ".join(f"{k}={v}" for k, v in sorted(summary.sites.items())) or "none"),
         "sites left with TODOV1: " + (", ".join(f"{k}={v}" for k, v in sorted(summary.todos.items())) or "none"),
     ]
@@ -125,6 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def on_report(report: FileReport) -> None:
         if report.error:
             sys.stderr.write(f"error: {report.path}: {report.error}\n")
+        for line, why in report.failures:
+            sys.stderr.write(f"error: {report.path}:{line}: not migrated (statement left as it is): {why}\n")
         if report.diff and not args.json:  # with --json the diffs go inside the JSON
             sys.stdout.write(report.diff)
 
@@ -147,9 +157,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stderr.write(f"{todo['path']}:{todo['line']}: TODOV1: {'; '.join(todo['advice'])} (see {todo['see']})\n")
     sys.stderr.write(format_summary(summary, seconds, write) + "\n")
     if summary.errors:
-        return 2
+        return EXIT_UNREADABLE
+    if summary.failed or summary.failed_sites:
+        return EXIT_CODEMOD_FAILED
     if args.check and summary.changed:
-        return 1
+        return EXIT_CHANGES
     return 0
 
 

@@ -59,10 +59,21 @@ def _from_mpu_args(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     ]
 
 
+def _imports_deepspeed(module: cst.Module) -> bool:
+    """``module`` imports deepspeed (or a module of it) somewhere."""
+    for node in find_all(module, cst.Import, cst.ImportFrom):
+        if isinstance(node, cst.Import):
+            if any(code(a.name).split(".")[0] == "deepspeed" for a in node.names):
+                return True
+        elif node.module is not None and not node.relative and code(node.module).split(".")[0] == "deepspeed":
+            return True
+    return False
+
+
 class MpuCallsCommand(MigrationCommand):
     DESCRIPTION = "calls on the mpu passed to deepspeed.initialize -> engine mesh calls (or TODOV1)"
-    IDENTIFIERS = (frozenset({"initialize"}), frozenset({"mpu"}))
-    MARKERS = (("initialize",), ("mpu",))
+    IDENTIFIERS = (frozenset({"mpu"}),)
+    MARKERS = (("mpu",), ("deepspeed",))
 
     def __init__(self, context) -> None:
         super().__init__(context)
@@ -81,7 +92,23 @@ class MpuCallsCommand(MigrationCommand):
                 cls = self._enclosing_class(value)
                 if cls is not None:
                     self._self_attrs.add((id(cls), value.attr.value))
+        if _imports_deepspeed(node):
+            # a function parameter named mpu in a file that uses DeepSpeed: DeepSpeed's mpu protocol
+            for param in find_all(node, cst.Param):
+                if param.name.value == "mpu":
+                    self._track_parameter(param.name)
         return True
+
+    def _track_parameter(self, name: cst.Name) -> None:
+        scope = self.scope_of(name)
+        if scope is None:
+            return
+        bindings = scope.assignments[name.value]
+        if len(bindings) != 1:  # rebound in the function: its value there is not the parameter's
+            return
+        for binding in bindings:
+            for access in binding.references:
+                self._name_refs.setdefault(id(access.node), UNKNOWN)
 
     def _engine_of(self, call: cst.Call) -> Optional[str]:
         """The engine name ``<engine>, ... = deepspeed.initialize(...)`` binds, or None."""

@@ -13,18 +13,18 @@ from libcst.codemod import CodemodContext, SkipFile
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from . import chunks
-from .base import MESH_REFS, MigrationCommand, counters, find_all, identifiers
+from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
 from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
 from .grid_users import GridUsersCommand
-from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, STATE, GroupsGettersCommand
+from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
 from .legacy_imports import LegacyImportsCommand
 from .mpu_calls import MpuCallsCommand
 from .mpu_internal import BWC, MpuInternalCommand
-from .local_imports import localize
+from .local_imports import keep_blank_lines, localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
@@ -49,7 +49,7 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
 # These codemods' hooks act only at a node that names one of these identifiers (a call or reference
 # whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
 # import, so statements without any are not visited (codemods.metadata.prune_unless).
-prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | {"getattr"})
+prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | frozenset(PRE_06) | {"getattr"})
 prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # Qualified names are looked up at nodes naming one of these (the codemods' identifiers): the
@@ -81,6 +81,9 @@ def _applies(command_class, source: str, names, module) -> bool:
     return needs is None or needs(names, module)
 
 
+# A codemod that fails at more statements than this in one file fails the file (left untouched).
+MAX_FAILED_SITES = 50
+
 # A file can only reach a legacy API through an import that names one of these, or through a
 # relative import (inside deepspeed: ``from .. import comm as dist``).
 _MARKERS = ("deepspeed", "compat", "groups", "topology")
@@ -96,6 +99,8 @@ class Migration:
     todos: Counter = field(default_factory=Counter)
     skipped: Optional[str] = None
     advice: dict = field(default_factory=dict)  # TODOV1 comment written -> its full advice (codemods.todo_links)
+    # (line, why) of each statement a rule failed at, left as it is (neither rewritten nor commented)
+    failures: list = field(default_factory=list)
 
     def spelled_out(self) -> str:
         """``code`` with each short TODOV1 comment replaced by its full advice (for reading it in one place)."""
@@ -158,11 +163,11 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
     done = _transform(source, filename, module, package, applied)
     if isinstance(done, str):
         return Migration(source, skipped=done)
-    parsed, tree, sites, todos, _ = done
+    parsed, tree, sites, todos, _, failures = done
     # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
     # code is the source (libcst round-trips exactly): no printing
     code = source if tree is parsed else tree.code
-    if code != source and not _in_deepspeed(module) and needs_runtime(source, code, sites):  # library code never installs
+    if code != source and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites):  # library code never installs
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
@@ -171,7 +176,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         problem = parse_error(code)
         if problem is not None and parse_error(source) is None:
             raise ValueError(f"the migrated code would not parse on Python 3.10 ({problem}); file left unchanged")
-    return Migration(code, +sites, +todos)
+    return Migration(code, +sites, +todos, failures=failures)
 
 
 def _in_deepspeed(module: Optional[str]) -> bool:
@@ -183,7 +188,7 @@ def _finish(parsed: cst.Module, tree: cst.Module, code: str, package: Optional[s
     scopes of the ones they replace, f-string quotes for Python < 3.12."""
     # a relative import is a legacy one only inside deepspeed's own package (elsewhere it is the
     # project's own: accelerate's ``from .utils import ...`` does not make deepspeed a top-level import)
-    tree = localize(parsed, tree, in_package=_in_deepspeed(package))
+    tree = keep_blank_lines(parsed, localize(parsed, tree, in_package=_in_deepspeed(package)))
     return requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
 
 
@@ -191,6 +196,7 @@ def _transform(source, filename, module, package, applied):
     """(parsed tree, migrated tree, sites, TODOV1 sites, what each codemod asked of the header's
     imports) of running ``applied`` over ``source``; or why the file is skipped."""
     parsed = tree = cst.parse_module(source)
+    failures: list[tuple[int, str]] = []
     sites: Counter = Counter()
     todos: Counter = Counter()
     effects: list = []
@@ -199,16 +205,40 @@ def _transform(source, filename, module, package, applied):
             if command_class.CLEANUP and not sites:
                 effects.append((command_class.__name__, None))
                 continue  # nothing was rewritten, so no import became unused
-            context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
-            try:
-                tree = command_class(context).transform_module(tree)
-            except SkipFile as skip:
-                return str(skip)
+            excluded: set = set()
+            while True:
+                context = CodemodContext(filename=filename, full_module_name=module, full_package_name=package)
+                command = command_class(context)
+                command.excluded = excluded
+                try:
+                    tree = command.transform_module(tree)
+                    break
+                except SkipFile as skip:
+                    return str(skip)
+                except SiteFailure as failure:
+                    # that statement is left as it is (reported); the codemod runs again on the same tree
+                    if failure.position in excluded or len(excluded) >= MAX_FAILED_SITES:
+                        raise
+                    excluded.add(failure.position)
+                    line = _source_line(parsed, failure.statement) if tree is not parsed else failure.position[0]
+                    failures.append((line or failure.position[0], f"{command_class.__name__}: {failure.why}"))
             done, flagged = counters(context)
             sites.update(done)
             todos.update(flagged)
             effects.append((command_class.__name__, _import_effect(context)))
-    return parsed, tree, sites, todos, effects
+    return parsed, tree, sites, todos, effects, failures
+
+
+def _source_line(parsed: cst.Module, statement) -> Optional[int]:
+    """The line of ``statement`` in the source, where an earlier codemod left it as it was (the same
+    node object); None otherwise."""
+    if statement is None:
+        return None
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    positions = MetadataWrapper(parsed, unsafe_skip_copy=True).resolve(PositionProvider)
+    position = positions.get(statement)
+    return position.start.line if position is not None else None
 
 
 def _import_effect(context: CodemodContext) -> tuple:
@@ -294,7 +324,9 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
             MESH_REFS.reset(token)
         if isinstance(done, str):
             return _whole_file("a codemod skipped a group")
-        parsed, tree, group_sites, group_todos, group_effects = done
+        parsed, tree, group_sites, group_todos, group_effects, failures = done
+        if failures:  # reported at lines of the whole file
+            return _whole_file("a rule failed at a site of a group")
         sites.update(group_sites)  # a site flagged again (its TODOV1 already there) changes nothing but counts
         todos.update(group_todos)
         if tree is parsed:  # unchanged here, so in the whole file too (it may keep a legacy import alive)

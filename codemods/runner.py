@@ -35,6 +35,9 @@ class FileReport:
     cached: bool = False
     # each TODOV1 comment this run wrote: (line in the migrated file, the comment, its full advice)
     todo_lines: list = field(default_factory=list)
+    failed: bool = False  # ``error`` is a codemod failure (the file parses), not a read/parse/write error
+    # (line, why) of each site a rule failed at: left as it is, neither rewritten nor commented
+    failures: list = field(default_factory=list)
 
 
 @dataclass
@@ -43,7 +46,9 @@ class Summary:
 
     scanned: int = 0
     changed: int = 0
-    errors: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # files not read, parsed or written
+    failed: list[tuple[str, str]] = field(default_factory=list)  # files the codemods failed on (left unchanged)
+    failed_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, why): sites left as they are
     sites: Counter = field(default_factory=Counter)
     todos: Counter = field(default_factory=Counter)
     reports: list = field(default_factory=list, repr=False)
@@ -55,13 +60,16 @@ class Summary:
         self.sites.update(report.sites)
         self.todos.update(report.todos)
         if report.error:
-            self.errors.append((report.path, report.error))
+            (self.failed if report.failed else self.errors).append((report.path, report.error))
+        self.failed_sites += [(report.path, line, why) for line, why in report.failures]
 
     def as_dict(self) -> dict:
         return {
             "files_scanned": self.scanned,
             "files_changed": self.changed,
             "parse_errors": len(self.errors),
+            "codemod_failures": len(self.failed),
+            "failed_sites": [{"path": p, "line": line, "why": why} for p, line, why in self.failed_sites],
             "sites_rewritten": dict(sorted(self.sites.items())),
             "sites_todo": dict(sorted(self.todos.items())),
         }
@@ -92,17 +100,20 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
     try:
         source, encoding = read_source(file)
         module, package = module_and_package(file)
+    except (OSError, UnicodeDecodeError, SyntaxError) as err:  # SyntaxError: an unknown coding name
+        report.error = f"cannot read: {err}"
+        return report
+    try:
         result = migrate_code(source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch)
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
         return report
-    except (OSError, UnicodeDecodeError, SyntaxError) as err:  # SyntaxError: an unknown coding name
-        report.error = f"cannot read: {err}"
-        return report
     except Exception as err:  # a codemod bug must not stop the run or touch the file
-        report.error = f"codemod failed: {type(err).__name__}: {err}"
+        report.error = f"codemod failed (file left unchanged): {type(err).__name__}: {' '.join(str(err).split())}"
+        report.failed = True
         logger.debug("codemod failed on %s", path, exc_info=True)
         return report
+    report.failures = list(result.failures)
     report.sites, report.todos = result.sites, result.todos
     report.changed = result.code != source
     if report.changed and result.advice:
@@ -213,7 +224,7 @@ def _file_hash(path) -> Optional[str]:
 
 def _remember(cache: FixedPoints, reports) -> None:
     for report in reports:
-        if report.fixed is not None and not report.error and not report.cached:
+        if report.fixed is not None and not report.error and not report.failures and not report.cached:
             cache.add(report.fixed, dict(report.todos))
     cache.save()
 

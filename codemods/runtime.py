@@ -12,7 +12,9 @@ Both the decision and the place come from the code, never from comments:
   ``<x>.mesh_device`` (``x`` not ``self``) than the source did, and the code names ``initialize``
   and does not call ``compat.install()`` already;
 - placed right before the first statement that imports a deepspeed module (or any star import, which
-  may bind a deepspeed name), in the block that holds it: inside the same ``try`` / ``if`` guard,
+  may bind a deepspeed name), in the block that holds it: inside the same ``if`` guard (and a
+  ``try`` that does not catch ``ImportError``; before one that does, so a missing ds-mesh is never
+  taken for a missing deepspeed),
   after every module-level statement that ran before it (a start-time stamp). Where the module
   imports deepspeed only inside functions, each such function gets the lines before its import.
   Where it imports no deepspeed module at all, after the module's leading imports.
@@ -25,31 +27,84 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 
-from .base import ast_identifiers
 
 RUNTIME_KINDS = ("initialize mpu", "initialize mesh_param")
 INSTALL = "compat.install()"
 COMMENT = "# the mesh runtime: deepspeed.initialize reads the config's \"mesh\" section"
 
 
-def _tree(text: str) -> Optional[ast.AST]:
+class _Facts(cst.CSTVisitor):
+    """What :func:`needs_runtime` reads of a libcst tree: the identifiers the code uses (those
+    ``ast`` holds as names, attributes, keywords and imported names: not the names a ``def``,
+    ``class``, parameter, ``as`` or ``global`` binds), whether it installs the runtime, and its
+    ``<x>.mesh_device`` reads with ``x`` not ``self``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.mesh_reads = 0
+        self._bare_install: set[str] = set()  # names ``from compat import install [as x]`` binds
+        self._calls: list[cst.Call] = []
+        self._skip = 0
+
+    def _skipping(self, node) -> None:
+        self._skip += 1
+
+    def _done(self, node) -> None:
+        self._skip -= 1
+
+    visit_FunctionDef_name = visit_ClassDef_name = visit_Param_name = _skipping
+    visit_ImportAlias_asname = visit_ExceptHandler_name = visit_NameItem_name = _skipping
+    visit_MatchAs_name = visit_MatchStar_name = visit_MatchMapping_rest = _skipping
+    leave_FunctionDef_name = leave_ClassDef_name = leave_Param_name = _done
+    leave_ImportAlias_asname = leave_ExceptHandler_name = leave_NameItem_name = _done
+    leave_MatchAs_name = leave_MatchStar_name = leave_MatchMapping_rest = _done
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if not self._skip:
+            self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "mesh_device" and not (isinstance(node.value, cst.Name) and node.value.value == "self"):
+            self.mesh_reads += 1
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        module = cst.Module([]).code_for_node(node.module) if node.module is not None else ""
+        if module == "compat" and not node.relative and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                if isinstance(alias.name, cst.Name) and alias.name.value == "install":
+                    self._bare_install.add(alias.evaluated_alias or "install")
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self._calls.append(node)
+
+    def installs(self) -> bool:
+        for call in self._calls:
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "install" and isinstance(func.value, cst.Name) \
+                    and func.value.value == "compat":
+                return True
+            if isinstance(func, cst.Name) and func.value in self._bare_install:
+                return True
+        return False
+
+
+def _facts(code: Union[str, cst.Module]) -> Optional[_Facts]:
     try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
+        tree = code if isinstance(code, cst.Module) else cst.parse_module(code)
+    except cst.ParserSyntaxError:
         return None
+    facts = _Facts()
+    tree.visit(facts)
+    return facts
 
 
-def _engine_mesh_reads(tree: ast.AST) -> int:
-    """``<x>.mesh_device`` reads in ``tree`` where ``x`` is not ``self``."""
-    return sum(
-        1 for n in ast.walk(tree)
-        if isinstance(n, ast.Attribute) and n.attr == "mesh_device"
-        and not (isinstance(n.value, ast.Name) and n.value.id == "self")
-    )
-
-
-def installs(tree: ast.AST) -> bool:
-    """``tree`` calls ``compat.install()`` (or ``install()`` imported from ``compat``)."""
+def installs(tree: Union[ast.AST, cst.Module]) -> bool:
+    """``tree`` (an ``ast`` or a libcst tree) calls ``compat.install()`` (or ``install()`` imported
+    from ``compat``)."""
+    if isinstance(tree, cst.Module):
+        facts = _facts(tree)
+        return facts is not None and facts.installs()
     bare = {
         a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "compat"
         for a in n.names if a.name == "install"
@@ -66,21 +121,26 @@ def installs(tree: ast.AST) -> bool:
     return False
 
 
-def needs_runtime(source: str, code: str, sites: Counter) -> bool:
+def needs_runtime(
+    source: Union[str, cst.Module], code: Union[str, cst.Module], sites: Counter,
+) -> bool:
     """The migrated ``code`` of ``source`` relies on the engine's mesh and does not install the runtime
-    (decided from the code: comments say nothing)."""
-    if "initialize" not in code:  # cheap: no code names it if the text does not
+    (decided from the code: comments say nothing). Both are read with libcst's parser (text or an
+    already parsed tree), never the running interpreter's: the decision is the same on every
+    Python, also where the rewrite has put quotes inside an f-string that only 3.12 reads."""
+    text = code.code if isinstance(code, cst.Module) else code
+    if "initialize" not in text:  # cheap: no code names it if the text does not
         return False
     moved = any(sites.get(kind) for kind in RUNTIME_KINDS)
-    if not moved and "mesh_device" not in code:
+    if not moved and "mesh_device" not in text:
         return False
-    after = _tree(code)
-    if after is None or "initialize" not in ast_identifiers(after) or installs(after):
+    after = _facts(code)
+    if after is None or "initialize" not in after.names or after.installs():
         return False
     if moved:
         return True
-    before = _tree(source)
-    return before is not None and _engine_mesh_reads(after) > _engine_mesh_reads(before)
+    before = _facts(source)
+    return before is not None and after.mesh_reads > before.mesh_reads
 
 
 # --- placement ------------------------------------------------------------------------------------
@@ -173,6 +233,7 @@ def _in_functions(tree: cst.Module) -> Optional[cst.Module]:
             path = _first_import(updated_node.body.body, functions=False)
             if path is None:
                 return updated_node
+            path = _outside_import_guards(updated_node.body.body, path, functions=False)
             self.changed = True
             body = _insert(updated_node.body.body, path, functions=False)
             return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
@@ -199,10 +260,54 @@ def _after_leading_imports(tree: cst.Module) -> cst.Module:
     return tree.with_changes(body=[*body[:index], *_lines(), *body[index:]])
 
 
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _names_import_error(kind: cst.BaseExpression) -> bool:
+    types = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
+    for t in types:
+        name = t.attr.value if isinstance(t, cst.Attribute) else getattr(t, "value", None)
+        if name in _IMPORT_ERRORS:
+            return True
+    return False
+
+
+def _catches_import_error(statement: cst.CSTNode) -> bool:
+    """``statement`` is a ``try`` with a handler catching ``ImportError`` (or a base, or bare), or a
+    ``with contextlib.suppress(...)`` of one."""
+    if isinstance(statement, cst.With):
+        for item in statement.items:
+            call = item.item
+            func = call.func.attr if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) else \
+                getattr(call, "func", None)
+            if isinstance(func, cst.Name) and func.value == "suppress":
+                if any(_names_import_error(arg.value) for arg in call.args):
+                    return True
+        return False
+    if not isinstance(statement, (cst.Try, getattr(cst, "TryStar", cst.Try))):
+        return False
+    return any(handler.type is None or _names_import_error(handler.type) for handler in statement.handlers)
+
+
+def _outside_import_guards(statements: Sequence[cst.BaseStatement], path: list, *, functions: bool) -> list:
+    """``path`` cut at the first ``try`` on it whose handler catches ``ImportError``: the runtime
+    lines go before that ``try``, never inside the user's "no deepspeed" guard (where a missing
+    ds-mesh would be taken for a missing deepspeed and silently turn the feature off). ``install()``
+    works without deepspeed, so the user's guard still answers for deepspeed alone."""
+    statement = statements[path[0]]
+    if len(path) == 1:
+        return path
+    if _catches_import_error(statement):
+        return path[:1]
+    suite = _blocks(statement, functions=functions)[path[1]]
+    return path[:2] + _outside_import_guards(suite.body, path[2:], functions=functions)
+
+
 def add_runtime(tree: cst.Module) -> cst.Module:
     """``tree`` with ``import compat`` / ``compat.install()`` where the module docstring says."""
     path = _first_import(tree.body, functions=False)
     if path is not None:
+        path = _outside_import_guards(tree.body, path, functions=False)
         return tree.with_changes(body=_insert(tree.body, path, functions=False))
     local = _in_functions(tree)
     if local is not None:

@@ -52,6 +52,34 @@ def _kind(kind: str) -> ds_mesh_advice.Kind:
     return _KINDS.get(kind, _KINDS[DEFAULT_KIND])
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+# a comment at the end of a line of quoted code (dropped with its line break)
+_LINE_COMMENT = re.compile(r"(?:(?<=\s)|(?<=[(\[{,]))#[^\r\n]*(?=\r\n|\r|\n)")
+_LINE_BREAK = re.compile(r"[ \t\f]*(?:\r\n|\r|\n)[ \t\f]*")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: code quoted in it (a call written across lines) loses its end-of-line
+    comments and its line breaks (with the indentation after them): nothing next to a bracket, a
+    space elsewhere. A comment cannot hold a line break."""
+    message = _LINE_COMMENT.sub("", message)
+    out: list[str] = []
+    pos = 0
+    for match in _LINE_BREAK.finditer(message):
+        out.append(message[pos:match.start()])
+        before, after = "".join(out)[-1:], message[match.end():match.end() + 1]
+        if before in _OPEN or after in _CLOSE or not before or not after:
+            joiner = ""
+        else:
+            joiner = " "
+        if after in _CLOSE and before == ",":  # a trailing comma before the closing bracket
+            out[-1] = out[-1][:-1]
+        out.append(joiner)
+        pos = match.end()
+    out.append(message[pos:])
+    return "".join(out)
+
+
 def api_row(message: str) -> Optional[ds_mesh_advice.Row]:
     """The catalog row of the legacy API ``message`` is about (None when it names none)."""
     for pattern, template in _API_PATTERNS:
@@ -100,7 +128,7 @@ def has_next_step(text: str) -> bool:
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
     """The ``# TODOV1: <next step>; ds-migrate --explain <code>`` comment for ``(kind, advice)``
     entries (their distinct advices, in order); records the full advice for :func:`collecting`."""
-    messages = list(dict.fromkeys(message for _, message in entries))
+    messages = list(dict.fromkeys(one_line(message) for _, message in entries))
     kind = _kind(entries[0][0]) if entries else _kind(DEFAULT_KIND)
     row = api_row(messages[0]) if messages else None
     more = f" (+{len(messages) - 1} more)" if len(messages) > 1 else ""

@@ -25,8 +25,17 @@ getter for an AutoTP builder, an expert getter for an expert builder). Families:
   the very expression passed as ``mpu=`` to ``initialize`` in that file;
 - ``bwc``: calls of the ``deepspeed.utils.bwc`` helpers.
 
-Exit status 0; 1 when a migrated file fails to compile where its original compiled, or a second
-run would change something.
+A call counts as ``deepspeed.initialize`` only when its name resolves to deepspeed's through the
+file's imports (``import deepspeed [as ds]`` then ``ds.initialize``, or ``from deepspeed import
+initialize``): a project's own ``initialize`` and the Megatron ``parallel_state`` calls around it
+are look-alikes. ``mpu`` also counts a protocol getter on a parameter named ``mpu`` in a file that
+imports deepspeed; ``groups`` also counts the pre-0.6 names 0.19.8 no longer has.
+
+The table also shows the migration's exit status and its codemod failures (files left unchanged /
+statements a rule failed at, each listed).
+
+Exit status 0; 1 when a migrated file fails to compile where its original compiled, a second run
+would change something, or the migration failed on a file or a site (or exited non-zero).
 """
 from __future__ import annotations
 
@@ -52,6 +61,14 @@ PYTHONS = {"3.10": "/root/.pyenv/versions/3.10.13/bin/python", "3.11": "/root/.p
 TOPOLOGY_CLASSES = {"PipelineParallelGrid", "ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology"}
 GROUPS_MODULE = "deepspeed.utils.groups"
 GRID_HOLDERS = {"grid", "_grid"}
+# pre-0.6 deepspeed.utils.groups names that 0.19.8 no longer has (not in the installed sources):
+# a call of one is a legacy site all the same
+PRE_06_GROUPS = frozenset({
+    "expert_parallel_is_initialized", "initialize_expert_parallel", "initialize_model_parallel",
+    "get_expert_parallel_group", "get_expert_data_parallel_group", "get_expert_parallel_world_size",
+    "get_expert_data_parallel_world_size", "get_expert_parallel_rank", "get_expert_data_parallel_rank",
+    "get_expert_parallel_src_rank", "get_max_expert_size", "get_model_parallel_src_rank",
+})
 
 
 def _deepspeed_dir() -> Path:
@@ -118,8 +135,18 @@ class Site:
 
 
 def _dotted(node: ast.AST) -> Optional[str]:
+    """``a.b.c`` of a name or attribute chain (a subscript in it as ``a.b[]``: ``engines[-1].grid``)."""
     parts = []
-    while isinstance(node, ast.Attribute):
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Subscript):
+            node = node.value
+            if isinstance(node, ast.Attribute):
+                parts.append(node.attr + "[]")
+                node = node.value
+            elif isinstance(node, ast.Name):
+                parts.append(node.id + "[]")
+                return ".".join(reversed(parts))
+            continue
         parts.append(node.attr)
         node = node.value
     if isinstance(node, ast.Name):
@@ -145,9 +172,33 @@ class _Scan(ast.NodeVisitor):
         self.topology_names: set[str] = set()
         self.grid_names: set[str] = set()
         self.mpu_exprs: set[str] = set()
+        # import resolution: what names deepspeed and its initialize here (a project's own
+        # ``initialize`` or Megatron's ``parallel_state`` calls are look-alikes, not legacy sites)
+        self.deepspeed_modules: set[str] = set()
+        self.initialize_names: set[str] = set()
+        self.mpu_parameter = False  # a function here has a parameter named mpu
+
+    def is_deepspeed_initialize(self, func: ast.AST) -> bool:
+        if isinstance(func, ast.Name):
+            return func.id in self.initialize_names
+        return isinstance(func, ast.Attribute) and func.attr == "initialize" and _dotted(func.value) in self.deepspeed_modules
 
     # pass 1: aliases and the mpu= expressions
     def collect(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):  # the imports first: the initialize calls are resolved with them
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name == "deepspeed" or a.name.startswith("deepspeed."):
+                        if a.asname is None:
+                            self.deepspeed_modules.add("deepspeed")  # ``import deepspeed.x`` binds deepspeed
+                        elif a.name == "deepspeed":
+                            self.deepspeed_modules.add(a.asname)
+            elif isinstance(node, ast.ImportFrom) and node.module == "deepspeed" and not node.level:
+                for a in node.names:
+                    if a.name == "initialize":
+                        self.initialize_names.add(a.asname or a.name)
+            elif isinstance(node, ast.arg) and node.arg == "mpu":
+                self.mpu_parameter = True
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -165,7 +216,7 @@ class _Scan(ast.NodeVisitor):
                         self.bwc_functions.add(bound)
                     if a.name in TOPOLOGY_CLASSES and node.module.startswith("deepspeed"):
                         self.topology_names.add(bound)
-            elif isinstance(node, ast.Call) and _last(node.func) == "initialize":
+            elif isinstance(node, ast.Call) and self.is_deepspeed_initialize(node.func):
                 for kw in node.keywords:
                     values = [kw.value.body, kw.value.orelse] if isinstance(kw.value, ast.IfExp) else [kw.value]
                     for value in values:
@@ -220,20 +271,27 @@ class _Scan(ast.NodeVisitor):
                 self.add("bwc", node)
             elif func.id in self.topology_names:
                 self.add("topology", node)
+            elif self.is_deepspeed_initialize(func) and self._moves_layout(node):
+                self.add("initialize", node)
         elif isinstance(func, ast.Attribute):
-            if owner in self.groups_modules and attr in self.names.groups:
+            if owner in self.groups_modules and (attr in self.names.groups or attr in PRE_06_GROUPS):
                 self.add("groups", node)
             elif owner.endswith("bwc") and attr in self.names.bwc:
                 self.add("bwc", node)
             elif attr in TOPOLOGY_CLASSES and owner.startswith("deepspeed"):
                 self.add("topology", node)
-            elif attr == "initialize" and any(kw.arg in ("mpu", "mesh_param") for kw in node.keywords):
-                if any(kw.arg == "mpu" and not _is_none(kw.value) for kw in node.keywords) or \
-                        any(kw.arg == "mesh_param" and not _is_none(kw.value) for kw in node.keywords):
+            elif self.is_deepspeed_initialize(func) and any(kw.arg in ("mpu", "mesh_param") for kw in node.keywords):
+                if self._moves_layout(node):
                     self.add("initialize", node)
             elif attr in self.names.mpu and owner in self.mpu_exprs and not self._grid_owner(owner):
                 self.add("mpu", node)
+            elif attr in self.names.mpu and owner == "mpu" and self.mpu_parameter and self.deepspeed_modules | self.initialize_names:
+                self.add("mpu", node)  # a parameter named mpu in a file that imports deepspeed
         self.generic_visit(node)
+
+    @staticmethod
+    def _moves_layout(node: ast.Call) -> bool:
+        return any(kw.arg in ("mpu", "mesh_param") and not _is_none(kw.value) for kw in node.keywords)
 
     def _grid_owner(self, owner: str) -> bool:
         head, _, last = owner.rpartition(".")
@@ -317,7 +375,10 @@ class TreeResult:
     missed: Counter = field(default_factory=Counter)
     missed_sites: list[str] = field(default_factory=list)
     compile_failures: dict = field(default_factory=dict)  # python -> [files that compiled before, not after]
-    codemod_errors: int = 0
+    codemod_errors: int = 0  # files not read or parsed
+    codemod_failures: int = 0  # files the codemods failed on (left unchanged)
+    failed_sites: list[str] = field(default_factory=list)  # "file:line why": statements a rule failed at
+    exit_status: Optional[int] = None  # of the migration run
     seconds: float = 0.0
     second_run_changes: Optional[int] = None
     sites_reported: int = 0
@@ -378,8 +439,10 @@ def referee(tree: Path, names: LegacyNames, pythons: dict[str, str], keep: Optio
     shutil.copytree(tree, copy, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     originals = {p.relative_to(copy): _read(p) for p in python_files(copy)}
     result.files = len(originals)
-    summary, result.seconds, _ = _migrate(copy)
+    summary, result.seconds, result.exit_status = _migrate(copy)
     result.codemod_errors = summary.get("parse_errors", 0)
+    result.codemod_failures = summary.get("codemod_failures", 0)
+    result.failed_sites = [f"{Path(f['path']).relative_to(copy)}:{f['line']} {f['why']}" for f in summary.get("failed_sites", [])]
     result.sites_reported = sum(summary.get("sites_rewritten", {}).values())
     result.todos_reported = sum(summary.get("sites_todo", {}).values())
     changed = []
@@ -427,12 +490,14 @@ def _cell(result: TreeResult, counter: Counter) -> str:
 
 def table(results: list[TreeResult], pythons: dict[str, str]) -> str:
     head = ["tree", "files", "changed", "legacy sites (scan)", "rewritten", "flagged TODOV1", "missed",
+            "codemod failures (files/sites)", "exit",
             *[f"no longer compile {v}" for v in pythons], "second run changes", "time (s)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         rows.append("| " + " | ".join([
             r.tree, str(r.files), str(r.changed), _cell(r, r.found), _cell(r, r.rewritten), _cell(r, r.flagged),
-            _cell(r, r.missed), *[str(len(r.compile_failures.get(v, []))) for v in pythons],
+            _cell(r, r.missed), f"{r.codemod_failures}/{len(r.failed_sites)}", str(r.exit_status),
+            *[str(len(r.compile_failures.get(v, []))) for v in pythons],
             str(r.second_run_changes), f"{r.seconds:.1f}",
         ]) + " |")
     return "\n".join(rows)
@@ -467,6 +532,12 @@ def main(argv=None) -> int:
             for f in files:
                 bad = True
                 print(f"{r.tree}: {f} no longer compiles on Python {v}")
+        if r.codemod_failures or r.failed_sites or r.exit_status not in (0, None):
+            bad = True
+            print(f"{r.tree}: the migration exited {r.exit_status}; {r.codemod_failures} files failed, "
+                  f"{len(r.failed_sites)} sites failed")
+            for line in r.failed_sites:
+                print(f"{r.tree}: failed site {line}")
         if r.second_run_changes:
             bad = True
             print(f"{r.tree}: a second run would change {r.second_run_changes} files")
