@@ -37,6 +37,8 @@ def vendor(tmp_path, monkeypatch):
     (info / "RECORD").write_text("vendorpkg/__init__.py,,\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(deprecation, "_third_party_warned", set())
+    # old_api's entry (a catalog name with this test's own text) must not outlive the test
+    monkeypatch.setattr(deprecation, "_ENTRIES", dict(deprecation._ENTRIES))
     from compat import call_sites
 
     call_sites._distribution.cache_clear()
