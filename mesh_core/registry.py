@@ -246,6 +246,7 @@ class GroupRegistry:
         self._refs: Counter = Counter()
         self._generation: Counter = Counter()
         self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
+        self._aside: dict[Key, ProcessGroup] = {}  # set aside (destroyed), not yet brought back
         self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
@@ -356,6 +357,7 @@ class GroupRegistry:
                 if self._refs[key] > 0:
                     continue
                 del self._refs[key]
+                self._aside.pop(key, None)
                 group = self._groups.pop(key, None)
                 if group is not None and group is not dist.GroupMember.WORLD:
                     doomed.append(group)
@@ -364,6 +366,26 @@ class GroupRegistry:
         for group in doomed:  # outside the lock: a later request of the key makes a new generation
             dist.destroy_process_group(group)
         return len(doomed)
+
+    def set_aside(self, key: Key) -> tuple[Optional[ProcessGroup], bool]:
+        """Take ``key``'s communicator out of the cache, its references still counted (see
+        :mod:`mesh_core.step_aside`). Returns the group (None if never held) and whether this call
+        took it out (the caller then destroys it); a group set aside earlier is returned again."""
+        with self._lock:
+            group = self._groups.pop(key, None)
+            if group is not None:
+                self._aside[key] = group
+                return group, True
+            return self._aside.get(key), False
+
+    def bring_back(self, key: Key, *, asker: str = "") -> ProcessGroup:
+        """The communicator of a set-aside ``key``: created again member-only under the next
+        generation's name (or the one already brought back); its reference count is unchanged."""
+        group = self._acquire(key, asker)
+        with self._lock:
+            self._refs[key] -= 1
+            self._aside.pop(key, None)
+        return group
 
     def forget(self, group: ProcessGroup) -> int:
         """Drop every cache entry holding ``group`` (already destroyed by someone else), so no later

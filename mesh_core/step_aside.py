@@ -1,0 +1,415 @@
+"""Communicators that step aside: release every communicator a mesh owns, bring them back later.
+
+Colocated RL (trainer and rollout on the same devices) wants the trainer's idle communicators gone
+while the rollout runs. :func:`release_communicators` takes them away and
+:func:`resume_communicators` brings them back with the same rank sets, in the mesh's fixed order,
+member-only; training afterwards is bit-identical to never releasing (the collectives run over the
+same ranks in the same order).
+
+How a communicator steps aside depends on the backend:
+
+- **suspend** — an NCCL group when the NCCL torch was built with is 2.29 or newer: its backend's
+  ``suspend()`` (``ncclCommSuspend``) frees the communicator's device memory and ``resume()``
+  restores it. The ``ProcessGroup`` objects stay the same, so nothing that holds them changes.
+- **destroy** — every other backend (gloo, NCCL < 2.29): the group is destroyed
+  (``dist.destroy_process_group(group)``) and created again on resume as a *new* group object, named
+  ``mesh_core.<sha1 of the rank set>.<next generation>`` (a fresh store prefix: the old prefix still
+  holds the first rendezvous' keys). The mesh's own tables (dims, expert groups, p2p pairs, its torch
+  ``DeviceMesh``) are rebound to the new objects here; whatever else holds the old objects (an engine,
+  an optimizer, parameters) must be rebound with :func:`rebind_references` (``compat.step_aside``
+  does it for a DeepSpeed engine) — :func:`find_references` lists what still holds a released group.
+
+The world (default) group is never released. Release and resume are collective over each released
+group's members: every member of the mesh calls them at the same program point (a colocated loop
+calls release after its training step and resume before the next one, on every trainer rank).
+Nothing is resumed lazily: a group used while released fails (torch reports the destroyed group).
+A group another mesh shares is released for both; release and resume both meshes (the second
+release / resume of a shared rank set finds it already done).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from .registry import Key
+from .spec import MeshSpecError
+
+logger = logging.getLogger(__name__)
+
+ATTR = "_step_aside"  # the record of a released mesh, on the mesh
+SUSPEND_MIN_NCCL = (2, 29)
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class HeldCommunicator:
+    """One communicator a mesh holds on this rank."""
+
+    uses: tuple[str, ...]  # the mesh's names for it: dims ("dp", "dp x sp"), "ep(4)", "p2p"
+    ranks: tuple[int, ...]
+    backend: str  # the backend name torch reports ("" while released)
+    group_name: str  # torch's group name ("" while released)
+    state: str  # "alive", "suspended" or "released"
+
+
+@dataclass(frozen=True)
+class MeshHoldings:
+    """What a mesh holds on this rank: its communicators (the world group excluded).
+
+    ``device_memory_bytes`` is None: torch reports no per-communicator memory (NCCL allocates its
+    buffers outside the caching allocator, and ``torch.cuda.memory_stats`` does not see them). The
+    device-wide free memory before and after a release, where a CUDA device is present, is in
+    :class:`ReleaseRecord.device_free_bytes`."""
+
+    communicators: tuple[HeldCommunicator, ...]
+    device_memory_bytes: Optional[int] = None
+
+    @property
+    def alive(self) -> int:
+        """Communicators that are usable now (neither suspended nor released)."""
+        return sum(1 for c in self.communicators if c.state == "alive")
+
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        return [c.ranks for c in self.communicators]
+
+
+class ReleasedCommunicator:
+    """Stands where a destroyed group was held until it is resumed; any use says so.
+
+    Holding no reference to the released group lets it go now (gloo's connections close when its
+    last reference does; NCCL's communicator is destroyed by ``destroy_process_group`` anyway)."""
+
+    def __init__(self, ranks: tuple[int, ...], mesh: str) -> None:
+        self.__dict__.update(_ranks=ranks, _mesh=mesh)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy / pickle / hasattr probes
+            raise AttributeError(name)
+        raise MeshSpecError(
+            f"the communicator of ranks {list(self._ranks)} of {self._mesh} is released "
+            "(release_communicators); call resume_communicators() on every member before using it"
+        )
+
+    def __repr__(self) -> str:
+        # torch's collectives put the repr into their own error ("Process group ... is not initialized")
+        return (f"ReleasedCommunicator(ranks={list(self._ranks)} of {self._mesh}: released by "
+                "release_communicators; call resume_communicators() on every member first)")
+
+
+@dataclass
+class ReleaseRecord:
+    """What :func:`release_communicators` did; kept on the mesh until it is resumed."""
+
+    keys: list[Key]
+    mode: dict[Key, str]  # key -> "suspend" | "destroy"
+    suspended: dict[Key, ProcessGroup] = field(default_factory=dict)
+    standins: dict[Key, ReleasedCommunicator] = field(default_factory=dict)
+    old: dict[Key, "weakref.ref[ProcessGroup]"] = field(default_factory=dict)  # destroyed groups, weakly
+    rebound: list[str] = field(default_factory=list)  # where the stand-ins were put
+    dim_entries: list[tuple[str, ...]] = field(default_factory=list)  # DeviceMesh dims served by stand-ins
+    device_mesh_layout: Optional[tuple[Any, tuple[str, ...], str]] = None  # (mesh tensor, dim names, device type)
+    device_free_bytes: Optional[tuple[int, int]] = None  # (before, after), CUDA only
+
+    def still_referenced(self) -> list[tuple[int, ...]]:
+        """Rank sets whose destroyed group something the walk did not reach still holds (on gloo
+        its connections stay open until that reference goes)."""
+        return [key[1] for key, ref in self.old.items() if ref() is not None]
+
+
+def _mesh_keys(mesh: Any) -> list[Key]:
+    """The mesh's rank sets this rank holds a communicator for, in creation order, world excluded."""
+    registry = mesh._registry
+    seen: list[Key] = []
+    for key in mesh._keys:
+        if key not in seen and registry.rank in key[1] and not registry._is_world(key):
+            seen.append(key)
+    return seen
+
+
+def _suspendable(group: ProcessGroup) -> Any:
+    """The NCCL backend of ``group`` when it can suspend (NCCL >= 2.29), else None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        if group._get_backend_name() != "nccl" or tuple(torch.cuda.nccl.version()[:2]) < SUSPEND_MIN_NCCL:
+            return None
+        return group._get_backend(torch.device("cuda"))
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _device_free() -> Optional[int]:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def release_communicators(mesh: Any, *, suspend: bool = True, holders: Iterable[Any] = ()) -> ReleaseRecord:
+    """Release every communicator ``mesh`` holds on this rank: suspended where the backend can (and
+    ``suspend`` is true), else destroyed, with a :class:`ReleasedCommunicator` put in its place in
+    the mesh and under ``holders`` (:func:`rebind_references`). Every member of the mesh calls it
+    at the same point."""
+    with _LOCK:
+        mesh._check_alive()
+        if getattr(mesh, ATTR, None) is not None:
+            raise MeshSpecError(f"{mesh!r}: its communicators are already released; resume them first")
+        record = ReleaseRecord(keys=_mesh_keys(mesh), mode={})
+        setattr(mesh, ATTR, record)
+    before = _device_free()
+    registry, label = mesh._registry, mesh.spec.describe()
+    doomed: list[ProcessGroup] = []
+    replacements: dict[int, tuple[Any, Any]] = {}
+    group: Optional[ProcessGroup] = None
+    for key in record.keys:
+        group = registry._groups.get(key)
+        backend = _suspendable(group) if suspend and group is not None else None
+        if backend is not None:
+            backend.suspend()
+            record.mode[key], record.suspended[key] = "suspend", group
+            continue
+        group, taken = registry.set_aside(key)
+        if group is None:
+            continue
+        record.mode[key] = "destroy"
+        record.standins[key] = standin = ReleasedCommunicator(key[1], label)
+        record.old[key] = weakref.ref(group)
+        replacements[id(group)] = (group, standin)
+        if taken:
+            doomed.append(group)
+    _serve_dims_from_standins(mesh, record)
+    record.rebound = rebind_references([mesh, *holders], replacements)
+    replacements.clear()
+    for group in doomed:
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+    del doomed, group  # the last strong references this function held
+    after = _device_free()
+    record.device_free_bytes = None if before is None or after is None else (before, after)
+    logger.debug("%r: released %d communicators (%s)", mesh, len(record.mode), sorted(set(record.mode.values())))
+    return record
+
+
+def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]:
+    """Bring back what :func:`release_communicators` released: the same rank sets in the same
+    order, member-only; a destroyed group comes back as a new group, put wherever its stand-in
+    (or the old group, if something kept it) is held in the mesh and under ``holders``. Returns
+    those places. A mesh that is not released: nothing happens."""
+    record: Optional[ReleaseRecord] = getattr(mesh, ATTR, None)
+    if record is None:
+        return []
+    registry = mesh._registry
+    asker = f"{mesh.spec.describe()} resume"
+    replacements: dict[int, tuple[Any, Any]] = {}
+    for key in record.keys:
+        mode = record.mode.get(key)
+        if mode == "suspend":
+            _suspendable(record.suspended[key]).resume()
+        elif mode == "destroy":
+            new = registry.bring_back(key, asker=asker)
+            standin, old = record.standins[key], record.old[key]()
+            replacements[id(standin)] = (standin, new)
+            if old is not None:
+                replacements[id(old)] = (old, new)
+    rebound: list[str] = []
+    for dims in record.dim_entries:  # the rebuilt DeviceMesh serves them again
+        mesh._groups.pop(dims, None)
+    if replacements:
+        _rebuild_device_mesh(mesh, record)
+        rebound = rebind_references([mesh, *holders], replacements)
+    setattr(mesh, ATTR, None)
+    return rebound
+
+
+def _serve_dims_from_standins(mesh: Any, record: ReleaseRecord) -> None:
+    """The torch ``DeviceMesh`` keeps its groups alive and resolves them by name: it is dropped
+    (rebuilt on resume), and while released the mesh's DeviceMesh dims answer with their stand-ins."""
+    device_mesh = mesh.device_mesh
+    if device_mesh is None or not record.standins:
+        return
+    record.device_mesh_layout = (device_mesh.mesh, tuple(device_mesh.mesh_dim_names), device_mesh.device_type)
+    mesh.device_mesh = None
+    for name in record.device_mesh_layout[1]:
+        key = mesh._registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        if key in record.standins and (name,) not in mesh._groups:
+            mesh._groups[(name,)] = record.standins[key]
+            record.dim_entries.append((name,))
+
+
+def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
+    """A torch ``DeviceMesh`` keeps its groups by name: make a new one over the new groups."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if record.device_mesh_layout is None:
+        return
+    tensor, names, device_type = record.device_mesh_layout
+    groups = []
+    for name in names:
+        key = mesh._registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        groups.append(mesh._registry._groups[key])
+    mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
+
+
+def holds(mesh: Any) -> MeshHoldings:
+    """The communicators ``mesh`` holds on this rank, with what the mesh uses each for."""
+    registry = mesh._registry
+    record: Optional[ReleaseRecord] = getattr(mesh, ATTR, None)
+    uses: dict[Key, list[str]] = {}
+
+    def note(ranks: Iterable[int], what: str) -> None:
+        key = registry.key(ranks, mesh.backend)
+        if key in uses and what not in uses[key]:
+            uses[key].append(what)
+
+    keys = _mesh_keys(mesh) if mesh.is_member and not mesh._destroyed else []
+    for key in keys:
+        uses[key] = []
+    if keys:
+        for name in mesh.mesh_dim_names:
+            note(mesh.layout.group_ranks((name,), mesh.rank), name)
+        for dims in mesh._groups:
+            note(mesh.layout.group_ranks(dims, mesh.rank) if dims else [mesh.rank], " x ".join(dims) or "one-rank")
+        for ep, experts in mesh.built_expert_groups.items():
+            note(experts.ep_ranks, f"ep({ep})")
+            note(experts.edp_ranks, f"edp({ep})")
+        for pair in (mesh._p2p or {}):
+            note(pair, "p2p")
+    out = []
+    for key in keys:
+        group = registry._groups.get(key)
+        mode = record.mode.get(key) if record is not None else None
+        if group is None or mode == "destroy":
+            out.append(HeldCommunicator(tuple(uses[key]), key[1], "", "", "released"))
+            continue
+        state = "suspended" if mode == "suspend" else "alive"
+        out.append(HeldCommunicator(tuple(uses[key]), key[1], group._get_backend_name(), group.group_name, state))
+    return MeshHoldings(tuple(out))
+
+
+# --- rebinding references held elsewhere --------------------------------------------------------
+DESCEND_MODULES = ("deepspeed", "compat", "mesh_core")
+
+
+def default_descend(obj: Any) -> bool:
+    """Objects whose attributes the walk visits: ds-mesh's and DeepSpeed's own objects, torch modules,
+    optimizers and tensors (ZeRO-3 parameters carry their group as an attribute)."""
+    if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
+        return True
+    if isinstance(obj, ReleaseRecord):  # the record of what was released is not a holder
+        return False
+    module = getattr(type(obj), "__module__", "") or ""
+    return module.split(".", 1)[0] in DESCEND_MODULES
+
+
+class _Walk:
+    """One bounded walk over attributes (``vars``), lists, tuples, dicts and sets of the roots:
+    every object is visited once, objects ``descend`` refuses (and classes, functions, modules
+    other than the roots) are not entered."""
+
+    def __init__(self, targets: Mapping[int, tuple[Any, Any]], descend: Callable[[Any], bool], replace: bool):
+        self.targets, self.descend, self.replace = targets, descend, replace
+        self.seen: set[int] = set()
+        self.found: list[str] = []
+
+    def hit(self, value: Any) -> bool:
+        entry = self.targets.get(id(value))
+        return entry is not None and entry[0] is value
+
+    def slot(self, value: Any, path: str) -> Any:
+        """The value to store in place of ``value`` (itself when nothing changes)."""
+        if self.hit(value):
+            self.found.append(path)
+            return self.targets[id(value)][1] if self.replace else value
+        if isinstance(value, tuple):
+            items = [self.slot(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            if any(a is not b for a, b in zip(items, value)):
+                return type(value)._make(items) if hasattr(value, "_fields") else type(value)(items)
+            return value
+        if isinstance(value, (list, dict, set)) or self.descend(value):
+            self.visit(value, path)
+        return value
+
+    def visit(self, obj: Any, path: str) -> None:
+        if id(obj) in self.seen:
+            return
+        self.seen.add(id(obj))
+        if isinstance(obj, list):
+            for i, v in enumerate(obj):
+                new = self.slot(v, f"{path}[{i}]")
+                if new is not v:
+                    obj[i] = new
+        elif isinstance(obj, dict):
+            self._visit_dict(obj, path)
+        elif isinstance(obj, set):
+            hits = [v for v in obj if self.hit(v)]
+            for v in hits:
+                self.found.append(f"{path}{{group}}")
+                if self.replace:
+                    obj.discard(v)
+                    obj.add(self.targets[id(v)][1])
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict):
+                self._visit_dict(attrs, path, attribute=True)
+
+    def _visit_dict(self, d: dict, path: str, attribute: bool = False) -> None:
+        rekey = False
+        for k, v in list(d.items()):
+            where = f"{path}.{k}" if attribute else f"{path}[{k!r}]"
+            new = self.slot(v, where)
+            if new is not v:
+                d[k] = new
+            rekey = rekey or self.hit(k)
+        if rekey:
+            items = list(d.items())
+            for k, _ in items:
+                if self.hit(k):
+                    self.found.append(f"{path}[key]")
+            if self.replace:
+                d.clear()
+                d.update((self.targets[id(k)][1] if self.hit(k) else k, v) for k, v in items)
+
+    def run(self, roots: Iterable[Any]) -> list[str]:
+        for root in roots:
+            name = getattr(root, "__name__", None) if isinstance(root, types.ModuleType) else None
+            self.visit(root, name or type(root).__name__)
+        return self.found
+
+
+def rebind_references(
+    roots: Iterable[Any], replacements: Mapping[int, tuple[Any, Any]], *, descend: Callable[[Any], bool] = default_descend
+) -> list[str]:
+    """Put each new group wherever its old one is held under ``roots`` (see :class:`_Walk`);
+    returns the paths rebound (e.g. ``DeepSpeedEngine.optimizer.dp_process_group``)."""
+    if not replacements:
+        return []
+    return _Walk(replacements, descend, replace=True).run(roots)
+
+
+def find_references(
+    roots: Iterable[Any], groups: Iterable[Any], *, descend: Callable[[Any], bool] = default_descend
+) -> list[str]:
+    """Paths under ``roots`` that still hold one of ``groups``."""
+    targets = {id(g): (g, g) for g in groups}
+    return _Walk(targets, descend, replace=False).run(roots) if targets else []
+
+
+__all__ = [
+    "HeldCommunicator",
+    "MeshHoldings",
+    "ReleaseRecord",
+    "ReleasedCommunicator",
+    "find_references",
+    "holds",
+    "rebind_references",
+    "release_communicators",
+    "resume_communicators",
+]

@@ -1,0 +1,144 @@
+"""Communicators that step aside, 4 gloo ranks (run by tests/e2e/test_step_aside_gloo.py via torchrun).
+
+Part "mesh": a mesh (pp=2, dp=2, ep=2, a flattened pp x dp, p2p pairs) releases its communicators
+and resumes them; what it holds before, while released and after, torch's live groups, and an
+all-reduce over every group before and after.
+Parts "zero1" / "zero3": each half of the world ([0, 1], [2, 3]) trains its own engine (the shim,
+"mesh": {"ranks": half}) for STEPS steps twice from the same seed and data: once straight, once
+releasing and resuming the engine's communicators after every step but the last.
+
+usage: step_aside_jobs.py OUT_DIR PART[,PART]
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from common import params_of, ranks, run_parts, set_mode
+
+STEPS = 3
+DIMS = ["pp", "dp", ("pp", "dp"), "ep", "edp"]
+
+
+def _live_groups() -> list:
+    """The process groups torch holds on this rank, the world excluded."""
+    world = dist.GroupMember.WORLD
+    return [g for g in dist.distributed_c10d._world.pg_map if g is not world]
+
+
+def _sums(mesh, rank: int) -> dict:
+    out = {}
+    for dims in DIMS:
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, group=mesh.get_group(dims))
+        out[str(dims)] = value.item()
+    for peer in sorted({mesh.layout.stage_peer(rank, 1), mesh.layout.stage_peer(rank, -1)}):
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, group=mesh.p2p_group(peer))
+        out[f"p2p {peer}"] = value.item()
+    return out
+
+
+def _held(mesh) -> list:
+    from mesh_core.step_aside import holds
+
+    return [[list(c.uses), list(c.ranks), c.state] for c in holds(mesh).communicators]
+
+
+def part_mesh(rank: int, out: dict) -> None:
+    import weakref
+
+    from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
+    from mesh_core.step_aside import holds, release_communicators, resume_communicators
+
+    mesh = DeepSpeedDeviceMesh.build(pp=2, ep=2, flatten=[("pp", "dp")], p2p_groups=True)
+    out["sums_before"] = _sums(mesh, rank)
+    out["held_before"] = _held(mesh)
+    old = [weakref.ref(g) for g in _live_groups()]
+    out["live_before"] = len(old)
+    out["names_before"] = sorted(g().group_name for g in old)
+    record = release_communicators(mesh)
+    out["modes"] = sorted(set(record.mode.values()))
+    out["held_released"] = _held(mesh)
+    out["alive_released"] = holds(mesh).alive
+    out["live_released"] = len(_live_groups())
+    out["old_objects_alive"] = sum(1 for g in old if g() is not None)
+    out["still_referenced"] = record.still_referenced()
+    try:
+        dist.all_reduce(torch.ones(1), group=mesh.get_group("dp"))
+        out["released_use_error"] = None
+    except (MeshSpecError, ValueError) as exc:  # torch reports a foreign group object as a ValueError
+        out["released_use_error"] = str(exc)
+    out["rebound"] = resume_communicators(mesh)
+    out["held_after"] = _held(mesh)
+    out["live_after"] = len(_live_groups())
+    out["names_after"] = sorted(g.group_name for g in _live_groups())
+    out["sums_after"] = _sums(mesh, rank)
+    out["device_mesh_dp"] = ranks(mesh["dp"].get_group())
+    mesh.destroy()
+
+
+def _engine(stage: int, half: list[int]):
+    import deepspeed
+
+    torch.manual_seed(10 + half[0])
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "mesh": {"ranks": half},
+    }
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    return engine
+
+
+def _full_params(engine) -> dict:
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
+        return params_of(engine.module)
+
+
+def _train(stage: int, rank: int, step_aside: bool) -> dict:
+    from compat.engine_step_aside import release_engine_communicators, resume_engine_communicators
+
+    half = [0, 1] if rank < 2 else [2, 3]
+    engine = _engine(stage, half)
+    gen = torch.Generator().manual_seed(100 + rank)
+    out: dict = {"losses": [], "alive_released": [], "live_released": [], "rebound": [], "held": [], "still_referenced": None}
+    for step in range(STEPS):
+        x = torch.randn(4, 8, generator=gen)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        out["losses"].append(loss.item())
+        if step_aside and step < STEPS - 1:
+            records = release_engine_communicators(engine)
+            out["still_referenced"] = [list(r.still_referenced()) for r in records]
+            out["alive_released"].append(len([c for c in _held(engine.mesh_device) if c[2] == "alive"]))
+            out["live_released"].append(len(_live_groups()))
+            out["rebound"].append(resume_engine_communicators(engine))
+            out["held"].append(_held(engine.mesh_device))
+    out["params"] = _full_params(engine)
+    out["dp_group"] = ranks(engine.data_parallel_group)
+    out["held_end"] = _held(engine.mesh_device)
+    engine.destroy()
+    return out
+
+
+def part_zero(stage: int):
+    def part(rank: int, out: dict) -> None:
+        set_mode(True)
+        out["straight"] = _train(stage, rank, step_aside=False)
+        out["step_aside"] = _train(stage, rank, step_aside=True)
+        set_mode(False)
+
+    return part
+
+
+if __name__ == "__main__":
+    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3)})

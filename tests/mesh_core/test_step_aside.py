@@ -1,0 +1,88 @@
+"""The reference walk that puts resumed groups where released ones were held, and the stand-in
+a released group leaves (no processes: plain objects stand for groups)."""
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from mesh_core import MeshSpecError
+from mesh_core.step_aside import ReleasedCommunicator, find_references, rebind_references
+
+
+class Group:  # stands for a ProcessGroup: the walk matches by identity only
+    pass
+
+
+Pair = namedtuple("Pair", "group other")
+
+
+@dataclass(frozen=True)
+class Frozen:
+    group: object
+
+
+class Holder:  # a user's object: not entered unless the caller's descend says so
+    def __init__(self, group):
+        self.group = group
+
+
+def _holder_module_object(group):
+    obj = type("Optimizer", (), {"__module__": "deepspeed.runtime.zero.stage_1_and_2"})()
+    obj.__dict__["dp_process_group"] = group
+    return obj
+
+
+def test_every_container_and_attribute_kind_is_rebound():
+    old, new, other = Group(), Group(), Group()
+    opt = _holder_module_object(old)
+    param = torch.nn.Parameter(torch.zeros(2))
+    param.ds_process_group = old
+    root = {
+        "list": [old, other],
+        "tuple": (1, (old,)),
+        "named": Pair(old, other),
+        "set": {old},
+        "keyed": {old: "x", "k": 1},
+        "frozen": Frozen(old),
+        "optimizer": opt,
+        "param": param,
+        "module": torch.nn.Linear(1, 1),
+    }
+    root["module"].extra = [old]
+    root["cycle"] = root
+    paths = rebind_references([root], {id(old): (old, new)}, descend=lambda o: type(o).__module__ != __name__ or isinstance(o, Frozen))
+    assert root["list"] == [new, other]
+    assert root["tuple"] == (1, (new,))
+    assert root["named"] == Pair(new, other) and type(root["named"]) is Pair
+    assert root["set"] == {new} and list(root["keyed"]) == [new, "k"]
+    assert root["frozen"].group is new and opt.dp_process_group is new and param.ds_process_group is new
+    assert root["module"].extra == [new]
+    assert "dict['list'][0]" in paths and "dict['optimizer'].dp_process_group" in paths
+    assert find_references([root], [old]) == []
+
+
+def test_objects_outside_the_descend_rule_are_left_alone_and_found_only_where_reached():
+    old, new = Group(), Group()
+    user = Holder(old)  # a class of this test module: default_descend does not enter it
+    root = [user, _holder_module_object(old)]
+    rebind_references([root], {id(old): (old, new)})
+    assert user.group is old and root[1].dp_process_group is new
+    assert find_references([root], [old]) == []  # the walk does not see inside the user's object
+    assert find_references([root], [old], descend=lambda o: True) == ["list[0].group"]
+
+
+def test_nothing_to_rebind_touches_nothing():
+    old = Group()
+    root = [old]
+    assert rebind_references([root], {}) == [] and root[0] is old
+
+
+def test_a_released_communicator_names_its_ranks_and_the_remedy():
+    standin = ReleasedCommunicator((0, 1), "MeshSpec(dp=2)")
+    with pytest.raises(MeshSpecError, match=r"ranks \[0, 1\] of MeshSpec\(dp=2\) is released .*resume_communicators\(\)"):
+        standin.size()
+    assert "resume_communicators()" in repr(standin)  # torch's own error quotes the repr
+    assert not hasattr(standin, "__deepcopy__")  # copy / pickle probes see a plain object
