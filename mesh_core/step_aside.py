@@ -45,7 +45,7 @@ from .spec import MeshSpecError
 logger = logging.getLogger(__name__)
 
 ATTR = "_step_aside"  # the record of a released mesh, on the mesh
-SUSPEND_MIN_NCCL = (2, 29)
+SUSPEND_MIN_NCCL = (2, 29, 7)  # ncclCommSuspend / ncclCommMemStats
 _LOCK = threading.Lock()
 
 
@@ -58,19 +58,26 @@ class HeldCommunicator:
     backend: str  # the backend name torch reports ("" while released)
     group_name: str  # torch's group name ("" while released)
     state: str  # "alive", "suspended" or "released"
+    memory_stats: Optional[dict[str, int]] = None  # the backend's own counters, where it reports them
 
 
 @dataclass(frozen=True)
 class MeshHoldings:
     """What a mesh holds on this rank: its communicators (the world group excluded).
 
-    ``device_memory_bytes`` is None: torch reports no per-communicator memory (NCCL allocates its
-    buffers outside the caching allocator, and ``torch.cuda.memory_stats`` does not see them). The
-    device-wide free memory before and after a release, where a CUDA device is present, is in
-    :class:`ReleaseRecord.device_free_bytes`."""
+    Device memory is what the backends report per communicator (``Backend.memory_stats()``: torch's
+    NCCL backend on NCCL >= 2.29.7 gives ``total`` / ``persist`` / ``suspend`` bytes and
+    ``suspended``); gloo reports nothing, and ``torch.cuda.memory_stats`` does not see NCCL's buffers
+    (they are allocated outside the caching allocator). The device-wide free memory before and after
+    a release, where a CUDA device is in use, is in :attr:`ReleaseRecord.device_free_bytes`."""
 
     communicators: tuple[HeldCommunicator, ...]
-    device_memory_bytes: Optional[int] = None
+
+    @property
+    def device_memory_bytes(self) -> Optional[int]:
+        """The ``total`` bytes the backends report, summed; None where none reports."""
+        totals = [c.memory_stats["total"] for c in self.communicators if c.memory_stats and "total" in c.memory_stats]
+        return sum(totals) if totals else None
 
     @property
     def alive(self) -> int:
@@ -139,7 +146,7 @@ def _suspendable(group: ProcessGroup) -> Any:
     if not torch.cuda.is_available():
         return None
     try:
-        if group._get_backend_name() != "nccl" or tuple(torch.cuda.nccl.version()[:2]) < SUSPEND_MIN_NCCL:
+        if group._get_backend_name() != "nccl" or tuple(torch.cuda.nccl.version()[:3]) < SUSPEND_MIN_NCCL:
             return None
         return group._get_backend(torch.device("cuda"))
     except (RuntimeError, AttributeError):
@@ -290,8 +297,22 @@ def holds(mesh: Any) -> MeshHoldings:
             out.append(HeldCommunicator(tuple(uses[key]), key[1], "", "", "released"))
             continue
         state = "suspended" if mode == "suspend" else "alive"
-        out.append(HeldCommunicator(tuple(uses[key]), key[1], group._get_backend_name(), group.group_name, state))
+        out.append(HeldCommunicator(
+            tuple(uses[key]), key[1], group._get_backend_name(), group.group_name, state, _memory_stats(group)
+        ))
     return MeshHoldings(tuple(out))
+
+
+def _memory_stats(group: ProcessGroup) -> Optional[dict[str, int]]:
+    """The counters ``group``'s backends report (summed per key over its devices); None if none does."""
+    stats: dict[str, int] = {}
+    for device_type in getattr(group, "_device_types", ()):
+        try:
+            for name, value in group._get_backend(device_type).memory_stats().items():
+                stats[name] = stats.get(name, 0) + int(value)
+        except RuntimeError:  # "Backend gloo does not support getMemoryStats", older NCCL
+            continue
+    return stats or None
 
 
 # --- rebinding references held elsewhere --------------------------------------------------------

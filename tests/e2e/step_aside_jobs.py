@@ -54,6 +54,7 @@ def part_mesh(rank: int, out: dict) -> None:
     mesh = DeepSpeedDeviceMesh.build(pp=2, ep=2, flatten=[("pp", "dp")], p2p_groups=True)
     out["sums_before"] = _sums(mesh, rank)
     out["held_before"] = _held(mesh)
+    out["memory_reported"] = [holds(mesh).device_memory_bytes, [c.memory_stats for c in holds(mesh).communicators]]
     old = [weakref.ref(g) for g in _live_groups()]
     out["live_before"] = len(old)
     out["names_before"] = sorted(g().group_name for g in old)

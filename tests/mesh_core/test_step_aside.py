@@ -86,3 +86,14 @@ def test_a_released_communicator_names_its_ranks_and_the_remedy():
         standin.size()
     assert "resume_communicators()" in repr(standin)  # torch's own error quotes the repr
     assert not hasattr(standin, "__deepcopy__")  # copy / pickle probes see a plain object
+
+
+def test_device_memory_is_what_the_backends_report_and_none_where_none_does():
+    from mesh_core.step_aside import HeldCommunicator, MeshHoldings
+
+    nccl = HeldCommunicator(("dp",), (0, 1), "nccl", "g", "alive", {"total": 6 << 20, "persist": 1 << 20})
+    gloo = HeldCommunicator(("tp",), (0, 2), "gloo", "h", "alive", None)
+    released = HeldCommunicator(("pp",), (0, 4), "", "", "released")
+    assert MeshHoldings((nccl, gloo, released)).device_memory_bytes == 6 << 20
+    assert MeshHoldings((gloo, released)).device_memory_bytes is None
+    assert MeshHoldings((nccl, gloo, released)).alive == 2
