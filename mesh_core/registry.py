@@ -246,7 +246,7 @@ class GroupRegistry:
         self._refs: Counter = Counter()
         self._generation: Counter = Counter()
         self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
-        self._aside: dict[Key, ProcessGroup] = {}  # set aside (destroyed), not yet brought back
+        self._aside: dict[Key, "weakref.ref[ProcessGroup]"] = {}  # set aside (destroyed), not yet back
         self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
@@ -369,14 +369,21 @@ class GroupRegistry:
 
     def set_aside(self, key: Key) -> tuple[Optional[ProcessGroup], bool]:
         """Take ``key``'s communicator out of the cache, its references still counted (see
-        :mod:`mesh_core.step_aside`). Returns the group (None if never held) and whether this call
-        took it out (the caller then destroys it); a group set aside earlier is returned again."""
+        :mod:`mesh_core.step_aside`). Returns the group and whether this call took it out (the caller
+        then destroys it). For a key set aside earlier: the group while something still holds it
+        (kept weakly), else None; for a key never held: (None, False)."""
         with self._lock:
             group = self._groups.pop(key, None)
             if group is not None:
-                self._aside[key] = group
+                self._aside[key] = weakref.ref(group)
                 return group, True
-            return self._aside.get(key), False
+            ref = self._aside.get(key)
+            return (ref() if ref is not None else None), False
+
+    def is_aside(self, key: Key) -> bool:
+        """Whether ``key``'s communicator is set aside and not brought back yet."""
+        with self._lock:
+            return key in self._aside
 
     def bring_back(self, key: Key, *, asker: str = "") -> ProcessGroup:
         """The communicator of a set-aside ``key``: created again member-only under the next

@@ -1,34 +1,36 @@
-"""Communicators that step aside: release every communicator a mesh owns, bring them back later.
+"""Communicators that step aside: release every communicator a mesh holds, bring them back later.
 
 Colocated RL (trainer and rollout on the same devices) wants the trainer's idle communicators gone
 while the rollout runs. :func:`release_communicators` takes them away and
-:func:`resume_communicators` brings them back with the same rank sets, in the mesh's fixed order,
-member-only; training afterwards is bit-identical to never releasing (the collectives run over the
-same ranks in the same order).
+:func:`resume_communicators` brings them back with the same rank sets, in the mesh's creation
+order, member-only; training afterwards is bit-identical to never releasing (the collectives run
+over the same ranks in the same order). :func:`holds` reports what a mesh holds.
 
 How a communicator steps aside depends on the backend:
 
-- **suspend** — an NCCL group when the NCCL torch was built with is 2.29 or newer: its backend's
-  ``suspend()`` (``ncclCommSuspend``) frees the communicator's device memory and ``resume()``
-  restores it. The ``ProcessGroup`` objects stay the same, so nothing that holds them changes.
-- **destroy** — every other backend (gloo, NCCL < 2.29): the group is destroyed
-  (``dist.destroy_process_group(group)``) and created again on resume as a *new* group object, named
-  ``mesh_core.<sha1 of the rank set>.<next generation>`` (a fresh store prefix: the old prefix still
-  holds the first rendezvous' keys). The mesh's own tables (dims, expert groups, p2p pairs, its torch
-  ``DeviceMesh``) are rebound to the new objects here; whatever else holds the old objects (an engine,
-  an optimizer, parameters) must be rebound with :func:`rebind_references` (``compat.step_aside``
-  does it for a DeepSpeed engine) — :func:`find_references` lists what still holds a released group.
+- **suspend** — an NCCL group when the NCCL torch runs is 2.29.7 or newer: its backend's
+  ``suspend()`` (``ncclCommSuspend``) releases the communicator's device memory and ``resume()``
+  restores it. The ``ProcessGroup`` objects stay, so nothing that holds them changes.
+- **destroy** — every other backend (gloo, older NCCL): the group is destroyed
+  (``dist.destroy_process_group``) and a :class:`ReleasedCommunicator` is put wherever the mesh, and
+  the ``holders`` the caller names, held it (a bounded walk, :func:`rebind_references`), so nothing
+  keeps it alive and a use while released raises naming the remedy. Resume creates a new group
+  for the same rank set, named ``mesh_core.<sha1 of the rank set>.<next generation>`` (a fresh
+  store prefix: the old one still holds the first rendezvous' keys), and puts it where the stand-in
+  is. The mesh's torch ``DeviceMesh`` (which keeps its groups alive) is dropped while released and
+  rebuilt over the new groups. :mod:`compat.engine_step_aside` names a DeepSpeed engine's holders.
 
-The world (default) group is never released. Release and resume are collective over each released
-group's members: every member of the mesh calls them at the same program point (a colocated loop
-calls release after its training step and resume before the next one, on every trainer rank).
-Nothing is resumed lazily: a group used while released fails (torch reports the destroyed group).
-A group another mesh shares is released for both; release and resume both meshes (the second
-release / resume of a shared rank set finds it already done).
+The world (default) group is never released. Release and resume are explicit and collective over
+each group's members: every rank of the mesh calls them at the same program point (a colocated loop
+releases after its optimizer step, before the rollout, and resumes after the rollout, before the
+next forward). Nothing resumes lazily at a first collective: a rank would create (NCCL: connect)
+a group its peers are not creating at that moment. A rank set another mesh shares is released for
+both: release and resume both meshes (the second finds the rank set already set aside / back).
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import types
 import weakref
@@ -39,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .registry import Key
+from .registry import GroupRegistry, Key
 from .spec import MeshSpecError
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,12 @@ class ReleaseRecord:
         return [key[1] for key, ref in self.old.items() if ref() is not None]
 
 
+def _own_modules() -> list[types.ModuleType]:
+    """mesh_core's modules: process-wide state (e.g. :data:`mesh_core.roles.state.PROCESS_ROLES`)
+    that can hold a mesh's groups."""
+    return [m for name, m in list(sys.modules.items()) if m is not None and name.split(".", 1)[0] == "mesh_core"]
+
+
 def _mesh_keys(mesh: Any) -> list[Key]:
     """The mesh's rank sets this rank holds a communicator for, in creation order, world excluded."""
     registry = mesh._registry
@@ -184,16 +192,17 @@ def release_communicators(mesh: Any, *, suspend: bool = True, holders: Iterable[
             record.mode[key], record.suspended[key] = "suspend", group
             continue
         group, taken = registry.set_aside(key)
-        if group is None:
-            continue
+        if group is None and not registry.is_aside(key):
+            continue  # never created (a lazily requested group nobody asked for)
         record.mode[key] = "destroy"
         record.standins[key] = standin = ReleasedCommunicator(key[1], label)
-        record.old[key] = weakref.ref(group)
-        replacements[id(group)] = (group, standin)
+        if group is not None:  # None: set aside by another mesh and held by nothing any more
+            record.old[key] = weakref.ref(group)
+            replacements[id(group)] = (group, standin)
         if taken:
-            doomed.append(group)
+            doomed.append(group)  # type: ignore[arg-type]
     _serve_dims_from_standins(mesh, record)
-    record.rebound = rebind_references([mesh, *holders], replacements)
+    record.rebound = rebind_references([mesh, *holders, *_own_modules()], replacements)
     replacements.clear()
     for group in doomed:
         if dist.is_initialized():
@@ -222,7 +231,8 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
             _suspendable(record.suspended[key]).resume()
         elif mode == "destroy":
             new = registry.bring_back(key, asker=asker)
-            standin, old = record.standins[key], record.old[key]()
+            standin, ref = record.standins[key], record.old.get(key)
+            old = ref() if ref is not None else None
             replacements[id(standin)] = (standin, new)
             if old is not None:
                 replacements[id(old)] = (old, new)
@@ -231,7 +241,7 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
         mesh._groups.pop(dims, None)
     if replacements:
         _rebuild_device_mesh(mesh, record)
-        rebound = rebind_references([mesh, *holders], replacements)
+        rebound = rebind_references([mesh, *holders, *_own_modules()], replacements)
     setattr(mesh, ATTR, None)
     return rebound
 
@@ -261,7 +271,7 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
     groups = []
     for name in names:
         key = mesh._registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
-        groups.append(mesh._registry._groups[key])
+        groups.append(dist.GroupMember.WORLD if mesh._registry._is_world(key) else mesh._registry._groups[key])
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
 
 
@@ -324,7 +334,7 @@ def default_descend(obj: Any) -> bool:
     optimizers and tensors (ZeRO-3 parameters carry their group as an attribute)."""
     if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
         return True
-    if isinstance(obj, ReleaseRecord):  # the record of what was released is not a holder
+    if isinstance(obj, (ReleaseRecord, GroupRegistry)):  # bookkeeping, not holders
         return False
     module = getattr(type(obj), "__module__", "") or ""
     return module.split(".", 1)[0] in DESCEND_MODULES

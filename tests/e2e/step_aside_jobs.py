@@ -3,6 +3,7 @@
 Part "mesh": a mesh (pp=2, dp=2, ep=2, a flattened pp x dp, p2p pairs) releases its communicators
 and resumes them; what it holds before, while released and after, torch's live groups, and an
 all-reduce over every group before and after.
+Part "pipe": a pipeline engine (pp=2, dp=2), the same twice, the second released between steps.
 Parts "zero1" / "zero3": each half of the world ([0, 1], [2, 3]) trains its own engine (the shim,
 "mesh": {"ranks": half}) for STEPS steps twice from the same seed and data: once straight, once
 releasing and resuming the engine's communicators after every step but the last.
@@ -10,6 +11,8 @@ releasing and resuming the engine's communicators after every step but the last.
 usage: step_aside_jobs.py OUT_DIR PART[,PART]
 """
 from __future__ import annotations
+
+import gc
 
 import torch
 import torch.distributed as dist
@@ -52,6 +55,7 @@ def part_mesh(rank: int, out: dict) -> None:
     from mesh_core.step_aside import holds, release_communicators, resume_communicators
 
     mesh = DeepSpeedDeviceMesh.build(pp=2, ep=2, flatten=[("pp", "dp")], p2p_groups=True)
+    other = DeepSpeedDeviceMesh.build(dp=2, tp=2)  # its tp groups are mesh's dp groups, its dp mesh's pp
     out["sums_before"] = _sums(mesh, rank)
     out["held_before"] = _held(mesh)
     out["memory_reported"] = [holds(mesh).device_memory_bytes, [c.memory_stats for c in holds(mesh).communicators]]
@@ -59,6 +63,7 @@ def part_mesh(rank: int, out: dict) -> None:
     out["live_before"] = len(old)
     out["names_before"] = sorted(g().group_name for g in old)
     record = release_communicators(mesh)
+    release_communicators(other)  # the rank sets it shares are set aside already
     out["modes"] = sorted(set(record.mode.values()))
     out["held_released"] = _held(mesh)
     out["alive_released"] = holds(mesh).alive
@@ -71,11 +76,14 @@ def part_mesh(rank: int, out: dict) -> None:
     except (MeshSpecError, ValueError) as exc:  # torch reports a foreign group object as a ValueError
         out["released_use_error"] = str(exc)
     out["rebound"] = resume_communicators(mesh)
+    resume_communicators(other)
+    out["shared_after"] = other.get_group("tp") is mesh.get_group("dp") and other.get_group("dp") is mesh.get_group("pp")
     out["held_after"] = _held(mesh)
     out["live_after"] = len(_live_groups())
     out["names_after"] = sorted(g.group_name for g in _live_groups())
     out["sums_after"] = _sums(mesh, rank)
     out["device_mesh_dp"] = ranks(mesh["dp"].get_group())
+    other.destroy()
     mesh.destroy()
 
 
@@ -128,7 +136,50 @@ def _train(stage: int, rank: int, step_aside: bool) -> dict:
     out["dp_group"] = ranks(engine.data_parallel_group)
     out["held_end"] = _held(engine.mesh_device)
     engine.destroy()
+    gc.collect()  # an engine in a reference cycle would keep the groups it shared with the next one
     return out
+
+
+def _pipeline(rank: int, step_aside: bool) -> dict:
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    from compat.engine_step_aside import release_engine_communicators, resume_engine_communicators
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
+    model = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    gen = torch.Generator().manual_seed(100 + rank % 2)
+
+    def data():
+        while True:
+            x = torch.randn(4, 8, generator=gen)
+            yield x, x.sum(dim=1, keepdim=True)
+
+    batches, out = data(), {"losses": [], "still_referenced": [], "alive_released": [], "live_released": []}
+    for step in range(STEPS):
+        out["losses"].append(engine.train_batch(data_iter=batches).item())
+        if step_aside and step < STEPS - 1:
+            records = release_engine_communicators(engine)
+            out["still_referenced"] += [list(r.still_referenced()) for r in records]
+            out["alive_released"].append(len([c for c in _held(engine.mesh_device) if c[2] == "alive"]))
+            out["live_released"].append(len(_live_groups()))
+            resume_engine_communicators(engine)
+    out["params"] = params_of(engine.module)
+    out["dp_group"] = ranks(engine.data_parallel_group)
+    engine.destroy()
+    gc.collect()  # an engine in a reference cycle would keep the groups it shared with the next one
+    return out
+
+
+def part_pipe(rank: int, out: dict) -> None:
+    set_mode(True)
+    out["straight"] = _pipeline(rank, step_aside=False)
+    out["step_aside"] = _pipeline(rank, step_aside=True)
+    set_mode(False)
 
 
 def part_zero(stage: int):
@@ -142,4 +193,4 @@ def part_zero(stage: int):
 
 
 if __name__ == "__main__":
-    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3)})
+    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3), "pipe": part_pipe})

@@ -2,7 +2,7 @@
 a mesh releases every communicator it holds (none left alive in torch, nothing holds the old
 groups, a use while released names the remedy) and resumes them (the same rank sets and uses,
 the same collective results); ZeRO-1 and ZeRO-3 engines released and resumed between steps train
-bit-identically to engines never released."""
+bit-identically to engines never released, and so does a pipeline engine (pp=2, dp=2)."""
 import os
 import sys
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3", timeout=240)
+    return torchrun("step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3,pipe", timeout=240)
 
 
 def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(runs):
@@ -30,6 +30,7 @@ def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(
         assert [state for *_, state in mesh["held_released"]] == ["released"] * 3
         assert "ranks=[" in mesh["released_use_error"] and "call resume_communicators() on every member" in mesh["released_use_error"]
         assert mesh["held_after"] == mesh["held_before"]
+        assert mesh["shared_after"]  # a second mesh sharing its rank sets, released and resumed too
         assert all(state == "alive" for *_, state in mesh["held_after"])
         assert mesh["live_after"] == 3
         # same rank sets, the next generation of the same names
@@ -57,3 +58,13 @@ def test_an_engine_released_between_steps_trains_bit_identically(runs, part):
     assert any(path.endswith(".ds_process_group") for path in rebound)  # ZeRO-3 parameters' groups
     rebound = runs[0]["zero1"]["step_aside"]["rebound"][0]
     assert "DeepSpeedEngine.optimizer.dp_process_group" in rebound
+
+
+def test_a_pipeline_engine_released_between_steps_trains_bit_identically(runs):
+    for rank, res in enumerate(runs):
+        straight, aside = res["pipe"]["straight"], res["pipe"]["step_aside"]
+        assert aside["alive_released"] == [0, 0] and aside["live_released"] == [0, 0]
+        assert aside["losses"] == straight["losses"]
+        for name, value in straight["params"].items():
+            assert torch.equal(aside["params"][name], value), f"rank {rank} pipe: parameter {name} differs"
+        assert aside["dp_group"] == straight["dp_group"]
