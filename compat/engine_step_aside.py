@@ -22,7 +22,8 @@ import sys
 from typing import Any
 
 from mesh_core import MeshSpecError
-from mesh_core.step_aside import ATTR, ReleaseRecord, find_references, release_communicators, resume_communicators
+from mesh_core.rebind import find_references
+from mesh_core.step_aside import ATTR, ReleaseRecord, release_communicators, resume_communicators
 
 logger = logging.getLogger(__name__)
 

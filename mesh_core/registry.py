@@ -239,6 +239,8 @@ class GroupRegistry:
     order fixed by the program (one thread, or a join/barrier between them).
     """
 
+    _not_a_holder = True  # bookkeeping: mesh_core.rebind's walk does not enter it
+
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._pending: dict[Key, threading.Event] = {}  # rank sets another thread is creating

@@ -13,7 +13,7 @@ How a communicator steps aside depends on the backend:
   restores it. The ``ProcessGroup`` objects stay, so nothing that holds them changes.
 - **destroy** — every other backend (gloo, older NCCL): the group is destroyed
   (``dist.destroy_process_group``) and a :class:`ReleasedCommunicator` is put wherever the mesh, and
-  the ``holders`` the caller names, held it (a bounded walk, :func:`rebind_references`), so nothing
+  the ``holders`` the caller names, held it (:func:`mesh_core.rebind.rebind_references`), so nothing
   keeps it alive and a use while released raises naming the remedy. Resume creates a new group
   for the same rank set, named ``mesh_core.<sha1 of the rank set>.<next generation>`` (a fresh
   store prefix: the old one still holds the first rendezvous' keys), and puts it where the stand-in
@@ -35,13 +35,14 @@ import threading
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .registry import GroupRegistry, Key
+from .rebind import rebind_references
+from .registry import Key
 from .spec import MeshSpecError
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,8 @@ class ReleasedCommunicator:
 @dataclass
 class ReleaseRecord:
     """What :func:`release_communicators` did; kept on the mesh until it is resumed."""
+
+    _not_a_holder = True  # the reference walk does not enter it
 
     keys: list[Key]
     mode: dict[Key, str]  # key -> "suspend" | "destroy"
@@ -325,122 +328,12 @@ def _memory_stats(group: ProcessGroup) -> Optional[dict[str, int]]:
     return stats or None
 
 
-# --- rebinding references held elsewhere --------------------------------------------------------
-DESCEND_MODULES = ("deepspeed", "compat", "mesh_core")
-
-
-def default_descend(obj: Any) -> bool:
-    """Objects whose attributes the walk visits: ds-mesh's and DeepSpeed's own objects, torch modules,
-    optimizers and tensors (ZeRO-3 parameters carry their group as an attribute)."""
-    if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
-        return True
-    if isinstance(obj, (ReleaseRecord, GroupRegistry)):  # bookkeeping, not holders
-        return False
-    module = getattr(type(obj), "__module__", "") or ""
-    return module.split(".", 1)[0] in DESCEND_MODULES
-
-
-class _Walk:
-    """One bounded walk over attributes (``vars``), lists, tuples, dicts and sets of the roots:
-    every object is visited once, objects ``descend`` refuses (and classes, functions, modules
-    other than the roots) are not entered."""
-
-    def __init__(self, targets: Mapping[int, tuple[Any, Any]], descend: Callable[[Any], bool], replace: bool):
-        self.targets, self.descend, self.replace = targets, descend, replace
-        self.seen: set[int] = set()
-        self.found: list[str] = []
-
-    def hit(self, value: Any) -> bool:
-        entry = self.targets.get(id(value))
-        return entry is not None and entry[0] is value
-
-    def slot(self, value: Any, path: str) -> Any:
-        """The value to store in place of ``value`` (itself when nothing changes)."""
-        if self.hit(value):
-            self.found.append(path)
-            return self.targets[id(value)][1] if self.replace else value
-        if isinstance(value, tuple):
-            items = [self.slot(v, f"{path}[{i}]") for i, v in enumerate(value)]
-            if any(a is not b for a, b in zip(items, value)):
-                return type(value)._make(items) if hasattr(value, "_fields") else type(value)(items)
-            return value
-        if isinstance(value, (list, dict, set)) or self.descend(value):
-            self.visit(value, path)
-        return value
-
-    def visit(self, obj: Any, path: str) -> None:
-        if id(obj) in self.seen:
-            return
-        self.seen.add(id(obj))
-        if isinstance(obj, list):
-            for i, v in enumerate(obj):
-                new = self.slot(v, f"{path}[{i}]")
-                if new is not v:
-                    obj[i] = new
-        elif isinstance(obj, dict):
-            self._visit_dict(obj, path)
-        elif isinstance(obj, set):
-            hits = [v for v in obj if self.hit(v)]
-            for v in hits:
-                self.found.append(f"{path}{{group}}")
-                if self.replace:
-                    obj.discard(v)
-                    obj.add(self.targets[id(v)][1])
-        else:
-            attrs = getattr(obj, "__dict__", None)
-            if isinstance(attrs, dict):
-                self._visit_dict(attrs, path, attribute=True)
-
-    def _visit_dict(self, d: dict, path: str, attribute: bool = False) -> None:
-        rekey = False
-        for k, v in list(d.items()):
-            where = f"{path}.{k}" if attribute else f"{path}[{k!r}]"
-            new = self.slot(v, where)
-            if new is not v:
-                d[k] = new
-            rekey = rekey or self.hit(k)
-        if rekey:
-            items = list(d.items())
-            for k, _ in items:
-                if self.hit(k):
-                    self.found.append(f"{path}[key]")
-            if self.replace:
-                d.clear()
-                d.update((self.targets[id(k)][1] if self.hit(k) else k, v) for k, v in items)
-
-    def run(self, roots: Iterable[Any]) -> list[str]:
-        for root in roots:
-            name = getattr(root, "__name__", None) if isinstance(root, types.ModuleType) else None
-            self.visit(root, name or type(root).__name__)
-        return self.found
-
-
-def rebind_references(
-    roots: Iterable[Any], replacements: Mapping[int, tuple[Any, Any]], *, descend: Callable[[Any], bool] = default_descend
-) -> list[str]:
-    """Put each new group wherever its old one is held under ``roots`` (see :class:`_Walk`);
-    returns the paths rebound (e.g. ``DeepSpeedEngine.optimizer.dp_process_group``)."""
-    if not replacements:
-        return []
-    return _Walk(replacements, descend, replace=True).run(roots)
-
-
-def find_references(
-    roots: Iterable[Any], groups: Iterable[Any], *, descend: Callable[[Any], bool] = default_descend
-) -> list[str]:
-    """Paths under ``roots`` that still hold one of ``groups``."""
-    targets = {id(g): (g, g) for g in groups}
-    return _Walk(targets, descend, replace=False).run(roots) if targets else []
-
-
 __all__ = [
     "HeldCommunicator",
     "MeshHoldings",
     "ReleaseRecord",
     "ReleasedCommunicator",
-    "find_references",
     "holds",
-    "rebind_references",
     "release_communicators",
     "resume_communicators",
 ]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mesh_core import MeshSpecError
-from mesh_core.step_aside import ReleasedCommunicator, find_references, rebind_references
+from mesh_core.rebind import find_references, rebind_references
+from mesh_core.step_aside import ReleasedCommunicator
 
 
 class Group:  # stands for a ProcessGroup: the walk matches by identity only
@@ -97,3 +98,76 @@ def test_device_memory_is_what_the_backends_report_and_none_where_none_does():
     assert MeshHoldings((nccl, gloo, released)).device_memory_bytes == 6 << 20
     assert MeshHoldings((gloo, released)).device_memory_bytes is None
     assert MeshHoldings((nccl, gloo, released)).alive == 2
+
+
+# --- release / resume of a real mesh on torch's fake backend (rank 1 of 4) ---------------------------
+class _Holder:  # a caller's object keeping a group (passed as a holder: a root is always entered)
+    def __init__(self, group):
+        self.group = group
+
+
+def _ranks(group):
+    import torch.distributed as dist
+
+    return dist.get_process_group_ranks(group)
+
+
+def test_destroyed_groups_come_back_with_the_same_ranks_where_they_were_held():
+    from fakepg import fake_world
+    from mesh_core import DeepSpeedDeviceMesh
+    from mesh_core.step_aside import holds, release_communicators, resume_communicators
+
+    with fake_world(1, 4):
+        mesh = DeepSpeedDeviceMesh.build(dp=2, tp=2, flatten=[("dp", "tp")])
+        tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+        holder = _Holder((tp, [dp]))
+        before = holds(mesh)
+        record = release_communicators(mesh, holders=[holder])
+        assert {c.state for c in holds(mesh).communicators} == {"released"} and holds(mesh).alive == 0
+        assert all(isinstance(g, ReleasedCommunicator) for g in (holder.group[0], holder.group[1][0], mesh.get_group("tp")))
+        assert sorted(record.still_referenced()) == [(0, 1), (1, 3)]  # this test's own tp, dp variables
+        del tp, dp
+        assert record.still_referenced() == []
+        with pytest.raises(MeshSpecError, match="release"):
+            release_communicators(mesh)  # twice: refused
+        resume_communicators(mesh, holders=[holder])
+        after = holds(mesh)
+        assert [(c.uses, c.ranks, c.state) for c in after.communicators] == [(c.uses, c.ranks, c.state) for c in before.communicators]
+        assert [c.group_name[:-2] for c in after.communicators] == [c.group_name[:-2] for c in before.communicators]
+        assert holder.group[0] is mesh.get_group("tp") and _ranks(holder.group[0]) == mesh.get_group_ranks("tp") == [0, 1]
+        assert holder.group[1][0] is mesh.get_group("dp") and _ranks(mesh.get_group("dp")) == mesh.get_group_ranks("dp") == [1, 3]
+        assert mesh["tp"].get_group() is mesh.get_group("tp")  # the torch DeviceMesh is rebuilt
+        assert resume_communicators(mesh) == []  # not released: nothing to do
+        mesh.destroy()
+
+
+def test_a_backend_that_suspends_keeps_its_groups(monkeypatch):
+    from fakepg import fake_world
+    from mesh_core import DeepSpeedDeviceMesh
+    from mesh_core import step_aside
+
+    calls = []
+
+    class Suspending:
+        def __init__(self, group):
+            self.group = group
+
+        def suspend(self):
+            calls.append(("suspend", _ranks(self.group)))
+
+        def resume(self):
+            calls.append(("resume", _ranks(self.group)))
+
+    monkeypatch.setattr(step_aside, "_suspendable", Suspending)
+    with fake_world(1, 4):
+        mesh = DeepSpeedDeviceMesh.build(dp=2, tp=2)
+        tp = mesh.get_group("tp")
+        record = step_aside.release_communicators(mesh)
+        assert set(record.mode.values()) == {"suspend"} and mesh.get_group("tp") is tp
+        assert [c.state for c in step_aside.holds(mesh).communicators] == ["suspended", "suspended"]
+        assert step_aside.resume_communicators(mesh) == []
+        assert mesh.get_group("tp") is tp and step_aside.holds(mesh).alive == 2
+        order = [c[1] for c in calls[:2]]  # the mesh's creation order, the same on resume
+        assert calls == [("suspend", order[0]), ("suspend", order[1]), ("resume", order[0]), ("resume", order[1])]
+        assert sorted(order) == [[0, 1], [1, 3]]
+        mesh.destroy()
