@@ -50,10 +50,18 @@ def _meshes(engines: tuple[Any, ...]) -> list[Any]:
 
 
 def release_engine_communicators(*engines: Any, suspend: bool = True) -> list[ReleaseRecord]:
-    """Release the communicators of every engine's mesh (every rank of the engines calls it at the
-    same point, e.g. after ``engine.step()``). Returns one record per distinct mesh."""
-    roots = _roots(engines)
-    return [release_communicators(mesh, suspend=suspend, holders=roots) for mesh in _meshes(engines)]
+    """Release the communicators of every engine's mesh, and the other groups of the world's
+    registry an engine holds (e.g. ZeRO++ hpZ groups); every rank of the engines calls it at the
+    same point, e.g. after ``engine.step()``. Returns one record per distinct mesh."""
+    holders = _roots(())
+    return [
+        release_communicators(mesh, suspend=suspend, holders=holders, owners=_engines_on(mesh, engines))
+        for mesh in _meshes(engines)
+    ]
+
+
+def _engines_on(mesh: Any, engines: tuple[Any, ...]) -> list[Any]:
+    return [engine for engine in engines if _mesh_of(engine) is mesh]
 
 
 def resume_engine_communicators(*engines: Any) -> list[str]:

@@ -33,10 +33,14 @@ class _Walk:
         self.targets, self.descend, self.replace = targets, descend, replace
         self.seen: set[int] = set()
         self.found: list[str] = []
+        self.held: set[int] = set()  # ids of the targets met
 
     def hit(self, value: Any) -> bool:
         entry = self.targets.get(id(value))
-        return entry is not None and entry[0] is value
+        if entry is not None and entry[0] is value:
+            self.held.add(id(value))
+            return True
+        return False
 
     def slot(self, value: Any, path: str) -> Any:
         """The value to store in place of ``value`` (itself when nothing changes)."""
@@ -117,4 +121,14 @@ def find_references(
     return _Walk(targets, descend, replace=False).run(roots) if targets else []
 
 
-__all__ = ["DESCEND_MODULES", "default_descend", "find_references", "rebind_references"]
+def held_under(
+    roots: Iterable[Any], candidates: Iterable[Any], *, descend: Callable[[Any], bool] = default_descend
+) -> list[Any]:
+    """The ``candidates`` that something under ``roots`` holds, in the candidates' order."""
+    candidates = list(candidates)
+    walk = _Walk({id(c): (c, c) for c in candidates}, descend, replace=False)
+    walk.run(roots)
+    return [c for c in candidates if id(c) in walk.held]
+
+
+__all__ = ["DESCEND_MODULES", "default_descend", "find_references", "held_under", "rebind_references"]

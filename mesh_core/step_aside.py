@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .rebind import rebind_references
+from .rebind import held_under, rebind_references
 from .registry import Key
 from .spec import MeshSpecError
 
@@ -152,6 +152,23 @@ def _mesh_keys(mesh: Any) -> list[Key]:
     return seen
 
 
+def _owned_keys(mesh: Any, owners: list[Any]) -> list[Key]:
+    """Rank sets of the world registry's groups, outside the mesh, that ``owners`` hold (e.g. an
+    engine's ZeRO++ hpZ groups)."""
+    if not owners:
+        return []
+    registry, mine = mesh._registry, set(_mesh_keys(mesh))
+    with registry._lock:
+        others = {id(g): (k, g) for k, g in registry._groups.items() if k not in mine}
+    return [others[id(g)][0] for g in held_under(owners, [g for _, g in others.values()])]
+
+
+def _keys_to_release(mesh: Any, owners: list[Any]) -> list[Key]:
+    """The mesh's rank sets and its owners' (:func:`_owned_keys`), in one order every rank shares
+    (sorted by rank set: overlapping member-only creations on resume cannot wait on each other)."""
+    return sorted(_mesh_keys(mesh) + _owned_keys(mesh, owners), key=lambda k: (k[1], k[0] or ""))
+
+
 def _suspendable(group: ProcessGroup) -> Any:
     """The NCCL backend of ``group`` when it can suspend (NCCL >= 2.29), else None."""
     if not torch.cuda.is_available():
@@ -171,16 +188,20 @@ def _device_free() -> Optional[int]:
     return torch.cuda.mem_get_info()[0]
 
 
-def release_communicators(mesh: Any, *, suspend: bool = True, holders: Iterable[Any] = ()) -> ReleaseRecord:
-    """Release every communicator ``mesh`` holds on this rank: suspended where the backend can (and
+def release_communicators(
+    mesh: Any, *, suspend: bool = True, holders: Iterable[Any] = (), owners: Iterable[Any] = ()
+) -> ReleaseRecord:
+    """Release every communicator ``mesh`` holds on this rank, and the world registry's groups that
+    ``owners`` (e.g. the engine on the mesh) hold besides: suspended where the backend can (and
     ``suspend`` is true), else destroyed, with a :class:`ReleasedCommunicator` put in its place in
-    the mesh and under ``holders`` (:func:`rebind_references`). Every member of the mesh calls it
-    at the same point."""
+    the mesh, ``owners`` and ``holders`` (:func:`rebind_references`). Every member of the mesh calls
+    it at the same point."""
+    owners, holders = list(owners), list(holders)
     with _LOCK:
         mesh._check_alive()
         if getattr(mesh, ATTR, None) is not None:
             raise MeshSpecError(f"{mesh!r}: its communicators are already released; resume them first")
-        record = ReleaseRecord(keys=_mesh_keys(mesh), mode={})
+        record = ReleaseRecord(keys=_keys_to_release(mesh, owners), mode={})
         setattr(mesh, ATTR, record)
     before = _device_free()
     registry, label = mesh._registry, mesh.spec.describe()
@@ -205,7 +226,7 @@ def release_communicators(mesh: Any, *, suspend: bool = True, holders: Iterable[
         if taken:
             doomed.append(group)  # type: ignore[arg-type]
     _serve_dims_from_standins(mesh, record)
-    record.rebound = rebind_references([mesh, *holders, *_own_modules()], replacements)
+    record.rebound = rebind_references([mesh, *owners, *holders, *_own_modules()], replacements)
     replacements.clear()
     for group in doomed:
         if dist.is_initialized():
@@ -278,8 +299,9 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
 
 
-def holds(mesh: Any) -> MeshHoldings:
-    """The communicators ``mesh`` holds on this rank, with what the mesh uses each for."""
+def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
+    """The communicators ``mesh`` holds on this rank, with what the mesh uses each for, and those
+    of the world registry that ``owners`` hold besides (used "outside the mesh")."""
     registry = mesh._registry
     record: Optional[ReleaseRecord] = getattr(mesh, ATTR, None)
     uses: dict[Key, list[str]] = {}
@@ -302,6 +324,13 @@ def holds(mesh: Any) -> MeshHoldings:
             note(experts.edp_ranks, f"edp({ep})")
         for pair in (mesh._p2p or {}):
             note(pair, "p2p")
+        if record is not None:  # released: the owners' groups are the record's other keys
+            extra = [k for k in record.keys if k not in uses]
+        else:
+            extra = _owned_keys(mesh, list(owners))
+        for key in extra:
+            keys.append(key)
+            uses[key] = ["outside the mesh"]
     out = []
     for key in keys:
         group = registry._groups.get(key)

@@ -4,6 +4,7 @@ Part "mesh": a mesh (pp=2, dp=2, ep=2, a flattened pp x dp, p2p pairs) releases 
 and resumes them; what it holds before, while released and after, torch's live groups, and an
 all-reduce over every group before and after.
 Part "pipe": a pipeline engine (pp=2, dp=2), the same twice, the second released between steps.
+Part "zero3_hpz": a world ZeRO-3 engine with ZeRO++ hpZ groups of 2 (groups outside its mesh).
 Parts "zero1" / "zero3": each half of the world ([0, 1], [2, 3]) trains its own engine (the shim,
 "mesh": {"ranks": half}) for STEPS steps twice from the same seed and data: once straight, once
 releasing and resuming the engine's communicators after every step but the last.
@@ -29,6 +30,13 @@ def _live_groups() -> list:
     return [g for g in dist.distributed_c10d._world.pg_map if g is not world]
 
 
+def _live_of(records) -> int:
+    """Groups torch still holds over the rank sets a release covered (groups an earlier part left
+    over other rank sets are not this engine's)."""
+    released = {key[1] for record in records for key in record.keys}
+    return sum(1 for g in _live_groups() if tuple(ranks(g)) in released)
+
+
 def _sums(mesh, rank: int) -> dict:
     out = {}
     for dims in DIMS:
@@ -42,10 +50,10 @@ def _sums(mesh, rank: int) -> dict:
     return out
 
 
-def _held(mesh) -> list:
+def _held(mesh, owners=()) -> list:
     from mesh_core.step_aside import holds
 
-    return [[list(c.uses), list(c.ranks), c.state] for c in holds(mesh).communicators]
+    return [[list(c.uses), list(c.ranks), c.state] for c in holds(mesh, owners=owners).communicators]
 
 
 def part_mesh(rank: int, out: dict) -> None:
@@ -87,7 +95,7 @@ def part_mesh(rank: int, out: dict) -> None:
     mesh.destroy()
 
 
-def _engine(stage: int, half: list[int]):
+def _engine(stage: int, half: list[int], hpz: bool = False):
     import deepspeed
 
     torch.manual_seed(10 + half[0])
@@ -100,6 +108,9 @@ def _engine(stage: int, half: list[int]):
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "mesh": {"ranks": half},
     }
+    if hpz:  # a world engine whose ZeRO++ hpZ groups (the halves) are not the mesh's
+        config["zero_optimization"]["zero_hpz_partition_size"] = 2
+        del config["mesh"]
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
     return engine
 
@@ -112,11 +123,11 @@ def _full_params(engine) -> dict:
         return params_of(engine.module)
 
 
-def _train(stage: int, rank: int, step_aside: bool) -> dict:
+def _train(stage: int, rank: int, step_aside: bool, hpz: bool = False) -> dict:
     from compat.engine_step_aside import release_engine_communicators, resume_engine_communicators
 
     half = [0, 1] if rank < 2 else [2, 3]
-    engine = _engine(stage, half)
+    engine = _engine(stage, half, hpz)
     gen = torch.Generator().manual_seed(100 + rank)
     out: dict = {"losses": [], "alive_released": [], "live_released": [], "rebound": [], "held": [], "still_referenced": None}
     for step in range(STEPS):
@@ -128,13 +139,13 @@ def _train(stage: int, rank: int, step_aside: bool) -> dict:
         if step_aside and step < STEPS - 1:
             records = release_engine_communicators(engine)
             out["still_referenced"] = [list(r.still_referenced()) for r in records]
-            out["alive_released"].append(len([c for c in _held(engine.mesh_device) if c[2] == "alive"]))
-            out["live_released"].append(len(_live_groups()))
+            out["alive_released"].append(len([c for c in _held(engine.mesh_device, [engine]) if c[2] == "alive"]))
+            out["live_released"].append(_live_of(records))
             out["rebound"].append(resume_engine_communicators(engine))
-            out["held"].append(_held(engine.mesh_device))
+            out["held"].append(_held(engine.mesh_device, [engine]))
     out["params"] = _full_params(engine)
     out["dp_group"] = ranks(engine.data_parallel_group)
-    out["held_end"] = _held(engine.mesh_device)
+    out["held_end"] = _held(engine.mesh_device, [engine])
     engine.destroy()
     gc.collect()  # an engine in a reference cycle would keep the groups it shared with the next one
     return out
@@ -166,7 +177,7 @@ def _pipeline(rank: int, step_aside: bool) -> dict:
             records = release_engine_communicators(engine)
             out["still_referenced"] += [list(r.still_referenced()) for r in records]
             out["alive_released"].append(len([c for c in _held(engine.mesh_device) if c[2] == "alive"]))
-            out["live_released"].append(len(_live_groups()))
+            out["live_released"].append(_live_of(records))
             resume_engine_communicators(engine)
     out["params"] = params_of(engine.module)
     out["dp_group"] = ranks(engine.data_parallel_group)
@@ -182,15 +193,16 @@ def part_pipe(rank: int, out: dict) -> None:
     set_mode(False)
 
 
-def part_zero(stage: int):
+def part_zero(stage: int, hpz: bool = False):
     def part(rank: int, out: dict) -> None:
         set_mode(True)
-        out["straight"] = _train(stage, rank, step_aside=False)
-        out["step_aside"] = _train(stage, rank, step_aside=True)
+        out["straight"] = _train(stage, rank, step_aside=False, hpz=hpz)
+        out["step_aside"] = _train(stage, rank, step_aside=True, hpz=hpz)
         set_mode(False)
 
     return part
 
 
 if __name__ == "__main__":
-    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3), "pipe": part_pipe})
+    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3), "pipe": part_pipe,
+              "zero3_hpz": part_zero(3, hpz=True)})

@@ -2,7 +2,8 @@
 a mesh releases every communicator it holds (none left alive in torch, nothing holds the old
 groups, a use while released names the remedy) and resumes them (the same rank sets and uses,
 the same collective results); ZeRO-1 and ZeRO-3 engines released and resumed between steps train
-bit-identically to engines never released, and so does a pipeline engine (pp=2, dp=2)."""
+bit-identically to engines never released, and so do a pipeline engine (pp=2, dp=2) and a ZeRO-3
+engine whose ZeRO++ hpZ groups lie outside its mesh (released with it)."""
 import os
 import sys
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3,pipe", timeout=240)
+    return torchrun("step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3,pipe,zero3_hpz", timeout=240)
 
 
 def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(runs):
@@ -41,7 +42,7 @@ def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(
                                               [["edp(2)"], [0], "alive"]]
 
 
-@pytest.mark.parametrize("part", ["zero1", "zero3"])
+@pytest.mark.parametrize("part", ["zero1", "zero3", "zero3_hpz"])
 def test_an_engine_released_between_steps_trains_bit_identically(runs, part):
     for rank, res in enumerate(runs):
         straight, aside = res[part]["straight"], res[part]["step_aside"]
@@ -51,9 +52,14 @@ def test_an_engine_released_between_steps_trains_bit_identically(runs, part):
         assert straight["params"].keys() == aside["params"].keys()
         for name, value in straight["params"].items():
             assert torch.equal(aside["params"][name], value), f"rank {rank} {part}: parameter {name} differs"
-        assert aside["dp_group"] == straight["dp_group"] == ([0, 1] if rank < 2 else [2, 3])
+        half = [0, 1] if rank < 2 else [2, 3]
+        assert aside["dp_group"] == straight["dp_group"] == ([0, 1, 2, 3] if part == "zero3_hpz" else half)
+        if part == "zero3_hpz":  # the hpZ group is the engine's, outside its (world) mesh: released too
+            assert [half, "alive"] in [held[1:] for held in straight["held_end"]]
         assert aside["held"] == [straight["held_end"]] * 2
-        assert all("DeepSpeedEngine.data_parallel_group" in rebound for rebound in aside["rebound"])
+        if part != "zero3_hpz":  # a world engine's data-parallel group is the world, never released
+            assert all("DeepSpeedEngine.data_parallel_group" in rebound for rebound in aside["rebound"])
+        assert all(aside["rebound"])
     rebound = runs[0]["zero3"]["step_aside"]["rebound"][0]
     assert any(path.endswith(".ds_process_group") for path in rebound)  # ZeRO-3 parameters' groups
     rebound = runs[0]["zero1"]["step_aside"]["rebound"][0]
