@@ -2,8 +2,8 @@
 
 Colocated RL (trainer and rollout on the same devices) wants the trainer's idle communicators gone
 while the rollout runs. :func:`release_communicators` takes them away and
-:func:`resume_communicators` brings them back with the same rank sets, in the mesh's creation
-order, member-only; training afterwards is bit-identical to never releasing (the collectives run
+:func:`resume_communicators` brings them back with the same rank sets, member-only, in one order
+every rank shares (sorted by rank set, so overlapping creations never wait on each other); training afterwards is bit-identical to never releasing (the collectives run
 over the same ranks in the same order). :func:`holds` reports what a mesh holds.
 
 How a communicator steps aside depends on the backend:
