@@ -239,6 +239,8 @@ class GroupRegistry:
     order fixed by the program (one thread, or a join/barrier between them).
     """
 
+    _not_a_holder = True  # bookkeeping: mesh_core.rebind's walk does not enter it
+
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._pending: dict[Key, threading.Event] = {}  # rank sets another thread is creating
@@ -246,6 +248,7 @@ class GroupRegistry:
         self._refs: Counter = Counter()
         self._generation: Counter = Counter()
         self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
+        self._aside: dict[Key, "weakref.ref[ProcessGroup]"] = {}  # set aside (destroyed), not yet back
         self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
@@ -356,6 +359,7 @@ class GroupRegistry:
                 if self._refs[key] > 0:
                     continue
                 del self._refs[key]
+                self._aside.pop(key, None)
                 group = self._groups.pop(key, None)
                 if group is not None and group is not dist.GroupMember.WORLD:
                     doomed.append(group)
@@ -364,6 +368,33 @@ class GroupRegistry:
         for group in doomed:  # outside the lock: a later request of the key makes a new generation
             dist.destroy_process_group(group)
         return len(doomed)
+
+    def set_aside(self, key: Key) -> tuple[Optional[ProcessGroup], bool]:
+        """Take ``key``'s communicator out of the cache, its references still counted (see
+        :mod:`mesh_core.step_aside`). Returns the group and whether this call took it out (the caller
+        then destroys it). For a key set aside earlier: the group while something still holds it
+        (kept weakly), else None; for a key never held: (None, False)."""
+        with self._lock:
+            group = self._groups.pop(key, None)
+            if group is not None:
+                self._aside[key] = weakref.ref(group)
+                return group, True
+            ref = self._aside.get(key)
+            return (ref() if ref is not None else None), False
+
+    def is_aside(self, key: Key) -> bool:
+        """Whether ``key``'s communicator is set aside and not brought back yet."""
+        with self._lock:
+            return key in self._aside
+
+    def bring_back(self, key: Key, *, asker: str = "") -> ProcessGroup:
+        """The communicator of a set-aside ``key``: created again member-only under the next
+        generation's name (or the one already brought back); its reference count is unchanged."""
+        group = self._acquire(key, asker)
+        with self._lock:
+            self._refs[key] -= 1
+            self._aside.pop(key, None)
+        return group
 
     def forget(self, group: ProcessGroup) -> int:
         """Drop every cache entry holding ``group`` (already destroyed by someone else), so no later
