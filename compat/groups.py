@@ -242,7 +242,7 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if not mesh.is_member:
         raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; bind a mesh it belongs to")
     state.bound_groups = {
-        dims: (groups[dims], mesh.size(dims), mesh.get_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
+        dims: (groups[dims], mesh.size(dims), mesh.get_local_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
     }
     state.mesh, state.mesh_is_bound = mesh, True
     _set_tp_groups(mesh, ("tp", "dp"))
@@ -284,9 +284,9 @@ def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Any) -> None:
         return
     tp_dims, dp_dims = dims
     state.tp_group, state.dp_group = mesh.get_group(tp_dims), mesh.get_group(dp_dims)
-    state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_rank(tp_dims)
+    state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_local_rank(tp_dims)
     state.tp_src = min(mesh.get_group_ranks(tp_dims))
-    state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_rank(dp_dims)
+    state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_local_rank(dp_dims)
 
 
 def _partition(rank_lists: Sequence[Sequence[int]]) -> Any:

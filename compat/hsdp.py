@@ -106,7 +106,7 @@ class HsdpGroups:
             shard=mesh.get_group(SHARD_DIMS),
             replicate=mesh.get_group(REPLICATE_DIM),
             replicate_size=mesh.size(REPLICATE_DIM),
-            replicate_rank=mesh.get_rank(REPLICATE_DIM),
+            replicate_rank=mesh.get_local_rank(REPLICATE_DIM),
         )
 
     def average(self, tensors: list[torch.Tensor]) -> None:

@@ -301,7 +301,7 @@ class PipelineParallelGrid:
 
         # ds_model: every rank with this data index (pipe x model), for overflow checks and norms
         self.ds_model_proc_group = self.mesh.get_group(("pp", "tp"))
-        self.ds_model_rank = self.mesh.get_rank(("pp", "tp"))
+        self.ds_model_rank = self.mesh.get_local_rank(("pp", "tp"))
         self.ds_model_world_size = self.mesh.size(("pp", "tp"))
 
         self.dp_groups = self.mesh.get_all_group_ranks("dp")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh, rank_set_slot
 from .layout import Dims, MeshLayout
+from .renamed import RENAMED_GET_RANK, warn_renamed
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 from . import torch_compat
@@ -281,13 +282,28 @@ class DeepSpeedDeviceMesh:
     def get_all_group_ranks(self, dims: Dims) -> list[list[int]]:
         return self.layout.groups(dims)
 
-    def get_rank(self, dims: Dims) -> int:
-        """This rank's index inside its group along ``dims``."""
-        return self.layout.coordinate_of(self.rank, dims)
+    def get_rank(self, dims: Optional[Dims] = None) -> int:
+        """This process's global rank (as torch ``DeviceMesh.get_rank()``).
 
-    def size(self, dims: Dims) -> int:
-        """Number of ranks in a group along ``dims``."""
-        key = self.layout.normalize(dims)
+        The old spelling ``get_rank(dims)`` (the index inside the group along ``dims``) still
+        answers that index, with a one-time deprecation: it is :meth:`get_local_rank` now."""
+        if dims is None:
+            return self.rank
+        warn_renamed(*RENAMED_GET_RANK)
+        return self.get_local_rank(dims)
+
+    def get_local_rank(self, mesh_dim: Optional[Union[Dims, int]] = None) -> int:
+        """This rank's index inside its group along ``mesh_dim`` (a dim, its index in
+        :attr:`mesh_dim_names`, or a tuple of dims, flattened), as torch ``DeviceMesh.get_local_rank``;
+        ``None`` only when the mesh has one dim."""
+        return self.layout.coordinate_of(self.rank, self._mesh_dims(mesh_dim))
+
+    def size(self, mesh_dim: Optional[Union[Dims, int]] = None) -> int:
+        """Number of ranks in a group along ``mesh_dim`` (as :meth:`get_local_rank` names it); with
+        no dim, every rank of the mesh (as torch ``DeviceMesh.size()``)."""
+        if mesh_dim is None:
+            return self.spec.size
+        key = self.layout.normalize(self._mesh_dims(mesh_dim))
         if key in (("ep",), ("edp",)):
             return self.spec.dim_size(key[0])
         out = 1
@@ -428,6 +444,23 @@ class DeepSpeedDeviceMesh:
 
     def _prev(self) -> int:
         return self.layout.stage_peer(self.rank, -1)
+
+    def _mesh_dims(self, mesh_dim: Optional[Union[Dims, int]]) -> Dims:
+        """Dims named as torch's ``mesh_dim`` may be: a name, a tuple, an index, or None for a 1-D mesh."""
+        if mesh_dim is None:
+            if len(self.mesh_dim_names) != 1:
+                raise MeshSpecError(
+                    f"name the mesh dim: {self.spec.describe()} has dims {list(self.mesh_dim_names)}"
+                )
+            return self.mesh_dim_names[0]
+        if isinstance(mesh_dim, int) and not isinstance(mesh_dim, bool):
+            if not 0 <= mesh_dim < len(self.mesh_dim_names):
+                raise MeshSpecError(
+                    f"mesh_dim={mesh_dim} is out of range; valid indices: 0..{len(self.mesh_dim_names) - 1} "
+                    f"({list(self.mesh_dim_names)})"
+                )
+            return self.mesh_dim_names[mesh_dim]
+        return mesh_dim
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -95,15 +95,16 @@ def test_a_narrow_public_api():
         assert all(hasattr(module, name) for name in module.__all__)
 
 
-def test_the_mesh_class_has_at_most_15_public_methods():
-    """The legacy roles (expert groups by name, hpZ) are functions taking the mesh, not methods."""
+def test_the_mesh_class_has_at_most_16_public_methods():
+    """The legacy roles (expert groups by name, hpZ) are functions taking the mesh, not methods
+    (15 of the mesh's own, and torch DeviceMesh's ``get_local_rank``)."""
     import inspect
 
     from mesh_core import DeepSpeedDeviceMesh
 
     public = sorted(n for n, v in vars(DeepSpeedDeviceMesh).items() if not n.startswith("_")
                     and (inspect.isfunction(v) or isinstance(v, (classmethod, staticmethod, property))))
-    assert len(public) <= 15, public
+    assert len(public) <= 16 and "get_local_rank" in public, public
     for role in ("hpz_group", "create_hpz_group", "expert_groups_named", "register_expert_groups"):
         assert not hasattr(DeepSpeedDeviceMesh, role), role
 

@@ -40,6 +40,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch.distributed as dist
 
+from ..renamed import RENAMED_GET_RANK, warn_renamed
+
 logger = logging.getLogger(__name__)
 
 MESH_ATTRIBUTE = "__deepspeed_mesh__"
@@ -116,7 +118,14 @@ class MpuMesh:
     def size(self, dims: Dims) -> int:
         return self._call(dims, "world_size")
 
-    def get_rank(self, dims: Dims) -> int:
+    def get_rank(self, dims: Optional[Dims] = None) -> int:
+        """The global rank; the deprecated ``get_rank(dims)`` is :meth:`get_local_rank`."""
+        if dims is None:
+            return self.rank
+        warn_renamed(*RENAMED_GET_RANK)
+        return self.get_local_rank(dims)
+
+    def get_local_rank(self, dims: Dims) -> int:
         """This rank's index inside its group along ``dims``."""
         return self._call(dims, "rank")
 
