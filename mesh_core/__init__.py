@@ -24,7 +24,7 @@ from typing import Any
 _HOME: dict[str, str] = {
     "AbsentRanksError": ".absence",
     "DeepSpeedDeviceMesh": ".device_mesh",
-    "ExpertGroups": ".device_mesh",
+    "ExpertGroups": ".expert_table",
     "MeshLayout": ".layout",
     "MeshSpec": ".spec",
     "MeshSpecError": ".spec",

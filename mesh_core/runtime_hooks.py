@@ -15,7 +15,7 @@ Users build and query meshes through :mod:`mesh_core`'s own names; these are for
 """
 from __future__ import annotations
 
-from .device_mesh import ExpertGroupsNotBuilt, expert_groups_name
+from .expert_table import ExpertGroupsNotBuilt, expert_groups_name
 from .registry import GroupRegistry, registry_for_world
 from .roles.hpz import (
     HpzGroupError,

@@ -165,7 +165,7 @@ class LegacyGroupsView:
     def expert_groups(self, ep_size: int) -> Any:
         """The expert groups legacy built for ``ep_size`` (its ``ep_size_<N>`` tables); where legacy
         built none, the ones the world data-parallel mesh builds."""
-        from ..device_mesh import ExpertGroups
+        from ..expert_table import ExpertGroups
 
         name = f"ep_size_{ep_size}"
         g = self._groups

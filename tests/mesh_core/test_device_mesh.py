@@ -218,3 +218,31 @@ def test_the_old_get_rank_of_a_dim_warns_once_and_still_answers(monkeypatch):
             assert mesh.get_rank("tp") == mesh.get_local_rank("tp") == 1
             assert mesh.get_rank(("pp", "dp")) == mesh.get_local_rank(("pp", "dp")) == 2
         assert len(caught) == 1
+
+
+def test_the_mesh_owns_its_expert_table(monkeypatch):
+    """Sizes the mesh builds are served as ``ep_size_N``; a name registered first wins; the table
+    is read through methods (read-only views); the old attributes read it with one deprecation."""
+    from mesh_core import renamed
+    from mesh_core.runtime_hooks import expert_group_names, expert_groups_named, register_expert_groups
+
+    monkeypatch.setattr(renamed, "_warned", set())
+    with fake_world(3, 8):
+        mesh = DeepSpeedDeviceMesh.build(tp=2, ep=2)
+        two = mesh.expert_groups()
+        assert mesh.experts.built(2) is two and mesh.experts.named()["ep_size_2"] is two
+        other = mesh.expert_groups(4)
+        assert register_expert_groups(mesh, "ep_size_4", two) is other  # taken: the first wins
+        assert register_expert_groups(mesh, "custom", two) is two and expert_groups_named(mesh, "custom") is two
+        assert expert_group_names(mesh) == ["ep_size_2", "ep_size_4", "custom"]
+        assert mesh.experts.built_named() == {"ep_size_2": two, "ep_size_4": other, "custom": two}
+        with pytest.raises(TypeError):
+            mesh.experts.named()["x"] = two  # type: ignore[index]
+        with pytest.warns(renamed.MeshAPIDeprecationWarning, match="experts.named()"):
+            assert dict(mesh.expert_names) == dict(mesh.experts.named())
+        with pytest.warns(renamed.MeshAPIDeprecationWarning, match="experts.sizes()"):
+            assert dict(mesh.built_expert_groups) == {2: two, 4: other}
+        with pytest.raises(AttributeError, match="no_such"):
+            mesh.no_such
+        mesh.destroy()
+        assert not mesh.experts.named() and mesh.experts.built(2) is None
