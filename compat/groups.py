@@ -39,11 +39,20 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
-from mesh_core.runtime_hooks import register_expert_groups, registry_for_world, release_hpz_groups
-import mesh_core.roles.hpz as _hpz
-from mesh_core.roles.legacy_state import NoSequenceParallelGroupError
-from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp  # noqa: F401 (re-exported)
-from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
+from mesh_core import runtime_hooks as _hooks
+from mesh_core.runtime_hooks import (  # noqa: F401 (HPZ_DIMS, hpz_rank_lists, is_hsdp: re-exported)
+    HPZ_DIMS,
+    NoSequenceParallelGroupError,
+    all_to_all_groups,
+    autotp_groups,
+    hpz_rank_lists,
+    init_autotp,
+    is_hsdp,
+    local_all_to_all_groups,
+    register_expert_groups,
+    registry_for_world,
+    release_hpz_groups,
+)
 
 import ds_mesh_advice
 
@@ -1352,22 +1361,22 @@ _W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks")
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
     """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
-    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.roles.hpz.hpz_rank_lists`). Kept in
+    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.runtime_hooks.hpz_rank_lists`). Kept in
     mesh_core per world and ZeRO domain, so ``hpz_group(<mesh>)`` (migrated code) sees them too."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()
     mesh = bound_mesh()
     try:
-        _hpz.create_hpz_group(mesh, group_size)
-    except _hpz.HpzGroupError as exc:
+        _hooks.create_hpz_group(mesh, group_size)
+    except _hooks.HpzGroupError as exc:
         if mesh is not None:
             raise
         raise AssertionError(str(exc)) from None  # DeepSpeed's exact type where legacy has no mesh
 
 
 def _zero_param_group():
-    return _hpz.hpz_group(bound_mesh())
+    return _hooks.hpz_group(bound_mesh())
 
 
 def _get_zero_param_intra_parallel_group():
@@ -1410,7 +1419,7 @@ def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
     if _WRONG_GRID is not None:
         raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
     _W_ZP_RANKS.warn()
-    return _hpz.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed
+    return _hooks.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed
 
 
 sys.modules[__name__].__class__ = _MarkedModule

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh, torch_compat
-from mesh_core.roles.hpz import HPZ_DIMS, is_hsdp
+from mesh_core.runtime_hooks import HPZ_DIMS, is_hsdp
 
 logger = logging.getLogger(__name__)
 

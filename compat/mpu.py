@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
 from mesh_core.axis_names import LEGACY_DIMS
-from mesh_core.roles.mpu_mesh import NoPipelineGroupError
+from mesh_core.runtime_hooks import NoPipelineGroupError
 
 from .device import default_device_type
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import ds_mesh_advice
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.axis_names import AXIS_TO_DIM, DIM_TO_AXIS
-from mesh_core.roles.pipe_topology import PipelineTopology, _index  # noqa: F401 (_index: subworld_pipe)
+from mesh_core.runtime_hooks import PipelineTopology
 
 from .deprecation import legacy_entry
 from .device import default_device_type

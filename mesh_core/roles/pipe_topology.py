@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import row_major
 
-__all__ = ["PipelineTopology", "pipeline_topology"]
+__all__ = ["PipelineTopology", "exact_int", "pipeline_topology"]
 
 
 class PipelineTopology:
@@ -49,7 +49,7 @@ class PipelineTopology:
         if len(coord_kwargs) != len(self.axes):
             raise ValueError("get_rank() does not support slices. Use filter_match())")
         key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
-        coord = [_index(c) for c in key]
+        coord = [exact_int(c) for c in key]
         if not all(c is not None and 0 <= c < d for c, d in zip(coord, self.dims)):
             raise AssertionError(f"key {coord_kwargs} invalid")
         return row_major.flat_index(coord, self._strides)  # type: ignore[arg-type]
@@ -71,7 +71,7 @@ class PipelineTopology:
         return 0 if index is None else self.dims[index]
 
     def get_coord(self, rank: int) -> Any:
-        index = _index(rank)
+        index = exact_int(rank)
         if index is None or not 0 <= index < self._size:
             raise ValueError(f"rank {rank} not found in topology.")
         return self.ProcessCoord(*row_major.coords(index, self.dims, self._strides))
@@ -106,7 +106,7 @@ class PipelineTopology:
         return str(self.mapping)
 
 
-def _index(value: Any) -> Optional[int]:
+def exact_int(value: Any) -> Optional[int]:
     """``value`` as an int if it equals one, else None (DeepSpeed finds coordinates by ``==``, so
     ``1.0``, ``True`` and ``np.int64(1)`` all mean 1)."""
     try:
@@ -117,7 +117,7 @@ def _index(value: Any) -> Optional[int]:
 
 
 def _matching(value: Any, dim: int) -> list[int]:
-    index = _index(value)
+    index = exact_int(value)
     return [index] if index is not None and 0 <= index < dim else []
 
 
