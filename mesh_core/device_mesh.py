@@ -46,7 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from .consistency import check_same_mesh, rank_set_slot
 from .expert_table import ExpertGroups, ExpertGroupsNotBuilt, ExpertTable, expert_groups_name  # noqa: F401 (re-exported)
 from .layout import Dims, MeshLayout
-from .renamed import RENAMED_GET_RANK, warn_renamed
+from .renamed import TorchGetRank, warn_renamed
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 from . import torch_compat
@@ -61,8 +61,11 @@ _RENAMED_ATTRIBUTES = {
 }
 
 
-class DeepSpeedDeviceMesh:
+class DeepSpeedDeviceMesh(TorchGetRank):
     """Process groups for one model's layout; see the module docstring for the creation order.
+
+    Its methods mean what torch ``DeviceMesh``'s of the same name mean (``get_rank()`` is the global
+    rank, ``get_local_rank(dim)`` the index along a dim, ``size()`` every rank; docs/API.md).
 
     Threads: meshes may be built, used and destroyed from several threads. Process state stays
     consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
@@ -248,16 +251,6 @@ class DeepSpeedDeviceMesh:
 
     def get_all_group_ranks(self, dims: Dims) -> list[list[int]]:
         return self.layout.groups(dims)
-
-    def get_rank(self, dims: Optional[Dims] = None) -> int:
-        """This process's global rank (as torch ``DeviceMesh.get_rank()``).
-
-        The old spelling ``get_rank(dims)`` (the index inside the group along ``dims``) still
-        answers that index, with a one-time deprecation: it is :meth:`get_local_rank` now."""
-        if dims is None:
-            return self.rank
-        warn_renamed(*RENAMED_GET_RANK)
-        return self.get_local_rank(dims)
 
     def get_local_rank(self, mesh_dim: Optional[Union[Dims, int]] = None) -> int:
         """This rank's index inside its group along ``mesh_dim`` (a dim, its index in

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Any, Optional
 
-__all__ = ["MeshAPIDeprecationWarning", "RENAMED_GET_RANK", "warn_renamed"]
+__all__ = ["MeshAPIDeprecationWarning", "RENAMED_GET_RANK", "TorchGetRank", "warn_renamed"]
 
 # a mesh's get_rank(dims) (a coordinate) is get_local_rank(dims), torch's name; get_rank() is the global rank
 RENAMED_GET_RANK = ("<mesh>.get_rank(dims)", "<mesh>.get_local_rank(dims)",
@@ -35,3 +36,21 @@ def warn_renamed(old: str, new: str, why: str = "", *, stacklevel: int = 3) -> N
     reason = f" ({why})" if why else ""
     warnings.warn(f"TODOV1: {old} is deprecated{reason}; use {new}", MeshAPIDeprecationWarning,
                   stacklevel=stacklevel)
+
+
+class TorchGetRank:
+    """``get_rank`` as torch's ``DeviceMesh`` means it, for a mesh (or a mesh view) with ``rank`` and
+    ``get_local_rank(dims)``: ``get_rank()`` is the global rank; ``get_rank(dims)``, the old
+    spelling of ``get_local_rank(dims)``, still answers it with a one-time deprecation."""
+
+    rank: int
+
+    def get_local_rank(self, dims: Any) -> int:  # pragma: no cover (every user defines it)
+        raise NotImplementedError
+
+    def get_rank(self, dims: Optional[Any] = None) -> int:
+        """This process's global rank (as torch ``DeviceMesh.get_rank()``)."""
+        if dims is None:
+            return self.rank
+        warn_renamed(*RENAMED_GET_RANK)
+        return self.get_local_rank(dims)

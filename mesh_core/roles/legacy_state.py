@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch.distributed as dist
 
-from ..renamed import RENAMED_GET_RANK, warn_renamed
+from ..renamed import TorchGetRank
 from ..spec import MeshSpecError
 
 GROUPS_MODULE = "deepspeed.utils.groups"
@@ -104,7 +104,7 @@ def _key(dims: Dims) -> tuple[str, ...]:
     return key
 
 
-class LegacyGroupsView:
+class LegacyGroupsView(TorchGetRank):
     """The mesh queries migrated code makes (``get_group`` / ``size`` / ``get_local_rank`` /
     ``get_group_ranks`` / ``expert_groups``), answered by legacy ``deepspeed.utils.groups``."""
 
@@ -146,13 +146,6 @@ class LegacyGroupsView:
 
     def size(self, dims: Dims) -> int:
         return self._getter(dims, 1)()
-
-    def get_rank(self, dims: Optional[Dims] = None) -> int:
-        """The global rank; the deprecated ``get_rank(dims)`` is :meth:`get_local_rank`."""
-        if dims is None:
-            return self.rank
-        warn_renamed(*RENAMED_GET_RANK)
-        return self.get_local_rank(dims)
 
     def get_local_rank(self, dims: Dims) -> int:
         return self._getter(dims, 2)()

@@ -40,7 +40,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch.distributed as dist
 
-from ..renamed import RENAMED_GET_RANK, warn_renamed
+from ..renamed import TorchGetRank
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _key(dims: Dims) -> tuple[str, ...]:
     return key
 
 
-class MpuMesh:
+class MpuMesh(TorchGetRank):
     """Mesh queries answered by an mpu's own getters (see the module docstring for the dims)."""
 
     def __init__(self, mpu: Any) -> None:
@@ -117,13 +117,6 @@ class MpuMesh:
 
     def size(self, dims: Dims) -> int:
         return self._call(dims, "world_size")
-
-    def get_rank(self, dims: Optional[Dims] = None) -> int:
-        """The global rank; the deprecated ``get_rank(dims)`` is :meth:`get_local_rank`."""
-        if dims is None:
-            return self.rank
-        warn_renamed(*RENAMED_GET_RANK)
-        return self.get_local_rank(dims)
 
     def get_local_rank(self, dims: Dims) -> int:
         """This rank's index inside its group along ``dims``."""

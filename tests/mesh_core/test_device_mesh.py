@@ -246,3 +246,21 @@ def test_the_mesh_owns_its_expert_table(monkeypatch):
             mesh.no_such
         mesh.destroy()
         assert not mesh.experts.named() and mesh.experts.built(2) is None
+
+
+def test_an_mpu_view_names_ranks_as_the_mesh_does(monkeypatch):
+    """``mesh_of(mpu)``'s view answers ``get_rank()`` / ``get_local_rank(dim)`` as a mesh does."""
+    from mesh_core import renamed
+    from mesh_core.runtime_hooks import MpuMesh
+
+    class Mpu:
+        @staticmethod
+        def get_data_parallel_rank() -> int:
+            return 3
+
+    monkeypatch.setattr(renamed, "_warned", set())
+    with fake_world(6, 8):
+        view = MpuMesh(Mpu())
+        assert view.get_rank() == 6 and view.get_local_rank("dp") == 3 and view.get_local_rank("pp") == 0
+        with pytest.warns(renamed.MeshAPIDeprecationWarning):
+            assert view.get_rank("dp") == 3
