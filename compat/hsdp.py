@@ -144,7 +144,7 @@ def _hsdp_mesh() -> Optional[DeepSpeedDeviceMesh]:
         mesh = default_mesh()
     except MeshSpecError:
         return None
-    if not is_hsdp(mesh.spec) or getattr(mesh, "_destroyed", False) or not mesh.is_member:
+    if not is_hsdp(mesh.spec) or mesh.device_mesh is None:  # destroyed, or this rank is outside it
         return None
     return mesh
 
