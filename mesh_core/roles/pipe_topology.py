@@ -26,11 +26,34 @@ from .. import row_major
 __all__ = ["PipelineTopology", "exact_int", "pipeline_topology"]
 
 
+# what _setup derives from ``axes`` / ``dims`` (the queries read these)
+_DERIVED_FIELDS = frozenset({"_axis_index", "_strides", "_size"})
+
+
 class PipelineTopology:
-    """Named axes over ranks ``0..N-1``, row-major (the last axis varies fastest)."""
+    """Named axes over ranks ``0..N-1``, row-major (the last axis varies fastest).
+
+    A subclass that skips ``__init__`` and sets ``axes`` / ``dims`` itself (as DeepSpeed's own
+    topology subclasses may) is served as in DeepSpeed: the derived lookup tables are built from its
+    attributes on first use; a ``ProcessCoord`` or ``mapping`` it sets itself stays its own.
+    """
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
         self._setup(axes, dims)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes the instance lacks: a subclass that never ran _setup
+        own = self.__dict__
+        if name in _DERIVED_FIELDS and "axes" in own and "dims" in own:
+            mapping = own.get("mapping")
+            coord = own.get("ProcessCoord")
+            self._setup(own["axes"], own["dims"])
+            if coord is not None:  # its own coordinate type and mapping win
+                self.ProcessCoord = coord
+            if mapping is not None:
+                self.mapping = mapping
+            return own[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _setup(self, axes: list[str], dims: list[int]) -> None:
         self.axes = axes  # by reference, as in DeepSpeed
