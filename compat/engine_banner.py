@@ -11,7 +11,7 @@ from typing import Sequence
 
 from mesh_core import MeshSpec
 
-from mesh_core.roles.hpz import is_hsdp
+from mesh_core.runtime_hooks import is_hsdp
 
 logger = logging.getLogger("deepspeed.mesh")
 

@@ -52,15 +52,18 @@ class EngineMesh(DeepSpeedDeviceMesh):
     def size(self, dims: DimsArg = None, *, mesh_dim: DimsArg = None) -> int:  # type: ignore[override]
         """Ranks along ``dims``; with no dims, every rank of the mesh (as ``DeviceMesh.size()``)."""
         if dims is None and mesh_dim is None:
-            return self.spec.size
+            return super().size()
         return super().size(mesh_dims(dims, mesh_dim))
 
     def get_rank(self, dims: DimsArg = None, *, mesh_dim: DimsArg = None) -> int:  # type: ignore[override]
+        """The global rank (as ``DeviceMesh.get_rank()``); the deprecated ``get_rank(dims)`` as the mesh's."""
+        if dims is None and mesh_dim is None:
+            return super().get_rank()
         return super().get_rank(mesh_dims(dims, mesh_dim))
 
-    def get_local_rank(self, mesh_dim: DimsArg = None) -> int:
-        """This rank's index along ``mesh_dim`` (torch ``DeviceMesh.get_local_rank``)."""
-        return super().get_rank(mesh_dims(None, mesh_dim))
+    def get_local_rank(self, mesh_dim: DimsArg = None) -> int:  # type: ignore[override]
+        """This rank's index along ``mesh_dim`` (torch ``DeviceMesh.get_local_rank``), legacy names allowed."""
+        return super().get_local_rank(None if mesh_dim is None else mesh_dims(None, mesh_dim))
 
     def get_group_ranks(self, dims: DimsArg = None, rank: Optional[int] = None, *, mesh_dim: DimsArg = None) -> list[int]:  # type: ignore[override]
         return super().get_group_ranks(mesh_dims(dims, mesh_dim), rank)

@@ -98,7 +98,7 @@ def _enter(state: Optional[GroupsState], scope: bool) -> tuple:
             raise
     if not _MESH_CORE:
         from mesh_core import DeepSpeedDeviceMesh
-        from mesh_core.roles.default import enter_default_mesh, leave_default_mesh
+        from mesh_core.runtime_hooks import enter_default_mesh, leave_default_mesh
 
         _MESH_CORE.extend((DeepSpeedDeviceMesh, enter_default_mesh, leave_default_mesh))
     # the default the user had comes back exactly on leaving (a context token, not a copy)
@@ -150,7 +150,7 @@ def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None
     world and is this context's default, a call only checks that: a launch-bound step's time goes to
     cache misses more than to instructions, so every object a per-step check touches counts
     (docs/benchmarks.md)."""
-    from mesh_core.roles.default import DEFAULT_MESH
+    from mesh_core.runtime_hooks import DEFAULT_MESH
 
     namespace = {"original": original, "marked": _groups().STATE_MARK, "default_mesh": DEFAULT_MESH,
                  "enter": _enter, "leave": _leave}

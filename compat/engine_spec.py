@@ -14,7 +14,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 from mesh_core import MeshSpec, MeshSpecError
 from mesh_core.axis_names import AXIS_TO_DIM, LEGACY_DIMS
-from mesh_core.config import SECTION_SOURCE, layout_sources, spec_from_config
+from mesh_core import spec_from_config
+from mesh_core.runtime_hooks import SECTION_SOURCE, layout_sources
 
 __all__ = ["SECTION_SOURCE", "check_before_world", "code_sources", "engine_spec", "mpu_sizes", "topology_sizes"]
 
@@ -55,7 +56,7 @@ def mpu_sizes(mpu: Any) -> dict[str, int]:
     if found["pp"] is None and found["dp"] is not None and hasattr(mpu, "get_data_parallel_group"):
         # DeepSpeed reads pipeline size 1 from an mpu without pipe getters; the ranks its groups
         # leave out of the world are the stages of a pipeline the script runs (mesh_core's from_mpu)
-        from mesh_core.roles.from_groups import mpu_spec
+        from mesh_core.runtime_hooks import mpu_spec
 
         pp = mpu_spec(mpu).dim_size("pp")
         found["pp"] = pp if pp > 1 else None

@@ -39,11 +39,20 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
-from mesh_core.runtime_hooks import register_expert_groups, registry_for_world, release_hpz_groups
-import mesh_core.roles.hpz as _hpz
-from mesh_core.roles.legacy_state import NoSequenceParallelGroupError
-from mesh_core.roles.hpz import HPZ_DIMS, hpz_rank_lists, is_hsdp  # noqa: F401 (re-exported)
-from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, init_autotp, local_all_to_all_groups
+from mesh_core import runtime_hooks as _hooks
+from mesh_core.runtime_hooks import (  # noqa: F401 (HPZ_DIMS, hpz_rank_lists, is_hsdp: re-exported)
+    HPZ_DIMS,
+    NoSequenceParallelGroupError,
+    all_to_all_groups,
+    autotp_groups,
+    hpz_rank_lists,
+    init_autotp,
+    is_hsdp,
+    local_all_to_all_groups,
+    register_expert_groups,
+    registry_for_world,
+    release_hpz_groups,
+)
 
 import ds_mesh_advice
 
@@ -216,6 +225,15 @@ def _w(name: str, *, hot: bool = False):
     return legacy_entry(f"{_GROUPS}.{name}", ds_mesh_advice.plain(f"{_GROUPS}.{name}"), hot=hot)
 
 
+def _legacy_call(entry) -> None:
+    """A legacy getter's prologue: refuse while engines with different layouts leave no single grid
+    (:class:`~compat.engine_scope.WrongGridError`), else warn once for the getter's call site.
+    The hot getters inline it instead (one Python call less on every step, and bounded probing)."""
+    if _WRONG_GRID is not None:
+        raise _WRONG_GRID.error(f"{entry.legacy_name}()")
+    entry.warn(2)  # the getter's caller: this frame, the getter, then its caller
+
+
 # --- the default mesh ------------------------------------------------------------------------
 BOUND_DIMS = ("tp", "dp", "sp", ("dp", "sp"))
 
@@ -242,7 +260,7 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if not mesh.is_member:
         raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; bind a mesh it belongs to")
     state.bound_groups = {
-        dims: (groups[dims], mesh.size(dims), mesh.get_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
+        dims: (groups[dims], mesh.size(dims), mesh.get_local_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
     }
     state.mesh, state.mesh_is_bound = mesh, True
     _set_tp_groups(mesh, ("tp", "dp"))
@@ -284,9 +302,9 @@ def _set_tp_groups(mesh: Optional[DeepSpeedDeviceMesh], dims: Any) -> None:
         return
     tp_dims, dp_dims = dims
     state.tp_group, state.dp_group = mesh.get_group(tp_dims), mesh.get_group(dp_dims)
-    state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_rank(tp_dims)
+    state.tp_size, state.tp_rank = mesh.size(tp_dims), mesh.get_local_rank(tp_dims)
     state.tp_src = min(mesh.get_group_ranks(tp_dims))
-    state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_rank(dp_dims)
+    state.dp_size, state.dp_rank = mesh.size(dp_dims), mesh.get_local_rank(dp_dims)
 
 
 def _partition(rank_lists: Sequence[Sequence[int]]) -> Any:
@@ -567,28 +585,19 @@ _W_GET_DP_RANK = _w("get_data_parallel_rank")
 
 def get_tensor_model_parallel_group():
     """The tensor model parallel group the caller rank belongs to."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_group()")
-    _W_GET_TP_GROUP.warn()
+    _legacy_call(_W_GET_TP_GROUP)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_group()
 
 
 def get_model_parallel_group():
     """The model parallel group (the TP group) the caller rank belongs to."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_group()")
-    _W_GET_MP_GROUP.warn()
+    _legacy_call(_W_GET_MP_GROUP)  # TODOV1: legacy shim
     return autotp_groups().model_parallel_group()
 
 
 def get_data_parallel_group():
     """The data parallel group of the TP layout (no fallback, unlike ``_get_data_parallel_group``)."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_group()")
-    _W_GET_DP_GROUP.warn()
+    _legacy_call(_W_GET_DP_GROUP)  # TODOV1: legacy shim
     return autotp_groups().data_parallel_group()
 
 
@@ -599,18 +608,12 @@ def set_tensor_model_parallel_world_size(world_size: int) -> None:
 
 
 def get_tensor_model_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_world_size()")
-    _W_GET_TP_WS.warn()
+    _legacy_call(_W_GET_TP_WS)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_world_size()
 
 
 def get_model_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_world_size()")
-    _W_GET_MP_WS.warn()
+    _legacy_call(_W_GET_MP_WS)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_world_size()
 
 
@@ -621,43 +624,28 @@ def set_tensor_model_parallel_rank(rank: int) -> None:
 
 
 def get_tensor_model_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_rank()")
-    _W_GET_TP_RANK.warn()
+    _legacy_call(_W_GET_TP_RANK)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_rank()
 
 
 def get_model_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_model_parallel_rank()")
-    _W_GET_MP_RANK.warn()
+    _legacy_call(_W_GET_MP_RANK)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_rank()
 
 
 def get_tensor_model_parallel_src_rank() -> int:
     """Global rank of TP rank 0 (DeepSpeed's consecutive-block formula when a size override is set)."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_tensor_model_parallel_src_rank()")
-    _W_GET_TP_SRC.warn()
+    _legacy_call(_W_GET_TP_SRC)  # TODOV1: legacy shim
     return autotp_groups().tensor_parallel_src_rank()
 
 
 def get_data_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_world_size()")
-    _W_GET_DP_WS.warn()
+    _legacy_call(_W_GET_DP_WS)  # TODOV1: legacy shim
     return autotp_groups().data_parallel_world_size()
 
 
 def get_data_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups.get_data_parallel_rank()")
-    _W_GET_DP_RANK.warn()
+    _legacy_call(_W_GET_DP_RANK)  # TODOV1: legacy shim
     return autotp_groups().data_parallel_rank()
 
 
@@ -919,10 +907,7 @@ _W_EXPERT_MP_WS = _w("_get_expert_model_parallel_world_size")
 
 def _get_max_expert_size() -> Optional[int]:
     """The largest ep size among the created expert groups (None if there are none)."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_size()")
-    _W_MAX_SIZE.warn()
+    _legacy_call(_W_MAX_SIZE)  # TODOV1: legacy shim
     return _max_expert_size()
 
 
@@ -932,18 +917,12 @@ def _max_expert_size() -> Optional[int]:
 
 
 def _get_max_expert_size_name() -> str:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_size_name()")
-    _W_MAX_NAME.warn()
+    _legacy_call(_W_MAX_NAME)  # TODOV1: legacy shim
     return f"ep_size_{_max_expert_size()}"
 
 
 def _get_max_expert_parallel_group():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_max_expert_parallel_group()")
-    _W_MAX_GROUP.warn()
+    _legacy_call(_W_MAX_GROUP)  # TODOV1: legacy shim
     return _expert_group(f"ep_size_{_max_expert_size()}")
 
 
@@ -978,19 +957,13 @@ def _get_expert_parallel_group(group_name: str):
 
 
 def _get_expert_parallel_group_ranks(group_name: str):
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_group_ranks()")
-    _W_EP_GROUP_RANKS.warn()
+    _legacy_call(_W_EP_GROUP_RANKS)  # TODOV1: legacy shim
     assert group_name in _state.expert_parallel_group_ranks, "expert parallel group is not initialized"
     return _state.expert_parallel_group_ranks[group_name]
 
 
 def _get_expert_parallel_group_dict() -> dict:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_group_dict()")
-    _W_EP_DICT.warn()
+    _legacy_call(_W_EP_DICT)  # TODOV1: legacy shim
     return _state.expert_parallel_group
 
 
@@ -1007,82 +980,55 @@ def _get_expert_data_parallel_group(group_name: str):
 
 
 def _get_expert_data_parallel_group_ranks(group_name: str):
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_group_ranks()")
-    _W_EDP_GROUP_RANKS.warn()
+    _legacy_call(_W_EDP_GROUP_RANKS)  # TODOV1: legacy shim
     assert group_name in _state.expert_data_parallel_group_ranks, "expert data parallel group is not initialized"
     return _state.expert_data_parallel_group_ranks[group_name]
 
 
 def _get_expert_data_parallel_group_dict() -> dict:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_group_dict()")
-    _W_EDP_DICT.warn()
+    _legacy_call(_W_EDP_DICT)  # TODOV1: legacy shim
     return _state.expert_data_parallel_group
 
 
 def _get_expert_broadcast_src_rank(group_name: str) -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_broadcast_src_rank()")
-    _W_EP_BCAST.warn()
+    _legacy_call(_W_EP_BCAST)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_global_rank(_expert_data_group(group_name), 0)
 
 
 def _get_expert_parallel_world_size(group_name: str) -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_world_size()")
-    _W_EP_WS.warn()
+    _legacy_call(_W_EP_WS)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_world_size(group=_expert_group(group_name))
 
 
 def _get_expert_data_parallel_world_size(group_name: str) -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_world_size()")
-    _W_EDP_WS.warn()
+    _legacy_call(_W_EDP_WS)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_world_size(group=_expert_data_group(group_name))
 
 
 def _get_expert_parallel_rank(group_name: str) -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_rank()")
-    _W_EP_RANK.warn()
+    _legacy_call(_W_EP_RANK)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_rank(group=_expert_group(group_name))
 
 
 def _get_expert_parallel_src_rank(group_name: str) -> int:
     """Global rank of EP rank 0 (DeepSpeed's formula assumed consecutive EP groups)."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_parallel_src_rank()")
-    _W_EP_SRC.warn()
+    _legacy_call(_W_EP_SRC)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_global_rank(_expert_group(group_name), 0)
 
 
 def _get_expert_data_parallel_rank(group_name: str) -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_data_parallel_rank()")
-    _W_EDP_RANK.warn()
+    _legacy_call(_W_EDP_RANK)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_rank(group=_expert_data_group(group_name))
 
 
 def _get_expert_model_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_expert_model_parallel_world_size()")
-    _W_EXPERT_MP_WS.warn()
+    _legacy_call(_W_EXPERT_MP_WS)  # TODOV1: legacy shim
     return expert_tensor_parallel_world_size
 
 
@@ -1189,10 +1135,7 @@ def _get_data_parallel_group():
 
 
 def _get_data_parallel_group_ranks():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_group_ranks()")
-    _W_DP_GROUP_RANKS.warn()
+    _legacy_call(_W_DP_GROUP_RANKS)  # TODOV1: legacy shim
     _assert_initialized()
     if _state.bound_groups:
         return _state.bound_groups["dp"][3]
@@ -1213,18 +1156,12 @@ def _dp_world_size():
 
 
 def _get_data_parallel_world_size():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_world_size()")
-    _W_DP_WS.warn()
+    _legacy_call(_W_DP_WS)  # TODOV1: legacy shim
     return _dp_world_size()
 
 
 def _get_model_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_model_parallel_world_size()")
-    _W_MP_WS.warn()
+    _legacy_call(_W_MP_WS)  # TODOV1: legacy shim
     if mpu is None or _is_sp_mpu(mpu):
         return 1
     return mpu.get_model_parallel_world_size()
@@ -1236,27 +1173,18 @@ def _dp_rank() -> int:
 
 
 def _get_data_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_data_parallel_rank()")
-    _W_DP_RANK.warn()
+    _legacy_call(_W_DP_RANK)  # TODOV1: legacy shim
     return _dp_rank()
 
 
 def _get_broadcast_src_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_broadcast_src_rank()")
-    _W_BCAST.warn()
+    _legacy_call(_W_BCAST)  # TODOV1: legacy shim
     _assert_initialized()
     return dist.get_global_rank(_sdp_group(), 0)
 
 
 def _get_sequence_parallel_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_world_size()")
-    _W_SP_WS.warn()
+    _legacy_call(_W_SP_WS)  # TODOV1: legacy shim
     _assert_initialized()
     if mesh_device is not None:
         return dist.get_world_size(_mesh_device_group("sequence_parallel"))
@@ -1268,10 +1196,7 @@ def _get_sequence_parallel_world_size() -> int:
 
 
 def _get_sequence_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_rank()")
-    _W_SP_RANK.warn()
+    _legacy_call(_W_SP_RANK)  # TODOV1: legacy shim
     if mpu is not None and hasattr(mpu, "get_sequence_parallel_rank"):
         return mpu.get_sequence_parallel_rank()
     if mesh_device is not None:
@@ -1282,10 +1207,7 @@ def _get_sequence_parallel_rank() -> int:
 
 
 def _get_sequence_parallel_group():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_parallel_group()")
-    _W_SP_GROUP.warn()
+    _legacy_call(_W_SP_GROUP)  # TODOV1: legacy shim
     if mpu is None or not hasattr(mpu, "get_sequence_parallel_group"):
         if mesh_device is not None:
             return _mesh_device_group("sequence_parallel")
@@ -1299,10 +1221,7 @@ def _get_sequence_parallel_group():
 
 
 def _get_sequence_data_parallel_world_size():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_world_size()")
-    _W_SDP_WS.warn()
+    _legacy_call(_W_SDP_WS)  # TODOV1: legacy shim
     if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_world_size"):
         return mpu.get_sequence_data_parallel_world_size()
     if mesh_device is None and _state.bound_groups:
@@ -1311,10 +1230,7 @@ def _get_sequence_data_parallel_world_size():
 
 
 def _get_sequence_data_parallel_rank() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_sequence_data_parallel_rank()")
-    _W_SDP_RANK.warn()
+    _legacy_call(_W_SDP_RANK)  # TODOV1: legacy shim
     if mpu is not None and hasattr(mpu, "get_sequence_data_parallel_rank"):
         return mpu.get_sequence_data_parallel_rank()
     if mesh_device is None and _state.bound_groups:
@@ -1352,65 +1268,50 @@ _W_ZP_RANKS = _w("_get_zero_param_intra_parallel_group_ranks")
 
 def _create_zero_param_parallel_group(group_size: int) -> None:
     """hpZ groups: consecutive world blocks of ``min(group_size, W)`` ranks (DeepSpeed's layout);
-    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.roles.hpz.hpz_rank_lists`). Kept in
+    with a bound mesh, that mesh's hpZ groups (see :func:`mesh_core.runtime_hooks.hpz_rank_lists`). Kept in
     mesh_core per world and ZeRO domain, so ``hpz_group(<mesh>)`` (migrated code) sees them too."""
     # TODOV1: legacy shim
     _W_ZP_CREATE.warn()
     assert dist.is_initialized()
     mesh = bound_mesh()
     try:
-        _hpz.create_hpz_group(mesh, group_size)
-    except _hpz.HpzGroupError as exc:
+        _hooks.create_hpz_group(mesh, group_size)
+    except _hooks.HpzGroupError as exc:
         if mesh is not None:
             raise
         raise AssertionError(str(exc)) from None  # DeepSpeed's exact type where legacy has no mesh
 
 
 def _zero_param_group():
-    return _hpz.hpz_group(bound_mesh())
+    return _hooks.hpz_group(bound_mesh())
 
 
 def _get_zero_param_intra_parallel_group():
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group()")
-    _W_ZP_GROUP.warn()
+    _legacy_call(_W_ZP_GROUP)  # TODOV1: legacy shim
     return _zero_param_group()
 
 
 def _zero_param_parallel_is_initialized():
     """DeepSpeed's check, returned as is: False when nothing is set, else None (never True)."""
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._zero_param_parallel_is_initialized()")
-    _W_ZP_INIT.warn()
+    _legacy_call(_W_ZP_INIT)  # TODOV1: legacy shim
     if _zero_param_group() is None and _state.dp_group is None:
         return False
     return None
 
 
 def _get_zero_param_intra_parallel_rank_in_mygroup() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_rank_in_mygroup()")
-    _W_ZP_RANK.warn()
+    _legacy_call(_W_ZP_RANK)  # TODOV1: legacy shim
     return dist.get_rank(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_world_size() -> int:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_world_size()")
-    _W_ZP_WS.warn()
+    _legacy_call(_W_ZP_WS)  # TODOV1: legacy shim
     return dist.get_world_size(group=_zero_param_group())
 
 
 def _get_zero_param_intra_parallel_group_ranks() -> list[int]:
-    # TODOV1: legacy shim
-    if _WRONG_GRID is not None:
-        raise _WRONG_GRID.error("deepspeed.utils.groups._get_zero_param_intra_parallel_group_ranks()")
-    _W_ZP_RANKS.warn()
-    return _hpz.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed
+    _legacy_call(_W_ZP_RANKS)  # TODOV1: legacy shim
+    return _hooks.hpz_group_ranks(bound_mesh())  # [] while none is built, as DeepSpeed
 
 
 sys.modules[__name__].__class__ = _MarkedModule

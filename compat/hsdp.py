@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, default_mesh, torch_compat
-from mesh_core.roles.hpz import HPZ_DIMS, is_hsdp
+from mesh_core.runtime_hooks import HPZ_DIMS, is_hsdp
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class HsdpGroups:
             shard=mesh.get_group(SHARD_DIMS),
             replicate=mesh.get_group(REPLICATE_DIM),
             replicate_size=mesh.size(REPLICATE_DIM),
-            replicate_rank=mesh.get_rank(REPLICATE_DIM),
+            replicate_rank=mesh.get_local_rank(REPLICATE_DIM),
         )
 
     def average(self, tensors: list[torch.Tensor]) -> None:
@@ -144,7 +144,7 @@ def _hsdp_mesh() -> Optional[DeepSpeedDeviceMesh]:
         mesh = default_mesh()
     except MeshSpecError:
         return None
-    if not is_hsdp(mesh.spec) or getattr(mesh, "_destroyed", False) or not mesh.is_member:
+    if not is_hsdp(mesh.spec) or mesh.device_mesh is None:  # destroyed, or this rank is outside it
         return None
     return mesh
 

@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 import wrapt
 
-from mesh_core import absence, torch_compat
+from mesh_core import torch_compat
+from mesh_core.runtime_hooks import add_hint, remove_hint
 
 from . import group_trace, mixed_world, releases
 from .install_patches import ImportRoutes, PatchSet
@@ -83,7 +84,7 @@ def install() -> None:
             _logging_tree().install(on_error=_abandon)  # DeepSpeed's logging as one tree (compat/logging_tree.py)
             group_trace.enable()
             group_trace.set_shim_active(True)
-            absence.add_hint(mixed_world.hint)  # ranks that never join: say DS_MESH is likely unset there
+            add_hint(mixed_world.hint)  # ranks that never join: say DS_MESH is likely unset there
             _routes.activate()
             from . import process_experts
 
@@ -113,7 +114,7 @@ def uninstall() -> None:
         _logging_tree().uninstall()
         group_trace.set_shim_active(False)
         group_trace.disable()
-        absence.remove_hint(mixed_world.hint)
+        remove_hint(mixed_world.hint)
         logger.debug("compat uninstalled")
 
 

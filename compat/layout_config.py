@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from mesh_core.config import autotp_off  # the one AutoTP-off rule (re-exported for compat.initialize)
+from mesh_core.runtime_hooks import autotp_off  # the one AutoTP-off rule (re-exported for compat.initialize)
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from mesh_core import AbsentRanksError, absence, consistency, torch_compat
-from mesh_core.rendezvous import ranks_text
+from mesh_core import AbsentRanksError
+from mesh_core.runtime_hooks import announce_builder, ranks_text
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,8 @@ def hint(error: AbsentRanksError) -> Optional[str]:
 def announce() -> None:
     """Record in the world's store that this rank runs the shim (once per world; nothing on a world
     whose mesh checks are skipped, or whose store cannot take it)."""
-    if not dist.is_initialized() or dist.get_backend() in consistency.SKIPPED_BACKENDS:
-        return
     try:
-        absence.announce(torch_compat.default_store(), torch_compat.default_group(), dist.get_rank())
+        announce_builder()
     except (RuntimeError, dist.DistError) as err:  # the mesh check reports a broken store itself
         logger.debug("could not announce this rank in the store: %r", err)
 

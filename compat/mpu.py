@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
 from mesh_core.axis_names import LEGACY_DIMS
-from mesh_core.roles.mpu_mesh import NoPipelineGroupError
+from mesh_core.runtime_hooks import NoPipelineGroupError
 
 from .device import default_device_type
 
@@ -156,7 +156,7 @@ class MeshMPU:
         if not mesh.is_member:
             raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; it has no mpu there")
         self._sizes = {dims: mesh.size(dims) for dims in self._groups}
-        self._ranks = {dims: mesh.get_rank(dims) for dims in self._groups}
+        self._ranks = {dims: mesh.get_local_rank(dims) for dims in self._groups}
 
     def __repr__(self) -> str:
         return f"MeshMPU({self.mesh!r})"

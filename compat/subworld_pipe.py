@@ -30,7 +30,9 @@ from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.runtime_hooks import registry_for_world
 
 from .device import default_device_type
-from .topology import DIM_TO_AXIS, ProcessTopology, _index
+from mesh_core.runtime_hooks import exact_int
+
+from .topology import DIM_TO_AXIS, ProcessTopology
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class MeshTopology(ProcessTopology):
         return self._global[super().get_rank(**coord_kwargs)]
 
     def get_coord(self, rank: int) -> Any:
-        local = self._local.get(_index(rank))  # type: ignore[arg-type]
+        local = self._local.get(exact_int(rank))  # type: ignore[arg-type]
         if local is None:
             raise ValueError(f"rank {rank} not found in topology (the mesh's ranks are {self._global[:8]}).")
         return super().get_coord(local)

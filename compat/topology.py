@@ -19,7 +19,7 @@ import torch.distributed as dist
 import ds_mesh_advice
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.axis_names import AXIS_TO_DIM, DIM_TO_AXIS
-from mesh_core.roles.pipe_topology import PipelineTopology, _index  # noqa: F401 (_index: subworld_pipe)
+from mesh_core.runtime_hooks import PipelineTopology
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -35,36 +35,17 @@ _W_PROCESS_TOPOLOGY, _W_PIPE_DATA, _W_PIPE_MODEL_DATA = (
 _W_GRID = legacy_entry(f"{_TOPOLOGY}.PipelineParallelGrid", ds_mesh_advice.plain(f"{_TOPOLOGY}.PipelineParallelGrid"))
 
 
-# what PipelineTopology._setup derives from ``axes`` / ``dims`` (the queries read these)
-_DERIVED_TOPOLOGY_FIELDS = frozenset({"_axis_index", "_strides", "_size"})
-
-
 class ProcessTopology(PipelineTopology):
     """Named axes laid out row-major over ranks 0..N-1 (the last axis varies fastest).
 
     A subclass that skips ``super().__init__`` and sets ``axes`` / ``dims`` itself (as DeepSpeed's
-    own ``__init__`` does) is served as in DeepSpeed: the derived lookup tables are built from its
-    attributes on first use; a ``mapping`` it sets itself stays its own.
+    own ``__init__`` does) is served as in DeepSpeed (see :class:`~mesh_core.runtime_hooks.PipelineTopology`).
     """
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
         # TODOV1: legacy topology; use mesh_core.MeshSpec / MeshLayout
         _W_PROCESS_TOPOLOGY.warn()
-        self._setup(axes, dims)
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached for attributes the instance lacks: a subclass that never ran _setup
-        own = self.__dict__
-        if name in _DERIVED_TOPOLOGY_FIELDS and "axes" in own and "dims" in own:
-            mapping = own.get("mapping")
-            coord = own.get("ProcessCoord")
-            self._setup(own["axes"], own["dims"])
-            if coord is not None:  # its own coordinate type and mapping win
-                self.ProcessCoord = coord
-            if mapping is not None:
-                self.mapping = mapping
-            return own[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        super().__init__(axes, dims)
 
 
 def _layout_key(spec: MeshSpec) -> tuple[tuple[str, int], ...]:
@@ -92,7 +73,7 @@ class PipeDataParallelTopology(ProcessTopology):
     def __init__(self, num_pp: int, num_dp: int) -> None:
         # TODOV1: legacy topology; use mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp)
         _W_PIPE_DATA.warn()
-        self._setup(["pipe", "data"], [num_pp, num_dp])
+        PipelineTopology.__init__(self, ["pipe", "data"], [num_pp, num_dp])
 
 
 class PipeModelDataParallelTopology(ProcessTopology):
@@ -101,7 +82,7 @@ class PipeModelDataParallelTopology(ProcessTopology):
     def __init__(self, num_pp: int, num_mp: int, num_dp: int) -> None:
         # TODOV1: legacy topology; use mesh_core.MeshSpec.build(W, pp=num_pp, dp=num_dp, tp=num_mp)
         _W_PIPE_MODEL_DATA.warn()
-        self._setup(["pipe", "data", "model"], [num_pp, num_dp, num_mp])
+        PipelineTopology.__init__(self, ["pipe", "data", "model"], [num_pp, num_dp, num_mp])
 
 
 def _quiet_topology(cls: type, *args: int) -> ProcessTopology:
@@ -109,9 +90,9 @@ def _quiet_topology(cls: type, *args: int) -> ProcessTopology:
     topo = cls.__new__(cls)
     if cls is PipeModelDataParallelTopology:
         pp, mp, dp = args
-        topo._setup(["pipe", "data", "model"], [pp, dp, mp])
+        PipelineTopology.__init__(topo, ["pipe", "data", "model"], [pp, dp, mp])
     else:
-        topo._setup(["pipe", "data"], list(args))
+        PipelineTopology.__init__(topo, ["pipe", "data"], list(args))
     return topo
 
 
@@ -148,7 +129,7 @@ def topology_from_mesh(mesh: DeepSpeedDeviceMesh) -> ProcessTopology:
     if axes == ["pipe", "data", "model"] and dims[2] == 1:
         axes, dims = axes[:2], dims[:2]
     topo = ProcessTopology.__new__(ProcessTopology)
-    topo._setup(axes, dims)
+    PipelineTopology.__init__(topo, axes, dims)
     return topo
 
 
@@ -301,7 +282,7 @@ class PipelineParallelGrid:
 
         # ds_model: every rank with this data index (pipe x model), for overflow checks and norms
         self.ds_model_proc_group = self.mesh.get_group(("pp", "tp"))
-        self.ds_model_rank = self.mesh.get_rank(("pp", "tp"))
+        self.ds_model_rank = self.mesh.get_local_rank(("pp", "tp"))
         self.ds_model_world_size = self.mesh.size(("pp", "tp"))
 
         self.dp_groups = self.mesh.get_all_group_ranks("dp")

@@ -47,7 +47,7 @@ def main() -> None:
     say0(f"mesh: {mesh}")
     say(f"stage {engine.stage_id}: pp group {mesh.get_group_ranks('pp')}, dp group {mesh.get_group_ranks('dp')},"
         f" engine dp group {ranks(engine.data_parallel_group)}")
-    data = batches(mesh.get_rank("dp"))
+    data = batches(mesh.get_local_rank("dp"))
     for step in range(steps):
         loss = engine.train_batch(data_iter=data)
         say0(f"step {step}: loss {loss.item():.4f}")

@@ -64,7 +64,7 @@ def main() -> None:
     steps = parser.parse_args().steps
     init_gloo()
     actor_mesh = DeepSpeedDeviceMesh.from_config(ACTOR_CONFIG)
-    torch.manual_seed(100 + actor_mesh.get_rank("tp"))  # each tp rank owns different weights
+    torch.manual_seed(100 + actor_mesh.get_local_rank("tp"))  # each tp rank owns different weights
     policy = TensorParallelPolicy(actor_mesh.get_group("tp"), actor_mesh.size("tp"))
     actor, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG,
                                      mesh=actor_mesh)
@@ -78,7 +78,7 @@ def main() -> None:
     say(f"actor tp {ranks(actor.mesh_device.get_group('tp'))} dp {ranks(actor.data_parallel_group)};"
         f" reference dp {ranks(reference.data_parallel_group)}")
 
-    gen = torch.Generator().manual_seed(actor_mesh.get_rank("dp"))  # tp peers see the same batch
+    gen = torch.Generator().manual_seed(actor_mesh.get_local_rank("dp"))  # tp peers see the same batch
     for step in range(steps):
         obs = torch.randn(8, OBS, generator=gen)
         with torch.no_grad():

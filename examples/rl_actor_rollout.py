@@ -96,7 +96,7 @@ def main() -> None:
     actor = rollout = actor_mesh = None
     if rank in ACTOR_RANKS:  # ranks 2-3 never enter the actor's mesh or initialize
         actor_mesh = DeepSpeedDeviceMesh.build(tp=2, ranks=ACTOR_RANKS)
-        torch.manual_seed(100 + actor_mesh.get_rank("tp"))
+        torch.manual_seed(100 + actor_mesh.get_local_rank("tp"))
         policy = TensorParallelPolicy(actor_mesh.get_group("tp"), actor_mesh.size("tp"))
         actor, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG,
                                          mesh=actor_mesh)

@@ -66,8 +66,8 @@ def main() -> None:
     say0(f"mesh: {mesh}")
     say(f"sp group {ranks(engine.seq_parallel_group)}, dp group {ranks(engine.data_parallel_group)},"
         f" gradient group {ranks(engine.seq_data_parallel_group)}")
-    gen = torch.Generator().manual_seed(mesh.get_rank("dp"))  # sp peers see the same samples
-    shard = slice(mesh.get_rank("sp") * SEQ // 2, (mesh.get_rank("sp") + 1) * SEQ // 2)
+    gen = torch.Generator().manual_seed(mesh.get_local_rank("dp"))  # sp peers see the same samples
+    shard = slice(mesh.get_local_rank("sp") * SEQ // 2, (mesh.get_local_rank("sp") + 1) * SEQ // 2)
     for step in range(steps):
         x = torch.randn(SEQ, 2, HIDDEN, generator=gen)
         target = x.mean(dim=-1, keepdim=True)

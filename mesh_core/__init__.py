@@ -12,9 +12,10 @@
 
 What the DeepSpeed runtime uses beside these (group registries, expert groups by name, hpZ,
 AutoTP's groups...) is in :mod:`mesh_core.runtime_hooks`; the dim names (the ``MeshDim`` enum and
-the legacy names for them) in :mod:`mesh_core.axis_names`; the rank ↔ coordinate equation in
-:mod:`mesh_core.row_major`; other constants and the torch range in :mod:`mesh_core.spec` and
-:mod:`mesh_core.torch_compat`.
+the legacy names for them) in :mod:`mesh_core.axis_names`; the supported torch range in
+:mod:`mesh_core.torch_compat`. These four modules are the faces other packages import from
+(docs/architecture.md); the rest is implementation (the rank ↔ coordinate equation in
+:mod:`mesh_core.row_major`, the spec's constants in :mod:`mesh_core.spec`, ...).
 """
 import importlib
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 _HOME: dict[str, str] = {
     "AbsentRanksError": ".absence",
     "DeepSpeedDeviceMesh": ".device_mesh",
-    "ExpertGroups": ".device_mesh",
+    "ExpertGroups": ".expert_table",
     "MeshLayout": ".layout",
     "MeshSpec": ".spec",
     "MeshSpecError": ".spec",

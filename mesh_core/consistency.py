@@ -46,6 +46,15 @@ logger = logging.getLogger(__name__)
 
 DIGEST_WORDS = 4  # 4 x int64 = the first 32 bytes of a sha256
 SKIPPED_BACKENDS = ("fake",)  # its collectives are no-ops: nothing to compare
+
+
+def announce_builder() -> None:
+    """Record in the world's store that this rank builds meshes (once per world; nothing before
+    ``init_process_group`` or on a world whose mesh checks are skipped). Lets a timed-out check name
+    the ranks that never built a mesh at all."""
+    if not dist.is_initialized() or dist.get_backend() in SKIPPED_BACKENDS:
+        return
+    absence.announce(torch_compat.default_store(), torch_compat.default_group(), dist.get_rank())
 STORE_PREFIX = "mesh_core/check"
 # per world: how many checks each rank set has run (the same on every member)
 _CHECKS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()

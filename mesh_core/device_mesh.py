@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -45,7 +44,9 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from .consistency import check_same_mesh, rank_set_slot
+from .expert_table import ExpertGroups, ExpertGroupsNotBuilt, ExpertTable, expert_groups_name  # noqa: F401 (re-exported)
 from .layout import Dims, MeshLayout
+from .renamed import TorchGetRank, warn_renamed
 from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 from . import torch_compat
@@ -53,45 +54,18 @@ from . import torch_compat
 logger = logging.getLogger(__name__)
 
 
-def expert_groups_name(ep_size: Optional[int]) -> str:
-    """The name DeepSpeed's MoE layers give the expert groups of ``ep_size``: ``ep_size_<N>``."""
-    return f"ep_size_{ep_size}"
+# old attribute -> (what to write instead, its value now)
+_RENAMED_ATTRIBUTES = {
+    "expert_names": ("mesh.experts.named()", ExpertTable.named),
+    "built_expert_groups": ("mesh.experts.sizes()", ExpertTable.sizes),
+}
 
 
-@dataclass(frozen=True)
-class ExpertGroups:
-    """EP and EDP groups for one expert-parallel size (this rank's groups and all rank lists)."""
-
-    ep_size: int
-    ep_group: Optional[ProcessGroup]
-    edp_group: Optional[ProcessGroup]
-    ep_ranks: Sequence[int]
-    edp_ranks: Sequence[int]
-    layout: Optional[MeshLayout] = field(default=None, repr=False, compare=False)  # None: registered lists
-
-    @property
-    def all_ep_ranks(self) -> list[list[int]]:
-        """Every EP group of the mesh (computed on access: O(world size))."""
-        return self._layout().groups("ep")
-
-    @property
-    def all_edp_ranks(self) -> list[list[int]]:
-        """Every EDP group of the mesh (computed on access: O(world size))."""
-        return self._layout().groups("edp")
-
-    def _layout(self) -> MeshLayout:
-        if self.layout is None:
-            raise MeshSpecError(f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout")
-        return self.layout
-
-
-class ExpertGroupsNotBuilt(MeshSpecError, AssertionError):
-    """No expert groups are registered under a name (an AssertionError too, as DeepSpeed's
-    "expert parallel group is not initialized")."""
-
-
-class DeepSpeedDeviceMesh:
+class DeepSpeedDeviceMesh(TorchGetRank):
     """Process groups for one model's layout; see the module docstring for the creation order.
+
+    Its methods mean what torch ``DeviceMesh``'s of the same name mean (``get_rank()`` is the global
+    rank, ``get_local_rank(dim)`` the index along a dim, ``size()`` every rank; docs/API.md).
 
     Threads: meshes may be built, used and destroyed from several threads. Process state stays
     consistent (group naming touches torch's ``_process_group_name`` only for the calling thread and
@@ -147,18 +121,15 @@ class DeepSpeedDeviceMesh:
 
     def _build(self, flatten_keys: list[tuple[str, ...]], p2p_groups: bool) -> None:
         spec, backend = self.spec, self.backend
-        self._registry: GroupRegistry = registry_for_world()
-        self.registry = self._registry  # the world's group registry (shared by its meshes)
+        self.registry: GroupRegistry = registry_for_world()  # the world's (shared by its meshes)
         self.creation_path = choose_creation_path(
             CreationInputs.probe(backend, whole_world=spec.size == spec.world_size)
         )
         self._label = spec.describe()
         self._keys: list = []
         self._groups: dict[tuple[str, ...], Optional[ProcessGroup]] = {}
-        # expert groups built per ep size, and by the name DeepSpeed's MoE layers use (the first
-        # registration of a name wins; mesh_core.roles.named_experts reads and registers them)
-        self.built_expert_groups: dict[int, ExpertGroups] = {}
-        self.expert_names: dict[str, ExpertGroups] = {}
+        # expert groups built per ep size, and by the name DeepSpeed's MoE layers use
+        self.experts = ExpertTable()
         self._p2p: Optional[dict[tuple[int, int], Optional[ProcessGroup]]] = None
         self._destroyed = False
         self.source_mpu: Any = None  # the mpu from_mpu built this mesh from (None otherwise)
@@ -172,7 +143,7 @@ class DeepSpeedDeviceMesh:
             for dims in flatten_keys:
                 self._ensure_group(dims)
             if spec.ep > 1:
-                self._register_built(spec.ep, self._build_expert_groups(self.layout))
+                self.experts.add_built(spec.ep, self._build_expert_groups(self.layout))
         finally:
             self._in_lockstep = False
         if p2p_groups and spec.dim_size("pp") > 1:
@@ -281,13 +252,18 @@ class DeepSpeedDeviceMesh:
     def get_all_group_ranks(self, dims: Dims) -> list[list[int]]:
         return self.layout.groups(dims)
 
-    def get_rank(self, dims: Dims) -> int:
-        """This rank's index inside its group along ``dims``."""
-        return self.layout.coordinate_of(self.rank, dims)
+    def get_local_rank(self, mesh_dim: Optional[Union[Dims, int]] = None) -> int:
+        """This rank's index inside its group along ``mesh_dim`` (a dim, its index in
+        :attr:`mesh_dim_names`, or a tuple of dims, flattened), as torch ``DeviceMesh.get_local_rank``;
+        ``None`` only when the mesh has one dim."""
+        return self.layout.coordinate_of(self.rank, self._mesh_dims(mesh_dim))
 
-    def size(self, dims: Dims) -> int:
-        """Number of ranks in a group along ``dims``."""
-        key = self.layout.normalize(dims)
+    def size(self, mesh_dim: Optional[Union[Dims, int]] = None) -> int:
+        """Number of ranks in a group along ``mesh_dim`` (as :meth:`get_local_rank` names it); with
+        no dim, every rank of the mesh (as torch ``DeviceMesh.size()``)."""
+        if mesh_dim is None:
+            return self.spec.size
+        key = self.layout.normalize(self._mesh_dims(mesh_dim))
         if key in (("ep",), ("edp",)):
             return self.spec.dim_size(key[0])
         out = 1
@@ -316,7 +292,8 @@ class DeepSpeedDeviceMesh:
         it the first time a size is asked for (this rank's two groups are created then)."""
         self._check_alive()
         ep = self.spec.ep if ep_size is None else ep_size
-        if ep not in self.built_expert_groups:
+        groups = self.experts.built(ep)
+        if groups is None:
             try:
                 spec = MeshSpec.build(
                     self.spec.world_size,
@@ -328,19 +305,19 @@ class DeepSpeedDeviceMesh:
                 )
             except MeshSpecError as err:
                 raise MeshSpecError(f"ep_size={ep} is not valid for {self.spec.describe()}: {err}") from None
-            self._register_built(ep, self._build_expert_groups(MeshLayout(spec)))
-        return self.built_expert_groups[ep]
+            groups = self._build_expert_groups(MeshLayout(spec))
+            self.experts.add_built(ep, groups)
+        return groups
 
     def destroy(self) -> int:
         """Release every group this mesh holds; groups no other mesh shares are destroyed."""
         if self._destroyed:
             return 0
         self._destroyed = True
-        destroyed = self._registry.release(self._keys)
+        destroyed = self.registry.release(self._keys)
         self._keys.clear()
         self._groups.clear()
-        self.built_expert_groups.clear()
-        self.expert_names.clear()
+        self.experts.clear()
         self.device_mesh = None
         return destroyed
 
@@ -352,6 +329,14 @@ class DeepSpeedDeviceMesh:
 
     def __repr__(self) -> str:
         return f"DeepSpeedDeviceMesh({self.spec.describe()})"
+
+    def __getattr__(self, name: str) -> Any:
+        """The old attribute spellings (read-only views now, with a one-time deprecation)."""
+        if name in _RENAMED_ATTRIBUTES and "experts" in vars(self):
+            new, read = _RENAMED_ATTRIBUTES[name]
+            warn_renamed(f"DeepSpeedDeviceMesh.{name}", new, "the mesh's expert table owns them")
+            return read(self.experts)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # --- construction -------------------------------------------------------------------------
     def _build_device_mesh(self) -> Optional[DeviceMesh]:
@@ -385,24 +370,20 @@ class DeepSpeedDeviceMesh:
         asker = f"{self._label} dims={'x'.join(key)}"
         partition = layout.groups(key) if self.creation_path is CreationPath.SPLIT and self._in_lockstep else None
         if partition is not None and len(partition[0]) > 1:
-            group, keys = self._registry.split(partition, asker=asker)
+            group, keys = self.registry.split(partition, asker=asker)
         elif not self.is_member:
             return None
         else:
             ranks = layout.group_ranks(key, self.rank)
-            group, keys = self._registry.get(ranks, self.backend, asker=asker), [self._registry.key(ranks, self.backend)]
+            group, keys = self.registry.get(ranks, self.backend, asker=asker), [self.registry.key(ranks, self.backend)]
         self._keys += keys
         return group
 
     def _singleton(self) -> Optional[ProcessGroup]:
         if not self.is_member:
             return None
-        self._keys.append(self._registry.key([self.rank], self.backend))
-        return self._registry.get([self.rank], self.backend, asker=f"{self._label} dims=()")
-
-    def _register_built(self, ep: int, groups: ExpertGroups) -> None:
-        self.built_expert_groups[ep] = groups
-        self.expert_names.setdefault(expert_groups_name(ep), groups)
+        self._keys.append(self.registry.key([self.rank], self.backend))
+        return self.registry.get([self.rank], self.backend, asker=f"{self._label} dims=()")
 
     def _build_expert_groups(self, layout: MeshLayout) -> ExpertGroups:
         ep_group = self._create(("ep",), layout)
@@ -423,11 +404,28 @@ class DeepSpeedDeviceMesh:
             return
         pairs = {tuple(sorted(self.layout.p2p_pair(self.rank))), tuple(sorted(self.layout.p2p_pair(self._prev())))}
         for key in sorted(p for p in pairs if p[0] != p[1]):  # ascending: a global order, no deadlock
-            self._keys.append(self._registry.key(key, self.backend))
-            self._p2p[key] = self._registry.get(key, self.backend, asker=f"{self._label} p2p")  # type: ignore[index]
+            self._keys.append(self.registry.key(key, self.backend))
+            self._p2p[key] = self.registry.get(key, self.backend, asker=f"{self._label} p2p")  # type: ignore[index]
 
     def _prev(self) -> int:
         return self.layout.stage_peer(self.rank, -1)
+
+    def _mesh_dims(self, mesh_dim: Optional[Union[Dims, int]]) -> Dims:
+        """Dims named as torch's ``mesh_dim`` may be: a name, a tuple, an index, or None for a 1-D mesh."""
+        if mesh_dim is None:
+            if len(self.mesh_dim_names) != 1:
+                raise MeshSpecError(
+                    f"name the mesh dim: {self.spec.describe()} has dims {list(self.mesh_dim_names)}"
+                )
+            return self.mesh_dim_names[0]
+        if isinstance(mesh_dim, int) and not isinstance(mesh_dim, bool):
+            if not 0 <= mesh_dim < len(self.mesh_dim_names):
+                raise MeshSpecError(
+                    f"mesh_dim={mesh_dim} is out of range; valid indices: 0..{len(self.mesh_dim_names) - 1} "
+                    f"({list(self.mesh_dim_names)})"
+                )
+            return self.mesh_dim_names[mesh_dim]
+        return mesh_dim
 
     def _check_alive(self) -> None:
         if self._destroyed:

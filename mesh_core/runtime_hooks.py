@@ -9,24 +9,45 @@ from the mesh.
 - ZeRO++ hpZ groups (:func:`create_hpz_group`, :func:`hpz_group` and friends,
   :func:`release_hpz_groups`);
 - AutoTP's groups (:func:`init_autotp`, :func:`autotp_groups`), the node-local all-to-all groups
-  and the model-parallel world size of an mpu-backed mesh.
+  and the model-parallel world size of an mpu-backed mesh;
+- for the shim: the default mesh's context (:data:`DEFAULT_MESH`, :func:`enter_default_mesh`,
+  :func:`leave_default_mesh`), a config's layout sources (:func:`layout_sources`,
+  :data:`SECTION_SOURCE`, :func:`autotp_off`), an mpu's spec (:func:`mpu_spec`), the HSDP test
+  (:func:`is_hsdp`, :data:`HPZ_DIMS`, :func:`hpz_rank_lists`), the legacy errors DeepSpeed raises
+  (:class:`NoSequenceParallelGroupError`, :class:`NoPipelineGroupError`), the absent-rank hints
+  (:func:`add_hint`, :func:`remove_hint`, :func:`announce_builder`, :func:`ranks_text`) and
+  DeepSpeed's coordinate equality (:func:`exact_int`).
+
+``mesh_core``, this module, :mod:`mesh_core.axis_names` (the dim vocabulary) and
+:mod:`mesh_core.torch_compat` (the supported torch range) are the faces ``compat`` imports from;
+every other module of ``mesh_core`` is an implementation detail (tests/test_structure.py).
 
 Users build and query meshes through :mod:`mesh_core`'s own names; these are for the runtime.
 """
 from __future__ import annotations
 
-from .device_mesh import ExpertGroupsNotBuilt, expert_groups_name
+from .absence import add_hint, remove_hint
+from .config import SECTION_SOURCE, autotp_off, layout_sources
+from .consistency import announce_builder
+from .expert_table import ExpertGroupsNotBuilt, expert_groups_name
 from .registry import GroupRegistry, registry_for_world
+from .rendezvous import ranks_text
+from .roles.default import DEFAULT_MESH, enter_default_mesh, leave_default_mesh
+from .roles.from_groups import mpu_spec
 from .roles.hpz import (
+    HPZ_DIMS,
     HpzGroupError,
     create_hpz_group,
     hpz_group,
     hpz_group_rank,
     hpz_group_ranks,
     hpz_group_size,
+    hpz_rank_lists,
+    is_hsdp,
     release_hpz_groups,
 )
-from .roles.mpu_mesh import MpuMesh, model_parallel_world_size
+from .roles.legacy_state import NoSequenceParallelGroupError
+from .roles.mpu_mesh import MpuMesh, NoPipelineGroupError, model_parallel_world_size
 from .roles.named_experts import (
     expert_group_names,
     expert_groups_named,
@@ -36,21 +57,31 @@ from .roles.named_experts import (
     register_expert_groups,
 )
 from .roles.node_groups import all_to_all_groups, local_all_to_all_groups
-from .roles.pipe_topology import PipelineTopology
+from .roles.pipe_topology import PipelineTopology, exact_int
 from .roles.process_experts import ProcessExperts, expert_tensor_parallel_size, process_experts, serve_process_experts
 from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
     "AutoTPGroups",
+    "DEFAULT_MESH",
     "ExpertGroupsNotBuilt",
     "GroupRegistry",
+    "HPZ_DIMS",
     "HpzGroupError",
     "MpuMesh",
+    "NoPipelineGroupError",
+    "NoSequenceParallelGroupError",
     "PipelineTopology",
     "ProcessExperts",
+    "SECTION_SOURCE",
+    "add_hint",
     "all_to_all_groups",
+    "announce_builder",
     "autotp_groups",
+    "autotp_off",
     "create_hpz_group",
+    "enter_default_mesh",
+    "exact_int",
     "expert_group_names",
     "expert_groups_name",
     "expert_groups_named",
@@ -59,15 +90,22 @@ __all__ = [
     "hpz_group_rank",
     "hpz_group_ranks",
     "hpz_group_size",
+    "hpz_rank_lists",
     "init_autotp",
+    "is_hsdp",
     "largest_expert_groups_name",
+    "layout_sources",
+    "leave_default_mesh",
     "local_all_to_all_groups",
     "model_parallel_world_size",
+    "mpu_spec",
     "named_expert_data_parallel_groups",
     "named_expert_parallel_groups",
     "process_experts",
+    "ranks_text",
     "register_expert_groups",
     "registry_for_world",
     "release_hpz_groups",
+    "remove_hint",
     "serve_process_experts",
 ]

@@ -100,6 +100,7 @@ __all__ = [
     "default_device_type",
     "default_group",
     "default_store",
+    "flatten_dense_tensors",
     "group_name",
     "is_non_member",
     "launcher_local_rank",
@@ -108,6 +109,7 @@ __all__ = [
     "torch_release",
     "torchcomms_enabled",
     "unbound_default_group",
+    "unflatten_dense_tensors",
 ]
 
 OLDEST = (2, 6, 0)

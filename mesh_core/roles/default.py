@@ -60,7 +60,7 @@ def stale_reason(mesh: Optional["DeepSpeedDeviceMesh"]) -> str:
         return ""
     if getattr(mesh, "_destroyed", False):
         return "is destroyed"
-    registry = getattr(mesh, "_registry", None)
+    registry = getattr(mesh, "registry", None)
     if registry is not None and dist.is_initialized() and registry is not registry_for_world():
         return "was built over a process group that has since been destroyed"
     return ""

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch.distributed as dist
 
+from ..renamed import TorchGetRank
 from ..spec import MeshSpecError
 
 GROUPS_MODULE = "deepspeed.utils.groups"
@@ -103,8 +104,8 @@ def _key(dims: Dims) -> tuple[str, ...]:
     return key
 
 
-class LegacyGroupsView:
-    """The mesh queries migrated code makes (``get_group`` / ``size`` / ``get_rank`` /
+class LegacyGroupsView(TorchGetRank):
+    """The mesh queries migrated code makes (``get_group`` / ``size`` / ``get_local_rank`` /
     ``get_group_ranks`` / ``expert_groups``), answered by legacy ``deepspeed.utils.groups``."""
 
     def __init__(self, groups: Any, fallback: Callable[[], Any]) -> None:
@@ -146,7 +147,7 @@ class LegacyGroupsView:
     def size(self, dims: Dims) -> int:
         return self._getter(dims, 1)()
 
-    def get_rank(self, dims: Dims) -> int:
+    def get_local_rank(self, dims: Dims) -> int:
         return self._getter(dims, 2)()
 
     def get_group_ranks(self, dims: Dims) -> list[int]:
@@ -157,7 +158,7 @@ class LegacyGroupsView:
     def expert_groups(self, ep_size: int) -> Any:
         """The expert groups legacy built for ``ep_size`` (its ``ep_size_<N>`` tables); where legacy
         built none, the ones the world data-parallel mesh builds."""
-        from ..device_mesh import ExpertGroups
+        from ..expert_table import ExpertGroups
 
         name = f"ep_size_{ep_size}"
         g = self._groups

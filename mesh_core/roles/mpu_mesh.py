@@ -40,6 +40,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch.distributed as dist
 
+from ..renamed import TorchGetRank
+
 logger = logging.getLogger(__name__)
 
 MESH_ATTRIBUTE = "__deepspeed_mesh__"
@@ -76,7 +78,7 @@ def _key(dims: Dims) -> tuple[str, ...]:
     return key
 
 
-class MpuMesh:
+class MpuMesh(TorchGetRank):
     """Mesh queries answered by an mpu's own getters (see the module docstring for the dims)."""
 
     def __init__(self, mpu: Any) -> None:
@@ -116,7 +118,7 @@ class MpuMesh:
     def size(self, dims: Dims) -> int:
         return self._call(dims, "world_size")
 
-    def get_rank(self, dims: Dims) -> int:
+    def get_local_rank(self, dims: Dims) -> int:
         """This rank's index inside its group along ``dims``."""
         return self._call(dims, "rank")
 

@@ -1,8 +1,8 @@
 """Expert groups by the names DeepSpeed's MoE layers use (``"ep_size_N"``), read through a mesh.
 
-A mesh keeps its table of named expert groups in :attr:`DeepSpeedDeviceMesh.expert_names` (each
-size :meth:`~mesh_core.DeepSpeedDeviceMesh.expert_groups` builds is registered as
-``ep_size_<N>``); a runtime that serves a process-wide table (:mod:`mesh_core.roles.process_experts`)
+A mesh keeps its named expert groups in its own table (``mesh.experts``, a
+:class:`~mesh_core.expert_table.ExpertTable`: each size :meth:`~mesh_core.DeepSpeedDeviceMesh.expert_groups`
+builds is registered as ``ep_size_<N>``); a runtime that serves a process-wide table (:mod:`mesh_core.roles.process_experts`)
 is read first. These functions are DeepSpeed's name-keyed getters on a mesh
 (``groups._get_expert_parallel_group(name)`` → ``expert_groups_named(mesh, name).ep_group``); import
 them from :mod:`mesh_core.runtime_hooks`.
@@ -16,7 +16,7 @@ from .process_experts import process_expert_groups
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from ..device_mesh import ExpertGroups
+    from ..expert_table import ExpertGroups
 
 PREFIX = "ep_size_"
 
@@ -47,7 +47,7 @@ class _NamedGroupsView(Mapping):
 
 
 def _not_built(message: str) -> Exception:
-    from ..device_mesh import ExpertGroupsNotBuilt
+    from ..expert_table import ExpertGroupsNotBuilt
 
     return ExpertGroupsNotBuilt(message)
 
@@ -58,9 +58,8 @@ def named_table(mesh: Any) -> Mapping[str, "ExpertGroups"]:
     source, every name registered on the mesh."""
     served = process_expert_groups()
     if served is None:
-        return mesh.expert_names
-    built = {id(g) for g in mesh.built_expert_groups.values()}
-    own = {n: g for n, g in mesh.expert_names.items() if id(g) in built and n not in served}
+        return mesh.experts.named()
+    own = {n: g for n, g in mesh.experts.built_named().items() if n not in served}
     return {**served, **own} if own else served
 
 
@@ -71,7 +70,7 @@ def register_expert_groups(mesh: Any, name: str, groups: "ExpertGroups") -> "Exp
 
     if not isinstance(name, str) or not name:
         raise MeshSpecError(f"an expert group name is a non-empty string like 'ep_size_4', got {name!r}")
-    return mesh.expert_names.setdefault(name, groups)
+    return mesh.experts.register(name, groups)
 
 
 def named_expert_parallel_groups(mesh: Any) -> Mapping[str, Optional["ProcessGroup"]]:

@@ -23,14 +23,37 @@ import numpy as np
 
 from .. import row_major
 
-__all__ = ["PipelineTopology", "pipeline_topology"]
+__all__ = ["PipelineTopology", "exact_int", "pipeline_topology"]
+
+
+# what _setup derives from ``axes`` / ``dims`` (the queries read these)
+_DERIVED_FIELDS = frozenset({"_axis_index", "_strides", "_size"})
 
 
 class PipelineTopology:
-    """Named axes over ranks ``0..N-1``, row-major (the last axis varies fastest)."""
+    """Named axes over ranks ``0..N-1``, row-major (the last axis varies fastest).
+
+    A subclass that skips ``__init__`` and sets ``axes`` / ``dims`` itself (as DeepSpeed's own
+    topology subclasses may) is served as in DeepSpeed: the derived lookup tables are built from its
+    attributes on first use; a ``ProcessCoord`` or ``mapping`` it sets itself stays its own.
+    """
 
     def __init__(self, axes: list[str], dims: list[int]) -> None:
         self._setup(axes, dims)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes the instance lacks: a subclass that never ran _setup
+        own = self.__dict__
+        if name in _DERIVED_FIELDS and "axes" in own and "dims" in own:
+            mapping = own.get("mapping")
+            coord = own.get("ProcessCoord")
+            self._setup(own["axes"], own["dims"])
+            if coord is not None:  # its own coordinate type and mapping win
+                self.ProcessCoord = coord
+            if mapping is not None:
+                self.mapping = mapping
+            return own[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _setup(self, axes: list[str], dims: list[int]) -> None:
         self.axes = axes  # by reference, as in DeepSpeed
@@ -49,7 +72,7 @@ class PipelineTopology:
         if len(coord_kwargs) != len(self.axes):
             raise ValueError("get_rank() does not support slices. Use filter_match())")
         key = self.ProcessCoord(**coord_kwargs)  # TypeError for an unknown axis, as in DeepSpeed
-        coord = [_index(c) for c in key]
+        coord = [exact_int(c) for c in key]
         if not all(c is not None and 0 <= c < d for c, d in zip(coord, self.dims)):
             raise AssertionError(f"key {coord_kwargs} invalid")
         return row_major.flat_index(coord, self._strides)  # type: ignore[arg-type]
@@ -71,7 +94,7 @@ class PipelineTopology:
         return 0 if index is None else self.dims[index]
 
     def get_coord(self, rank: int) -> Any:
-        index = _index(rank)
+        index = exact_int(rank)
         if index is None or not 0 <= index < self._size:
             raise ValueError(f"rank {rank} not found in topology.")
         return self.ProcessCoord(*row_major.coords(index, self.dims, self._strides))
@@ -106,7 +129,7 @@ class PipelineTopology:
         return str(self.mapping)
 
 
-def _index(value: Any) -> Optional[int]:
+def exact_int(value: Any) -> Optional[int]:
     """``value`` as an int if it equals one, else None (DeepSpeed finds coordinates by ``==``, so
     ``1.0``, ``True`` and ``np.int64(1)`` all mean 1)."""
     try:
@@ -117,7 +140,7 @@ def _index(value: Any) -> Optional[int]:
 
 
 def _matching(value: Any, dim: int) -> list[int]:
-    index = _index(value)
+    index = exact_int(value)
     return [index] if index is not None and 0 <= index < dim else []
 
 

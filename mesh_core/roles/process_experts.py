@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from .state import PROCESS_ROLES, ProcessExperts
 
 if TYPE_CHECKING:
-    from ..device_mesh import ExpertGroups
+    from ..expert_table import ExpertGroups
 
 
 def serve_process_experts(source: Optional[ProcessExperts]) -> None:

@@ -79,9 +79,9 @@ class AutoTPGroups:
     def adopt(self, mesh: "DeepSpeedDeviceMesh", tp_dims: Any = "tp", dp_dims: Any = "dp") -> None:
         """Serve ``mesh``'s ``tp_dims`` / ``dp_dims`` groups (both resolved now)."""
         self.tp_group, self.dp_group = mesh.get_group(tp_dims), mesh.get_group(dp_dims)
-        self.tp_size, self.tp_rank = mesh.size(tp_dims), mesh.get_rank(tp_dims)
+        self.tp_size, self.tp_rank = mesh.size(tp_dims), mesh.get_local_rank(tp_dims)
         self.tp_src = min(mesh.get_group_ranks(tp_dims))
-        self.dp_size, self.dp_rank = mesh.size(dp_dims), mesh.get_rank(dp_dims)
+        self.dp_size, self.dp_rank = mesh.size(dp_dims), mesh.get_local_rank(dp_dims)
 
     @property
     def initialized(self) -> bool:

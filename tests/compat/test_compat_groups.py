@@ -683,3 +683,26 @@ def test_unbinding_restores_autotp_groups():
             assert cgroups.bound_mesh() is None
         finally:
             cgroups._release_process_group_references()
+
+
+def test_a_getter_prologue_warns_at_its_caller_and_names_itself_on_a_wrong_grid():
+    """The shared prologue of the non-hot getters: the warning is the caller's line, once per site;
+    with no single grid, the error names the getter called."""
+    from compat import engine_scope
+
+    with fake_world(0, 4):
+        try:
+            cgroups.bind_mesh(DeepSpeedDeviceMesh.build(tp=2))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default", LegacyAPIDeprecationWarning)
+                for _ in range(2):
+                    assert cgroups.get_tensor_model_parallel_world_size() == 2  # one site
+            assert len(caught) == 1 and caught[0].filename == __file__
+            assert "get_tensor_model_parallel_world_size is deprecated" in str(caught[0].message)
+            cgroups._set_wrong_grid(engine_scope.AmbiguousGrid(["a", "b"]))
+            with pytest.raises(engine_scope.WrongGridError,
+                               match=r"^deepspeed\.utils\.groups\.get_tensor_model_parallel_world_size\(\) was called"):
+                cgroups.get_tensor_model_parallel_world_size()
+        finally:
+            cgroups._set_wrong_grid(None)
+            cgroups._release_process_group_references()

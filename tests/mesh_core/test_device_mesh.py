@@ -36,7 +36,7 @@ def test_groups_equal_layout_math(spec, rnd):
                 assert ranks_of(mesh.get_group(dims)) == sorted(expected)
                 assert mesh.get_group_ranks(dims) == expected
                 assert mesh.size(dims) == len(expected)
-                assert mesh.get_rank(dims) == expected.index(rank)
+                assert mesh.get_local_rank(dims) == expected.index(rank)
             if mesh.device_mesh is not None:
                 assert mesh.device_mesh.mesh.flatten().tolist() == list(spec.ranks)
 
@@ -102,7 +102,7 @@ def test_size_one_dims_are_not_devicemesh_dims():
     with fake_world(5, 8):
         mesh = DeepSpeedDeviceMesh.build(pp=1, tp=2, sp=1)
         assert mesh.mesh_dim_names == ("dp", "tp")
-        assert mesh.size("sp") == 1 and mesh.get_rank("pp") == 0
+        assert mesh.size("sp") == 1 and mesh.get_local_rank("pp") == 0
         assert ranks_of(mesh.get_group("sp")) == [5]
 
 
@@ -186,3 +186,81 @@ def test_registry_forgets_a_group_destroyed_elsewhere():
         assert registry.forget(tp) == 1 and registry.forget(tp) == 0
         again = DeepSpeedDeviceMesh.build(tp=2)
         assert again.get_group("tp") is not tp and ranks_of(again.get_group("tp")) == [2, 3]
+
+
+def test_rank_and_size_mean_what_torch_means():
+    """``get_rank()`` is the global rank and ``size()`` counts every rank of the mesh (torch's
+    DeviceMesh); a coordinate is ``get_local_rank(dim)``, torch's name, also by dim index."""
+    with fake_world(13, 16):
+        mesh = DeepSpeedDeviceMesh.build(ranks=range(8, 16), pp=2, tp=2)  # pp x dp x tp = 2 x 2 x 2
+        torch_mesh = mesh.device_mesh
+        assert mesh.get_rank() == torch_mesh.get_rank() == 13
+        assert mesh.size() == torch_mesh.size() == 8
+        for index, dim in enumerate(mesh.mesh_dim_names):
+            assert mesh.get_local_rank(dim) == mesh.get_local_rank(index) == torch_mesh.get_local_rank(dim)
+            assert mesh.size(dim) == mesh.size(index) == torch_mesh.size(index)
+        assert [mesh.get_local_rank(d) for d in ("pp", "dp", "tp")] == [1, 0, 1]
+        assert mesh.get_local_rank(("dp", "tp")) == 1 and mesh.size(("dp", "tp")) == 4
+        with pytest.raises(MeshSpecError, match="name the mesh dim"):
+            mesh.get_local_rank()
+        with pytest.raises(MeshSpecError, match="out of range"):
+            mesh.size(3)
+        assert DeepSpeedDeviceMesh.build(ranks=range(8, 16), tp=8).get_local_rank() == 5  # a 1-D mesh
+
+
+def test_the_old_get_rank_of_a_dim_warns_once_and_still_answers(monkeypatch):
+    from mesh_core import renamed
+
+    monkeypatch.setattr(renamed, "_warned", set())
+    with fake_world(5, 8):
+        mesh = DeepSpeedDeviceMesh.build(pp=2, tp=2)
+        with pytest.warns(renamed.MeshAPIDeprecationWarning, match=r"TODOV1: .*get_local_rank\(dims\)") as caught:
+            assert mesh.get_rank("tp") == mesh.get_local_rank("tp") == 1
+            assert mesh.get_rank(("pp", "dp")) == mesh.get_local_rank(("pp", "dp")) == 2
+        assert len(caught) == 1
+
+
+def test_the_mesh_owns_its_expert_table(monkeypatch):
+    """Sizes the mesh builds are served as ``ep_size_N``; a name registered first wins; the table
+    is read through methods (read-only views); the old attributes read it with one deprecation."""
+    from mesh_core import renamed
+    from mesh_core.runtime_hooks import expert_group_names, expert_groups_named, register_expert_groups
+
+    monkeypatch.setattr(renamed, "_warned", set())
+    with fake_world(3, 8):
+        mesh = DeepSpeedDeviceMesh.build(tp=2, ep=2)
+        two = mesh.expert_groups()
+        assert mesh.experts.built(2) is two and mesh.experts.named()["ep_size_2"] is two
+        other = mesh.expert_groups(4)
+        assert register_expert_groups(mesh, "ep_size_4", two) is other  # taken: the first wins
+        assert register_expert_groups(mesh, "custom", two) is two and expert_groups_named(mesh, "custom") is two
+        assert expert_group_names(mesh) == ["ep_size_2", "ep_size_4", "custom"]
+        assert mesh.experts.built_named() == {"ep_size_2": two, "ep_size_4": other, "custom": two}
+        with pytest.raises(TypeError):
+            mesh.experts.named()["x"] = two  # type: ignore[index]
+        with pytest.warns(renamed.MeshAPIDeprecationWarning, match="experts.named()"):
+            assert dict(mesh.expert_names) == dict(mesh.experts.named())
+        with pytest.warns(renamed.MeshAPIDeprecationWarning, match="experts.sizes()"):
+            assert dict(mesh.built_expert_groups) == {2: two, 4: other}
+        with pytest.raises(AttributeError, match="no_such"):
+            mesh.no_such
+        mesh.destroy()
+        assert not mesh.experts.named() and mesh.experts.built(2) is None
+
+
+def test_an_mpu_view_names_ranks_as_the_mesh_does(monkeypatch):
+    """``mesh_of(mpu)``'s view answers ``get_rank()`` / ``get_local_rank(dim)`` as a mesh does."""
+    from mesh_core import renamed
+    from mesh_core.runtime_hooks import MpuMesh
+
+    class Mpu:
+        @staticmethod
+        def get_data_parallel_rank() -> int:
+            return 3
+
+    monkeypatch.setattr(renamed, "_warned", set())
+    with fake_world(6, 8):
+        view = MpuMesh(Mpu())
+        assert view.get_rank() == 6 and view.get_local_rank("dp") == 3 and view.get_local_rank("pp") == 0
+        with pytest.warns(renamed.MeshAPIDeprecationWarning):
+            assert view.get_rank("dp") == 3
