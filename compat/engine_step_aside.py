@@ -22,15 +22,15 @@ import sys
 from typing import Any
 
 from mesh_core import MeshSpecError
-from mesh_core.rebind import find_references
-from mesh_core.step_aside import ATTR, ReleaseRecord, release_communicators, resume_communicators
+from mesh_core.runtime_hooks import STEP_ASIDE_ATTR as ATTR
+from mesh_core.runtime_hooks import ReleaseRecord, find_references, release_communicators, resume_communicators
 
 logger = logging.getLogger(__name__)
 
 
 def _mesh_of(engine: Any) -> Any:
     mesh = getattr(engine, "mesh_device", None)
-    if mesh is None or not hasattr(mesh, "_registry"):
+    if mesh is None or not hasattr(mesh, "registry"):
         raise MeshSpecError(
             f"{type(engine).__name__} has no ds-mesh mesh (engine.mesh_device is {mesh!r}); "
             "build the engine with the shim installed (compat.install() or DS_MESH=1)"

@@ -16,7 +16,10 @@ from the mesh.
   (:func:`is_hsdp`, :data:`HPZ_DIMS`, :func:`hpz_rank_lists`), the legacy errors DeepSpeed raises
   (:class:`NoSequenceParallelGroupError`, :class:`NoPipelineGroupError`), the absent-rank hints
   (:func:`add_hint`, :func:`remove_hint`, :func:`announce_builder`, :func:`ranks_text`) and
-  DeepSpeed's coordinate equality (:func:`exact_int`).
+  DeepSpeed's coordinate equality (:func:`exact_int`);
+- communicators that step aside (colocated RL): :func:`release_communicators`,
+  :func:`resume_communicators`, :class:`ReleaseRecord`, :data:`STEP_ASIDE_ATTR` and the reference
+  walk :func:`find_references` that rebinds an engine's groups.
 
 ``mesh_core``, this module, :mod:`mesh_core.axis_names` (the dim vocabulary) and
 :mod:`mesh_core.torch_compat` (the supported torch range) are the faces ``compat`` imports from;
@@ -31,7 +34,9 @@ from .config import SECTION_SOURCE, autotp_off, layout_sources
 from .consistency import announce_builder
 from .expert_table import ExpertGroupsNotBuilt, expert_groups_name
 from .registry import GroupRegistry, registry_for_world
+from .rebind import find_references
 from .rendezvous import ranks_text
+from .step_aside import ATTR as STEP_ASIDE_ATTR, ReleaseRecord, release_communicators, resume_communicators
 from .roles.default import DEFAULT_MESH, enter_default_mesh, leave_default_mesh
 from .roles.from_groups import mpu_spec
 from .roles.hpz import (
@@ -62,6 +67,11 @@ from .roles.process_experts import ProcessExperts, expert_tensor_parallel_size, 
 from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
 
 __all__ = [
+    "ReleaseRecord",
+    "STEP_ASIDE_ATTR",
+    "find_references",
+    "release_communicators",
+    "resume_communicators",
     "AutoTPGroups",
     "DEFAULT_MESH",
     "ExpertGroupsNotBuilt",

@@ -144,7 +144,7 @@ def _own_modules() -> list[types.ModuleType]:
 
 def _mesh_keys(mesh: Any) -> list[Key]:
     """The mesh's rank sets this rank holds a communicator for, in creation order, world excluded."""
-    registry = mesh._registry
+    registry = mesh.registry
     seen: list[Key] = []
     for key in mesh._keys:
         if key not in seen and registry.rank in key[1] and not registry._is_world(key):
@@ -157,7 +157,7 @@ def _owned_keys(mesh: Any, owners: list[Any]) -> list[Key]:
     engine's ZeRO++ hpZ groups)."""
     if not owners:
         return []
-    registry, mine = mesh._registry, set(_mesh_keys(mesh))
+    registry, mine = mesh.registry, set(_mesh_keys(mesh))
     with registry._lock:
         others = {id(g): (k, g) for k, g in registry._groups.items() if k not in mine}
     return [others[id(g)][0] for g in held_under(owners, [g for _, g in others.values()])]
@@ -204,7 +204,7 @@ def release_communicators(
         record = ReleaseRecord(keys=_keys_to_release(mesh, owners), mode={})
         setattr(mesh, ATTR, record)
     before = _device_free()
-    registry, label = mesh._registry, mesh.spec.describe()
+    registry, label = mesh.registry, mesh.spec.describe()
     doomed: list[ProcessGroup] = []
     replacements: dict[int, tuple[Any, Any]] = {}
     group: Optional[ProcessGroup] = None
@@ -246,7 +246,7 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
     record: Optional[ReleaseRecord] = getattr(mesh, ATTR, None)
     if record is None:
         return []
-    registry = mesh._registry
+    registry = mesh.registry
     asker = f"{mesh.spec.describe()} resume"
     replacements: dict[int, tuple[Any, Any]] = {}
     for key in record.keys:
@@ -279,7 +279,7 @@ def _serve_dims_from_standins(mesh: Any, record: ReleaseRecord) -> None:
     record.device_mesh_layout = (device_mesh.mesh, tuple(device_mesh.mesh_dim_names), device_mesh.device_type)
     mesh.device_mesh = None
     for name in record.device_mesh_layout[1]:
-        key = mesh._registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
         if key in record.standins and (name,) not in mesh._groups:
             mesh._groups[(name,)] = record.standins[key]
             record.dim_entries.append((name,))
@@ -294,15 +294,15 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
     tensor, names, device_type = record.device_mesh_layout
     groups = []
     for name in names:
-        key = mesh._registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
-        groups.append(dist.GroupMember.WORLD if mesh._registry._is_world(key) else mesh._registry._groups[key])
+        key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        groups.append(dist.GroupMember.WORLD if mesh.registry._is_world(key) else mesh.registry._groups[key])
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
 
 
 def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
     """The communicators ``mesh`` holds on this rank, with what the mesh uses each for, and those
     of the world registry that ``owners`` hold besides (used "outside the mesh")."""
-    registry = mesh._registry
+    registry = mesh.registry
     record: Optional[ReleaseRecord] = getattr(mesh, ATTR, None)
     uses: dict[Key, list[str]] = {}
 
@@ -319,7 +319,7 @@ def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
             note(mesh.layout.group_ranks((name,), mesh.rank), name)
         for dims in mesh._groups:
             note(mesh.layout.group_ranks(dims, mesh.rank) if dims else [mesh.rank], " x ".join(dims) or "one-rank")
-        for ep, experts in mesh.built_expert_groups.items():
+        for ep, experts in mesh.experts.sizes().items():
             note(experts.ep_ranks, f"ep({ep})")
             note(experts.edp_ranks, f"edp({ep})")
         for pair in (mesh._p2p or {}):
