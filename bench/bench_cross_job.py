@@ -9,6 +9,11 @@ ranks), each its own world, on this machine. Alternated in each repetition:
 - ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
   exactly the bytes the link's plan moves (moves bytes, places nothing).
 
+``link`` includes everything a cached sync does: reading this rank's tensors, the round's store
+operations (claim, the agreement's arrival, the closing arrival: two barriers of both jobs), the
+messages (one per partition box, small boxes packed), packing the Megatron column blocks. ``link
+data`` is its data phase alone (the slowest rank's ``SyncStats.data_seconds`` of the same sync):
+the messages, packing and placing, without the store operations. ``raw`` includes only the messages.
 Seconds are the slowest rank's, from a barrier of all 6 ranks; GB/s = model bytes / seconds.
 Ratios are per repetition (min / median / max).
 
@@ -105,10 +110,8 @@ def _worker(index, ports, sizes, repeat, split, out):
             whole = {n: torch.empty(s) for n, s in shapes.items()}
 
         def run_link():
-            if trainer:
-                link.send(params)
-            else:
-                link.receive(shards, layouts=layouts, spec=spec)
+            stats = link.send(params) if trainer else link.receive(shards, layouts=layouts, spec=spec)
+            data_seconds.append(stats.data_seconds)
 
         def run_gather_bcast():
             opts = dist.BroadcastOptions()
@@ -123,6 +126,7 @@ def _worker(index, ports, sizes, repeat, split, out):
                     bcast.broadcast([whole[name]], opts).wait()
                     shards[name].copy_(whole[name][tuple(slice(lo, hi) for lo, hi in boxes[name])])
 
+        data_seconds: list = []
         run_link()  # the first sync agrees and plans: outside the timings
         pairs = link.pair_bytes() if trainer else None
         everyone.allreduce([torch.zeros(1)]).wait()
@@ -142,7 +146,7 @@ def _worker(index, ports, sizes, repeat, split, out):
         runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw}
         for fn in runs.values():  # warm-up (buffers, connections)
             fn()
-        times = {m: [] for m in METHODS}
+        times = {m: [] for m in METHODS + ("link data",)}
         for rep in range(repeat):
             order = METHODS[rep % 3:] + METHODS[:rep % 3]
             for method in order:
@@ -152,8 +156,12 @@ def _worker(index, ports, sizes, repeat, split, out):
                 elapsed = torch.tensor([time.perf_counter() - start])
                 opts = dist.AllreduceOptions()
                 opts.reduceOp = dist.ReduceOp.MAX
+                if method == "link":
+                    elapsed = torch.tensor([elapsed.item(), data_seconds[-1]])
                 everyone.allreduce([elapsed], opts).wait()
-                times[method].append(elapsed.item())
+                times[method].append(elapsed[0].item())
+                if method == "link":
+                    times["link data"].append(elapsed[1].item())
         if not trainer:
             assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
         results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs)}
@@ -200,16 +208,20 @@ def main() -> None:
     for p in procs:
         p.join()
     print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
-          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank")
-    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link |")
-    print("|---|---|---|---|---|---|---|")
+          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link "
+          "| link data s | raw ÷ link data |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mb, res in results.items():
         t = res["times"]
         med = {m: statistics.median(t[m]) for m in METHODS}
         speedup = [g / l for g, l in zip(t["gather+bcast"], t["link"])]
         vs_raw = [r / l for r, l in zip(t["raw"], t["link"])]
+        vs_data = [r / d for r, d in zip(t["raw"], t["link data"])]
         print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
-              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} |")
+              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} | "
+              f"{statistics.median(t['link data']):.4f} | {_mmm(vs_data)} |")
 
 
 if __name__ == "__main__":
