@@ -260,7 +260,7 @@ class WeightLink:
     def _prepare(self, agreed: Verdict, digest: str, senders: int, receivers: int, me: int, where: str) -> dict:
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
         pieces = plan_sync(agreed, itemsize)
-        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes)
+        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes, pack_strided=True)
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
                                           self.timeout)
