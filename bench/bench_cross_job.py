@@ -7,8 +7,16 @@ ranks), each its own world, on this machine. Alternated in each repetition:
   all-gather of ZeRO-3's GatheredParameters), then broadcast whole from trainer rank 0 to every
   rollout rank (a group of trainer rank 0 and the rollout ranks), which copy their shard out of it;
 - ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
-  exactly the bytes the link's plan moves (moves bytes, places nothing).
+  exactly the bytes the link's plan moves (moves bytes, places nothing);
+- ``packed``: raw with placement: the same one message per pair, packed on the trainer rank from
+  the boxes of its partitions the link's plan sends, unpacked on the rollout rank into its shards
+  (the link's plan, sent as one packed buffer per rank pair; no store operations).
 
+``link`` includes everything a cached sync does: reading this rank's tensors, the round's store
+operations (claim, the agreement's arrival, the closing arrival: two barriers of both jobs), the
+messages (one per partition box, small boxes packed), packing the Megatron column blocks. ``link
+data`` is its data phase alone (the slowest rank's ``SyncStats.data_seconds`` of the same sync):
+the messages, packing and placing, without the store operations. ``raw`` includes only the messages.
 Seconds are the slowest rank's, from a barrier of all 6 ranks; GB/s = model bytes / seconds.
 Ratios are per repetition (min / median / max).
 
@@ -35,7 +43,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 TRAINERS, ROLLOUTS = 4, 2
 HIDDEN = 512
-METHODS = ("link", "gather+bcast", "raw")
+METHODS = ("link", "gather+bcast", "raw", "packed")
 
 
 def _shapes(mb: int) -> dict:
@@ -78,7 +86,9 @@ def _partitions(shapes, rank):
 def _worker(index, ports, sizes, repeat, split, out):
     from mesh_core import MeshSpec
     from mesh_core.transfer import own_box
-    from mesh_core.transfer_jobs import WeightLink
+    from mesh_core.transfer_buckets import ALIGN
+    from mesh_core.transfer_jobs import WeightLink, _sender_side
+    from mesh_core.transfer_jobs_plan import name_of
 
     trainer = index < TRAINERS
     rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)
@@ -105,10 +115,8 @@ def _worker(index, ports, sizes, repeat, split, out):
             whole = {n: torch.empty(s) for n, s in shapes.items()}
 
         def run_link():
-            if trainer:
-                link.send(params)
-            else:
-                link.receive(shards, layouts=layouts, spec=spec)
+            stats = link.send(params) if trainer else link.receive(shards, layouts=layouts, spec=spec)
+            data_seconds.append(stats.data_seconds)
 
         def run_gather_bcast():
             opts = dist.BroadcastOptions()
@@ -123,6 +131,7 @@ def _worker(index, ports, sizes, repeat, split, out):
                     bcast.broadcast([whole[name]], opts).wait()
                     shards[name].copy_(whole[name][tuple(slice(lo, hi) for lo, hi in boxes[name])])
 
+        data_seconds: list = []
         run_link()  # the first sync agrees and plans: outside the timings
         pairs = link.pair_bytes() if trainer else None
         everyone.allreduce([torch.zeros(1)]).wait()
@@ -139,12 +148,40 @@ def _worker(index, ports, sizes, repeat, split, out):
             for w in works:
                 w.wait()
 
-        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw}
+        sources = _sender_side(params, None, None, rank, TRAINERS)[1] if trainer else {}
+        pair_items: dict = {}
+        for bucket in link._cache["buckets"]:  # the plan's boxes of each rank pair, in plan order
+            if index in (bucket.src, bucket.dst):
+                pair_items.setdefault((bucket.src, bucket.dst), []).extend(bucket.items)
+        packed = []
+        for (s, d), items in sorted(pair_items.items()):
+            offsets, end = [], 0
+            for item in items:
+                offsets.append(end)
+                end += -(-item.nbytes // ALIGN) * ALIGN
+            buffer = torch.empty(end, dtype=torch.uint8)
+            slots = [buffer[o:o + i.nbytes].view(torch.float32).view(i.shape) for o, i in zip(offsets, items)]
+            packed.append((s, d, buffer, slots, items))
+
+        def run_packed():
+            works = []
+            for s, d, buffer, slots, items in packed:
+                if trainer:
+                    torch._foreach_copy_(slots, [sources[i.name][i.src_index] for i in items])
+                    works.append(everyone.send([buffer], d, 8))
+                else:
+                    works.append(everyone.recv([buffer], s, 8))
+            for (s, d, buffer, slots, items), work in zip(packed, works):
+                work.wait()
+                if not trainer:
+                    torch._foreach_copy_([shards[name_of(i.name)][i.dst_index] for i in items], slots)
+
+        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw, "packed": run_packed}
         for fn in runs.values():  # warm-up (buffers, connections)
             fn()
-        times = {m: [] for m in METHODS}
+        times = {m: [] for m in METHODS + ("link data",)}
         for rep in range(repeat):
-            order = METHODS[rep % 3:] + METHODS[:rep % 3]
+            order = METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]
             for method in order:
                 everyone.allreduce([torch.zeros(1)]).wait()
                 start = time.perf_counter()
@@ -152,8 +189,12 @@ def _worker(index, ports, sizes, repeat, split, out):
                 elapsed = torch.tensor([time.perf_counter() - start])
                 opts = dist.AllreduceOptions()
                 opts.reduceOp = dist.ReduceOp.MAX
+                if method == "link":
+                    elapsed = torch.tensor([elapsed.item(), data_seconds[-1]])
                 everyone.allreduce([elapsed], opts).wait()
-                times[method].append(elapsed.item())
+                times[method].append(elapsed[0].item())
+                if method == "link":
+                    times["link data"].append(elapsed[1].item())
         if not trainer:
             assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
         results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs)}
@@ -200,16 +241,21 @@ def main() -> None:
     for p in procs:
         p.join()
     print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
-          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank")
-    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link |")
-    print("|---|---|---|---|---|---|---|")
+          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link "
+          "| link data s | raw ÷ link data | packed s | packed ÷ link |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mb, res in results.items():
         t = res["times"]
         med = {m: statistics.median(t[m]) for m in METHODS}
         speedup = [g / l for g, l in zip(t["gather+bcast"], t["link"])]
         vs_raw = [r / l for r, l in zip(t["raw"], t["link"])]
+        vs_data = [r / d for r, d in zip(t["raw"], t["link data"])]
+        vs_packed = [p / l for p, l in zip(t["packed"], t["link"])]
         print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
-              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} |")
+              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} | "
+              f"{statistics.median(t['link data']):.4f} | {_mmm(vs_data)} | {med['packed']:.4f} | {_mmm(vs_packed)} |")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
 that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
-of 256 KiB or a quarter bucket or more travels alone); the buckets of all pairs are ordered round by
-round (each pair's first bucket, then the second, ...), and a bucket's index in that order is its
-message tag. A lone box contiguous on a side is sent from / received into the tensor itself there.
+of 256 KiB or a quarter bucket or more travels alone, unless ``pack_strided`` and it is strided
+on a side); the buckets of all pairs are ordered round by round (each pair's first bucket, then
+the second, ...), and a bucket's index in that order is its message tag. A lone box contiguous on
+a side is sent from / received into the tensor itself there.
 
 :func:`execute` posts and waits this rank's buckets in that global order, in rounds: each round's
 messages are posted as one ``torch.distributed.batch_isend_irecv`` (on NCCL one group of the
@@ -96,23 +97,32 @@ def split_box(box: Box, itemsize: int, limit: int) -> list[Box]:
     return [((i, min(i + step, hi)),) + rest for i in range(lo, hi, step)]
 
 
-def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int) -> list[Bucket]:
-    """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size."""
+def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int, *,
+             pack_strided: bool = False) -> list[Bucket]:
+    """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size.
+
+    ``pack_strided``: a big box that is not contiguous in its source or its destination shard (a
+    block of columns) is packed with its pair's other boxes instead of travelling alone: it is copied
+    on that side either way, and fewer messages go out."""
     per_pair: dict[tuple[int, int], list[list[Item]]] = {}
+    last_alone: dict[tuple[int, int], bool] = {}  # the pair's last bucket holds a box travelling alone
     for p in pieces:
         if p.src == p.dst:
             continue
         size = itemsize(p.name, p.src)
-        buckets = per_pair.setdefault((p.src, p.dst), [[]])
+        pair = (p.src, p.dst)
+        buckets = per_pair.setdefault(pair, [[]])
         for box in split_box(p.box, size, bucket_bytes):
             nbytes = box_numel(box) * size
             current = buckets[-1]
             offset = _end(current)
-            alone = nbytes >= _alone_bytes(bucket_bytes)
-            if current and (alone or offset + nbytes > bucket_bytes or _is_alone(current, bucket_bytes)):
+            alone = nbytes >= _alone_bytes(bucket_bytes) and not (
+                pack_strided and not (is_contiguous_in(box, p.src_box) and is_contiguous_in(box, p.dst_box)))
+            if current and (alone or offset + nbytes > bucket_bytes or last_alone[pair]):
                 current, offset = [], 0
                 buckets.append(current)
             current.append(Item(p.name, box, p.src_box, p.dst_box, offset, nbytes))
+            last_alone[pair] = alone
     out: list[Bucket] = []
     rounds = max((len(b) for b in per_pair.values()), default=0)
     for r in range(rounds):
@@ -122,12 +132,15 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
     return out
 
 
+def is_contiguous_in(box: Box, shard: Box) -> bool:
+    """Whether ``box`` is one contiguous range of a row-major tensor holding ``shard``."""
+    extents = [(hi - lo, shi - slo) for (lo, hi), (slo, shi) in zip(box, shard)]
+    first = next((i for i, (extent, _) in enumerate(extents) if extent > 1), len(extents))
+    return all(extent == whole for extent, whole in extents[first + 1:])
+
+
 def _alone_bytes(bucket_bytes: int) -> int:
     return max(1, min(ALONE_BYTES, bucket_bytes // 4))
-
-
-def _is_alone(items: Sequence[Item], bucket_bytes: int) -> bool:
-    return len(items) == 1 and items[0].nbytes >= _alone_bytes(bucket_bytes)
 
 
 def _end(items: Sequence[Item]) -> int:

@@ -37,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,7 @@ class SyncStats:
     received_bytes: int
     messages: int
     agreed_again: bool  # records were exchanged (first round, a change, a new receiving job)
+    data_seconds: float = 0.0  # of ``seconds``: the data phase on this rank (messages, packing, placing)
 
 
 class _Late(Exception):
@@ -121,8 +122,7 @@ class WeightLink:
         ``layouts`` gives hand-written tensor-parallel ones over ``spec`` (default: the engine's mesh)."""
         if self.role != "sender":
             raise MeshSpecError("send() is for the sending job's ranks; this link was made with role='receiver'")
-        params, sources, problems = _sender_side(model, layouts, spec, self.rank, self.job_size)
-        return self._sync(params, problems, sources, {})
+        return self._sync(lambda: _sender_side(model, layouts, spec, self.rank, self.job_size))
 
     def receive(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
                 spec: Optional[MeshSpec] = None) -> SyncStats:
@@ -132,8 +132,7 @@ class WeightLink:
         default: every rank holds whole tensors)."""
         if self.role != "receiver":
             raise MeshSpecError("receive() is for the receiving job's ranks; this link was made with role='sender'")
-        params, targets, problems = _receiver_side(model, layouts, spec, self.rank, self.job_size)
-        return self._sync(params, problems, {}, targets)
+        return self._sync(lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size))
 
     def pair_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
@@ -152,11 +151,21 @@ class WeightLink:
 
     # -- the round ---------------------------------------------------------------------------------
 
-    def _sync(self, params: dict, problems: list[str], sources: dict, targets: dict) -> SyncStats:
+    def _sync(self, side: Callable[[], tuple[dict, dict, list[str]]]) -> SyncStats:
         start = time.perf_counter()
         if self.store.timeout != self.timeout:  # the store's own waits are the link's
             self.store.set_timeout(self.timeout)
-        n, senders, receivers = self._open() if self.role == "sender" else self._claim()
+        sending = self.role == "sender"
+        if sending:
+            params, tensors, problems = side()  # bad input raises here, before any store operation
+            n, senders, receivers = self._await_claim(self._announce())
+        elif self._cache is not None:  # claimed before this rank reads its tensors: the senders wait less
+            n, senders, receivers = self._claim()
+            params, tensors, problems = side()
+        else:
+            params, tensors, problems = side()
+            n, senders, receivers = self._claim()
+        sources, targets = (tensors, {}) if sending else ({}, tensors)
         me = self.rank if self.role == "sender" else senders + self.rank
         members = list(range(senders + receivers))
         rec = record(self.role, self.job_size, params, problems, self.backend)
@@ -176,22 +185,27 @@ class WeightLink:
         assert cache is not None
         failure: Optional[BaseException] = None
         run = None
+        data_start = time.perf_counter()
         try:
             run = self._data(cache, me, sources, targets)
         except Exception as err:  # a peer died or its channel broke: every rank hears of it below
             failure = err
+        data_seconds = time.perf_counter() - data_start
         self._close_round(f"{where}/done", members, senders, n, me, failure)
         self.partial = False
         return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes, run.received_bytes,
-                         run.messages, again)
+                         run.messages, again, data_seconds)
 
-    def _open(self) -> tuple[int, int, int]:
-        """Sender: open the next round and wait for a receiving job to claim it."""
+    def _announce(self) -> int:
+        """Sender: the next round's number; rank 0 opens it (one store operation)."""
         n = self._round
         self._round += 1
-        if self.rank == 0:
-            self.store.set(f"{PREFIX}/open/{n}", str(self.job_size))
-            self.store.add(f"{PREFIX}/opened", 1)
+        if self.rank == 0:  # only rank 0 writes "opened": a plain count a receiving job reads with add(0)
+            self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened"], [str(self.job_size), str(n + 1)])
+        return n
+
+    def _await_claim(self, n: int) -> tuple[int, int, int]:
+        """Sender: wait for a receiving job to claim round ``n``."""
         claim = f"{PREFIX}/{n}/claim"
         try:
             value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
@@ -246,7 +260,7 @@ class WeightLink:
     def _prepare(self, agreed: Verdict, digest: str, senders: int, receivers: int, me: int, where: str) -> dict:
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
         pieces = plan_sync(agreed, itemsize)
-        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes)
+        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes, pack_strided=True)
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
                                           self.timeout)

@@ -18,6 +18,7 @@ box (replicas), the box is cut into one part per replica, each replica sending o
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -77,7 +78,15 @@ def name_of(key: str) -> str:
 def flat_boxes(shape: Sequence[int], start: int, stop: int) -> list[tuple[Box, int]]:
     """The flat range ``[start, stop)`` of a row-major tensor of ``shape`` as (box, first flat index)
     boxes, each contiguous in flat order."""
-    shape = tuple(shape)
+    return list(_flat_boxes(tuple(shape), start, stop))
+
+
+@functools.lru_cache(maxsize=4096)  # a sender reads the same partitions at every sync
+def _flat_boxes(shape: tuple[int, ...], start: int, stop: int) -> tuple[tuple[Box, int], ...]:
+    return tuple(_cut(shape, start, stop))
+
+
+def _cut(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[Box, int]]:
     stop = min(stop, math.prod(shape))
     if start >= stop:
         return []
@@ -90,7 +99,7 @@ def flat_boxes(shape: Sequence[int], start: int, stop: int) -> list[tuple[Box, i
     out: list[tuple[Box, int]] = []
 
     def row(r: int, lo: int, hi: int) -> None:
-        out.extend((((r, r + 1),) + box, r * inner + first) for box, first in flat_boxes(shape[1:], lo, hi))
+        out.extend((((r, r + 1),) + box, r * inner + first) for box, first in _cut(shape[1:], lo, hi))
 
     if r0 == r1:
         row(r0, c0, c1)

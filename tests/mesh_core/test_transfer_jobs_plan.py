@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh_core import MeshSpecError
+from mesh_core.transfer_buckets import is_contiguous_in, schedule
 from mesh_core.transfer_jobs_plan import (flat_boxes, name_of, plan_sync, receiver_param, record, sender_param,
                                           verdict)
 
@@ -102,3 +103,32 @@ def test_a_shard_the_senders_do_not_hold_is_refused():
     recs[3]["params"]["up"]["holds"] = []  # rank 3's part of 'up' is nowhere
     with pytest.raises(MeshSpecError, match="not covered by what the sender ranks hold: 'up': receiver rank 1"):
         verdict(recs + _tp_records(SHAPES, 2, DIMS), 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=0, max_size=4), st.data())
+def test_is_contiguous_in_says_whether_a_box_is_one_range_of_its_shard(shape, data):
+    box = []
+    for size in shape:
+        lo = data.draw(st.integers(0, size - 1))
+        box.append((lo, data.draw(st.integers(lo + 1, size))))
+    region = torch.arange(math.prod(shape)).view(shape)[tuple(slice(lo, hi) for lo, hi in box)]
+    flat = region.reshape(-1)
+    one_range = flat.numel() == 0 or torch.equal(flat, torch.arange(flat[0], flat[0] + flat.numel()))
+    assert is_contiguous_in(tuple(box), tuple((0, s) for s in shape)) == one_range
+
+
+def test_a_link_packs_its_column_blocks_with_the_pair_and_sends_contiguous_boxes_alone():
+    shapes = {"up": (1024, 256), "down0": (512, 1024), "down1": (512, 1024)}  # boxes of 512 KiB: alone if not packed
+    agreed = verdict(_zero3_records(shapes, 2) + _tp_records(shapes, 2, {"up": 0, "down0": 1, "down1": 1}), 2)
+    pieces = plan_sync(agreed, {n: 4 for n in shapes})
+    for pack_strided in (False, True):
+        buckets = schedule(pieces, lambda key, src: 4, 16 << 20, pack_strided=pack_strided)
+        items = [(b.src, b.dst, name_of(i.name), i.box) for b in buckets for i in b.items]
+        assert sorted(items) == sorted((p.src, p.dst, name_of(p.name), p.box) for p in pieces)  # each box once
+        alone = {name_of(b.items[0].name) for b in buckets if len(b.items) == 1}
+        together = {name_of(i.name) for b in buckets if len(b.items) > 1 for i in b.items}
+        # up's row blocks are contiguous on both sides; the column blocks of down* are strided in the partitions
+        assert (alone, together) == (({"up"}, {"down0", "down1"}) if pack_strided else (set(shapes), set()))
+        # up: 2 boxes alone; down*: one packed bucket per pair (4 pairs), or each of their 8 boxes alone
+        assert len(buckets) == 2 + (4 if pack_strided else 8)
