@@ -22,6 +22,10 @@ RUN = """
 import site, sys
 if {site!r}:
     site.addsitedir({site!r})
+if {no_hook!r}:  # an environment without the hook: what this venv's own ds_mesh.pth ran is forgotten
+    sys.modules.pop("_ds_mesh_startup", None)
+    import _ds_mesh_doctor
+    _ds_mesh_doctor.site_dirs = lambda: [{no_hook!r}]
 from mesh_core.cli.commands import main
 code = main(["doctor", *{args!r}])
 print("IMPORTED", sorted(m for m in ("torch", "deepspeed", "compat") if m in sys.modules))
@@ -29,10 +33,10 @@ sys.exit(code)
 """
 
 
-def mesh_doctor(tmp_path, *args, site_dir="", **env_extra) -> subprocess.CompletedProcess:
+def mesh_doctor(tmp_path, *args, site_dir="", no_hook="", **env_extra) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "TORCH_EXTENSIONS_DIR")}
     env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"), **env_extra)
-    return subprocess.run([sys.executable, "-c", RUN.format(site=site_dir, args=list(args))], env=env,
+    return subprocess.run([sys.executable, "-c", RUN.format(site=site_dir, no_hook=no_hook, args=list(args))], env=env,
                           cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
 
 
@@ -79,11 +83,13 @@ def test_a_lock_of_a_build_that_just_started_is_building(tmp_path, site_dir):
 
 def test_a_missing_hook_is_named(tmp_path):
     built(tmp_path)
-    on = mesh_doctor(tmp_path, DS_MESH="1")
+    bare = tmp_path / "bare-site-packages"
+    bare.mkdir()
+    on = mesh_doctor(tmp_path, no_hook=str(bare), DS_MESH="1")
     assert on.returncode == 1, on.stdout
     assert "[FAIL] start-up hook: the DS_MESH start-up hook is not installed" in on.stdout
     assert "this job runs plain DeepSpeed" in on.stdout and "python -m compat.install --write-pth" in on.stdout
-    off = mesh_doctor(tmp_path)
+    off = mesh_doctor(tmp_path, no_hook=str(bare))
     assert off.returncode == 0 and "[WARN] start-up hook" in off.stdout and "DS_MESH=1 would do nothing" in off.stdout
 
 

@@ -125,7 +125,12 @@ def test_zipapp_gives_one_shim(tmp_path):
     pth_dir = tmp_path / "site"
     pth_dir.mkdir()
     startup.write_pth(str(pth_dir))
-    main = f"import site\nsite.addsitedir({str(pth_dir)!r})\n" + PROGRAM
+    # run with -S: this venv's own ds_mesh.pth (the installed ds-mesh's hook) must not run first; the
+    # archive's hook runs from the .pth of the site directory the program adds, as where ds-mesh is not installed
+    import site
+
+    main = (f"import site, sys\nsys.path.extend({site.getsitepackages()!r})\nsite.addsitedir({str(pth_dir)!r})\n"
+            + PROGRAM)
     with zipfile.ZipFile(app, "w") as zf:
         zf.writestr("__main__.py", main)
         for module in ("_ds_mesh_startup.py", "_ds_mesh_doctor.py"):  # the distribution's top-level modules
@@ -136,7 +141,7 @@ def test_zipapp_gives_one_shim(tmp_path):
                     if name.endswith((".py", ".json")):
                         path = os.path.join(folder, name)
                         zf.write(path, os.path.relpath(path, ROOT))
-    proc = subprocess.run([sys.executable, str(app)], env=_env(), cwd=str(tmp_path), capture_output=True,
+    proc = subprocess.run([sys.executable, "-S", str(app)], env=_env(), cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=300)
     _check(proc, os.path.join(str(app), "compat", "__init__.py"))
 
