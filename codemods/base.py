@@ -27,7 +27,7 @@ from libcst.metadata import (
 from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
 from .metadata import LazyMetadata, lazy, preorder
-from .todo_links import MAX_COMMENT, TODO_TAG, todo_comment
+from .todo_links import TODO_TAG, todo_comment
 from .todo_place import todo_above
 
 SITES_KEY = "codemods.sites"
@@ -73,15 +73,14 @@ def counters(context: CodemodContext) -> tuple[Counter, Counter]:
     return sites, todos
 
 
-def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]], indent: int = 0) -> cst.TrailingWhitespace:
+def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]]) -> cst.TrailingWhitespace:
     """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``: what to write and
-    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there. The
-    comment fits a line of its own at the statement's ``indent`` (it moves there when the statement's
-    line would grow too long: :mod:`codemods.todo_place`)."""
+    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there (at the
+    end of the line or above the statement: :mod:`codemods.todo_place`)."""
     existing = ws.comment.value if ws.comment is not None else ""
     if TODO_TAG in existing:
         return ws
-    text = todo_comment(messages, width=MAX_COMMENT - indent)
+    text = todo_comment(messages)
     if existing:
         return ws.with_changes(comment=cst.Comment(f"{existing}  {text}"))
     return ws.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(text))
@@ -365,7 +364,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         if isinstance(result, cst.SimpleStatementLine):
             result = frame.with_comments(result)
             if frame.messages and not todo_above(result, self._header(original_node)):  # already flagged (comment above the statement)
-                ws = with_todo(result.trailing_whitespace, frame.messages, self._indent(original_node))
+                ws = with_todo(result.trailing_whitespace, frame.messages)
                 result = result.with_changes(trailing_whitespace=ws)
         return result
 
@@ -379,14 +378,13 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         messages = frame.messages
         if not messages or todo_above(updated_node, self._header(original_node)):
             return updated_node
-        indent = self._indent(original_node)
         if isinstance(updated_node, cst.Match):  # its header line ends at the colon before the cases
-            return updated_node.with_changes(whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages, indent))
+            return updated_node.with_changes(whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages))
         body = updated_node.body
         if isinstance(body, cst.IndentedBlock):
-            return updated_node.with_changes(body=body.with_changes(header=with_todo(body.header, messages, indent)))
+            return updated_node.with_changes(body=body.with_changes(header=with_todo(body.header, messages)))
         if isinstance(body, cst.SimpleStatementSuite):
-            ws = with_todo(body.trailing_whitespace, messages, indent)
+            ws = with_todo(body.trailing_whitespace, messages)
             return updated_node.with_changes(body=body.with_changes(trailing_whitespace=ws))
         return updated_node
 
@@ -465,13 +463,6 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         comment lines above that statement there), else none."""
         module = getattr(self.context, "module", None)
         return module.header if module is not None and module.body and module.body[0] is statement else ()
-
-    def _indent(self, statement: cst.CSTNode) -> int:
-        """The column ``statement`` starts at (0 where its position is unknown)."""
-        try:
-            return self.get_metadata(PositionProvider, statement).start.column
-        except KeyError:
-            return 0
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line

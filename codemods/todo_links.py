@@ -172,9 +172,7 @@ def todo_comment(entries: Sequence[tuple[str, str]], width: int = MAX_COMMENT) -
     if advice is not None and messages:  # two sites with other advice get two comments (the listing keys on it)
         head = clauses(messages[0])[0]
         texts += [prefix + f"{head}: {body}" + LINK + code for body in bodies for code in codes]
-    # the narrowest fitting width first (the comment may stand above an indented statement), then
-    # a comment of its own (not another advice's) before one that fits
-    fitting = [t for limit in dict.fromkeys((width, MAX_COMMENT)) for t in texts if len(t) <= limit]
+    fitting = [t for t in texts if len(t) <= width]
     if advice is not None and messages:
         fitting = [t for t in fitting if advice.get(t) in (None, messages)] or fitting
     text = fitting[0] if fitting else prefix + kind.short + LINK + kind.code
