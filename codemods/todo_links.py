@@ -146,10 +146,9 @@ def _site_reasons(message: str, row: Optional[ds_mesh_advice.Row]) -> list[str]:
     return list(dict.fromkeys([reason, _SUBJECT.sub("", reason, count=1)]))
 
 
-def todo_comment(entries: Sequence[tuple[str, str]], width: int = MAX_COMMENT) -> str:
+def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
     """The ``# TODOV1: <next step>; ds-migrate --explain <code>`` comment for ``(kind, advice)``
-    entries (their distinct advices, in order), at most ``width`` characters where a body fits; records
-    the full advice for :func:`collecting`."""
+    entries (their distinct advices, in order); records the full advice for :func:`collecting`."""
     messages = list(dict.fromkeys(one_line(message) for _, message in entries))
     kind = _kind(entries[0][0]) if entries else _kind(DEFAULT_KIND)
     row = api_row(messages[0]) if messages else None
@@ -172,7 +171,7 @@ def todo_comment(entries: Sequence[tuple[str, str]], width: int = MAX_COMMENT) -
     if advice is not None and messages:  # two sites with other advice get two comments (the listing keys on it)
         head = clauses(messages[0])[0]
         texts += [prefix + f"{head}: {body}" + LINK + code for body in bodies for code in codes]
-    fitting = [t for t in texts if len(t) <= width]
+    fitting = [t for t in texts if len(t) <= MAX_COMMENT]
     if advice is not None and messages:
         fitting = [t for t in fitting if advice.get(t) in (None, messages)] or fitting
     text = fitting[0] if fitting else prefix + kind.short + LINK + kind.code

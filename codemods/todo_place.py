@@ -3,7 +3,7 @@
 (same indentation). A comment above the statement counts as there for every later run (idempotent)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -14,7 +14,6 @@ _TAG = f"# {TODO_TAG}:"
 _DEFS = (cst.FunctionDef, cst.ClassDef)
 _HEADED = (cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef, cst.ExceptHandler,
            cst.ExceptStarHandler, cst.Match, cst.MatchCase, cst.Try, cst.TryStar)
-_Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.ExceptHandler, cst.MatchCase]
 
 
 def _lines_above(node: cst.CSTNode) -> Sequence[cst.EmptyLine]:
