@@ -28,6 +28,7 @@ from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
 from .metadata import LazyMetadata, lazy, preorder
 from .todo_links import TODO_TAG, todo_comment
+from .todo_place import todo_above
 
 SITES_KEY = "codemods.sites"
 TODOS_KEY = "codemods.todos"
@@ -74,7 +75,8 @@ def counters(context: CodemodContext) -> tuple[Counter, Counter]:
 
 def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]]) -> cst.TrailingWhitespace:
     """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``: what to write and
-    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there."""
+    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there (at the
+    end of the line or above the statement: :mod:`codemods.todo_place`)."""
     existing = ws.comment.value if ws.comment is not None else ""
     if TODO_TAG in existing:
         return ws
@@ -361,8 +363,9 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         result = self.on_statement(original_node, updated_node)
         if isinstance(result, cst.SimpleStatementLine):
             result = frame.with_comments(result)
-            if frame.messages:
-                result = result.with_changes(trailing_whitespace=with_todo(result.trailing_whitespace, frame.messages))
+            if frame.messages and not todo_above(result, self._header(original_node)):  # already flagged (comment above the statement)
+                ws = with_todo(result.trailing_whitespace, frame.messages)
+                result = result.with_changes(trailing_whitespace=ws)
         return result
 
     def _push(self, node: cst.CSTNode) -> Optional[bool]:
@@ -373,7 +376,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
         frame = self._frames.pop()
         updated_node = frame.with_comments(updated_node)
         messages = frame.messages
-        if not messages:
+        if not messages or todo_above(updated_node, self._header(original_node)):
             return updated_node
         if isinstance(updated_node, cst.Match):  # its header line ends at the colon before the cases
             return updated_node.with_changes(whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages))
@@ -454,6 +457,12 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         start = self.get_metadata(PositionProvider, node).start
         return start.line, start.column
+
+    def _header(self, statement: cst.CSTNode) -> Sequence[cst.EmptyLine]:
+        """The module's header lines where ``statement`` is its first statement (libcst keeps the
+        comment lines above that statement there), else none."""
+        module = getattr(self.context, "module", None)
+        return module.header if module is not None and module.body and module.body[0] is statement else ()
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line

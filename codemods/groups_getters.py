@@ -104,22 +104,12 @@ TP_SOURCES = frozenset(INIT_TP) | {"initialize", "set_default_mesh", "use_mesh"}
 _PLANNING_NAMES = EXPERT_RELATED | TP_SOURCES
 _READER_NAMES = frozenset().union(*ls.READERS.values())
 # pre-0.6 ``deepspeed.utils.groups`` names that DeepSpeed 0.19.8 no longer has (calling one raises
-# AttributeError there) -> what 0.19.8 has instead; a call is flagged, naming it
+# AttributeError there) -> what 0.19.8 has instead (their catalog rows); a call is flagged, naming it
+PRE_06_NOTES = "pre-0.6 name"
 PRE_06: dict[str, str] = {
-    "expert_parallel_is_initialized": "bool(groups._get_expert_parallel_group_dict())",
-    "initialize_expert_parallel": "groups._create_expert_and_data_parallel(ep_size)",
-    "initialize_model_parallel": "groups._create_model_parallel(mp_size)",
-    "get_expert_parallel_group": "groups._get_expert_parallel_group(group_name)",
-    "get_expert_data_parallel_group": "groups._get_expert_data_parallel_group(group_name)",
-    "get_expert_parallel_world_size": "groups._get_expert_parallel_world_size(group_name)",
-    "get_expert_data_parallel_world_size": "groups._get_expert_data_parallel_world_size(group_name)",
-    "get_expert_parallel_rank": "groups._get_expert_parallel_rank(group_name)",
-    "get_expert_data_parallel_rank": "groups._get_expert_data_parallel_rank(group_name)",
-    "get_expert_parallel_src_rank": "groups._get_expert_parallel_src_rank(group_name)",
-    "get_max_expert_size": "groups._get_max_expert_size()",
-    "get_model_parallel_src_rank": "groups.get_tensor_model_parallel_src_rank()",
+    r.name[len(_GROUPS):]: r.advice for r in ds_mesh_advice.rows()
+    if r.section == "groups" and r.notes.startswith(PRE_06_NOTES)
 }
-PRE_06_NOTE = "group_name: 'ep_size_<N>', e.g. groups._get_max_expert_size_name()"
 
 ALL_FUNCTIONS = (
     frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
@@ -335,9 +325,8 @@ class GroupsGettersCommand(MigrationCommand):
             old = self.legacy_name(original_node.func, lambda n: ln.groups_function(n) in PRE_06)
             if old is not None:
                 old = ln.groups_function(old)
-                note = f" ({PRE_06_NOTE})" if "group_name" in PRE_06[old] else ""
                 self.flag(KIND, f"groups.{old}() is a pre-0.6 name that DeepSpeed 0.19.8 does not have (AttributeError "
-                          f"there): write {PRE_06[old]}{note}, then migrate again")
+                          f"there): write {PRE_06[old]}, then migrate again")
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node

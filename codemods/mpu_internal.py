@@ -138,7 +138,7 @@ class MpuInternalCommand(MigrationCommand):
             self.record(KIND)
             return self._expr(exact, original_node)
         if query is not None:
-            self.flag(KIND, f"{receiver}.{method}() takes no arguments; the mesh form is mesh_of({receiver}).{query}")
+            self.flag(KIND, f"{receiver}.{method}() takes no arguments; use mesh_of({receiver}).{query}")
         elif method in MANUAL:
             self.flag(KIND, f"{receiver}.{method}(): {MANUAL[method]}")
         return updated_node

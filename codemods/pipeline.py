@@ -29,6 +29,7 @@ from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
 from .todo_links import collecting, spell_out
+from .todo_place import place_todos
 from .walk import fast_visits
 
 logger = logging.getLogger(__name__)
@@ -185,11 +186,13 @@ def _in_deepspeed(module: Optional[str]) -> bool:
 
 def _finish(parsed: cst.Module, tree: cst.Module, code: str, package: Optional[str]) -> cst.Module:
     """The steps after the codemods on a changed tree (whose text is ``code``): imports into the
-    scopes of the ones they replace, f-string quotes for Python < 3.12."""
+    scopes of the ones they replace, f-string quotes for Python < 3.12, long lines' TODOV1 comments
+    above their statements."""
     # a relative import is a legacy one only inside deepspeed's own package (elsewhere it is the
     # project's own: accelerate's ``from .utils import ...`` does not make deepspeed a top-level import)
     tree = keep_blank_lines(parsed, localize(parsed, tree, in_package=_in_deepspeed(package)))
-    return requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
+    tree = requote(tree, code, fstring_ids(find_all(parsed, cst.FormattedString)))
+    return place_todos(parsed, tree)
 
 
 def _transform(source, filename, module, package, applied):

@@ -125,6 +125,27 @@ def has_next_step(text: str) -> bool:
     return bool(next_steps(text))
 
 
+# a clause's subject: the code it is about (``mpu.get_data_parallel_rank()``, ``groups.f``), named by the site
+_SUBJECT = re.compile(r"^[\w.]+(?:\([^()]*\))?\s+")
+
+
+def _site_reasons(message: str, row: Optional[ds_mesh_advice.Row]) -> list[str]:
+    """Why this site needs a change of its own (``takes no arguments``): the clauses of ``message``
+    before its first next step, whole and without their subject, when the message is the site's own
+    (not the catalog's advice for the API). A reason changes what to write, so it goes with the step."""
+    if row is not None and (row.advice in message or row.next_step in message):
+        return []
+    reasons = []
+    for clause in clauses(message):
+        if _VERB.match(clause):
+            break
+        reasons.append(clause)
+    if not reasons:
+        return []
+    reason = "; ".join(reasons)
+    return list(dict.fromkeys([reason, _SUBJECT.sub("", reason, count=1)]))
+
+
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
     """The ``# TODOV1: <next step>; ds-migrate --explain <code>`` comment for ``(kind, advice)``
     entries (their distinct advices, in order); records the full advice for :func:`collecting`."""
@@ -137,20 +158,22 @@ def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
         bodies += [messages[0] + more] if has_next_step(messages[0]) else []
         if row is not None and (row.advice in messages[0] or row.next_step in messages[0]):  # as the shim says
             bodies.append(row.next_step + more)
+        bodies += [reason + "; " + step + more for reason in _site_reasons(messages[0], row)
+                   for step in next_steps(messages[0])]
         bodies += [step + more for step in next_steps(messages[0])]
     if row is not None:
         bodies.append(row.next_step + more)
     bodies.append(kind.short + more)
     codes = ([row.code] if row is not None else []) + [kind.code]
     prefix = f"# {TODO_TAG}: "
-    fitting = [prefix + body + LINK + code for body in bodies for code in codes
-               if len(prefix + body + LINK + code) <= MAX_COMMENT]
+    texts = [prefix + body + LINK + code for body in bodies for code in codes]
     advice = _ADVICE.get()
     if advice is not None and messages:  # two sites with other advice get two comments (the listing keys on it)
         head = clauses(messages[0])[0]
-        fitting += [prefix + f"{head}: {body}" + LINK + code for body in bodies for code in codes
-                    if len(prefix + f"{head}: {body}" + LINK + code) <= MAX_COMMENT]
-        fitting = [text for text in fitting if advice.get(text) in (None, messages)] or fitting
+        texts += [prefix + f"{head}: {body}" + LINK + code for body in bodies for code in codes]
+    fitting = [t for t in texts if len(t) <= MAX_COMMENT]
+    if advice is not None and messages:
+        fitting = [t for t in fitting if advice.get(t) in (None, messages)] or fitting
     text = fitting[0] if fitting else prefix + kind.short + LINK + kind.code
     if advice is not None:
         advice.setdefault(text, [])

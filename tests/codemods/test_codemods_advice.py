@@ -10,6 +10,7 @@ import pytest
 
 from codemod_scripts import run_fake
 from codemods.pipeline import migrate_code as _migrate_code
+from todo_lines import inline
 
 
 def migrate_code(source: str):
@@ -51,7 +52,7 @@ TOPOLOGIES = [
 def apply_same(migrated: str) -> str:
     """``migrated`` with each kept topology replaced by the call its TODOV1 names."""
     lines = []
-    for line in migrated.splitlines(keepends=True):
+    for line in inline(migrated).splitlines(keepends=True):
         found = SAME.search(line)
         if found:
             code = line[: line.index("  # TODOV1")]
