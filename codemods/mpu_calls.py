@@ -92,8 +92,10 @@ class MpuCallsCommand(MigrationCommand):
                 cls = self._enclosing_class(value)
                 if cls is not None:
                     self._self_attrs.add((id(cls), value.attr.value))
-        if _imports_deepspeed(node):
+        module = self.context.full_module_name or ""
+        if _imports_deepspeed(node) and not module.startswith("deepspeed."):
             # a function parameter named mpu in a file that uses DeepSpeed: DeepSpeed's mpu protocol
+            # (inside deepspeed the internal-mpu codemod answers; deepspeed.utils.bwc defines the probes)
             for param in find_all(node, cst.Param):
                 if param.name.value == "mpu":
                     self._track_parameter(param.name)

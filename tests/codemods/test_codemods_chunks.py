@@ -32,8 +32,10 @@ def whole(monkeypatch, source: str, **kwargs) -> pipeline.Migration:
 
 def pieces(monkeypatch, source: str, group_bytes: int = 1, module=None, package=None):
     """The piecewise path on ``source`` whatever its size (groups of ``group_bytes``): None if not taken."""
-    with monkeypatch.context() as patch:
-        patch.setattr(chunks, "GROUP_BYTES", group_bytes)
+    from codemods.todo_links import collecting
+
+    with monkeypatch.context() as patch, collecting():  # as migrate_code runs it (a site's comment text may
+        patch.setattr(chunks, "GROUP_BYTES", group_bytes)  # depend on the comments written before it)
         return pipeline._migrate_in_pieces(source, None, module, package, pipeline.CODEMODS)
 
 

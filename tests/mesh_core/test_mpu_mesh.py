@@ -352,11 +352,11 @@ def test_getter_with_arguments_keeps_a_todo():
     assert '# TODOV1: takes no arguments; use mesh_of(mpu).get_rank("dp")' in done.code
 
 
-def test_bwc_helpers_are_rewritten_everywhere_but_bwc_itself_and_mpu_calls_only_inside_deepspeed():
+def test_bwc_helpers_and_calls_on_a_parameter_named_mpu_are_rewritten_everywhere_but_bwc_itself():
     source = "from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank\n\ndef f(mpu):\n    return bwc_tensor_model_parallel_rank(mpu), mpu.get_data_parallel_group()\n"
-    user = migrate(source, "megatron.training")  # user code: the bwc helper (exact, issue 22), not the mpu call
+    user = migrate(source, "megatron.training")  # user code: the bwc helper, and the call on a parameter named mpu
     assert 'mesh_of(mpu).get_rank("tp") if mpu is not None else 0' in user.code
-    assert "mpu.get_data_parallel_group()" in user.code and user.sites == {"mpu/bwc call": 1}
+    assert 'mesh_of(mpu).get_group("dp")' in user.code and user.sites == {"mpu/bwc call": 1, "mpu call": 1}
     assert migrate(source, "deepspeed.utils.bwc").code == source
     done = migrate(source)
     assert "mesh_of(mpu)" in done.code and done.sites == {"mpu/bwc call": 2}
