@@ -31,7 +31,7 @@ PIPE_ENGINES = frozenset({"deepspeed.PipelineEngine", "deepspeed.runtime.pipe.en
                           "deepspeed.runtime.pipe.PipelineEngine"})
 # grid queries mesh_of answers with the same-named (or, on a legacy grid, an equal) grid getter:
 # mesh_core.roles.mpu_mesh's probe order on a PipelineParallelGrid
-_MESH_OF_TEMPLATES = ("get_rank(", "size(", "get_group(", "get_group_ranks(", ".rank")
+_MESH_OF_TEMPLATES = ("get_local_rank(", "get_rank(", "size(", "get_group(", "get_group_ranks(", ".rank")
 MESH_OF = frozenset(
     name for name, template in {**grid_api.METHODS, **grid_api.ATTRIBUTES}.items()
     if any(t in template for t in _MESH_OF_TEMPLATES) and "spec" not in template and "layout" not in template

@@ -94,7 +94,7 @@ def _referenced_advice(fname: str) -> str:
     try:
         return "call the model's mesh instead: " + ds_mesh_advice.row(_GROUPS + fname).next_step
     except KeyError:
-        return "call <mesh>.get_group / .size / .get_rank(<dim>) instead"
+        return "call <mesh>.get_group / .size / .get_local_rank(<dim>) instead"
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
 EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
@@ -312,7 +312,7 @@ class GroupsGettersCommand(MigrationCommand):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self._is_dynamic_getattr(original_node):
-            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_rank(<dim>)")
+            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_local_rank(<dim>)")
             return updated_node
         fname = self.function_of(original_node.func)
         if fname is None and self._groups_parameter_is_module(original_node.func):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .rule_api import RuleHost
 
 PIPE_ENGINE = "deepspeed.runtime.pipe.engine"
-_QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_rank"}
+_QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_local_rank"}
 PIPE = {f"get_pipe_parallel_{what}": f'{query}("pp")' for what, query in _QUERIES.items()}
 SLICE = {f"get_slice_parallel_{what}": f'{query}("tp")' for what, query in _QUERIES.items()}
 

@@ -7,12 +7,12 @@ with the mpu's own getter (or from the mesh the mpu is), so a rewritten call ret
 legacy call returned wherever the legacy call returned:
 
 - ``<mpu>.get_data_parallel_group()`` → ``mesh_of(<mpu>).get_group("dp")`` (likewise ``_world_size``
-  → ``size``, ``_rank`` → ``get_rank``, ``get_data_parallel_group_ranks`` → ``get_group_ranks``);
+  → ``size``, ``_rank`` → ``get_local_rank``, ``get_data_parallel_group_ranks`` → ``get_group_ranks``);
   ``tensor_model_parallel`` → ``"tp"``, ``pipeline_model_parallel`` → ``"pp"``,
   ``sequence_parallel`` → ``"sp"``, ``model_parallel`` → ``("pp", "tp")``. Only getters that come
   first in ``mesh_of``'s probe order for their dim are rewritten (``None.get_*()`` and
   ``mesh_of(None).*`` both raise ``AttributeError``).
-- ``bwc_tensor_model_parallel_rank(<mpu>)`` → ``mesh_of(<mpu>).get_rank("tp") if <mpu> is not None
+- ``bwc_tensor_model_parallel_rank(<mpu>)`` → ``mesh_of(<mpu>).get_local_rank("tp") if <mpu> is not None
   else 0`` (world size: ``1``, group: ``None``; the pipeline helpers likewise with ``"pp"``), only
   for an ``<mpu>`` that is a plain name or attribute (it is evaluated twice); inside a guard
   ``<mpu> is None or ...`` / ``... if <mpu> is not None else ...`` the None branch is not repeated.
@@ -43,7 +43,7 @@ _STEMS = {
     "sequence_parallel": '"sp"',
     "model_parallel": _MP,
 }
-_QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_rank"}
+_QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_local_rank"}
 
 GETTERS: dict[str, str] = {
     f"get_{stem}_{what}": f"{query}({dims})" for stem, dims in _STEMS.items() for what, query in _QUERIES.items()
@@ -75,7 +75,7 @@ MANUAL: dict[str, str] = {
 BWC_MODULES = ("deepspeed.utils.bwc", "deepspeed.runtime.utils")  # runtime.utils re-exports them
 # bwc function -> (query on mesh_of(mpu), what it returns for mpu=None)
 BWC: dict[str, tuple[str, str]] = {
-    "bwc_tensor_model_parallel_rank": ('get_rank("tp")', "0"),
+    "bwc_tensor_model_parallel_rank": ('get_local_rank("tp")', "0"),
     "bwc_tensor_model_parallel_world_size": ('size("tp")', "1"),
     "bwc_tensor_model_parallel_group": ('get_group("tp")', "None"),
     "bwc_pipeline_parallel_world_size": ('size("pp")', "1"),
@@ -138,7 +138,7 @@ class MpuInternalCommand(MigrationCommand):
             self.record(KIND)
             return self._expr(exact, original_node)
         if query is not None:
-            self.flag(KIND, f"{receiver}.{method}() takes no arguments; use mesh_of({receiver}).{query}")
+            self.flag(KIND, f"{receiver}.{method}() takes no args; use mesh_of({receiver}).{query}")
         elif method in MANUAL:
             self.flag(KIND, f"{receiver}.{method}(): {MANUAL[method]}")
         return updated_node

@@ -99,7 +99,7 @@ def test_groups_getter_ignores_unrelated_and_relative_imports_resolve():
         module="deepspeed.runtime.bf16_optimizer",  # DeepSpeed code that runs in an engine's scope (issue 10b)
         package="deepspeed.runtime",
     )
-    assert 'x = current_mesh().get_rank("dp")' in code
+    assert 'x = current_mesh().get_local_rank("dp")' in code
     assert "y = other._get_data_parallel_rank()" in code
 
 
@@ -188,7 +188,7 @@ def test_mpu_of_unknown_provenance_gets_todo_on_every_call():
         """,
     )
     # the getters that come first in mesh_of's probe order are answered by the very getter (issue 22)
-    assert 'mesh_of(mpu).get_rank("dp")\n' in code and 'return mesh_of(mpu).get_group("tp")\n' in code
+    assert 'mesh_of(mpu).get_local_rank("dp")\n' in code and 'return mesh_of(mpu).get_group("tp")\n' in code
     assert "x = mpu.unrelated()\n" in code
     assert context.scratch["codemods.sites"]["mpu call"] == 2 and not context.scratch["codemods.todos"]
 
@@ -291,7 +291,7 @@ def test_engine_class_itself_and_relative_subclass_use_model_mesh_of_self():
         "class PipelineEngine(DeepSpeedEngine):\n    def f(me):\n        return groups.get_data_parallel_rank()\n"
     )
     code = migrate_code(pipe, module="deepspeed.runtime.pipe.engine", package="deepspeed.runtime.pipe").code
-    assert 'return model_mesh(me).get_rank("dp")' in code
+    assert 'return model_mesh(me).get_local_rank("dp")' in code
 
 
 # --- adversarial inputs ---------------------------------------------------------------------------
@@ -404,10 +404,10 @@ def test_grid_calls_go_to_the_engine_the_grid_was_passed_to_not_another_one():
         "    return grid.get_data_parallel_rank()\n"
     )
     out = migrate_code(source).code
-    assert 'return e1.mesh_device.get_rank("dp")\n' in out
+    assert 'return e1.mesh_device.get_local_rank("dp")\n' in out
     out = migrate_code(source.replace("e1, *_ =", "e1 =")).code  # not provably the engine: left for a human
     assert "e2.mesh_device" not in out
-    assert 'return grid.get_data_parallel_rank()  # TODOV1: use <mesh>.get_rank("dp")' in inline(out)
+    assert 'return grid.get_data_parallel_rank()  # TODOV1: use <mesh>.get_local_rank("dp")' in inline(out)
 
 
 def test_initialize_with_literal_none_mpu_and_mesh_param_is_left_alone():

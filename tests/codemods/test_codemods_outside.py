@@ -49,10 +49,10 @@ def test_a_grid_of_an_unproven_holder_is_flagged_with_the_rewrite_to_apply():
     m = migrate_code(source("engine_grid_unknown.py"))
     assert m.todos["engine grid"] == 2 and not m.sites
     advice = m.spelled_out()
-    assert 'write mesh_of(model.grid).get_rank("dp")' in advice
+    assert 'write mesh_of(model.grid).get_local_rank("dp")' in advice
     assert "model.grid.stage_to_global(...) kept" in advice and "<engine>.mesh_device.stage_to_global" in advice
     # the advice, applied, computes the same (mesh_of answers from the grid itself)
-    advised = m.code.replace("model.grid.get_data_parallel_rank()", "mesh_of(model.grid).get_rank(\"dp\")")
+    advised = m.code.replace("model.grid.get_data_parallel_rank()", "mesh_of(model.grid).get_local_rank(\"dp\")")
     advised = "from mesh_core import mesh_of\n" + advised
     assert_same_everywhere(source("engine_grid_unknown.py"), advised, 4)
 
@@ -151,7 +151,7 @@ def test_methods_outside_deepspeeds_mpu_protocol_are_the_objects_own_api_and_lef
         "    return mpu.get_topology(), mpu.get_data_parallel_rank()\n"
     )
     m = migrate_code(legacy)
-    assert "mpu.get_topology()" in m.code and 'mesh_of(mpu).get_rank("dp")' in m.code
+    assert "mpu.get_topology()" in m.code and 'mesh_of(mpu).get_local_rank("dp")' in m.code
     assert "TODOV1: mpu.get_topology" not in m.code
 
 

@@ -86,7 +86,7 @@ def _migrate(source: str, module: str) -> str:
 def test_sites_are_rewritten_only_where_the_mpus_reaching_them_are_known():
     pipe = _migrate(PIPE, "deepspeed.runtime.pipe.engine")
     assert 'mesh_of(self.mpu).get_group("pp"), mesh_of(self.mpu).size("pp")' in pipe
-    assert 'mesh_of(self.mpu).get_rank("pp")' in pipe
+    assert 'mesh_of(self.mpu).get_local_rank("pp")' in pipe
     assert 'mesh_of(self.mpu).size("tp") if hasattr(self.mpu, "get_slice_parallel_world_size")' in _migrate(
         SLICE, "deepspeed.runtime.base_optimizer")
     engine = _migrate(ENGINE, "deepspeed.runtime.engine")

@@ -297,7 +297,7 @@ def test_mesh_of_kinds_and_cache():
             view.get_group("ep")
         with pytest.raises(AttributeError, match="get_tensor_model_parallel_group"):
             MpuMesh(object()).get_group("tp")
-        assert MpuMesh(object()).size("pp") == 1 and MpuMesh(object()).get_rank("pp") == 0  # = bwc's answer
+        assert MpuMesh(object()).size("pp") == 1 and MpuMesh(object()).get_local_rank("pp") == 0  # = bwc's answer
 
 
 class EqualMPU:
@@ -349,13 +349,13 @@ def test_bwc_sites_that_cannot_be_kept_exactly_keep_a_todo(call, expected):
 
 def test_getter_with_arguments_keeps_a_todo():
     done = migrate("import deepspeed\n\ndef f(mpu):\n    return mpu.get_data_parallel_rank(1)\n")
-    assert '# TODOV1: takes no arguments; use mesh_of(mpu).get_rank("dp")' in done.code
+    assert '# TODOV1: takes no args; use mesh_of(mpu).get_local_rank("dp")' in done.code
 
 
 def test_bwc_helpers_and_calls_on_a_parameter_named_mpu_are_rewritten_everywhere_but_bwc_itself():
     source = "from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank\n\ndef f(mpu):\n    return bwc_tensor_model_parallel_rank(mpu), mpu.get_data_parallel_group()\n"
     user = migrate(source, "megatron.training")  # user code: the bwc helper, and the call on a parameter named mpu
-    assert 'mesh_of(mpu).get_rank("tp") if mpu is not None else 0' in user.code
+    assert 'mesh_of(mpu).get_local_rank("tp") if mpu is not None else 0' in user.code
     assert 'mesh_of(mpu).get_group("dp")' in user.code and user.sites == {"mpu/bwc call": 1, "mpu call": 1}
     assert migrate(source, "deepspeed.utils.bwc").code == source
     done = migrate(source)
