@@ -344,7 +344,11 @@ def _route_hsdp(module: types.ModuleType) -> None:
 def _route_initialize(module: types.ModuleType) -> None:
     from .initialize import initialize_wrapper
 
-    _patches.replace(module, "initialize", wrapt.FunctionWrapper(module.initialize, initialize_wrapper))
+    current = module.initialize
+    # the start-up hook's watcher of an ignored "mesh" section (DS_MESH was off at start-up) steps aside:
+    # the shim reads that section; uninstall() puts the watcher back
+    original = current.__wrapped__ if getattr(current, "_ds_mesh_watch", False) else current
+    _patches.replace(module, "initialize", wrapt.FunctionWrapper(original, initialize_wrapper))
     # last hook of `import deepspeed`: re-point any copy made of a name patched earlier
     _patches.rebind_copies()
 

@@ -164,3 +164,32 @@ def test_hook_on_installs_the_shim_when_deepspeed_is_imported(site_dir, tmp_path
     proc = python(code, env_extra={"DS_MESH": "1"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"SHIM True {os.path.join(ROOT, 'compat', '__init__.py')}" in proc.stdout
+
+
+def test_the_shim_takes_the_place_of_the_hooks_watcher_and_uninstall_puts_it_back(monkeypatch):
+    """DS_MESH off at start-up (the hook watches ``deepspeed.initialize`` for an ignored ``"mesh"``
+    section), then ``compat.install()``: the shim wraps the real ``initialize``, not the watcher (which
+    would warn that the section it reads is ignored, and stand between the user's call and the shim)."""
+    import importlib
+    import types
+
+    import _ds_mesh_startup as hook
+    from compat.install_patches import PatchSet
+
+    install = importlib.import_module("compat.install")  # the module (compat.install is also a function)
+
+    module = types.ModuleType("a_deepspeed")
+
+    def initialize(*args, **kwargs):
+        return "real"
+
+    module.initialize = initialize
+    hook.watch_initialize(module)
+    watcher = module.initialize
+    assert watcher is not initialize and watcher._ds_mesh_watch
+    patches = PatchSet(packages=("a_deepspeed",))
+    monkeypatch.setattr(install, "_patches", patches)
+    install._route_initialize(module)
+    assert module.initialize.__wrapped__ is initialize
+    patches.restore()
+    assert module.initialize is watcher
