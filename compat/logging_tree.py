@@ -413,8 +413,10 @@ def _original(module: types.ModuleType, name: str) -> Any:
 def _warn_config_log_level(value: Any) -> None:
     from .deprecation import legacy_entry
 
+    # one entry per value: its advice writes that value (the catalog's row keeps the general text)
     entry = legacy_entry('ds_config "log_level"', f'"logging": {{"level": {value!r}}} in the config '
-                         f'(or {ENV_VAR}=deepspeed={value})', 'ds_config "log_level"')
+                         f'(or {ENV_VAR}=deepspeed={value})', 'ds_config "log_level"',
+                         key=f'ds_config "log_level": {value!r}')
     frame = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("deepspeed", "compat", "wrapt",
                                                                                         __name__.split(".")[0]):
