@@ -352,8 +352,8 @@ def _memory_stats(group: ProcessGroup) -> Optional[dict[str, int]]:
         try:
             for name, value in group._get_backend(device_type).memory_stats().items():
                 stats[name] = stats.get(name, 0) + int(value)
-        except RuntimeError:  # "Backend gloo does not support getMemoryStats", older NCCL
-            continue
+        except (RuntimeError, AttributeError):  # "Backend gloo does not support getMemoryStats", older NCCL;
+            continue  # an older torch's backends have no memory_stats at all
     return stats or None
 
 
