@@ -81,8 +81,11 @@ def part_mesh(rank: int, out: dict) -> None:
     try:
         dist.all_reduce(torch.ones(1), group=mesh.get_group("dp"))
         out["released_use_error"] = None
-    except (MeshSpecError, ValueError) as exc:  # torch reports a foreign group object as a ValueError
-        out["released_use_error"] = str(exc)
+    except (MeshSpecError, ValueError, TypeError) as exc:  # torch reports a foreign group object as a ValueError
+        # torch 2.6's c10d logger, asking the backend of the released group while it reports the error, raises
+        # its own TypeError with ours as the context: the remedy is in the chain
+        chain = [exc, exc.__context__] if isinstance(exc, TypeError) else [exc]
+        out["released_use_error"] = " | ".join(str(e) for e in chain if e is not None)
     out["rebound"] = resume_communicators(mesh)
     resume_communicators(other)
     out["shared_after"] = other.get_group("tp") is mesh.get_group("dp") and other.get_group("dp") is mesh.get_group("pp")
