@@ -168,9 +168,11 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     set_default_mesh(mesh)
     setattr(engine, ENGINE_STATE_ATTR, capture())
     _track(engine)
+    from .clean_exit import arm
     from .engine_banner import announce
 
     announce(mesh.spec, ds_dist.get_rank())  # the one line that says the shim is on, and the mesh
+    arm()  # a script that never calls destroy_process_group() still exits cleanly
     return result
 
 
