@@ -1,4 +1,5 @@
-"""Which installed third-party distribution a call site belongs to (for TODOV1 warnings the user cannot act on)."""
+"""Call sites of the legacy APIs: the first frame outside the shim (where a TODOV1 warning points),
+and which installed third-party distribution it belongs to (a warning the user cannot act on)."""
 from __future__ import annotations
 
 import functools
@@ -6,10 +7,21 @@ import os
 import site
 import sysconfig
 from types import FrameType
-from typing import Optional
+from typing import Optional, Union
 
 # our own packages and deepspeed (whose call sites the installer silences) are never "third party"
 OWN = frozenset({"compat", "_ds_mesh_compat", "mesh_core", "codemods", "deepspeed", "wrapt", "__main__"})
+# the shim's own frames between a legacy entry point and its caller
+SHIM = frozenset({"compat", "_ds_mesh_compat", "wrapt"})
+
+
+def first_outside(frame: Optional[FrameType], packages: Union[frozenset, set]) -> tuple[Optional[FrameType], int]:
+    """The first frame from ``frame`` outward whose module's top package is none of ``packages``
+    (``None`` when every frame is), and how many frames were stepped over to reach it."""
+    hops = 0
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in packages:
+        frame, hops = frame.f_back, hops + 1
+    return frame, hops
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,7 +24,6 @@ import copy
 import inspect
 import json
 import logging
-import os
 import sys
 from typing import Any, Optional
 
@@ -51,7 +50,6 @@ logger = logging.getLogger(__name__)
 LAYOUT_DIMS = LEGACY_DIMS  # the dims an mpu, grid or mesh_param states
 CONSUMED_KEYS = ("mesh", "data_parallel_size", "sequence_parallel_size")
 _pending = PENDING_MESH  # engine_scope owns it (scope_mesh reads it there)
-_COMPAT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 # --- deepspeed.initialize -----------------------------------------------------------------------
@@ -366,14 +364,12 @@ def _mesh_param_advice(mesh_param: Any) -> str:
 
 def _warn_user(legacy_name: str, replacement: str, row: Optional[str] = None) -> None:
     """Warn ``TODOV1:`` once, at the user's call site (the first frame outside compat and wrapt)."""
+    from .call_sites import SHIM, first_outside
     from .deprecation import legacy_entry
 
-    depth, frame = 1, sys._getframe(1)
-    while frame.f_back is not None and (
-        os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _COMPAT_DIR or "wrapt" in frame.f_code.co_filename
-    ):
-        frame, depth = frame.f_back, depth + 1
-    legacy_entry(legacy_name, replacement, row, key=f"{legacy_name}: {replacement}").warn(depth=depth)
+    frame, hops = first_outside(sys._getframe(1), SHIM)
+    legacy_entry(legacy_name, replacement, row, key=f"{legacy_name}: {replacement}").warn(
+        depth=1 + hops if frame is not None else 1)
 
 
 # --- in-place wrappers of deepspeed internals (installed by compat.install) ----------------------

@@ -417,10 +417,9 @@ def _warn_config_log_level(value: Any) -> None:
     entry = legacy_entry('ds_config "log_level"', f'"logging": {{"level": {value!r}}} in the config '
                          f'(or {ENV_VAR}=deepspeed={value})', 'ds_config "log_level"',
                          key=f'ds_config "log_level": {value!r}')
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("deepspeed", "compat", "wrapt",
-                                                                                        __name__.split(".")[0]):
-        frame = frame.f_back
+    from .call_sites import SHIM, first_outside
+
+    frame, _ = first_outside(sys._getframe(1), SHIM | {"deepspeed"})
     if frame is not None:
         entry.hit(frame)
 
