@@ -246,7 +246,8 @@ def test_install_from_env_reads_the_variable():
 def test_mesh_param_is_translated_into_the_engine_mesh_and_warns_once(shim, world):
     import deepspeed
 
-    engines = []
+    # a first engine imports what the engine imports (sympy adds a filter: a real change re-arms every site)
+    engines = [deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh_param=(2, 2))[0]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):  # one call site, called twice: one warning
