@@ -23,12 +23,12 @@ and the ``TODOV1`` advice come from the catalog of legacy APIs (:mod:`ds_mesh_ad
 
 The codemods only write code that references ``mesh_core``; they import neither it nor deepspeed.
 """
-from .groups_getters import GroupsGettersCommand
-from .initialize import InitializeCommand
-from .legacy_imports import LegacyImportsCommand
-from .mpu_calls import MpuCallsCommand
-from .pipeline import CODEMODS, Migration, migrate_code
-from .topology import TopologyCommand
+from .rules.groups_getters import GroupsGettersCommand
+from .rules.initialize import InitializeCommand
+from .rules.legacy_imports import LegacyImportsCommand
+from .rules.mpu_calls import MpuCallsCommand
+from ._engine.pipeline import CODEMODS, Migration, migrate_code
+from .rules.topology import TopologyCommand
 
 __all__ = [
     "CODEMODS",

@@ -1,4 +1,4 @@
-"""Metadata on first use (codemods/metadata.py): the same values as libcst's eager, deep-copying
+"""Metadata on first use (codemods/_engine/metadata.py): the same values as libcst's eager, deep-copying
 ``MetadataWrapper``, and the same migration output, at the cost of what the codemods read."""
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from libcst.metadata import (
 
 from libcst._metadata_dependent import LazyValue
 
-from codemods import metadata
-from codemods.base import find_all, import_statements
-from codemods.legacy_imports import LegacyImportsCommand
-from codemods.pipeline import CODEMODS, migrate_code
+from codemods._engine import metadata
+from codemods._engine.base import find_all, import_statements
+from codemods.rules.legacy_imports import LegacyImportsCommand
+from codemods import CODEMODS, migrate_code
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"
 
@@ -177,7 +177,7 @@ def migrate_eagerly(monkeypatch, source: str, **kwargs):
         patch.delattr(metadata.LazyMetadata, "_handle_metadata_reference")
         patch.delattr(metadata.LazyMetadata, "__dir__")
         patch.delattr(LegacyImportsCommand, "transform_module_impl")
-        patch.setattr("codemods.base.lazy", lambda cls: cls)
+        patch.setattr("codemods._engine.base.lazy", lambda cls: cls)
         return migrate_code(source, **kwargs)
 
 

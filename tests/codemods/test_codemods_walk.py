@@ -1,5 +1,5 @@
-"""Read-only traversal without copies (codemods/walk.py) and scope analysis on it
-(codemods.metadata.resolve_scopes): the same visitor calls, in the same order, and the same scopes
+"""Read-only traversal without copies (codemods/_engine/walk.py) and scope analysis on it
+(codemods._engine.metadata.resolve_scopes): the same visitor calls, in the same order, and the same scopes
 as libcst's own traversal and ``MetadataWrapper.resolve(ScopeProvider)``; the same migrations."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from codemods import metadata, walk
-from codemods.pipeline import migrate_code
+from codemods._engine import metadata, walk
+from codemods import migrate_code
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "codemods"

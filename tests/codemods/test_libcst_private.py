@@ -1,4 +1,4 @@
-"""The private libcst names the codemods' fast paths use: all in ``codemods.libcst_private``, all
+"""The private libcst names the codemods' fast paths use: all in ``codemods._engine.libcst_private``, all
 present in the libcst installed, and nowhere else imported.
 
 CI runs this file and the codemods tests on the lowest libcst pyproject allows too
@@ -12,7 +12,7 @@ import pathlib
 import libcst as cst
 from libcst.matchers import MatcherDecoratableTransformer
 
-from codemods import libcst_private
+from codemods._engine import libcst_private
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -46,9 +46,9 @@ def _private_libcst_imports(path: pathlib.Path) -> list[str]:
 
 
 def test_no_other_codemods_module_imports_a_private_libcst_name():
-    bad = [hit for path in sorted((ROOT / "codemods").glob("*.py")) if path.name != "libcst_private.py"
+    bad = [hit for path in sorted((ROOT / "codemods").rglob("*.py")) if path.name != "libcst_private.py"
            for hit in _private_libcst_imports(path)]
-    assert not bad, f"private libcst names imported outside codemods/libcst_private.py: {bad}"
+    assert not bad, f"private libcst names imported outside codemods/_engine/libcst_private.py: {bad}"
 
 
 def test_the_libcst_range_is_declared_with_both_ends():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import ds_mesh_advice
-from codemods import todo_links
-from codemods.pipeline import migrate_code
+from codemods._engine import todo_links
+from codemods import migrate_code
 
 REPO = Path(__file__).resolve().parent.parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "codemods"
@@ -156,7 +156,7 @@ def test_help_names_the_command_typed_and_has_no_markup(tmp_path, argv0, prog):
 
 
 def test_every_comm_todo_names_what_to_write():
-    from codemods.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
+    from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
 
     names = sorted({**KILL_SWITCH, **BACKEND, **DIFFERENT})
     source = ("import deepspeed.comm as dist\ndef f(t, g, a, b):\n" + "".join(f"    dist.{n}(a, b)\n" for n in names)

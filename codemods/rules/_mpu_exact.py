@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from . import legacy_names as ln
-from . import node_groups
-from .autotp import GETTERS as AUTOTP_GETTERS
+from .._engine import legacy_names as ln
+from . import _node_groups as node_groups
+from ._autotp import GETTERS as AUTOTP_GETTERS
 
 if TYPE_CHECKING:
-    from .rule_api import RuleHost
+    from ._rule_api import RuleHost
 
 PIPE_ENGINE = "deepspeed.runtime.pipe.engine"
 _QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_local_rank"}
@@ -116,7 +116,7 @@ def _functions(cls: cst.CSTNode):
 
 
 def _all_targets(func: cst.FunctionDef):
-    from .base import find_all
+    from .._engine.base import find_all
 
     for assign in find_all(func, cst.Assign):
         for target in assign.targets:

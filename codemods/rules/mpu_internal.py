@@ -29,8 +29,8 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from . import mpu_exact
-from .base import MigrationCommand, arg_by
+from . import _mpu_exact as mpu_exact
+from .._engine.base import MigrationCommand, arg_by
 
 KIND = "mpu/bwc call"
 

@@ -12,9 +12,9 @@ from typing import Optional
 
 import libcst as cst
 
-from . import grid_api
-from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, find_all
+from . import _grid_api as grid_api
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand, arg_by, find_all
 from .mpu_internal import GETTERS as MESH_OF_GETTERS
 from .mpu_internal import MANUAL as MESH_OF_MANUAL
 

@@ -14,20 +14,20 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from . import chunks
 from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
-from .comm_to_torch import CommToTorchCommand
+from ..rules.comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
-from .grid_internal import GridInternalCommand
-from .grid_users import GridUsersCommand
-from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
-from .initialize import InitializeCommand
-from .legacy_imports import LegacyImportsCommand
-from .mpu_calls import MpuCallsCommand
-from .mpu_internal import BWC, MpuInternalCommand
+from ..rules.grid_internal import GridInternalCommand
+from ..rules.grid_users import GridUsersCommand
+from ..rules.groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
+from ..rules.initialize import InitializeCommand
+from ..rules.legacy_imports import LegacyImportsCommand
+from ..rules.mpu_calls import MpuCallsCommand
+from ..rules.mpu_internal import BWC, MpuInternalCommand
 from .local_imports import keep_blank_lines, localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
-from .topology import TopologyCommand
+from ..rules.topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .todo_place import place_todos
 from .walk import fast_visits
