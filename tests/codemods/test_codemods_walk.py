@@ -79,7 +79,7 @@ with open(f) as fh: fh.read(); fh.close()
 def _sources() -> list[tuple[str, str]]:
     found = [("shapes", SHAPES)]
     found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted(FIXTURES.rglob("*.py"))[:40]]
-    found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted((ROOT / "codemods").glob("*.py"))]
+    found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted((ROOT / "codemods").rglob("*.py"))]
     spec = importlib.util.find_spec("deepspeed")
     if spec is not None and spec.submodule_search_locations:
         deepspeed = Path(spec.submodule_search_locations[0])

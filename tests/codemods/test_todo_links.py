@@ -71,7 +71,7 @@ def test_every_todo_comment_is_short_names_what_to_write_and_its_code_explains()
 
 def test_every_kind_of_site_has_its_section():
     kinds = set()
-    for path in (REPO / "codemods").glob("*.py"):
+    for path in (REPO / "codemods").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
                 if any(isinstance(t, ast.Name) and t.id.startswith("KIND") for t in node.targets):
