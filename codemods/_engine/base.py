@@ -26,6 +26,7 @@ from libcst.metadata import (
 
 from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
+from .libcst_private import TransformRunHook
 from .metadata import LazyMetadata, lazy, preorder
 from .todo_links import TODO_TAG, todo_comment
 from .todo_place import todo_above
@@ -165,7 +166,7 @@ def _catches_legacy(handler: cst.CSTNode) -> Optional[str]:
     return None
 
 
-class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
+class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodCommand):
     """Base of every migration codemod.
 
     Subclasses call :meth:`legacy_names` to resolve a node, :meth:`record` for each rewritten site,
@@ -192,9 +193,9 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
 
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 
-    def _instantiate_and_run(self, transform, tree: cst.Module) -> cst.Module:
+    def run_transform(self, transform, tree: cst.Module) -> cst.Module:
         # the import visitors run after the codemod: with metadata resolved on first use, no copy
-        return super()._instantiate_and_run(lazy(transform), tree)
+        return super().run_transform(lazy(transform), tree)
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
