@@ -288,7 +288,7 @@ def resolve_scopes(wrapper: MetadataWrapper) -> Mapping:
     ``wrapper.resolve(ScopeProvider)`` gives them: each of it and its dependency
     (``ExpressionContextProvider``) is libcst's provider, its ``visit_Module`` called directly
     rather than under libcst's batched visitor (whose walk of the rest of the tree then calls
-    nothing: neither has another hook), and the walks with :func:`codemods.walk.fast_visits`."""
+    nothing: neither has another hook), and the walks with :func:`codemods._engine.walk.fast_visits`."""
     if not _DIRECT_OK:
         return MetadataWrapper.resolve_many(wrapper, [ScopeProvider])[ScopeProvider]
     with fast_visits():

@@ -3,7 +3,7 @@
 ``mesh_of(mpu)`` probes an mpu's getters in a fixed order per dim, so a getter later in that order
 (``get_pipe_parallel_*``, ``get_slice_parallel_*``) or outside it (``get_tensor_model_parallel_src_rank``)
 is rewritten only where the mpus that can reach the site are known (called from
-:mod:`codemods.mpu_internal` and :mod:`codemods.groups_getters`):
+:mod:`codemods.rules.mpu_internal` and :mod:`codemods.rules.groups_getters`):
 
 - ``self.mpu.get_pipe_parallel_*()`` in the pipeline engine → ``mesh_of(self.mpu).<query>("pp")``:
   the pipeline engine's mpu is always its ``PipelineModule``'s grid (``deepspeed.initialize``

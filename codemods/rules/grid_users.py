@@ -52,7 +52,7 @@ class GridUsersCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         module = self.context.full_module_name or ""
         if module == "deepspeed" or module.startswith("deepspeed."):
-            return False  # DeepSpeed's own package runs on the mesh runtime: codemods.grid_internal
+            return False  # DeepSpeed's own package runs on the mesh runtime: codemods.rules.grid_internal
         return super().visit_Module(node)
 
     # --- the receiver -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ legacy call returned wherever the legacy call returned:
 Everything else (getters later in the probe order, ``get_tensor_model_parallel_src_rank``, calls
 with arguments, a ``bwc_*`` argument that is an arbitrary expression) stays with a ``# TODOV1:``.
 The getters are rewritten only in modules of the ``deepspeed`` package (outside it an ``mpu`` is the
-user's own object; :mod:`codemods.mpu_calls` handles the one passed to ``deepspeed.initialize``);
+user's own object; :mod:`codemods.rules.mpu_calls` handles the one passed to ``deepspeed.initialize``);
 the ``bwc_*`` helpers everywhere but ``deepspeed.utils.bwc``, which defines them.
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ class MpuInternalCommand(MigrationCommand):
         super().visit_Module(node)
         module = self.context.full_module_name or ""
         # the bwc helpers are DeepSpeed API anywhere; an ``mpu`` outside DeepSpeed is the user's own
-        # object (codemods.mpu_calls handles the one passed to deepspeed.initialize)
+        # object (codemods.rules.mpu_calls handles the one passed to deepspeed.initialize)
         self._inside = module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
         self._active = self._inside or module != "deepspeed.utils.bwc"
         return self._active
