@@ -73,6 +73,13 @@ def test_the_engine_reaches_the_rules_only_through_the_pipelines_list():
     assert not any(m.startswith("codemods.rules._") for m in reaching["pipeline.py"]), reaching
 
 
+def test_a_rule_imports_the_engine_and_helpers_only_not_another_rule():
+    rules = {f"codemods.rules.{p.stem}" for p in (PACKAGE / "rules").glob("*.py") if not p.name.startswith("_")}
+    crossing = {path.name: sorted(set(_imported_modules(path)) & rules - {f"codemods.rules.{path.stem}"})
+                for path in sorted((PACKAGE / "rules").glob("*.py"))}
+    assert not any(crossing.values()), crossing
+
+
 def test_the_import_scan_reads_relative_imports():
     imported = _imported_modules(PACKAGE / "rules" / "groups_getters.py")
     assert "codemods._engine.base" in imported and "codemods.rules._hpz" in imported
