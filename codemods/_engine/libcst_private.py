@@ -18,7 +18,7 @@ allows (``codemods._engine.metadata`` falls back to libcst's own paths when a ch
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Callable, ContextManager, Mapping, MutableMapping, Optional
+from typing import ContextManager, Mapping, MutableMapping, Optional
 
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor

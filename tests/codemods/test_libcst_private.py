@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
-import types
 from contextlib import contextmanager
 
 import libcst as cst
