@@ -5,7 +5,7 @@ multiple of the file size, min / median / max over the repeats.
 The file repeats a block of ordinary code with legacy sites (groups getters, an ``initialize`` with
 ``mpu=``, a topology) among unrelated code (f-strings, comments, classes), so that every codemod runs.
 ``--paths pieces`` is ``migrate_code`` as it is (a big file a group of definitions at a time,
-codemods/chunks.py, when it takes that path: the ``pieces`` column says); ``whole`` forces the
+codemods/_engine/chunks.py, when it takes that path: the ``pieces`` column says); ``whole`` forces the
 whole-file path (what every file took before), for a before / after in one run.
 
     python bench/bench_big_file.py [--mb 1 3.8] [--sites-every 1 50] [--repeat 3] [--paths pieces whole]
@@ -87,7 +87,7 @@ sys.path.insert(0, sys.argv[1])
 path, what = sys.argv[2], sys.argv[3]
 source = open(path, encoding="utf-8").read()
 if what in ("pieces", "whole"):
-    from codemods import chunks, pipeline
+    from codemods._engine import chunks, pipeline
     if what == "whole":
         chunks.MIN_BYTES = float("inf")
     taken = []
@@ -111,7 +111,7 @@ print(json.dumps({"cpu": cpu, "peak": peak, **extra}))
 BASELINE = r"""
 import resource, sys
 sys.path.insert(0, sys.argv[1])
-import libcst, codemods.pipeline, codemods.chunks  # the same imports, nothing run
+import libcst, codemods._engine.pipeline, codemods._engine.chunks  # the same imports, nothing run
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 

@@ -97,8 +97,8 @@ def family_sites(tree: Path) -> Counter:
     ``mpu``), bwc (``bwc_*()``),
     grid (grid methods on an object whose name mentions ``grid``), comm (``deepspeed.comm`` thin
     wrappers through a ``dist`` / ``comm`` alias)."""
-    from codemods import grid_api
-    from codemods.groups_getters import ALL_FUNCTIONS
+    from codemods.rules import _grid_api as grid_api
+    from codemods.rules.groups_getters import ALL_FUNCTIONS
 
     counts: Counter = Counter()
     for path in tree.rglob("*.py"):

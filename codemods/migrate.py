@@ -18,10 +18,10 @@ import sys
 import time
 from typing import Iterable, Iterator, Optional, Sequence
 
-from .cache import FixedPoints
-from .files import discover
-from .runner import FileReport, Summary, run
-from .todo_links import explain_command
+from ._engine.cache import FixedPoints
+from ._engine.files import discover
+from ._engine.runner import FileReport, Summary, run
+from ._engine.todo_links import explain_command
 
 
 DESCRIPTION = (

@@ -6,7 +6,7 @@ The legacy vocabularies map onto it here and nowhere else: DeepSpeed's pipeline-
 (``'pipe'``, ``'data'``, ``'model'`` → ``pp``, ``dp``, ``tp``), the dims a legacy grid / mpu /
 ``mesh_param`` can state (:data:`LEGACY_DIMS`) and the names users bring from other frameworks
 (``fsdp`` → ``dp_shard``, :data:`ALIASES`, for suggestions). (The codemods, which never import
-``mesh_core``, keep a copy of :data:`AXIS_TO_DIM` in ``codemods.grid_api``; a test holds the two
+``mesh_core``, keep a copy of :data:`AXIS_TO_DIM` in ``codemods.rules._grid_api``; a test holds the two
 equal.)
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ def run_fake(source: str, rank: int, world: int, *, legacy: bool, shim: bool = F
 
 def without_runtime(code: str) -> str:
     """A migrated script without the ``import compat`` / ``compat.install()`` lines the migration
-    adds (codemods.runtime), so that it runs without the mesh runtime."""
+    adds (codemods._engine.runtime), so that it runs without the mesh runtime."""
     lines = code.splitlines(keepends=True)
     return "".join(line for line in lines if line.strip() != "import compat" and not line.lstrip().startswith("compat.install()"))
 

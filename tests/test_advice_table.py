@@ -88,7 +88,8 @@ def test_the_shim_warns_with_the_catalogs_text():
 
 
 def test_the_codemods_templates_and_todo_texts_read_the_catalog():
-    from codemods import grid_api, groups_getters, todo_links
+    from codemods.rules import _grid_api as grid_api, groups_getters
+    from codemods._engine import todo_links
 
     checked = 0
     for short, text in groups_getters.MANUAL.items():
@@ -128,7 +129,7 @@ def _unwrapped(text: str) -> str:
 
 
 def test_every_warning_says_what_to_write_in_lines_of_100_and_its_code_explains():
-    from codemods import todo_links
+    from codemods._engine import todo_links
     from compat import deprecation
 
     for row in ds_mesh_advice.rows():
@@ -147,8 +148,8 @@ def test_the_shim_and_the_codemod_say_the_same_for_each_api():
 
     import compat.groups  # noqa: F401 (registers its legacy entries)
     import compat.topology  # noqa: F401
-    from codemods import groups_getters
-    from codemods.pipeline import migrate_code
+    from codemods.rules import groups_getters
+    from codemods import migrate_code
     from compat import deprecation
 
     compared = 0

@@ -53,11 +53,11 @@ def _dict_literals_mapping(keys: set, values: set) -> list[str]:
 def test_one_axis_name_map():
     """pipe/data/model ↔ pp/dp/tp is written once in mesh_core and once in the codemods (which do
     not import mesh_core at run time); the two are equal."""
-    from codemods import grid_api
+    from codemods.rules import _grid_api as grid_api
     from mesh_core import axis_names
 
     written = _dict_literals_mapping({"pipe", "data", "model"}, {"pp", "dp", "tp"})
-    assert sorted(p.split(":")[0] for p in written) == ["codemods/grid_api.py", "mesh_core/axis_names.py"], written
+    assert sorted(p.split(":")[0] for p in written) == ["codemods/rules/_grid_api.py", "mesh_core/axis_names.py"], written
     assert grid_api.AXIS_TO_DIM == axis_names.AXIS_TO_DIM
     assert axis_names.DIM_TO_AXIS == {v: k for k, v in axis_names.AXIS_TO_DIM.items()}
 
@@ -102,7 +102,7 @@ PROJECT_PACKAGES = ("mesh_core", "compat", "codemods", "ds_mesh_advice")
 # top-level modules of the distribution outside the packages, private by name on purpose (docs/architecture.md)
 DISTRIBUTION_MODULES = ("_ds_mesh_startup", "_ds_mesh_doctor")
 # the one home per package of a third party's private names
-THIRD_PARTY_PRIVATE_HOMES = ("mesh_core/torch_compat.py", "codemods/libcst_private.py")
+THIRD_PARTY_PRIVATE_HOMES = ("mesh_core/torch_compat.py", "codemods/_engine/libcst_private.py")
 
 
 def _face_names() -> dict[str, set[str]]:
@@ -211,7 +211,7 @@ def test_codemods_import_runtime_hooks_from_their_module():
     """The codemods (which never import mesh_core) list the names they import from
     ``mesh_core.runtime_hooks``; every one is there, and none is a user name."""
     import mesh_core
-    from codemods import base
+    from codemods._engine import base
     from mesh_core import runtime_hooks
 
     assert base.HOOKS_MODULE == runtime_hooks.__name__
@@ -220,16 +220,16 @@ def test_codemods_import_runtime_hooks_from_their_module():
 
 
 def test_codemod_rules_call_no_private_method_of_a_command():
-    """Rule modules reach their command through ``codemods.rule_api.RuleHost`` only."""
+    """Rule modules reach their command through ``codemods.rules._rule_api.RuleHost`` only."""
     bad = []
-    for path in sorted((ROOT / "codemods").glob("*.py")):
+    for path in sorted((ROOT / "codemods").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "command"
                     and node.attr.startswith("_")):
-                bad.append(f"{path.name}:{node.lineno} command.{node.attr}")
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} command.{node.attr}")
     assert not bad, f"private command members used by rules: {bad}"
-    from codemods.groups_getters import GroupsGettersCommand
-    from codemods.rule_api import RuleHost
+    from codemods.rules.groups_getters import GroupsGettersCommand
+    from codemods.rules._rule_api import RuleHost
 
     members = {n for n in vars(RuleHost) if not n.startswith("_")} - {"context"}
     assert members and all(callable(getattr(GroupsGettersCommand, n, None)) for n in members), members

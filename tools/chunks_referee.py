@@ -1,7 +1,7 @@
 """The piecewise migration of big files against the whole-file path, on every file of some trees.
 
 ``python tools/chunks_referee.py PATH... [--group-bytes 1 12000]`` migrates each ``.py`` file under
-``PATH`` twice: the whole-file path, and the piecewise one (codemods/chunks.py) forced whatever the
+``PATH`` twice: the whole-file path, and the piecewise one (codemods/_engine/chunks.py) forced whatever the
 file's size, with groups of each ``--group-bytes`` (1: every definition on its own). It prints, as
 JSON, how many files the piecewise path took, how many of those gave the whole-file path's bytes,
 sites and TODOV1 counts, and the files that did not (exit status 1 if any). The files are not written.
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def compare(path: Path, group_bytes: Sequence[int]) -> dict:
     """{"taken": groups sizes the piecewise path took, "different": those that differed} for one file."""
-    from codemods import chunks, pipeline
-    from codemods.files import module_and_package, read_source
+    from codemods._engine import chunks, pipeline
+    from codemods._engine.files import module_and_package, read_source
 
     try:
         source, _ = read_source(path)
@@ -63,7 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from codemods.files import discover
+    from codemods._engine.files import discover
 
     files = discover(args.paths)
     taken = same = 0

@@ -31,7 +31,7 @@ def digests(files: Sequence[str] = SUBSET) -> dict[str, str]:
     """``{path relative to deepspeed/: sha256 of the migrated source}`` (the source's own if unchanged)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from codemods.pipeline import migrate_code
+    from codemods import migrate_code
 
     root = deepspeed_root()
     out = {}

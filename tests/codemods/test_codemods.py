@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libcst.codemod import CodemodContext
 
-from codemods.groups_getters import GroupsGettersCommand
-from codemods.todo_links import collecting, spell_out
-from codemods.initialize import InitializeCommand
-from codemods.legacy_imports import LegacyImportsCommand
-from codemods.mpu_calls import MpuCallsCommand
-from codemods.pipeline import migrate_code
-from codemods.topology import TopologyCommand
+from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods._engine.todo_links import collecting, spell_out
+from codemods.rules.initialize import InitializeCommand
+from codemods.rules.legacy_imports import LegacyImportsCommand
+from codemods.rules.mpu_calls import MpuCallsCommand
+from codemods import migrate_code
+from codemods.rules.topology import TopologyCommand
 from todo_lines import inline
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"

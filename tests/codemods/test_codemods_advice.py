@@ -9,7 +9,7 @@ import re
 import pytest
 
 from codemod_scripts import run_fake
-from codemods.pipeline import migrate_code as _migrate_code
+from codemods import migrate_code as _migrate_code
 from todo_lines import inline
 
 
@@ -19,7 +19,7 @@ def migrate_code(source: str):
     m.code = m.spelled_out()
     return m
 
-# a named replacement: "<legacy kept>: use <call>: the same topology ..." (codemods.topology)
+# a named replacement: "<legacy kept>: use <call>: the same topology ..." (codemods.rules.topology)
 SAME = re.compile(r"# TODOV1: topology kept: use (mesh_core\.pipeline_topology\(.*?\)): the same topology")
 
 ESCAPING_TOPOLOGY = '''

@@ -15,7 +15,7 @@ import importlib
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

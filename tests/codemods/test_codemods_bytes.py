@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codemods.pipeline import migrate_code
-from codemods.portable import parse_error
+from codemods import migrate_code
+from codemods._engine.portable import parse_error
 
 HEADER = "from deepspeed.utils import groups\nd = {'a': 1, \"b\": 2}\nw = 4\n"
 SITES = (
@@ -95,7 +95,7 @@ def test_unrelated_code_around_sites_is_kept_byte_for_byte(program):
 def test_a_pep263_file_keeps_its_encoding_and_every_unrelated_byte(program, tmp_path_factory):
     from hypothesis import assume
 
-    from codemods.runner import migrate_file
+    from codemods._engine.runner import migrate_file
 
     segments, _ = program
     source = "# -*- coding: latin-1 -*-\n# caf\u00e9\n" + HEADER + "".join(text for _, text in segments)

@@ -2,8 +2,8 @@
 reruns; anything else is migrated as usual."""
 from __future__ import annotations
 
-from codemods.cache import FixedPoints
-from codemods.runner import run
+from codemods._engine.cache import FixedPoints
+from codemods._engine.runner import run
 
 LEGACY = "from deepspeed.utils import groups\nx = groups.get_data_parallel_group()\n"
 

@@ -1,4 +1,4 @@
-"""The piecewise migration of big files (codemods/chunks.py, pipeline._migrate_in_pieces) gives the
+"""The piecewise migration of big files (codemods/_engine/chunks.py, pipeline._migrate_in_pieces) gives the
 whole-file path's bytes, or is not taken: on generated files of the bench's shape, on every fixture
 file with legacy sites, on real deepspeed files, and on files built to break each condition."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codemods import chunks, pipeline
-from codemods.files import module_and_package
+from codemods._engine import chunks, pipeline
+from codemods._engine.files import module_and_package
 
 from test_codemods_metadata import deepspeed_file
 
@@ -32,7 +32,7 @@ def whole(monkeypatch, source: str, **kwargs) -> pipeline.Migration:
 
 def pieces(monkeypatch, source: str, group_bytes: int = 1, module=None, package=None):
     """The piecewise path on ``source`` whatever its size (groups of ``group_bytes``): None if not taken."""
-    from codemods.todo_links import collecting
+    from codemods._engine.todo_links import collecting
 
     with monkeypatch.context() as patch, collecting():  # as migrate_code runs it (a site's comment text may
         patch.setattr(chunks, "GROUP_BYTES", group_bytes)  # depend on the comments written before it)

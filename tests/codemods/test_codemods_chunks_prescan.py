@@ -1,7 +1,7 @@
-"""The pre-scan of big files (codemods.chunks.plan) answers as its plain definitions would:
+"""The pre-scan of big files (codemods._engine.chunks.plan) answers as its plain definitions would:
 
 - ``_facts`` finds in one walk what separate walks over the same ``ast`` find (the identifiers of
-  codemods.base.ast_identifiers, the names bound, the names in the arguments of the calls asked
+  codemods._engine.base.ast_identifiers, the names bound, the names in the arguments of the calls asked
   about, whether the piece is plain);
 - the cuts found without ``tokenize`` (``_scanned_definitions``) give the plan the ``tokenize``
   scan gives, or defer to it;
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from codemods import chunks
-from codemods.base import ast_identifiers
+from codemods._engine import chunks
+from codemods._engine.base import ast_identifiers
 
 CALLS = frozenset({"initialize"})
 KEYWORDS = frozenset({"mpu", "mesh_param"})

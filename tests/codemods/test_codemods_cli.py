@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from codemods import migrate as cli
-from codemods.files import discover, module_and_package
-from codemods.pipeline import migrate_code
+from codemods._engine.files import discover, module_and_package
+from codemods import migrate_code
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LEGACY = "from deepspeed.utils import groups\n\nx = groups.get_data_parallel_group()  # keep\n"
@@ -109,7 +109,7 @@ def test_a_symlinked_file_stays_a_link_and_its_target_is_migrated(tree, tmp_path
 
 
 def test_a_file_that_cannot_be_written_is_reported_and_the_run_goes_on(tree, capsys, monkeypatch):
-    from codemods import runner
+    from codemods._engine import runner
 
     real = runner.write_atomically
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from codemods.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH, THIN
-from codemods.pipeline import migrate_code
+from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH, THIN
+from codemods import migrate_code
 from todo_lines import inline
-from codemods.portable import parse_error
+from codemods._engine.portable import parse_error
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "codemods" / "comm_ops.py"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from codemods import grid_api
-from codemods.groups_getters import ALL_FUNCTIONS
-from codemods.runner import run
+from codemods.rules import _grid_api as grid_api
+from codemods.rules.groups_getters import ALL_FUNCTIONS
+from codemods._engine.runner import run
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SUBSET = ["moe/layer.py", "runtime/pipe/module.py"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import fake_world, plain, record_new_groups, build_expert_groups as _build, exec_source as _load
 from mesh_core.runtime_hooks import (
     expert_group_names,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import (
     fake_world,
     plain,

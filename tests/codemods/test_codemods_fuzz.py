@@ -10,8 +10,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codemods.pipeline import migrate_code
-from codemods.portable import parse_error
+from codemods import migrate_code
+from codemods._engine.portable import parse_error
 
 HEADER = (
     "import deepspeed\n"

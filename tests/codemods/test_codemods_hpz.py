@@ -15,7 +15,7 @@ import contextlib
 import pytest
 import torch.distributed as dist
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from todo_lines import inline
 from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
 

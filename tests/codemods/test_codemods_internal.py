@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from codemods.groups_getters import SIMPLE
-from codemods.pipeline import migrate_code
+from codemods.rules.groups_getters import SIMPLE
+from codemods import migrate_code
 from todo_lines import inline
 from fakepg import fake_world, plain, record_new_groups
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 
 pytestmark = [pytest.mark.migrated_deepspeed, pytest.mark.multiprocess, pytest.mark.deepspeed]
 

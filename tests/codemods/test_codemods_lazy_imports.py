@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from codemod_scripts import run_fake
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 
 SHOW = "def show(*v):\n    print('OUT', *v)\n"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 
 SAMPLE = Path(__file__).parent.parent / "fixtures" / "codemods" / "megatron"
 

@@ -1,4 +1,4 @@
-"""Metadata on first use (codemods/metadata.py): the same values as libcst's eager, deep-copying
+"""Metadata on first use (codemods/_engine/metadata.py): the same values as libcst's eager, deep-copying
 ``MetadataWrapper``, and the same migration output, at the cost of what the codemods read."""
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from libcst.metadata import (
 
 from libcst._metadata_dependent import LazyValue
 
-from codemods import metadata
-from codemods.base import find_all, import_statements
-from codemods.legacy_imports import LegacyImportsCommand
-from codemods.pipeline import CODEMODS, migrate_code
+from codemods._engine import metadata
+from codemods._engine.base import find_all, import_statements
+from codemods._engine.libcst_private import stored_metadata
+from codemods.rules.legacy_imports import LegacyImportsCommand
+from codemods import CODEMODS, migrate_code
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"
 
@@ -131,9 +132,9 @@ def test_a_parsed_tree_is_not_copied_and_nothing_is_resolved_before_it_is_read(m
     wrapper = metadata.LazyMetadataWrapper(module)
     assert wrapper.module is module
     resolved = wrapper.resolve_many([QualifiedNameProvider, PositionProvider])
-    assert all(isinstance(wrapper._metadata[p], metadata._OnFirstUse) for p in (QualifiedNameProvider, PositionProvider))
-    assert ScopeProvider not in wrapper._metadata
-    assert isinstance(wrapper._metadata[ParentNodeProvider], dict)  # the walk's parents
+    assert all(isinstance(stored_metadata(wrapper)[p], metadata._OnFirstUse) for p in (QualifiedNameProvider, PositionProvider))
+    assert ScopeProvider not in stored_metadata(wrapper)
+    assert isinstance(stored_metadata(wrapper)[ParentNodeProvider], dict)  # the walk's parents
     call = next(n for n in walk(module) if isinstance(n, cst.Call) and "get_data_parallel_group" in module.code_for_node(n))
     with metadata.sharing(CODEMODS):
         names = {q.name for q in value_of(resolved[QualifiedNameProvider][call.func])}
@@ -141,8 +142,8 @@ def test_a_parsed_tree_is_not_copied_and_nothing_is_resolved_before_it_is_read(m
     # within a migration the lookup needs no scopes of the whole tree (``inner`` names nothing the
     # codemods look up: its body is left out of the scopes for qualified names, see
     # test_codemods_throughput.py)
-    assert ScopeProvider not in wrapper._metadata
-    assert isinstance(wrapper._metadata[PositionProvider], metadata._OnFirstUse)  # still not read
+    assert ScopeProvider not in stored_metadata(wrapper)
+    assert isinstance(stored_metadata(wrapper)[PositionProvider], metadata._OnFirstUse)  # still not read
 
 
 @pytest.mark.parametrize("provider", [ScopeProvider, QualifiedNameProvider, PositionProvider, ParentNodeProvider])
@@ -174,10 +175,10 @@ def migrate_eagerly(monkeypatch, source: str, **kwargs):
     """``migrate_code`` as before these shortcuts: libcst's own metadata handling (deep copy, every
     provider up front) and a full transform pass of the import cleanup."""
     with monkeypatch.context() as patch:
-        patch.delattr(metadata.LazyMetadata, "_handle_metadata_reference")
+        patch.delattr(metadata.LazyMetadata, "metadata_reference")
         patch.delattr(metadata.LazyMetadata, "__dir__")
         patch.delattr(LegacyImportsCommand, "transform_module_impl")
-        patch.setattr("codemods.base.lazy", lambda cls: cls)
+        patch.setattr("codemods._engine.base.lazy", lambda cls: cls)
         return migrate_code(source, **kwargs)
 
 

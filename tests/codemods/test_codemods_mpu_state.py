@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from codemod_scripts import run_fake
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 
 pytestmark = pytest.mark.deepspeed
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from codemod_scripts import run_fake, run_fake_shim
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from todo_lines import inline
 
 pytestmark = pytest.mark.deepspeed

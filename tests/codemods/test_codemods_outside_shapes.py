@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from codemod_scripts import run_fake, run_fake_shim
-from codemods.groups_getters import PRE_06
-from codemods.pipeline import migrate_code
+from codemods.rules.groups_getters import PRE_06
+from codemods import migrate_code
 from todo_lines import inline
 
 pytestmark = pytest.mark.deepspeed

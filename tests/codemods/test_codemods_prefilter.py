@@ -7,8 +7,8 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from codemods import pipeline
-from codemods.pipeline import migrate_code
+from codemods._engine import pipeline
+from codemods import migrate_code
 
 # (module the source lives in, source): each reaches a legacy API in a way that names it indirectly
 INDIRECT = {

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from codemod_referee import Spec, build, describe, disagreements, migrate, strategy
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 
 pytestmark = pytest.mark.deepspeed
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from codemod_scripts import run_fake
-from codemods.pipeline import migrate_code
-from codemods.runtime import installs, needs_runtime
+from codemods import migrate_code
+from codemods._engine.runtime import installs, needs_runtime
 
 
 def spelled(source: str) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from codemods import runtime
-from codemods.pipeline import migrate_code
+from codemods._engine import runtime
+from codemods import migrate_code
 
 FSTRING = '''import deepspeed
 

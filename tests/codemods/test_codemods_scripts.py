@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codemod_scripts import SCRIPTS, run_fake
-from codemods.groups_getters import SIMPLE
-from codemods.pipeline import migrate_code
-from codemods.portable import parse_error
+from codemods.rules.groups_getters import SIMPLE
+from codemods import migrate_code
+from codemods._engine.portable import parse_error
 
 pytestmark = pytest.mark.deepspeed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import fake_world
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"
@@ -57,7 +57,7 @@ def test_migrated_script_prints_the_same_memberships(name, world, ranks):
     migrated = migration.code
     imported = imported_modules(migrated)
     # deepspeed stays imported only for a builder of process-wide state kept with its readers
-    # (codemods.legacy_state: semantic_experts.py's _init_tp_mesh_device(1) has its readers elsewhere)
+    # (codemods.rules._legacy_state: semantic_experts.py's _init_tp_mesh_device(1) has its readers elsewhere)
     keeps = "TODOV1: groups._init_tp_mesh_device kept" in migration.spelled_out()
     assert keeps or not any(m.split(".")[0] == "deepspeed" for m in imported), imported
     assert "mesh_core" in imported

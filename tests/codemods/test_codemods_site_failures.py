@@ -8,11 +8,11 @@ import ast
 import libcst as cst
 import pytest
 
-from codemods import metadata
+from codemods._engine import metadata
 from codemods import migrate as cli
-from codemods.pipeline import migrate_code
-from codemods.topology import TopologyCommand
-from codemods.groups_getters import GroupsGettersCommand
+from codemods import migrate_code
+from codemods.rules.topology import TopologyCommand
+from codemods.rules.groups_getters import GroupsGettersCommand
 
 # the multi-line pipeline topology call stored on self / returned: its TODOV1 quoted the call's
 # line breaks (libcst refused the comment and the whole file was reported as unreadable)
@@ -135,7 +135,7 @@ def test_a_codemod_failing_on_a_whole_file_is_not_called_a_parse_error(tmp_path,
 
 
 def test_a_todo_comment_never_cuts_inside_a_quoted_call():
-    from codemods.todo_links import MAX_COMMENT, todo_comment
+    from codemods._engine.todo_links import MAX_COMMENT, todo_comment
 
     call = "mesh_core.pipeline_topology(pp=pp_size, tp=1, dp=dp_size)"
     message = f"topology kept: {call} is the same topology (axes and answers, what PipelineModule needs)"

@@ -1,4 +1,4 @@
-"""The throughput shortcuts of the codemods (codemods/metadata.py, pipeline.py) change no output:
+"""The throughput shortcuts of the codemods (codemods/_engine/metadata.py, pipeline.py) change no output:
 metadata shared across the codemods of a file while its tree is unchanged, unchanged nodes kept
 as the same objects, one node list per tree, qualified names computed per node on read, hook
 dispatch by table, statements without a codemod's identifiers not visited, no printing of a
@@ -15,11 +15,11 @@ from libcst.codemod import CodemodContext
 
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider, ScopeProvider
 
-from codemods import metadata, pipeline
-from codemods.base import find_all, import_aliases
-from codemods.groups_getters import GroupsGettersCommand
-from codemods.mpu_internal import MpuInternalCommand
-from codemods.pipeline import migrate_code
+from codemods._engine import metadata, pipeline
+from codemods._engine.base import find_all, import_aliases
+from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods.rules.mpu_internal import MpuInternalCommand
+from codemods import migrate_code
 
 from test_codemods_metadata import FIXTURES, IDENTITY, SOURCES, deepspeed_file, value_of, walk
 
@@ -35,7 +35,7 @@ def migrate_plainly(monkeypatch, source: str, **kwargs):
         patch.setattr(metadata.LazyMetadata, "_hooks", lambda self: None)
         patch.delattr(metadata.LazyMetadata, "on_leave")
         patch.setattr(pipeline, "sharing", contextlib.nullcontext)
-        patch.setattr("codemods.base.preorder", lambda tree: None)
+        patch.setattr("codemods._engine.base.preorder", lambda tree: None)
         patch.setattr(metadata, "QualifiedNameProvider", _Fake)
         patch.setattr(pipeline, "_NEEDS", {})
         patch.setattr(metadata, "_TOP_GATHERER_LEAVES_ONLY", False)

@@ -1,5 +1,5 @@
 """RemoveImportsVisitor's unused imports found without scopes where a name nothing may read decides
-(codemods.metadata.unused_requested_imports): the same output as libcst's gatherer, on shapes
+(codemods._engine.metadata.unused_requested_imports): the same output as libcst's gatherer, on shapes
 where the two could differ."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from codemods import metadata
+from codemods._engine import metadata
 
 HEADER = (
     "from __future__ import annotations\n"

@@ -1,5 +1,5 @@
-"""Read-only traversal without copies (codemods/walk.py) and scope analysis on it
-(codemods.metadata.resolve_scopes): the same visitor calls, in the same order, and the same scopes
+"""Read-only traversal without copies (codemods/_engine/walk.py) and scope analysis on it
+(codemods._engine.metadata.resolve_scopes): the same visitor calls, in the same order, and the same scopes
 as libcst's own traversal and ``MetadataWrapper.resolve(ScopeProvider)``; the same migrations."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from codemods import metadata, walk
-from codemods.pipeline import migrate_code
+from codemods._engine import metadata, walk
+from codemods import migrate_code
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "codemods"
@@ -79,7 +79,7 @@ with open(f) as fh: fh.read(); fh.close()
 def _sources() -> list[tuple[str, str]]:
     found = [("shapes", SHAPES)]
     found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted(FIXTURES.rglob("*.py"))[:40]]
-    found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted((ROOT / "codemods").glob("*.py"))]
+    found += [(str(p), p.read_text(encoding="utf-8")) for p in sorted((ROOT / "codemods").rglob("*.py"))]
     spec = importlib.util.find_spec("deepspeed")
     if spec is not None and spec.submodule_search_locations:
         deepspeed = Path(spec.submodule_search_locations[0])

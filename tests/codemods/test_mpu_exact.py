@@ -1,5 +1,5 @@
 """mpu sites inside DeepSpeed whose exact mesh form depends on which mpus reach them (issue 10m,
-``codemods.mpu_exact``): the pipeline engine's ``get_pipe_parallel_*``, the ZeRO optimizers'
+``codemods.rules._mpu_exact``): the pipeline engine's ``get_pipe_parallel_*``, the ZeRO optimizers'
 ``hasattr``-guarded ``get_slice_parallel_*``, the engine's AutoTP hook ``self.mpu.get_tensor_model_parallel_src_rank()``
 and ``groups._get_model_parallel_world_size()``. Legacy: the real deepspeed 0.19.8 on fake worlds, on
 every mpu kind that reaches the site; migrated: the codemod's output on the same objects and on the
@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from compat import group_trace
 from fakepg import fake_world, plain, exec_source as _load
 from test_mpu_mesh import build_mpus, outcome, same

@@ -1,4 +1,4 @@
-"""DeepSpeed 0.19.8's own modules, migrated by ``codemods.mpu_internal``, behave as the installed
+"""DeepSpeed 0.19.8's own modules, migrated by ``codemods.rules.mpu_internal``, behave as the installed
 ones: the same results and the same collectives over the same groups, for every kind of mpu
 (fake backend; the migrated module is loaded beside the real one, not in its place)."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from codemods.mpu_internal import MpuInternalCommand
-from codemods.pipeline import migrate_code
+from codemods.rules.mpu_internal import MpuInternalCommand
+from codemods import migrate_code
 from fakepg import fake_world
 from test_mpu_mesh import build_mpus
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import ds_mesh_advice
-from codemods import todo_links
-from codemods.pipeline import migrate_code
+from codemods._engine import todo_links
+from codemods import migrate_code
 
 REPO = Path(__file__).resolve().parent.parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "codemods"
@@ -71,7 +71,7 @@ def test_every_todo_comment_is_short_names_what_to_write_and_its_code_explains()
 
 def test_every_kind_of_site_has_its_section():
     kinds = set()
-    for path in (REPO / "codemods").glob("*.py"):
+    for path in (REPO / "codemods").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
                 if any(isinstance(t, ast.Name) and t.id.startswith("KIND") for t in node.targets):
@@ -156,7 +156,7 @@ def test_help_names_the_command_typed_and_has_no_markup(tmp_path, argv0, prog):
 
 
 def test_every_comm_todo_names_what_to_write():
-    from codemods.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
+    from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
 
     names = sorted({**KILL_SWITCH, **BACKEND, **DIFFERENT})
     source = ("import deepspeed.comm as dist\ndef f(t, g, a, b):\n" + "".join(f"    dist.{n}(a, b)\n" for n in names)

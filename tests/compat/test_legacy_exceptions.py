@@ -4,9 +4,9 @@ Before ``deepspeed.initialize`` (no mpu, no device mesh) legacy ``deepspeed.util
 some getters and raises in others (``_get_sequence_parallel_group``: ``KeyError``, code such as an SP
 manager takes it for "retry later"). On fake ranks of 4 and 8, every getter that takes no argument is
 called plain, under ``compat.install()`` and in the form the codemods write
-(``codemods.groups_getters.SIMPLE`` on ``current_mesh()``): the same values, and an error of the
+(``codemods.rules.groups_getters.SIMPLE`` on ``current_mesh()``): the same values, and an error of the
 legacy type where legacy raised. The bwc helpers and an mpu without pipeline getters are compared
-the same way (``codemods.mpu_internal.BWC`` on ``mesh_of(mpu)``).
+the same way (``codemods.rules.mpu_internal.BWC`` on ``mesh_of(mpu)``).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def legacy_and_shim(rank, world):
 
 def migrated(rank, world):
     """Each SIMPLE rewrite evaluated on ``current_mesh()`` before any engine (no default mesh)."""
-    from codemods.groups_getters import SIMPLE
+    from codemods.rules.groups_getters import SIMPLE
     from mesh_core import set_default_mesh
     from mesh_core.roles.current import current_mesh
 
@@ -185,7 +185,7 @@ def test_bwc_helpers_plain_shim_and_migrated(rank, world, with_mpu):
     import deepspeed.utils.bwc as legacy_bwc
 
     import compat.mpu as compat_bwc
-    from codemods.mpu_internal import BWC
+    from codemods.rules.mpu_internal import BWC
     from mesh_core.roles.mpu_mesh import mesh_of
 
     with fake_world(rank, world):
@@ -260,14 +260,14 @@ def test_the_engines_mpu_of_an_mpu_without_pipeline_getters(rank, world, monkeyp
 @pytest.mark.parametrize("rank,world", WORLDS)
 def test_expert_getters_before_any_expert_group(rank, world):
     """Legacy's named expert getters assert before any MoE layer built its groups; so does the shim.
-    Their migrated form (``codemods.groups_getters.EXPERT`` on ``current_mesh()``) builds the groups
+    Their migrated form (``codemods.rules.groups_getters.EXPERT`` on ``current_mesh()``) builds the groups
     and answers: the mesh cannot tell a reader from the builder it also stands for, so a site that
     waits for that AssertionError is the codemods' to flag."""
     import importlib
 
     import deepspeed.utils.groups as groups
 
-    from codemods.groups_getters import EXPERT
+    from codemods.rules.groups_getters import EXPERT
     from mesh_core import set_default_mesh
     from mesh_core.roles.current import current_mesh
 

@@ -1,4 +1,4 @@
-"""A copy of the installed deepspeed package whose mpu / bwc call sites ``codemods.mpu_internal``
+"""A copy of the installed deepspeed package whose mpu / bwc call sites ``codemods.rules.mpu_internal``
 rewrote imports and trains exactly as the installed one: DeepSpeed's test MPU (tp=2, ZeRO-1),
 a Megatron-style mpu (tp=2, clipping) and a PipelineModule (pp=2, grid as mpu), 4 gloo ranks,
 bit-identical losses and parameters.
@@ -34,8 +34,8 @@ def has_sites(path: Path) -> bool:
 
 
 def migrate_one(args: tuple[str, str, str]) -> tuple[str, int, int]:
-    from codemods.mpu_internal import MpuInternalCommand
-    from codemods.pipeline import migrate_code
+    from codemods.rules.mpu_internal import MpuInternalCommand
+    from codemods import migrate_code
 
     path, module, package = args
     source = Path(path).read_text(encoding="utf-8")

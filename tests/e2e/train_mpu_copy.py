@@ -1,5 +1,5 @@
 """Engines that reach DeepSpeed's mpu / bwc call sites, on whichever ``deepspeed`` is first on
-PYTHONPATH (the installed one, or a copy migrated by ``codemods.mpu_internal``); see common.py.
+PYTHONPATH (the installed one, or a copy migrated by ``codemods.rules.mpu_internal``); see common.py.
 
 Modes (4 ranks): ``test_mpu`` — DeepSpeed's test MPU with tp=2 (only get_model_parallel_* and
 get_data_parallel_*), ZeRO stage 1 with gradient clipping; ``megatron`` — a Megatron-style mpu

@@ -1,5 +1,5 @@
 """mpu / bwc call sites inside DeepSpeed's package (issue 10a): every rewrite rule of
-``codemods.mpu_internal``, run legacy (real deepspeed 0.19.8 objects) and migrated
+``codemods.rules.mpu_internal``, run legacy (real deepspeed 0.19.8 objects) and migrated
 (``mesh_core.mesh_of``) on the fake backend for many worlds, layouts and ranks, computes the same
 sizes, ranks and groups, and the migrated call creates no process group and runs no collective."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from codemods.mpu_internal import BWC, GETTERS, MANUAL
-from codemods.pipeline import migrate_code
+from codemods.rules.mpu_internal import BWC, GETTERS, MANUAL
+from codemods import migrate_code
 from compat import group_trace
 from todo_lines import inline
 from e2e.simple_mpu import DSTestMPU  # DeepSpeed's test MPU, shared with the e2e scripts

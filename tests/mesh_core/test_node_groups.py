@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import fake_world, plain, record_new_groups
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::Warning")]

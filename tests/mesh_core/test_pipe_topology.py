@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codemods.pipeline import migrate_code
+from codemods import migrate_code
 from fakepg import fake_world, record_new_groups
 from mesh_core import pipeline_topology
 

@@ -207,7 +207,7 @@ def test_threads_building_sub_world_meshes_on_a_bound_world_need_no_non_member()
 
 def test_migrated_topology_code_builds_a_mesh_on_the_worlds_device():
     """The topology codemod's output names no device: run on an NCCL world, its mesh is a cuda mesh."""
-    from codemods.pipeline import migrate_code
+    from codemods import migrate_code
 
     source = (
         "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"

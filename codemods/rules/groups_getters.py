@@ -14,11 +14,11 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 import ds_mesh_advice
 
-from . import autotp, expert_process, hpz
-from . import legacy_state as ls
-from . import legacy_names as ln
-from . import mpu_exact
-from .base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args, last_name
+from . import _autotp as autotp, _expert_process as expert_process, _hpz as hpz
+from . import _legacy_state as ls
+from .._engine import legacy_names as ln
+from . import _mpu_exact as mpu_exact
+from .._engine.base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args, last_name
 
 KIND = "groups getter"
 
@@ -52,7 +52,7 @@ NAMED_NO_ARGS: dict[str, str] = {
     "_get_max_expert_parallel_group": "{expert_groups_named}({mesh}, {largest_expert_groups_name}({mesh})).ep_group",
 }
 
-# process-wide legacy state the mesh runtime serves to every mesh (codemods/expert_process.py);
+# process-wide legacy state the mesh runtime serves to every mesh (codemods/rules/_expert_process.py);
 # rewritten inside DeepSpeed's package only (migrated user code may run without compat's source)
 PROCESS: dict[str, str] = {
     "_get_expert_model_parallel_world_size": "{expert_tp}()",
@@ -219,7 +219,7 @@ class GroupsGettersCommand(MigrationCommand):
         return not any(ls.state_of_builder(self.function_of(c.func) or "") == state for c in self._calls)
 
     def _held_states(self, module: cst.Module) -> dict:
-        """The process-wide legacy states this file keeps with their readers (codemods.legacy_state)."""
+        """The process-wide legacy states this file keeps with their readers (codemods.rules._legacy_state)."""
         builders: dict[str, list] = {}
         for call in self._calls:
             fname = self.function_of(call.func)
@@ -344,7 +344,7 @@ class GroupsGettersCommand(MigrationCommand):
                     holding.flagged = True
                     self.flag(KIND, holding.message(fname))
                 return updated_node
-        if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/hpz.py
+        if fname in hpz.FUNCTIONS:  # ZeRO++ hpZ helpers: codemods/rules/_hpz.py
             return hpz.rewrite(self, original_node, updated_node, fname)
         if autotp.applies(self, original_node, fname):  # AutoTP inside DeepSpeed
             return autotp.rewrite(self, original_node, updated_node, fname)

@@ -1,5 +1,5 @@
 """Where a ``# TODOV1:`` comment goes: at the end of its statement's line when the line stays within
-:data:`~codemods.todo_links.MAX_COMMENT` characters, else on its own line directly above the statement
+:data:`~codemods._engine.todo_links.MAX_COMMENT` characters, else on its own line directly above the statement
 (same indentation). A comment above the statement counts as there for every later run (idempotent)."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def todo_above(node: cst.CSTNode, header: Sequence[cst.EmptyLine] = ()) -> bool:
 
 
 def _header(node: cst.CSTNode) -> Optional[cst.TrailingWhitespace]:
-    """The trailing whitespace of the line a site's comment is written on (see codemods.base)."""
+    """The trailing whitespace of the line a site's comment is written on (see codemods._engine.base)."""
     if isinstance(node, cst.SimpleStatementLine):
         return node.trailing_whitespace
     if isinstance(node, cst.Match):

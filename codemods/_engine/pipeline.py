@@ -14,20 +14,20 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from . import chunks
 from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
-from .comm_to_torch import CommToTorchCommand
+from ..rules.comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
-from .grid_internal import GridInternalCommand
-from .grid_users import GridUsersCommand
-from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
-from .initialize import InitializeCommand
-from .legacy_imports import LegacyImportsCommand
-from .mpu_calls import MpuCallsCommand
-from .mpu_internal import BWC, MpuInternalCommand
+from ..rules.grid_internal import GridInternalCommand
+from ..rules.grid_users import GridUsersCommand
+from ..rules.groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
+from ..rules.initialize import InitializeCommand
+from ..rules.legacy_imports import LegacyImportsCommand
+from ..rules.mpu_calls import MpuCallsCommand
+from ..rules.mpu_internal import BWC, MpuInternalCommand
 from .local_imports import keep_blank_lines, localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
-from .topology import TopologyCommand
+from ..rules.topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .todo_place import place_todos
 from .walk import fast_visits
@@ -49,12 +49,12 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
 
 # These codemods' hooks act only at a node that names one of these identifiers (a call or reference
 # whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
-# import, so statements without any are not visited (codemods.metadata.prune_unless).
+# import, so statements without any are not visited (codemods._engine.metadata.prune_unless).
 prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | frozenset(PRE_06) | {"getattr"})
 prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # Qualified names are looked up at nodes naming one of these (the codemods' identifiers): the
-# scopes for them leave out functions that name none (codemods.metadata.reduced_scopes; exact).
+# scopes for them leave out functions that name none (codemods._engine.metadata.reduced_scopes; exact).
 for _codemod in (*CODEMODS, CommToTorchCommand):
     queried_near(_codemod, set().union(*_codemod.IDENTIFIERS))
 queried_near(MpuInternalCommand, {"mpu", *BWC})
@@ -99,7 +99,7 @@ class Migration:
     sites: Counter = field(default_factory=Counter)
     todos: Counter = field(default_factory=Counter)
     skipped: Optional[str] = None
-    advice: dict = field(default_factory=dict)  # TODOV1 comment written -> its full advice (codemods.todo_links)
+    advice: dict = field(default_factory=dict)  # TODOV1 comment written -> its full advice (todo_links)
     # (line, why) of each statement a rule failed at, left as it is (neither rewritten nor commented)
     failures: list = field(default_factory=list)
 
@@ -278,20 +278,20 @@ def _whole_file(reason: str) -> None:
 
 def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[Migration]:
     """The whole-file migration of a big ``source`` computed a group of top-level definitions at a
-    time (codemods.chunks), or None when the file's shape or what the codemods did in a group
+    time (codemods._engine.chunks), or None when the file's shape or what the codemods did in a group
     leaves any doubt that the whole-file path gives these bytes (then that path runs).
 
     The groups naming something a codemod acts at are migrated ~GROUP_BYTES of them at a time
     (those in between left out), behind a copy of the header; their code is spliced back after
     the header as every batch left it, which must be the same text, from the same requests to the
     import passes, in every batch the codemods changed. The other groups are kept byte for byte.
-    The conditions (checked here and in :func:`codemods.chunks.plan`) are what makes each group
+    The conditions (checked here and in :func:`codemods._engine.chunks.plan`) are what makes each group
     see the module it would see in the whole file: no name bound twice at the top level, no
     module-wide fact (see ``_FILE_WIDE``), no module-level name passed to ``deepspeed.initialize``,
     and every ``mesh_core`` name a group imports unbound elsewhere."""
     plan = chunks.plan(source, calls=frozenset({"initialize"}), keywords=frozenset({"mpu", "mesh_param"}))
     if plan is None:
-        return _whole_file("not a header and top-level definitions (codemods.chunks.plan)")
+        return _whole_file("not a header and top-level definitions (codemods._engine.chunks.plan)")
     names = set(plan.header.names).union(*(u.names for u in plan.units))
     if not any(not c.CLEANUP and _applies(c, source, names, module) for c in codemods):
         return Migration(source, skipped="no codemod applies")

@@ -7,8 +7,8 @@ import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.helpers import get_full_name_for_node
 
-from . import legacy_names as ln
-from .base import MigrationCommand, import_statements
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand, import_statements
 
 
 def is_legacy(qualified: str) -> bool:

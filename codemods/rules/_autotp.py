@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from .base import has_star_args
+from .._engine.base import has_star_args
 
 if TYPE_CHECKING:
-    from .rule_api import RuleHost
+    from ._rule_api import RuleHost
 
 # legacy lettered getter (no arguments) -> AutoTPGroups method
 GETTERS: dict[str, str] = {

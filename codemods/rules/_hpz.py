@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from .base import arg_by, fill_hooks
+from .._engine.base import arg_by, fill_hooks
 
 if TYPE_CHECKING:
-    from .rule_api import RuleHost
+    from ._rule_api import RuleHost
 
 CREATE = "_create_zero_param_parallel_group"
 CREATE_TEMPLATE = "{create_hpz_group}({mesh}, {n})"

@@ -20,7 +20,7 @@ legacy call returned wherever the legacy call returned:
 Everything else (getters later in the probe order, ``get_tensor_model_parallel_src_rank``, calls
 with arguments, a ``bwc_*`` argument that is an arbitrary expression) stays with a ``# TODOV1:``.
 The getters are rewritten only in modules of the ``deepspeed`` package (outside it an ``mpu`` is the
-user's own object; :mod:`codemods.mpu_calls` handles the one passed to ``deepspeed.initialize``);
+user's own object; :mod:`codemods.rules.mpu_calls` handles the one passed to ``deepspeed.initialize``);
 the ``bwc_*`` helpers everywhere but ``deepspeed.utils.bwc``, which defines them.
 """
 from __future__ import annotations
@@ -29,48 +29,11 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from . import mpu_exact
-from .base import MigrationCommand, arg_by
+from . import _mpu_exact as mpu_exact
+from ._mesh_of import GETTERS, MANUAL
+from .._engine.base import MigrationCommand, arg_by
 
 KIND = "mpu/bwc call"
-
-_MP = '("pp", "tp")'
-# getter stem -> dims code; only stems that come first in mesh_of's probe order for their dims
-_STEMS = {
-    "data_parallel": '"dp"',
-    "tensor_model_parallel": '"tp"',
-    "pipeline_model_parallel": '"pp"',
-    "sequence_parallel": '"sp"',
-    "model_parallel": _MP,
-}
-_QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_local_rank"}
-
-GETTERS: dict[str, str] = {
-    f"get_{stem}_{what}": f"{query}({dims})" for stem, dims in _STEMS.items() for what, query in _QUERIES.items()
-}
-GETTERS["get_data_parallel_group_ranks"] = 'get_group_ranks("dp")'
-
-# getters mesh_of answers only through a probe that may pick another getter first -> what to do
-MANUAL: dict[str, str] = {
-    **{
-        f"get_slice_parallel_{what}": (
-            f'mesh_of(mpu).{query}("tp") calls get_tensor_model_parallel_{what} first when the mpu has it; '
-            "use it once every mpu reaching here answers both alike (PipelineParallelGrid, MeshMPU do)"
-        )
-        for what, query in _QUERIES.items()
-    },
-    **{
-        f"get_pipe_parallel_{what}": (
-            f'mesh_of(mpu).{query}("pp") calls get_pipeline_model_parallel_{what} first when the mpu has it; '
-            "use it once every mpu reaching here answers both alike (PipelineParallelGrid, MeshMPU do)"
-        )
-        for what, query in _QUERIES.items()
-    },
-    "get_tensor_model_parallel_src_rank": (
-        'the TP source rank is the first rank of the TP group: mesh_of(mpu).get_group_ranks("tp")[0] '
-        "once every mpu reaching here derives it that way (Megatron's parallel_state does)"
-    ),
-}
 
 BWC_MODULES = ("deepspeed.utils.bwc", "deepspeed.runtime.utils")  # runtime.utils re-exports them
 # bwc function -> (query on mesh_of(mpu), what it returns for mpu=None)
@@ -111,7 +74,7 @@ class MpuInternalCommand(MigrationCommand):
         super().visit_Module(node)
         module = self.context.full_module_name or ""
         # the bwc helpers are DeepSpeed API anywhere; an ``mpu`` outside DeepSpeed is the user's own
-        # object (codemods.mpu_calls handles the one passed to deepspeed.initialize)
+        # object (codemods.rules.mpu_calls handles the one passed to deepspeed.initialize)
         self._inside = module.startswith("deepspeed.") and module != "deepspeed.utils.bwc"
         self._active = self._inside or module != "deepspeed.utils.bwc"
         return self._active

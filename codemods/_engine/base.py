@@ -26,6 +26,7 @@ from libcst.metadata import (
 
 from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
+from .libcst_private import TransformRunHook
 from .metadata import LazyMetadata, lazy, preorder
 from .todo_links import TODO_TAG, todo_comment
 from .todo_place import todo_above
@@ -43,7 +44,7 @@ RUNTIME_HOOK_NAMES = frozenset({
     "local_all_to_all_groups", "model_parallel_world_size", "named_expert_data_parallel_groups",
     "named_expert_parallel_groups",
 })
-# Within a piecewise migration (codemods.pipeline), every (name, bound to something else here)
+# Within a piecewise migration (codemods._engine.pipeline), every (name, bound to something else here)
 # that mesh_ref decided, for the check that the whole file would decide the same.
 MESH_REFS: ContextVar[Optional[list]] = ContextVar("codemods_mesh_refs", default=None)
 
@@ -75,8 +76,8 @@ def counters(context: CodemodContext) -> tuple[Counter, Counter]:
 
 def with_todo(ws: cst.TrailingWhitespace, messages: Sequence[tuple[str, str]]) -> cst.TrailingWhitespace:
     """``ws`` with a short ``# TODOV1:`` comment for ``(kind, advice)`` ``messages``: what to write and
-    the ``ds-migrate --explain`` code (:mod:`codemods.todo_links`); unchanged if one is there (at the
-    end of the line or above the statement: :mod:`codemods.todo_place`)."""
+    the ``ds-migrate --explain`` code (:mod:`codemods._engine.todo_links`); unchanged if one is there (at the
+    end of the line or above the statement: :mod:`codemods._engine.todo_place`)."""
     existing = ws.comment.value if ws.comment is not None else ""
     if TODO_TAG in existing:
         return ws
@@ -165,7 +166,7 @@ def _catches_legacy(handler: cst.CSTNode) -> Optional[str]:
     return None
 
 
-class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
+class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodCommand):
     """Base of every migration codemod.
 
     Subclasses call :meth:`legacy_names` to resolve a node, :meth:`record` for each rewritten site,
@@ -192,9 +193,9 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
 
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 
-    def _instantiate_and_run(self, transform, tree: cst.Module) -> cst.Module:
+    def run_transform(self, transform, tree: cst.Module) -> cst.Module:
         # the import visitors run after the codemod: with metadata resolved on first use, no copy
-        return super()._instantiate_and_run(lazy(transform), tree)
+        return super().run_transform(lazy(transform), tree)
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -280,7 +281,7 @@ class MigrationCommand(LazyMetadata, VisitorBasedCodemodCommand):
 
     def may_keep_alone(self, call: cst.Call) -> bool:
         """The legacy ``call`` may stay while the rest of the file moves (not a reader of legacy state
-        whose builder this file moves: those move together, :mod:`codemods.legacy_state`)."""
+        whose builder this file moves: those move together, :mod:`codemods.rules._legacy_state`)."""
         return True
 
     def _caught_legacy_exception(self, node: cst.CSTNode) -> Optional[str]:

@@ -24,7 +24,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from .base import MigrationCommand, arg_by, has_star_args
+from .._engine.base import MigrationCommand, arg_by, has_star_args
 
 KIND = "deepspeed.comm call"
 COMM = "deepspeed.comm"

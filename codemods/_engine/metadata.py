@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
-from types import FunctionType, MappingProxyType
+from types import FunctionType
 from typing import Collection, Generator, Iterator, Optional
 
 import libcst as cst
@@ -44,7 +44,12 @@ from .libcst_private import (
     VISIT_NEGATIVE_MATCHER_ATTR,
     VISIT_POSITIVE_MATCHER_ATTR,
     LazyValue,
+    MetadataReferenceHook,
+    computed_metadata,
     gather_matchers,
+    remove_imports_keeps_unused_imports,
+    set_unused_imports,
+    stored_metadata,
     top_imports_gatherer,
 )
 from .walk import fast_visits, has_attribute_hooks
@@ -274,7 +279,7 @@ _DIRECT_OK = (
 
 
 def _resolved(wrapper: MetadataWrapper, provider: type) -> bool:
-    found = wrapper._metadata.get(provider)
+    found = stored_metadata(wrapper).get(provider)
     return found is not None and not (isinstance(found, _OnFirstUse) and found._values is None)
 
 
@@ -283,7 +288,7 @@ def resolve_scopes(wrapper: MetadataWrapper) -> Mapping:
     ``wrapper.resolve(ScopeProvider)`` gives them: each of it and its dependency
     (``ExpressionContextProvider``) is libcst's provider, its ``visit_Module`` called directly
     rather than under libcst's batched visitor (whose walk of the rest of the tree then calls
-    nothing: neither has another hook), and the walks with :func:`codemods.walk.fast_visits`."""
+    nothing: neither has another hook), and the walks with :func:`codemods._engine.walk.fast_visits`."""
     if not _DIRECT_OK:
         return MetadataWrapper.resolve_many(wrapper, [ScopeProvider])[ScopeProvider]
     with fast_visits():
@@ -293,8 +298,8 @@ def resolve_scopes(wrapper: MetadataWrapper) -> Mapping:
             provider = provider_class()
             with provider.resolve(wrapper):
                 provider.visit_Module(wrapper.module)
-            wrapper._metadata[provider_class] = MappingProxyType(dict(provider._computed))
-    return wrapper._metadata[ScopeProvider]
+            stored_metadata(wrapper)[provider_class] = computed_metadata(provider)
+    return stored_metadata(wrapper)[ScopeProvider]
 
 
 # Scopes for qualified names leave out functions only where those hold at least this share of the
@@ -321,7 +326,7 @@ class _QualifiedNames(Mapping):
         return self._wrapper.resolve_many([ScopeProvider])[ScopeProvider]
 
     def _scope_of(self, node):
-        full = self._wrapper._metadata.get(ScopeProvider)
+        full = stored_metadata(self._wrapper).get(ScopeProvider)
         if full is not None and not (isinstance(full, _OnFirstUse) and full._values is None):
             return full.get(node, None)  # resolved already
         if self._reduced is None:
@@ -398,12 +403,12 @@ class _OnFirstUse(Mapping):
     def _resolved(self) -> Mapping:
         if self._values is None:
             wrapper, provider = self._wrapper, self._provider
-            parents = wrapper._metadata.get(ParentNodeProvider)
+            parents = stored_metadata(wrapper).get(ParentNodeProvider)
             if provider is QualifiedNameProvider and isinstance(parents, dict):
                 self._values = _QualifiedNames(wrapper.module, parents, wrapper)
                 return self._values
-            if wrapper._metadata.get(provider) is self:
-                del wrapper._metadata[provider]  # libcst resolves what is not there (and its dependencies)
+            if stored_metadata(wrapper).get(provider) is self:
+                del stored_metadata(wrapper)[provider]  # libcst resolves what is not there (and its dependencies)
             if provider is ScopeProvider:
                 self._values = resolve_scopes(wrapper)
             else:
@@ -439,10 +444,11 @@ class LazyMetadataWrapper(MetadataWrapper):
             logger.debug("a node occurs twice in the tree: metadata on a deep copy")
             parents = parent_map(self.module)
         if parents is not None:
-            self._metadata[ParentNodeProvider] = parents
+            stored_metadata(self)[ParentNodeProvider] = parents
 
     def resolve_many(self, providers: Collection) -> Mapping:
-        return {p: self._metadata.setdefault(p, _OnFirstUse(self, p)) for p in providers}
+        store = stored_metadata(self)
+        return {p: store.setdefault(p, _OnFirstUse(self, p)) for p in providers}
 
 
 def _same_fields(node: cst.CSTNode, other: cst.CSTNode) -> bool:
@@ -630,7 +636,7 @@ def statements(module: cst.Module) -> _Statements:
     return found
 
 
-class LazyMetadata:
+class LazyMetadata(MetadataReferenceHook):
     """Mixin for a libcst ``Codemod``: its metadata comes from a :class:`LazyMetadataWrapper`
     (shared within :func:`sharing`), and a node whose children are unchanged stays the same
     object (libcst rebuilds every node it visits)."""
@@ -715,9 +721,9 @@ class LazyMetadata:
         return result
 
     @contextmanager
-    def _handle_metadata_reference(self, module: cst.Module) -> Generator[cst.Module, None, None]:
+    def metadata_reference(self, module: cst.Module) -> Generator[cst.Module, None, None]:
         if self.context.metadata_manager is not None:  # full-repo metadata: libcst's own path
-            with super()._handle_metadata_reference(module) as tree:
+            with self.libcst_metadata_reference(module) as tree:
                 yield tree
             return
         old = self.context.wrapper
@@ -866,7 +872,7 @@ class _UnusedImportsWithoutScopes:
             )
         if unused is None:
             return super().visit_Module(node)  # type: ignore[misc]
-        self._unused_imports = unused
+        set_unused_imports(self, unused)
         return None
 
 
@@ -876,12 +882,7 @@ UNUSED_WITHOUT_SCOPES = True  # False: libcst's gatherer always (tests compare t
 def _remove_pass_known() -> bool:
     """libcst's RemoveImportsVisitor reads its gatherer's result as :func:`unused_requested_imports`
     expects (checked for the libcst installed; its private names may move)."""
-    try:
-        gatherer_ignores = MODULES_IGNORED_BY_DEFAULT == _GATHER_IGNORES
-        names = RemoveImportsVisitor.visit_Module.__code__.co_names + RemoveImportsVisitor.__init__.__code__.co_names
-    except AttributeError:
-        return False
-    return gatherer_ignores and {"_unused_imports", "unused_module_imports", "unused_obj_imports"} <= set(names)
+    return MODULES_IGNORED_BY_DEFAULT == _GATHER_IGNORES and remove_imports_keeps_unused_imports()
 
 
 _REMOVE_PASS_KNOWN = _remove_pass_known()

@@ -12,8 +12,8 @@ from typing import Optional
 
 import libcst as cst
 
-from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, find_all
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand, arg_by, find_all
 
 KIND_MESH_PARAM = "initialize mesh_param"
 KIND_MPU = "initialize mpu"

@@ -1,7 +1,7 @@
 """What a codemod rule module may ask of the command that runs it.
 
-Rule modules (``codemods.autotp``, ``hpz``, ``mpu_exact``, ``node_groups``, ...) hold the knowledge
-of one family of legacy calls; the command (:class:`codemods.groups_getters.GroupsGettersCommand`)
+Rule helper modules (``codemods.rules._autotp``, ``_hpz``, ``_mpu_exact``, ``_node_groups``, ...) hold
+the knowledge of one family of legacy calls; the command (:class:`~codemods.rules.groups_getters.GroupsGettersCommand`)
 walks the tree and hands them each call. They talk to it only through this protocol, so a rule
 depends on this interface, not on the command's module (no import circle) nor on its private
 methods.

@@ -21,9 +21,9 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import FunctionScope
 
-from . import grid_api
-from . import legacy_names as ln
-from .base import MigrationCommand
+from . import _grid_api as grid_api
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand
 
 KIND = "engine grid"
 HOLDERS = frozenset({"grid", "_grid"})
@@ -52,7 +52,7 @@ class GridUsersCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         module = self.context.full_module_name or ""
         if module == "deepspeed" or module.startswith("deepspeed."):
-            return False  # DeepSpeed's own package runs on the mesh runtime: codemods.grid_internal
+            return False  # DeepSpeed's own package runs on the mesh runtime: codemods.rules.grid_internal
         return super().visit_Module(node)
 
     # --- the receiver -------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class GridUsersCommand(MigrationCommand):
         return isinstance(subject, cst.Name) and subject.value == name and bool(self.legacy_names(classes) & PIPE_ENGINES)
 
     def _rebinds(self, block: cst.CSTNode, name: str, before: cst.CSTNode) -> bool:
-        from .base import find_all
+        from .._engine.base import find_all
 
         line = self.line_of(before)
         for assign in find_all(block, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.With, cst.NamedExpr):

@@ -3,7 +3,7 @@
 ``mesh_of(mpu)`` probes an mpu's getters in a fixed order per dim, so a getter later in that order
 (``get_pipe_parallel_*``, ``get_slice_parallel_*``) or outside it (``get_tensor_model_parallel_src_rank``)
 is rewritten only where the mpus that can reach the site are known (called from
-:mod:`codemods.mpu_internal` and :mod:`codemods.groups_getters`):
+:mod:`codemods.rules.mpu_internal` and :mod:`codemods.rules.groups_getters`):
 
 - ``self.mpu.get_pipe_parallel_*()`` in the pipeline engine → ``mesh_of(self.mpu).<query>("pp")``:
   the pipeline engine's mpu is always its ``PipelineModule``'s grid (``deepspeed.initialize``
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from . import legacy_names as ln
-from . import node_groups
-from .autotp import GETTERS as AUTOTP_GETTERS
+from .._engine import legacy_names as ln
+from . import _node_groups as node_groups
+from ._autotp import GETTERS as AUTOTP_GETTERS
 
 if TYPE_CHECKING:
-    from .rule_api import RuleHost
+    from ._rule_api import RuleHost
 
 PIPE_ENGINE = "deepspeed.runtime.pipe.engine"
 _QUERIES = {"group": "get_group", "world_size": "size", "rank": "get_local_rank"}
@@ -116,7 +116,7 @@ def _functions(cls: cst.CSTNode):
 
 
 def _all_targets(func: cst.FunctionDef):
-    from .base import find_all
+    from .._engine.base import find_all
 
     for assign in find_all(func, cst.Assign):
         for target in assign.targets:

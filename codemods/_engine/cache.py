@@ -21,7 +21,7 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # codemods/: the engine and the rules
 _MAX_ENTRIES = 200_000
 
 
@@ -34,8 +34,8 @@ def content_hash(text: str, module: Optional[str] = None, package: Optional[str]
 
 def fingerprint(comm_to_torch: bool) -> str:
     digest = hashlib.sha256()
-    for path in sorted(_PACKAGE.glob("*.py")):
-        digest.update(path.name.encode())
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(path.read_bytes())
     digest.update(b"comm_to_torch" if comm_to_torch else b"")
     return digest.hexdigest()[:16]

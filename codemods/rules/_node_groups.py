@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 if TYPE_CHECKING:
-    from .rule_api import RuleHost
+    from ._rule_api import RuleHost
 
 FUNCTION = "_get_local_all_to_all_group"
 

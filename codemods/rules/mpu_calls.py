@@ -12,11 +12,11 @@ from typing import Optional
 
 import libcst as cst
 
-from . import grid_api
-from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, find_all
-from .mpu_internal import GETTERS as MESH_OF_GETTERS
-from .mpu_internal import MANUAL as MESH_OF_MANUAL
+from . import _grid_api as grid_api
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand, arg_by, find_all
+from ._mesh_of import GETTERS as MESH_OF_GETTERS
+from ._mesh_of import MANUAL as MESH_OF_MANUAL
 
 KIND = "mpu call"
 # the getters DeepSpeed 0.19.8 calls on an mpu (grep "mpu.get_" in its package)

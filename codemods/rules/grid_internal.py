@@ -17,8 +17,8 @@ from typing import Optional
 
 import libcst as cst
 
-from . import grid_api
-from .base import MigrationCommand
+from . import _grid_api as grid_api
+from .._engine.base import MigrationCommand
 
 KIND = "grid method/attribute"
 

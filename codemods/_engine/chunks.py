@@ -6,7 +6,7 @@ top-level ``def`` / ``class`` statements at a time, each group parsed behind a c
 header (its leading imports and simple statements). This module only finds the pieces and the facts
 about them that decide whether that gives the whole-file path's bytes (:func:`plan` answers None
 for a file whose shape it does not vouch for); the driver that runs the codemods on them and checks
-what they did is ``codemods.pipeline``. Nothing here holds more than one piece's ``ast`` at a time:
+what they did is ``codemods._engine.pipeline``. Nothing here holds more than one piece's ``ast`` at a time:
 the cuts come from a ``tokenize`` stream over the text.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Piece:
 
     text: str
     statements: int
-    names: set[str] = field(default_factory=set)  # identifiers, as codemods.base.identifiers finds them
+    names: set[str] = field(default_factory=set)  # identifiers, as codemods._engine.base.identifiers finds them
     binds: set[str] = field(default_factory=set)  # a superset of the names bound anywhere in it
     defs: list[str] = field(default_factory=list)  # names of its top-level functions and classes
     call_names: set[str] = field(default_factory=set)  # plain names in the arguments of the calls plan() asks about
@@ -221,7 +221,7 @@ def _facts(piece: Piece, tree: ast.Module, calls: frozenset = frozenset(), keywo
 
     Returns whether the piece is plain: no import, ``global`` / ``nonlocal`` or attribute ``.mpu =
     ...`` anywhere in it (a group's scopes then reach the rest of the module only through the
-    header's and the definitions' names). ``names`` are those of :func:`codemods.base.ast_identifiers`;
+    header's and the definitions' names). ``names`` are those of :func:`codemods._engine.base.ast_identifiers`;
     ``binds`` a superset of the names bound anywhere in it."""
     names, binds, call_names = piece.names, piece.binds, piece.call_names
     plain = True

@@ -13,9 +13,9 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from . import grid_api
-from . import legacy_names as ln
-from .base import MigrationCommand, arg_by, find_all, has_star_args
+from . import _grid_api as grid_api
+from .._engine import legacy_names as ln
+from .._engine.base import MigrationCommand, arg_by, find_all, has_star_args
 
 KIND_GRID = "grid construction"
 KIND_PIPE_TOPOLOGY = "pipeline topology"
