@@ -16,7 +16,9 @@ Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met
    what it holds or needs (names, shapes, dtypes, devices, boxes) and its own problems; any problem
    or disagreement is the same :class:`~mesh_core.MeshSpecError` on every rank of both jobs, before
    any message. When no rank's record changed since the previous round, the cached verdict, plan,
-   buckets and process group are reused (O(1) store operations per rank);
+   buckets and process group are reused (O(1) store operations per rank); a rank given the same
+   tensors as last time (an equal fingerprint: memory, shapes, strides, dtypes, devices, ZeRO-3 and
+   AutoTP attributes, layouts) does not read its side again and reuses each bucket's regions;
 3. the data: each receiver rank gets its own shard, straight from the sender ranks holding it (ZeRO-3
    partitions are sent from the partitions, with no gather; replicas each send a part), in packed
    buckets (:mod:`mesh_core.transfer_buckets`);
