@@ -50,7 +50,7 @@ from .spec import MeshSpec, MeshSpecError
 from .transfer import ParamLayout, check_tensors, own_box
 from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
-from .transfer_devices import WorldDevices, device_text
+from .transfer_devices import WorldDevices, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
 from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
                                  record, sender_param, sync_bytes, verdict)
@@ -201,9 +201,10 @@ class WeightLink:
             self._cache = cache = None
             mine.read()
             rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
-            self.store.set(f"{where}/record/{me}", json.dumps(rec))
+            self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", json.dumps(rec)))
             self._arrive(f"{where}/published", members, senders, n, me)
-            records = [json.loads(v) for v in self.store.multi_get([f"{where}/record/{b}" for b in members])]
+            keys = [f"{where}/record/{b}" for b in members]
+            records = [json.loads(v) for v in self._store_op(n, lambda: self.store.multi_get(keys))]
             agreed = verdict(records, senders)  # the same error on every rank, before any message
             cache = self._cache = self._prepare(agreed, self._digest(mine), senders, receivers, me, where)
         assert cache is not None
@@ -221,6 +222,14 @@ class WeightLink:
         self.partial = False
         return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes, run.received_bytes,
                          run.messages, again, data_seconds)
+
+    def _store_op(self, n: int, op: Callable[[], Any]) -> Any:
+        """A store operation of the agreement; the store gone (the sending job's rank 0 ended) is one clear error."""
+        try:
+            return op()
+        except (RuntimeError, dist.DistError) as err:
+            raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
+                                f"rank 0 ended) during the agreement; no message was sent") from err
 
     def _digest(self, mine: "_Reading") -> str:
         rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
@@ -363,6 +372,14 @@ def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Ten
     return module, dict(module.named_parameters())
 
 
+def _host_only(problems: Sequence[str]) -> list[str]:
+    """The remedy, once, when a tensor of this rank is off the host (the side channel is gloo)."""
+    if not any(" moves cpu tensors only" in p for p in problems):
+        return []
+    return ["the weight link moves host memory only (its side channel is gloo; staging GPU tensors through host "
+            "memory is not built): sync host copies of the weights, e.g. {name: tensor.detach().cpu()} by name"]
+
+
 def _fingerprint(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec]) -> tuple:
     """What this rank's side of a sync is read from, cheaply: each tensor's memory, shape, strides, dtype
     and device, the ZeRO-3 and AutoTP attributes, the layouts and meshes. An equal fingerprint reads
@@ -414,10 +431,12 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         for i, (box, first) in enumerate(holds):
             extent = [hi - lo for lo, hi in box]
             sources[key_of(name, i)] = flat[first - start:first - start + math.prod(extent)].view(extent)
-        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(part.device),
+        device = tensor_device(part)
+        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(device),
                                     [(b, f - start) for b, f in holds])
-        if part.device.type != "cpu":
-            problems.append(f"source tensor {name!r} is on {device_text(part.device)}; the link moves cpu tensors only")
+        if device.type != "cpu":
+            problems.append(f"source tensor {name!r} (its ZeRO-3 partition) is on {device_text(device)}, but the "
+                            "weight link's side channel (gloo) moves cpu tensors only")
     if module is not None and rest:
         side = EngineSide(model, spec, rest, layouts)
         known, shapes, problems = side.layouts, side.shapes, problems + side.problems
@@ -426,6 +445,7 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         shapes = {}
     metas, found = check_tensors(spec, rank, "source", known, tensors, shapes=shapes, world=_BRIDGE)
     problems += found
+    problems += _host_only(problems)
     for name, meta in metas.items():
         box = own_box(spec, known[name], rank, name, "source")
         tensor = tensors[name].detach()
@@ -443,6 +463,7 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
     metas, problems = check_tensors(spec, rank, "destination", known, tensors, world=_BRIDGE)
     if extra:
         problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
+    problems += _host_only(problems)
     params = {}
     for name, meta in metas.items():
         params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,
