@@ -12,16 +12,18 @@ ranks), each its own world, on this machine. Alternated in each repetition:
   the boxes of its partitions the link's plan sends, unpacked on the rollout rank into its shards
   (the link's plan, sent as one packed buffer per rank pair; no store operations).
 
-``link`` includes everything a cached sync does: reading this rank's tensors, the round's store
-operations (claim, the agreement's arrival, the closing arrival: two barriers of both jobs), the
-messages (one per partition box, small boxes packed), packing the Megatron column blocks. ``link
+``link`` includes everything a cached sync does: this rank's fingerprint of its tensors (the same
+tensors every sync: nothing is read again), the round's store operations (claim, the agreement's
+arrival, the closing arrival: two barriers of both jobs), the messages (one per partition box,
+small boxes packed), packing the Megatron column blocks (on the trainer ranks; they land straight
+in the rollout's shards). ``link
 data`` is its data phase alone (the slowest rank's ``SyncStats.data_seconds`` of the same sync):
 the messages, packing and placing, without the store operations. ``raw`` includes only the messages.
 Seconds are the slowest rank's, from a barrier of all 6 ranks; GB/s = model bytes / seconds.
 Ratios are per repetition (min / median / max).
 
-    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 7                # Megatron split
-    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 7 --split rows   # both weights by rows
+    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 9                # Megatron split
+    python bench/bench_cross_job.py --sizes 16,64,256 --repeat 9 --split rows   # both weights by rows
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ from .consistency import check_same_mesh, rank_set_slot
 from .expert_table import ExpertGroups, ExpertGroupsNotBuilt, ExpertTable, expert_groups_name  # noqa: F401 (re-exported)
 from .layout import Dims, MeshLayout
 from .renamed import TorchGetRank, warn_renamed
-from .registry import CreationInputs, CreationPath, GroupRegistry, choose_creation_path, registry_for_world
+from .registry import CreationInputs, CreationPath, GroupRegistry, Key, choose_creation_path, registry_for_world
 from .spec import MeshSpec, MeshSpecError
 from . import torch_compat
 
@@ -430,3 +430,55 @@ class DeepSpeedDeviceMesh(TorchGetRank):
     def _check_alive(self) -> None:
         if self._destroyed:
             raise MeshSpecError(f"{self!r} was destroyed")
+
+    def _communicators(self) -> "_Communicators":
+        """This mesh's communicator bookkeeping, as releasing and resuming them
+        (:mod:`mesh_core.step_aside`) reads and changes it."""
+        return _Communicators(self)
+
+
+class _Communicators:
+    """A view of one mesh's communicator bookkeeping for :mod:`mesh_core.step_aside`: what it holds
+    (read-only), and the one change a release makes to it, a dim answered by a stand-in while its
+    group is released (undone on resume)."""
+
+    __slots__ = ("_mesh",)
+
+    def __init__(self, mesh: DeepSpeedDeviceMesh) -> None:
+        self._mesh = mesh
+
+    def check_alive(self) -> None:
+        """Raise if the mesh was destroyed."""
+        self._mesh._check_alive()
+
+    @property
+    def usable(self) -> bool:
+        """This rank is a member and the mesh is not destroyed."""
+        return self._mesh.is_member and not self._mesh._destroyed
+
+    @property
+    def keys(self) -> tuple[Key, ...]:
+        """The rank sets the mesh holds a communicator for, in creation order (repeats kept)."""
+        return tuple(self._mesh._keys)
+
+    @property
+    def dims(self) -> tuple[tuple[str, ...], ...]:
+        """The dims (combinations included) the mesh keeps a group of its own for."""
+        return tuple(self._mesh._groups)
+
+    @property
+    def p2p_pairs(self) -> tuple[tuple[int, int], ...]:
+        """This rank's pipeline p2p pairs (none when built without them)."""
+        return tuple(self._mesh._p2p or ())
+
+    def serve(self, dims: tuple[str, ...], standin: Any) -> bool:
+        """Answer ``dims`` with ``standin`` while released, unless the mesh keeps a group of its own for them."""
+        groups = self._mesh._groups
+        if dims in groups:
+            return False
+        groups[dims] = standin
+        return True
+
+    def unserve(self, dims: tuple[str, ...]) -> None:
+        """Undo :meth:`serve`."""
+        self._mesh._groups.pop(dims, None)

@@ -146,7 +146,7 @@ def _mesh_keys(mesh: Any) -> list[Key]:
     """The mesh's rank sets this rank holds a communicator for, in creation order, world excluded."""
     registry = mesh.registry
     seen: list[Key] = []
-    for key in mesh._keys:
+    for key in mesh._communicators().keys:
         if key not in seen and registry.rank in key[1] and not registry._is_world(key):
             seen.append(key)
     return seen
@@ -198,7 +198,7 @@ def release_communicators(
     it at the same point."""
     owners, holders = list(owners), list(holders)
     with _LOCK:
-        mesh._check_alive()
+        mesh._communicators().check_alive()
         if getattr(mesh, ATTR, None) is not None:
             raise MeshSpecError(f"{mesh!r}: its communicators are already released; resume them first")
         record = ReleaseRecord(keys=_keys_to_release(mesh, owners), mode={})
@@ -261,8 +261,9 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
             if old is not None:
                 replacements[id(old)] = (old, new)
     rebound: list[str] = []
+    view = mesh._communicators()
     for dims in record.dim_entries:  # the rebuilt DeviceMesh serves them again
-        mesh._groups.pop(dims, None)
+        view.unserve(dims)
     if replacements:
         _rebuild_device_mesh(mesh, record)
         rebound = rebind_references([mesh, *holders, *_own_modules()], replacements)
@@ -278,10 +279,10 @@ def _serve_dims_from_standins(mesh: Any, record: ReleaseRecord) -> None:
         return
     record.device_mesh_layout = (device_mesh.mesh, tuple(device_mesh.mesh_dim_names), device_mesh.device_type)
     mesh.device_mesh = None
+    view = mesh._communicators()
     for name in record.device_mesh_layout[1]:
         key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
-        if key in record.standins and (name,) not in mesh._groups:
-            mesh._groups[(name,)] = record.standins[key]
+        if key in record.standins and view.serve((name,), record.standins[key]):
             record.dim_entries.append((name,))
 
 
@@ -311,18 +312,19 @@ def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
         if key in uses and what not in uses[key]:
             uses[key].append(what)
 
-    keys = _mesh_keys(mesh) if mesh.is_member and not mesh._destroyed else []
+    view = mesh._communicators()
+    keys = _mesh_keys(mesh) if view.usable else []
     for key in keys:
         uses[key] = []
     if keys:
         for name in mesh.mesh_dim_names:
             note(mesh.layout.group_ranks((name,), mesh.rank), name)
-        for dims in mesh._groups:
+        for dims in view.dims:
             note(mesh.layout.group_ranks(dims, mesh.rank) if dims else [mesh.rank], " x ".join(dims) or "one-rank")
         for ep, experts in mesh.experts.sizes().items():
             note(experts.ep_ranks, f"ep({ep})")
             note(experts.edp_ranks, f"edp({ep})")
-        for pair in (mesh._p2p or {}):
+        for pair in view.p2p_pairs:
             note(pair, "p2p")
         if record is not None:  # released: the owners' groups are the record's other keys
             extra = [k for k in record.keys if k not in uses]

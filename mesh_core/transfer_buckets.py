@@ -3,7 +3,7 @@
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
 that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
 of 256 KiB or a quarter bucket or more travels alone, unless ``pack_strided`` and it is strided
-on a side); the buckets of all pairs are ordered round by round (each pair's first bucket, then
+on both sides); the buckets of all pairs are ordered round by round (each pair's first bucket, then
 the second, ...), and a bucket's index in that order is its message tag. A lone box contiguous on
 a side is sent from / received into the tensor itself there.
 
@@ -101,9 +101,10 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
              pack_strided: bool = False) -> list[Bucket]:
     """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size.
 
-    ``pack_strided``: a big box that is not contiguous in its source or its destination shard (a
-    block of columns) is packed with its pair's other boxes instead of travelling alone: it is copied
-    on that side either way, and fewer messages go out."""
+    ``pack_strided``: a big box that is contiguous neither in its source nor in its destination shard
+    is packed with its pair's other boxes instead of travelling alone: it is copied on both sides
+    either way, and fewer messages go out. (A box contiguous on one side travels alone: that side
+    sends it from / receives it into the tensor itself.)"""
     per_pair: dict[tuple[int, int], list[list[Item]]] = {}
     last_alone: dict[tuple[int, int], bool] = {}  # the pair's last bucket holds a box travelling alone
     for p in pieces:
@@ -117,7 +118,7 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
             current = buckets[-1]
             offset = _end(current)
             alone = nbytes >= _alone_bytes(bucket_bytes) and not (
-                pack_strided and not (is_contiguous_in(box, p.src_box) and is_contiguous_in(box, p.dst_box)))
+                pack_strided and not (is_contiguous_in(box, p.src_box) or is_contiguous_in(box, p.dst_box)))
             if current and (alone or offset + nbytes > bucket_bytes or last_alone[pair]):
                 current, offset = [], 0
                 buckets.append(current)
@@ -194,6 +195,8 @@ def execute(
     pool: Optional[BufferPool] = None,
     rank: Optional[int] = None,
     post: Optional[Callable[[list[tuple[bool, torch.Tensor, int, int]]], list]] = None,
+    views: Optional[dict] = None,
+    post_each: bool = False,
 ) -> Run:
     """Send and receive this rank's buckets in rounds; ``local()`` runs once the first round is in flight.
 
@@ -205,7 +208,11 @@ def execute(
     unfinished bucket of the whole transfer is posted on both ends and completes (no deadlock).
     Buckets sent from / received into the tensors themselves only count as messages. ``rank`` and
     ``post`` (``[(is_send, tensor, peer, tag)]`` -> works) run it on another channel than the
-    default group (default: this rank of the world, one ``batch_isend_irecv`` per round)."""
+    default group (default: this rank of the world, one ``batch_isend_irecv`` per round). ``views``:
+    a dict kept by a caller that runs the same buckets on the same tensors again: each bucket's
+    regions of the tensors are sliced once, at the first run, and reused. ``post_each``: ``post`` takes
+    messages one at a time (a channel that needs no grouping): within a round, what needs no packing is
+    posted first, then each packed bucket as soon as it is packed, so the wire starts at once."""
     rank = dist.get_rank() if rank is None else rank
     post = _batch_on_world if post is None else post
     pool = pool if pool is not None else BufferPool()
@@ -216,13 +223,19 @@ def execute(
     messages = 0
     round_bytes = max(1, buffer_bytes // 2)
     round_messages = max(1, MAX_IN_FLIGHT // 2)
-    directs: dict[int, Optional[torch.Tensor]] = {}
+    known: dict = views if views is not None else {}  # tag -> (this rank's regions of the bucket's items, direct)
+
+    def regions(bucket: Bucket) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
+        found = known.get(bucket.tag)
+        if found is None:
+            sending = bucket.src == rank
+            tensor_of = source if sending else target
+            parts = [tensor_of(i.name)[i.src_index if sending else i.dst_index] for i in bucket.items]
+            found = known[bucket.tag] = (parts, _direct(bucket, parts, wire_dtype))
+        return found
 
     def direct(bucket: Bucket) -> Optional[torch.Tensor]:
-        if bucket.tag not in directs:
-            sending = bucket.src == rank
-            directs[bucket.tag] = _direct(bucket, source if sending else target, sending, wire_dtype)
-        return directs[bucket.tag]
+        return regions(bucket)[1]
 
     def next_round() -> list[Bucket]:
         chosen: list[Bucket] = []
@@ -244,20 +257,26 @@ def execute(
             need = sum(b.nbytes for b in chosen if direct(b) is None)
             if rounds and (alive + need > buffer_bytes or messages + len(chosen) > MAX_IN_FLIGHT):
                 return
-            posted, ops = [], []
-            for bucket in chosen:
+            for _ in chosen:
                 mine.popleft()
+            if post_each:  # what needs no packing goes out first; each packed bucket as soon as it is packed
+                chosen = sorted(chosen, key=lambda b: b.src == rank and direct(b) is None)
+            posted, ops, works = [], [], []
+            for bucket in chosen:
                 if bucket.src == rank:
-                    buffer, owned = _pack(bucket, source, wire_dtype, pool, direct(bucket))
+                    if post_each and ops and direct(bucket) is None:
+                        works += post(ops)
+                        ops = []
+                    buffer, owned = _pack(bucket, regions(bucket), wire_dtype, pool)
                     ops.append((True, buffer, bucket.dst, bucket.tag))
                     run.sent_bytes += bucket.nbytes
                 else:
-                    buffer, owned = _landing(bucket, target, pool, direct(bucket))
+                    buffer, owned = _landing(bucket, regions(bucket), pool)
                     ops.append((False, buffer, bucket.src, bucket.tag))
                     run.received_bytes += bucket.nbytes
                 alive += buffer.numel() if owned else 0
                 posted.append((bucket, buffer, owned))
-            works = post(ops)
+            works += post(ops)
             messages += len(posted)
             run.messages += len(posted)
             run.peak_buffer_bytes = max(run.peak_buffer_bytes, alive)
@@ -272,7 +291,7 @@ def execute(
         messages -= len(posted)
         for bucket, buffer, owned in posted:
             if bucket.dst == rank and owned:
-                _unpack(bucket, buffer, target, wire_dtype)
+                _unpack(bucket, buffer, regions(bucket)[0], wire_dtype)
             if owned:
                 alive -= buffer.numel()
                 pool.give(buffer)
@@ -286,13 +305,12 @@ def _batch_on_world(ops: list[tuple[bool, torch.Tensor, int, int]]) -> list:
                                    for send, tensor, peer, tag in ops])
 
 
-def _direct(bucket: Bucket, tensor_of, sending: bool, wire_dtype) -> Optional[torch.Tensor]:
+def _direct(bucket: Bucket, regions: list[torch.Tensor], wire_dtype) -> Optional[torch.Tensor]:
     """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
-    if len(bucket.items) != 1:
+    if len(regions) != 1:
         return None
-    item = bucket.items[0]
-    region = tensor_of(item.name)[item.src_index if sending else item.dst_index]
-    if region.dtype == wire_dtype(item.name, bucket.src) and region.is_contiguous():
+    region = regions[0]
+    if region.dtype == wire_dtype(bucket.items[0].name, bucket.src) and region.is_contiguous():
         return region.reshape(-1).view(torch.uint8)
     return None
 
@@ -303,24 +321,28 @@ def _slots(buffer: torch.Tensor, bucket: Bucket, wire_dtype) -> list[torch.Tenso
             for item in bucket.items]
 
 
-def _pack(bucket: Bucket, source, wire_dtype, pool: BufferPool, direct: Optional[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+def _pack(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]], wire_dtype,
+          pool: BufferPool) -> tuple[torch.Tensor, bool]:
+    parts, direct = regions
     if direct is not None:
         return direct, False
-    buffer = pool.take(bucket.nbytes, source(bucket.items[0].name).device)
+    buffer = pool.take(bucket.nbytes, parts[0].device)
     with torch.no_grad():
-        torch_compat.foreach_copy_(_slots(buffer, bucket, wire_dtype), [source(item.name)[item.src_index] for item in bucket.items])
+        torch_compat.foreach_copy_(_slots(buffer, bucket, wire_dtype), parts)
     return buffer, True
 
 
-def _landing(bucket: Bucket, target, pool: BufferPool, direct: Optional[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+def _landing(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]],
+             pool: BufferPool) -> tuple[torch.Tensor, bool]:
+    parts, direct = regions
     if direct is not None:
         return direct, False
-    return pool.take(bucket.nbytes, target(bucket.items[0].name).device), True
+    return pool.take(bucket.nbytes, parts[0].device), True
 
 
-def _unpack(bucket: Bucket, buffer: torch.Tensor, target, wire_dtype) -> None:
+def _unpack(bucket: Bucket, buffer: torch.Tensor, parts: list[torch.Tensor], wire_dtype) -> None:
     with torch.no_grad():
-        torch_compat.foreach_copy_([target(item.name)[item.dst_index] for item in bucket.items], _slots(buffer, bucket, wire_dtype))
+        torch_compat.foreach_copy_(parts, _slots(buffer, bucket, wire_dtype))
 
 
 def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],

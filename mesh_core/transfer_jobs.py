@@ -16,7 +16,9 @@ Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met
    what it holds or needs (names, shapes, dtypes, devices, boxes) and its own problems; any problem
    or disagreement is the same :class:`~mesh_core.MeshSpecError` on every rank of both jobs, before
    any message. When no rank's record changed since the previous round, the cached verdict, plan,
-   buckets and process group are reused (O(1) store operations per rank);
+   buckets and process group are reused (O(1) store operations per rank); a rank given the same
+   tensors as last time (an equal fingerprint: memory, shapes, strides, dtypes, devices, ZeRO-3 and
+   AutoTP attributes, layouts) does not read its side again and reuses each bucket's regions;
 3. the data: each receiver rank gets its own shard, straight from the sender ranks holding it (ZeRO-3
    partitions are sent from the partitions, with no gather; replicas each send a part), in packed
    buckets (:mod:`mesh_core.transfer_buckets`);
@@ -48,7 +50,7 @@ from .spec import MeshSpec, MeshSpecError
 from .transfer import ParamLayout, check_tensors, own_box
 from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
-from .transfer_devices import WorldDevices, device_text
+from .transfer_devices import WorldDevices, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
 from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
                                  record, sender_param, sync_bytes, verdict)
@@ -72,6 +74,23 @@ class SyncStats:
     messages: int
     agreed_again: bool  # records were exchanged (first round, a change, a new receiving job)
     data_seconds: float = 0.0  # of ``seconds``: the data phase on this rank (messages, packing, placing)
+
+
+class _Reading:
+    """This rank's side of a sync, read when needed: what it holds or needs, its tensors, its problems."""
+
+    def __init__(self, side: Callable[[], tuple[dict, dict, list[str]]]) -> None:
+        self._side = side
+        self.done = False
+        self.params: dict = {}
+        self.tensors: Any = None
+        self.problems: list[str] = []
+
+    def read(self) -> None:
+        if not self.done:
+            self.params, tensors, self.problems = self._side()
+            self.tensors = tensors
+            self.done = True
 
 
 class _Late(Exception):
@@ -109,7 +128,7 @@ class WeightLink:
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
         self._launch = launch or (_launch_id(self.rank, self.job_size, initialised) if role == "receiver" else "")
         self._round = None if role == "receiver" else 0
-        self._cache: Optional[dict] = None  # digest, verdict, buckets, pool, process group, sizes
+        self._cache: Optional[dict] = None  # digest, buckets, pool, process group, sizes, fingerprint, tensors, views
         self.partial = False  # a receiver whose last sync failed in the data phase
 
     # -- public -----------------------------------------------------------------------------------
@@ -122,7 +141,8 @@ class WeightLink:
         ``layouts`` gives hand-written tensor-parallel ones over ``spec`` (default: the engine's mesh)."""
         if self.role != "sender":
             raise MeshSpecError("send() is for the sending job's ranks; this link was made with role='receiver'")
-        return self._sync(lambda: _sender_side(model, layouts, spec, self.rank, self.job_size))
+        return self._sync(_fingerprint(model, layouts, spec),
+                          lambda: _sender_side(model, layouts, spec, self.rank, self.job_size))
 
     def receive(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
                 spec: Optional[MeshSpec] = None) -> SyncStats:
@@ -132,7 +152,8 @@ class WeightLink:
         default: every rank holds whole tensors)."""
         if self.role != "receiver":
             raise MeshSpecError("receive() is for the receiving job's ranks; this link was made with role='sender'")
-        return self._sync(lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size))
+        return self._sync(_fingerprint(model, layouts, spec),
+                          lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size))
 
     def pair_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
@@ -151,43 +172,49 @@ class WeightLink:
 
     # -- the round ---------------------------------------------------------------------------------
 
-    def _sync(self, side: Callable[[], tuple[dict, dict, list[str]]]) -> SyncStats:
+    def _sync(self, fingerprint: tuple, side: Callable[[], tuple[dict, dict, list[str]]]) -> SyncStats:
         start = time.perf_counter()
         if self.store.timeout != self.timeout:  # the store's own waits are the link's
             self.store.set_timeout(self.timeout)
         sending = self.role == "sender"
-        if sending:
-            params, tensors, problems = side()  # bad input raises here, before any store operation
-            n, senders, receivers = self._await_claim(self._announce())
-        elif self._cache is not None:  # claimed before this rank reads its tensors: the senders wait less
-            n, senders, receivers = self._claim()
-            params, tensors, problems = side()
-        else:
-            params, tensors, problems = side()
-            n, senders, receivers = self._claim()
-        sources, targets = (tensors, {}) if sending else ({}, tensors)
-        me = self.rank if self.role == "sender" else senders + self.rank
-        members = list(range(senders + receivers))
-        rec = record(self.role, self.job_size, params, problems, self.backend)
-        digest = hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
         cache = self._cache
-        stale = (cache is None or cache["digest"] != digest or cache["sizes"] != (senders, receivers))
+        mine = _Reading(side)  # read only when the fingerprint changed (or for a new agreement)
+        if sending:
+            n = self._round  # taken first: a rank whose input is refused stays in step with the others
+            self._round += 1
+            if cache is None or cache["fingerprint"] != fingerprint:
+                mine.read()  # bad input raises here, before any store operation
+            self._announce(n)
+            senders, receivers = self._await_claim(n)
+        else:
+            n, senders, receivers = self._claim()  # before reading the tensors: the senders wait less
+            if cache is None or cache["fingerprint"] != fingerprint:
+                mine.read()
+        me = self.rank if sending else senders + self.rank
+        members = list(range(senders + receivers))
         where = f"{PREFIX}/{n}"
-        arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=bool(problems) or stale)
+        stale = (cache is None or cache["sizes"] != (senders, receivers)
+                 or (mine.done and (bool(mine.problems) or self._digest(mine) != cache["digest"])))
+        arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale)
         again = arrival.flagged > 0
         if again:
-            self._cache = None
-            self.store.set(f"{where}/record/{me}", json.dumps(rec))
+            self._cache = cache = None
+            mine.read()
+            rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
+            self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", json.dumps(rec)))
             self._arrive(f"{where}/published", members, senders, n, me)
-            records = [json.loads(v) for v in self.store.multi_get([f"{where}/record/{b}" for b in members])]
+            keys = [f"{where}/record/{b}" for b in members]
+            records = [json.loads(v) for v in self._store_op(n, lambda: self.store.multi_get(keys))]
             agreed = verdict(records, senders)  # the same error on every rank, before any message
-            self._cache = cache = self._prepare(agreed, digest, senders, receivers, me, where)
+            cache = self._cache = self._prepare(agreed, self._digest(mine), senders, receivers, me, where)
         assert cache is not None
+        if mine.done:  # these tensors from now on (an unchanged record: the same plan)
+            cache.update(fingerprint=fingerprint, tensors=mine.tensors, views={})
         failure: Optional[BaseException] = None
         run = None
         data_start = time.perf_counter()
         try:
-            run = self._data(cache, me, sources, targets)
+            run = self._data(cache, me)
         except Exception as err:  # a peer died or its channel broke: every rank hears of it below
             failure = err
         data_seconds = time.perf_counter() - data_start
@@ -196,16 +223,25 @@ class WeightLink:
         return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes, run.received_bytes,
                          run.messages, again, data_seconds)
 
-    def _announce(self) -> int:
-        """Sender: the next round's number; rank 0 opens it (one store operation)."""
-        n = self._round
-        self._round += 1
+    def _store_op(self, n: int, op: Callable[[], Any]) -> Any:
+        """A store operation of the agreement; the store gone (the sending job's rank 0 ended) is one clear error."""
+        try:
+            return op()
+        except (RuntimeError, dist.DistError) as err:
+            raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
+                                f"rank 0 ended) during the agreement; no message was sent") from err
+
+    def _digest(self, mine: "_Reading") -> str:
+        rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
+        return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
+
+    def _announce(self, n: int) -> None:
+        """Sender: rank 0 opens round ``n`` (one store operation)."""
         if self.rank == 0:  # only rank 0 writes "opened": a plain count a receiving job reads with add(0)
             self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened"], [str(self.job_size), str(n + 1)])
-        return n
 
-    def _await_claim(self, n: int) -> tuple[int, int, int]:
-        """Sender: wait for a receiving job to claim round ``n``."""
+    def _await_claim(self, n: int) -> tuple[int, int]:
+        """Sender: wait for a receiving job to claim round ``n``; (senders, receivers)."""
         claim = f"{PREFIX}/{n}/claim"
         try:
             value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
@@ -214,7 +250,7 @@ class WeightLink:
         if value == "abandoned":
             raise MeshSpecError(f"weight sync {n}: no receiving job joined within {self.timeout} (is it running, "
                                 f"and given the address {self.address}?); the sending job's weights are untouched")
-        return n, self.job_size, int(value.partition(":")[0])
+        return self.job_size, int(value.partition(":")[0])
 
     def _claim(self) -> tuple[int, int, int]:
         """Receiver: claim the next round the senders open (skipping rounds given up or another launch's)."""
@@ -268,18 +304,20 @@ class WeightLink:
             raise MeshSpecError(f"weight sync: the side channel between the jobs could not be built within "
                                 f"{self.timeout}: {err}; no message was sent") from err
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
-        return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets, "pool": BufferPool(),
-                "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
+        return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets,
+                "pool": BufferPool(), "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
 
-    def _data(self, cache: dict, me: int, sources: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]):
+    def _data(self, cache: dict, me: int):
         group, wire = cache["group"], cache["wire"]
+        sources, targets = (cache["tensors"], {}) if self.role == "sender" else ({}, cache["tensors"])
 
         def post(ops):
             return [group.send([t], peer, tag) if send else group.recv([t], peer, tag) for send, t, peer, tag in ops]
 
         return execute(cache["buckets"], lambda key: sources[key], lambda key: targets[name_of(key)],
                        lambda key, src: wire[name_of(key)], lambda: None,
-                       buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post)
+                       buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post,
+                       views=cache["views"], post_each=True)
 
     def _close_round(self, prefix: str, members: list[int], senders: int, n: int, me: int,
                      failure: Optional[BaseException]) -> None:
@@ -334,6 +372,30 @@ def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Ten
     return module, dict(module.named_parameters())
 
 
+def _host_only(problems: Sequence[str]) -> list[str]:
+    """The remedy, once, when a tensor of this rank is off the host (the side channel is gloo)."""
+    if not any(" moves cpu tensors only" in p for p in problems):
+        return []
+    return ["the weight link moves host memory only (its side channel is gloo; staging GPU tensors through host "
+            "memory is not built): sync host copies of the weights, e.g. {name: tensor.detach().cpu()} by name"]
+
+
+def _fingerprint(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec]) -> tuple:
+    """What this rank's side of a sync is read from, cheaply: each tensor's memory, shape, strides, dtype
+    and device, the ZeRO-3 and AutoTP attributes, the layouts and meshes. An equal fingerprint reads
+    the same record from the same memory (the cached views hold that memory, so it is not reused)."""
+    _, tensors = _tensors(model)
+    rows = []
+    for name, tensor in tensors.items():
+        held = tensor.ds_tensor if _is_zero3(tensor) else tensor
+        meta = getattr(tensor, AUTOTP_META, None)
+        rows.append((name, held.data_ptr(), held.shape, held.stride(), held.dtype, held.device,
+                     getattr(held, "ds_numel", None), getattr(tensor, "ds_shape", None),
+                     id(getattr(tensor, "ds_process_group", None)), dict(meta) if isinstance(meta, Mapping) else None))
+    engine_spec = getattr(getattr(model, "mesh_device", None), "spec", None)
+    return rows, dict(layouts) if layouts is not None else None, spec, engine_spec
+
+
 def _job_spec(model: Any, spec: Optional[MeshSpec], size: int) -> MeshSpec:
     if spec is not None:
         return spec
@@ -369,10 +431,12 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         for i, (box, first) in enumerate(holds):
             extent = [hi - lo for lo, hi in box]
             sources[key_of(name, i)] = flat[first - start:first - start + math.prod(extent)].view(extent)
-        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(part.device),
+        device = tensor_device(part)
+        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(device),
                                     [(b, f - start) for b, f in holds])
-        if part.device.type != "cpu":
-            problems.append(f"source tensor {name!r} is on {device_text(part.device)}; the link moves cpu tensors only")
+        if device.type != "cpu":
+            problems.append(f"source tensor {name!r} (its ZeRO-3 partition) is on {device_text(device)}, but the "
+                            "weight link's side channel (gloo) moves cpu tensors only")
     if module is not None and rest:
         side = EngineSide(model, spec, rest, layouts)
         known, shapes, problems = side.layouts, side.shapes, problems + side.problems
@@ -381,6 +445,7 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         shapes = {}
     metas, found = check_tensors(spec, rank, "source", known, tensors, shapes=shapes, world=_BRIDGE)
     problems += found
+    problems += _host_only(problems)
     for name, meta in metas.items():
         box = own_box(spec, known[name], rank, name, "source")
         tensor = tensors[name].detach()
@@ -398,6 +463,7 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
     metas, problems = check_tensors(spec, rank, "destination", known, tensors, world=_BRIDGE)
     if extra:
         problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
+    problems += _host_only(problems)
     params = {}
     for name, meta in metas.items():
         params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,

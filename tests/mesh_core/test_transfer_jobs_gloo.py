@@ -2,8 +2,9 @@
 whole tensors, a receiving job of 2 ranks split tp=2; no torch world in either, links made with
 explicit ranks): bit for bit, each receiver fed by both senders; another model, another dtype, a
 shard of the wrong size: the same error on every rank of both jobs, with no process group built and
-no message; the next sync works and reuses the cached agreement; an absent other job: an error
-within the timeout."""
+no message; the next sync works and reuses the cached agreement; the same tensors synced again
+(updated in place) are not read again and arrive bit for bit; an absent other job: an error within
+the timeout."""
 from __future__ import annotations
 
 import json
@@ -41,10 +42,13 @@ def _worker(index: int, port: int, out_dir: str) -> None:
 
     sender = index < SENDERS
     rank = index if sender else index - SENDERS
-    built, posted = [], []
+    built, posted, reads = [], [], []
     real_prepare, real_execute = transfer_jobs.WeightLink._prepare, transfer_jobs.execute
     transfer_jobs.WeightLink._prepare = lambda self, *a: built.append(1) or real_prepare(self, *a)
     transfer_jobs.execute = lambda *a, **k: posted.append(1) or real_execute(*a, **k)
+    side = "_sender_side" if sender else "_receiver_side"
+    real_side = getattr(transfer_jobs, side)
+    setattr(transfer_jobs, side, lambda *a: reads.append(1) or real_side(*a))
     link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
                                     world_size=SENDERS if sender else RECEIVERS, timeout=timedelta(seconds=20),
                                     launch="job-1")
@@ -53,15 +57,24 @@ def _worker(index: int, port: int, out_dir: str) -> None:
     boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in SHAPES}
     out: dict = {}
 
-    def case(name, version, *, edit=None, extra=None, dtype=torch.float32):
+    held: dict = {}
+
+    def case(name, version, *, edit=None, extra=None, dtype=torch.float32, same_memory=False):
         full = _full(version)
-        if sender:
+        if same_memory:  # the tensors of the previous same_memory case, updated in place
+            if not held:
+                held.update(full if sender else {n: torch.zeros([hi - lo for lo, hi in boxes[n]]) for n in SHAPES})
+            elif sender:
+                for n in SHAPES:
+                    held[n].copy_(full[n])
+            tensors = held
+        elif sender:
             tensors = dict(full, **(extra or {}))
         else:
             tensors = {n: torch.zeros([hi - lo for lo, hi in boxes[n]], dtype=dtype) for n in SHAPES}
             if edit:
                 tensors = edit(tensors)
-        before = len(built), len(posted)
+        before = len(built), len(posted), len(reads)
         start = time.monotonic()
         try:
             stats = link.send(tensors) if sender else link.receive(tensors, layouts=layouts, spec=spec)
@@ -71,7 +84,8 @@ def _worker(index: int, port: int, out_dir: str) -> None:
                                    for n in SHAPES)
         except MeshSpecError as err:
             res = {"ok": False, "error": str(err)}
-        res.update(seconds=time.monotonic() - start, built=len(built) - before[0], posted=len(posted) - before[1])
+        res.update(seconds=time.monotonic() - start, built=len(built) - before[0], posted=len(posted) - before[1],
+                   reads=len(reads) - before[2])
         out[name] = res
 
     case("first", 1)
@@ -81,9 +95,11 @@ def _worker(index: int, port: int, out_dir: str) -> None:
     case("wrong_shard", 5, edit=lambda t: dict(t, up=torch.zeros(33, 96)) if rank == 1 else t)
     case("after_errors", 6)
     case("cached", 7)
+    case("same_memory_first", 8, same_memory=True)
+    case("same_memory_again", 9, same_memory=True)
     if sender:  # the receiving job is gone: the senders' next sync ends within the timeout
         link.timeout = timedelta(seconds=3)
-        case("absent", 8)
+        case("absent", 10)
     with open(os.path.join(out_dir, f"{index}.json"), "w") as fh:
         json.dump(out, fh)
     time.sleep(0.5 if sender else 0)  # the store's server (sender 0) outlives the others' last reads
@@ -120,6 +136,13 @@ def test_the_agreement_and_plan_are_reused_until_something_changes(outs):
     assert all(o["first"]["again"] and o["first"]["built"] == 1 for o in outs)
     assert all(not o["second"]["again"] and o["second"]["built"] == 0 for o in outs)
     assert all(o["after_errors"]["again"] and not o["cached"]["again"] for o in outs)
+
+
+def test_the_same_tensors_synced_again_are_not_read_again(outs):
+    for case in ("same_memory_first", "same_memory_again"):
+        assert all(o[case]["ok"] and not o[case]["again"] and o[case]["built"] == 0 for o in outs), [o[case] for o in outs]
+        assert all(o[case]["equal"] for o in outs[SENDERS:])
+    assert all(o["same_memory_first"]["reads"] == 1 and o["same_memory_again"]["reads"] == 0 for o in outs)
 
 
 @pytest.mark.parametrize("case, words", [

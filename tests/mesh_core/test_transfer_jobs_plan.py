@@ -118,7 +118,7 @@ def test_is_contiguous_in_says_whether_a_box_is_one_range_of_its_shard(shape, da
     assert is_contiguous_in(tuple(box), tuple((0, s) for s in shape)) == one_range
 
 
-def test_a_link_packs_its_column_blocks_with_the_pair_and_sends_contiguous_boxes_alone():
+def test_a_link_sends_a_box_contiguous_on_one_side_alone_and_packs_boxes_strided_on_both():
     shapes = {"up": (1024, 256), "down0": (512, 1024), "down1": (512, 1024)}  # boxes of 512 KiB: alone if not packed
     agreed = verdict(_zero3_records(shapes, 2) + _tp_records(shapes, 2, {"up": 0, "down0": 1, "down1": 1}), 2)
     pieces = plan_sync(agreed, {n: 4 for n in shapes})
@@ -126,9 +126,17 @@ def test_a_link_packs_its_column_blocks_with_the_pair_and_sends_contiguous_boxes
         buckets = schedule(pieces, lambda key, src: 4, 16 << 20, pack_strided=pack_strided)
         items = [(b.src, b.dst, name_of(i.name), i.box) for b in buckets for i in b.items]
         assert sorted(items) == sorted((p.src, p.dst, name_of(p.name), p.box) for p in pieces)  # each box once
-        alone = {name_of(b.items[0].name) for b in buckets if len(b.items) == 1}
-        together = {name_of(i.name) for b in buckets if len(b.items) > 1 for i in b.items}
-        # up's row blocks are contiguous on both sides; the column blocks of down* are strided in the partitions
-        assert (alone, together) == (({"up"}, {"down0", "down1"}) if pack_strided else (set(shapes), set()))
-        # up: 2 boxes alone; down*: one packed bucket per pair (4 pairs), or each of their 8 boxes alone
-        assert len(buckets) == 2 + (4 if pack_strided else 8)
+        # up's row blocks are contiguous on both sides; the column blocks of down* are strided in the
+        # partitions but contiguous in the receivers' shards (received straight into them): all alone
+        assert all(len(b.items) == 1 for b in buckets) and len(buckets) == 2 + 8
+    # a box strided on both sides (a block of the middle dim inside a block of the last) is packed
+    shapes = {"w": (4, 256, 256), "v": (4, 256, 256)}
+    senders = [record("sender", 2, {n: sender_param(s, "float32", "cpu", [(((0, 4), (0, 256), (r * 128, r * 128 + 128)), None)])
+                                     for n, s in shapes.items()}, [], "gloo") for r in range(2)]  # split on dim 2
+    agreed = verdict(senders + _tp_records(shapes, 2, {"w": 1, "v": 1}), 2)  # received split on dim 1
+    pieces = plan_sync(agreed, {n: 4 for n in shapes})
+    strided = [p for p in pieces if p.src != p.dst]
+    assert strided and not any(is_contiguous_in(p.box, p.src_box) or is_contiguous_in(p.box, p.dst_box) for p in strided)
+    packed = schedule(pieces, lambda key, src: 4, 16 << 20, pack_strided=True)
+    assert {len(b.items) for b in packed} == {2} and len(packed) == 4  # w and v together, one bucket per pair
+    assert all(len(b.items) == 1 for b in schedule(pieces, lambda key, src: 4, 16 << 20))

@@ -7,6 +7,7 @@ import socket
 import threading
 from datetime import timedelta
 
+import pytest
 import torch
 
 from mesh_core import MeshSpec
@@ -73,3 +74,43 @@ def test_autotp_shards_and_replicas_reach_a_whole_receiver_bit_for_bit():
     # each tp rank sends its own rows; the replicated bias is sent by one of the two
     sent = [results[("sender", r)][0].sent_bytes for r in (0, 1)]
     assert min(sent) >= 4 * 3 * 4 and sum(sent) >= (24 + 3) * 4
+
+
+@pytest.mark.parametrize("on_gpu", ["sender", "receiver"])
+def test_a_tensor_on_an_accelerator_is_one_error_on_both_jobs_before_any_message(monkeypatch, on_gpu):
+    """The side channel is gloo: a trainer (or rollout) whose tensors live on a GPU, modelled here by
+    the device the checks read, is refused alike on both jobs, naming the tensor, its device and the
+    remedy; no message is posted and the receiver's tensor is untouched."""
+    from mesh_core import MeshSpecError, transfer, transfer_jobs
+
+    gpu: set = set()
+    real_device = transfer.tensor_device
+    monkeypatch.setattr(transfer, "tensor_device", lambda t: torch.device("cuda:0") if id(t) in gpu else real_device(t))
+    posted: list = []
+    real_execute = transfer_jobs.execute
+    monkeypatch.setattr(transfer_jobs, "execute", lambda *a, **k: posted.append(1) or real_execute(*a, **k))
+    address = f"127.0.0.1:{_port()}"
+    weight, target = torch.ones(4, 3), torch.zeros(4, 3)
+    gpu.add(id(weight) if on_gpu == "sender" else id(target))
+    links: list = []
+    out: dict = {}
+
+    def run(role: str) -> None:
+        link = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=30))
+        links.append(link)  # the sender's store outlives the receiver's last read
+        try:
+            out[role] = link.send({"w": weight}) if role == "sender" else link.receive({"w": target})
+        except MeshSpecError as err:
+            out[role] = str(err)
+
+    threads = [threading.Thread(target=run, args=(role,)) for role in ("sender", "receiver")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    side = "source" if on_gpu == "sender" else "destination"
+    assert out["sender"] == out["receiver"], out
+    assert out["sender"].startswith("weight sync refused before any message was sent: ")
+    assert f"{on_gpu} rank 0: {side} tensor 'w' is on cuda:0" in out["sender"]
+    assert "the weight link moves host memory only" in out["sender"]
+    assert not posted and torch.equal(target, torch.zeros(4, 3))
