@@ -18,6 +18,7 @@ from .comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from .grid_internal import GridInternalCommand
+from .import_place import place_added_imports
 from .grid_users import GridUsersCommand
 from .groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
 from .initialize import InitializeCommand
@@ -30,6 +31,7 @@ from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from .topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .todo_place import place_todos
+from .todo_wrap import unwrap
 from .walk import fast_visits
 
 logger = logging.getLogger(__name__)
@@ -105,7 +107,7 @@ class Migration:
 
     def spelled_out(self) -> str:
         """``code`` with each short TODOV1 comment replaced by its full advice (for reading it in one place)."""
-        return spell_out(self.code, self.advice)
+        return spell_out(unwrap(self.code), self.advice)
 
 
 def migrate_code(
@@ -126,7 +128,8 @@ def migrate_code(
     with fast_visits(), collecting() as advice:  # fast: read-only visitors walk trees without copying them
         migration = _migrate(source, filename, module, package, codemods)
     migration.code = bom + migration.code
-    migration.advice = {comment: full for comment, full in advice.items() if comment in migration.code}
+    written = unwrap(migration.code)  # (a comment wrapped over lines is looked up whole)
+    migration.advice = {comment: full for comment, full in advice.items() if comment in written}
     return migration
 
 
@@ -172,7 +175,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
-        tree = _finish(parsed, tree, code, package)
+        tree = place_added_imports(parsed, _finish(parsed, tree, code, package))
         code = tree.code
         problem = parse_error(code)
         if problem is not None and parse_error(source) is None:
@@ -369,4 +372,7 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         if head is None:
             return _whole_file("the runtime lines do not go after the header")
         code = head + rest
-    return Migration(code, +sites, +todos)
+    placed = chunks.header_with_runtime(head, lambda tree: place_added_imports(cst.parse_module(plan.header.text), tree))
+    if placed is None:
+        return _whole_file("the added imports do not go after the header")
+    return Migration(placed + rest, +sites, +todos)
