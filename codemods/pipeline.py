@@ -372,7 +372,15 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         if head is None:
             return _whole_file("the runtime lines do not go after the header")
         code = head + rest
+    if not _adds_imports(plan.header.text, head):
+        return Migration(code, +sites, +todos)
     placed = chunks.header_with_runtime(head, lambda tree: place_added_imports(cst.parse_module(plan.header.text), tree))
     if placed is None:
         return _whole_file("the added imports do not go after the header")
     return Migration(placed + rest, +sites, +todos)
+
+
+def _adds_imports(header: str, head: str) -> bool:
+    """``head`` (the migrated ``header``) has an import line ``header`` lacks."""
+    before = set(header.splitlines())
+    return any(line.startswith(("import ", "from ")) and line not in before for line in head.splitlines())
