@@ -11,13 +11,16 @@ such a group keeps the import where it is.
 
 Only the added lines move: the user's imports, the docstring, ``from __future__`` imports and the
 runtime lines (``import compat`` / ``compat.install()``, whose place is :mod:`codemods.runtime`'s)
-stay; nothing moves past a statement that is not an import (a module that runs code before its
-legacy imports, or imports under a guard, keeps what :mod:`codemods.local_imports` decided). The
+stay; an added import moves up past import lines only (code a module runs before its legacy imports
+stays before the mesh import, as :mod:`codemods.local_imports` placed it) and down past no statement
+naming what it binds; the statements before the first definition are all that is looked at (an
+import under a guard stays where :mod:`codemods.local_imports` put it). The
 result depends only on the module's leading statements, so a header migrated apart from its
 definitions (:mod:`codemods.chunks`) gets the same bytes as the whole file.
 """
 from __future__ import annotations
 
+import re
 import sys
 from typing import Optional, Sequence, Union
 
@@ -47,25 +50,15 @@ def _lone_import(statement: cst.CSTNode) -> Optional[_Import]:
     return None
 
 
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
-        and isinstance(statement.body[0], cst.Expr) \
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-
-
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
 
 
 def leading(body: Sequence[cst.CSTNode]) -> int:
-    """How many statements open the module: its docstring, import lines and the runtime lines."""
-    count = 0
-    for i, statement in enumerate(body):
-        if not (_is_import_line(statement) or runtime_lines(statement) or (i == 0 and _is_docstring(statement))):
-            break
-        count += 1
-    return count
+    """How many statements come before the module's first definition (its header: what
+    :mod:`codemods.chunks` migrates apart from the definitions)."""
+    return next((i for i, s in enumerate(body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))), len(body))
 
 
 def _modules(node: _Import) -> list[str]:
@@ -137,6 +130,10 @@ def place_added_imports(source: cst.Module, tree: cst.Module) -> cst.Module:
         return tree
     lines = [_sorted_names(region[i].with_changes(leading_lines=())) for i in moving]
     places = sorted((_place(rest, groups[target], line), _order(line), n) for n, line in enumerate(lines))
+    for (at, _), _, n in places:
+        now = sum(1 for j in range(moving[n]) if j not in moving)  # its place among the other statements
+        if not _may_move(rest[at:now] if at < now else rest[now:at], at < now, _bound(lines[n].body[0])):
+            return tree
     body: list = []
     for k, statement in enumerate([*rest, None]):
         here = [lines[n] for (at, _), _, n in places if at == k]
@@ -147,6 +144,24 @@ def place_added_imports(source: cst.Module, tree: cst.Module) -> cst.Module:
         if statement is not None:
             body.append(statement)
     return tree.with_changes(body=[*body, *tree.body[end:]])
+
+
+def _bound(node: _Import) -> set[str]:
+    if isinstance(node, cst.Import):
+        return {_code(a.asname.name) if a.asname else _code(a.name).split(".")[0] for a in node.names}
+    return {_code(a.asname.name if a.asname else a.name) for a in node.names} if not isinstance(
+        node.names, cst.ImportStar) else {"*"}
+
+
+def _may_move(crossed: list, up: bool, names: set[str]) -> bool:
+    """An added import may move up past import lines only (what ran before it stays before it), and
+    down past statements that do not name what it binds."""
+    if up:
+        return all(_is_import_line(s) or runtime_lines(s) for s in crossed)
+    if "*" in names:
+        return not crossed
+    words = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names)) + r")\b")
+    return not any(not _is_import_line(s) and words.search(_code(s)) for s in crossed)
 
 
 def _groups(statements: list) -> list[list[int]]:

@@ -218,6 +218,51 @@ def test_without_a_deepspeed_or_torch_group_the_import_stays_after_the_last_one(
     assert code.startswith("import os\nimport mypkg\nfrom mesh_core import current_mesh\n\n\ndef f():")
 
 
+MEGATRON_TRAINING = '''"""Pretrain utilities."""
+from datetime import datetime
+import math
+import time
+try:
+    import wandb
+except (ImportError, ModuleNotFoundError):
+    wandb = None
+# The earliest we can measure the start time.
+_TRAIN_START_TIME = time.time()
+import torch
+
+from megatron import get_args
+from megatron.core import mpu
+
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+from megatron.model.transformer import ParallelTransformerLayer
+
+from deepspeed import comm as dist
+
+
+def setup_model(model, args):
+    model, _, _, _ = deepspeed.initialize(model=model, args=args, mpu=mpu if args.no_pp else None,
+                                          config=args.deepspeed_config_dict)
+    return mpu.get_data_parallel_world_size() * args.micro_batch_size
+'''
+
+
+def test_megatron_training_shape_the_import_goes_into_the_deepspeed_group_after_the_start_time():
+    code = _once_and_twice(MEGATRON_TRAINING)
+    assert "import compat\ncompat.install()  # the mesh runtime" in code
+    assert ("import deepspeed\nfrom deepspeed.accelerator import get_accelerator\n"
+            "from megatron.model.transformer import ParallelTransformerLayer\n"
+            "from mesh_core import DeepSpeedDeviceMesh, mesh_of\n\nfrom deepspeed import comm as dist\n") in code
+    assert code.index("_TRAIN_START_TIME = time.time()") < code.index("import compat") < code.index("from mesh_core")
+
+
+def test_an_added_import_never_moves_below_a_statement_that_uses_it():
+    source = "import os\nfrom deepspeed.utils import groups\nWORLD = groups._get_data_parallel_world_size()\n" \
+             "import torch\nimport deepspeed\n\n\ndef f():\n    return WORLD\n"
+    code = _once_and_twice(source)
+    assert code.index("from mesh_core import current_mesh") < code.index("WORLD = current_mesh()")
+
+
 def test_the_users_imports_never_move():
     import libcst as cst
 
