@@ -121,9 +121,12 @@ def place_added_imports(source: cst.Module, tree: cst.Module) -> cst.Module:
     rest = [s for i, s in enumerate(region) if i not in moving]
     for i in moving:  # a moved line's blank lines stay where it was
         follower = next((j for j in range(i + 1, len(region)) if j not in moving), None)
-        if region[i].leading_lines and follower is not None and not region[follower].leading_lines:
-            at = next(k for k, s in enumerate(rest) if s is region[follower])
-            rest[at] = rest[at].with_changes(leading_lines=region[i].leading_lines)
+        if not region[i].leading_lines:
+            continue
+        if follower is None or region[follower].leading_lines:
+            return tree  # no place for its blank lines and comments: it stays where it is
+        at = next(k for k, s in enumerate(rest) if s is region[follower])
+        rest[at] = rest[at].with_changes(leading_lines=region[i].leading_lines)
     groups = _groups(rest)
     target = _anchor_group(groups, rest)
     if target is None:
