@@ -340,3 +340,22 @@ def test_a_comment_above_a_deeply_indented_statement_wraps_within_100_characters
     assert "# TODOV1: " + "; ".join(m.advice[comment]) in m.spelled_out()  # the full advice, read whole
     before, after, written = _check(tmp_path, "trainer.py", DEEP)
     assert (before, after, written) == (1, 0, code)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("relative", ["moe/layer.py", "runtime/pipe/module.py"])
+def test_comments_in_deepspeeds_own_deeply_indented_code_stay_within_100_characters(relative):
+    from test_codemods_metadata import deepspeed_file
+
+    module = "deepspeed." + relative[: -len(".py")].replace("/", ".")
+    source = deepspeed_file(relative).read_text(encoding="utf-8")
+    m = migrate_code(source, module=module, package=module.rpartition(".")[0])
+    written = [line for line in set(m.code.splitlines()) - set(source.splitlines())
+               if "# TODOV1:" in line or line.lstrip().startswith(CONTINUATION)]
+    assert any(line.lstrip().startswith(CONTINUATION) for line in written)  # these files need the wrapping
+    assert all(len(line) <= todo_links.MAX_COMMENT for line in written)
+    assert set(_todo_comments(m.code)) == set(m.advice)
+
+
+def _todo_comments(code: str) -> list[str]:
+    return [line[line.index("# TODOV1:"):] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
