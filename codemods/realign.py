@@ -163,8 +163,8 @@ def realign(before: cst.BaseStatement, after: Statement) -> Statement:
         return after
     if _EMPTY.code_for_node(parsed) != moved or type(parsed) is not type(new_node):
         return after
-    if isinstance(after, cst.SimpleStatementLine):
-        return parsed.with_changes(leading_lines=after.leading_lines)
+    if isinstance(after, cst.SimpleStatementLine):  # (its end-of-line comment: the same node, moved or not later)
+        return parsed.with_changes(leading_lines=after.leading_lines, trailing_whitespace=after.trailing_whitespace)
     changes = {"body": after.body, "leading_lines": after.leading_lines}
     if isinstance(after, (cst.If, cst.While, cst.For)):
         changes["orelse"] = after.orelse

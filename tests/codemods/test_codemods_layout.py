@@ -359,3 +359,14 @@ def test_comments_in_deepspeeds_own_deeply_indented_code_stay_within_100_charact
 
 def _todo_comments(code: str) -> list[str]:
     return [line[line.index("# TODOV1:"):] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
+
+
+def test_a_realigned_statement_keeps_its_own_comment_and_gets_its_todo_above():
+    source = ("import deepspeed\nfrom deepspeed.utils import groups\n\n\ndef f(engine):\n"
+              + aligned("    world = groups._get_data_parallel_world_size(); v = max(groups._get_model_parallel_world_size(),",
+                        "1)  # mine")
+              + "    return world, v\n")
+    code = _once_and_twice(source)
+    head = '    world = current_mesh().size("dp"); v = max(groups._get_model_parallel_world_size(),'
+    assert "    # TODOV1: use <mesh>.size((\"pp\", \"tp\"))" in code
+    assert aligned(head, "1)  # mine") in code
