@@ -21,7 +21,9 @@ around them (``codemods._engine``): ``pipeline`` (the order on one file, and the
 rules: added imports placed, the mesh runtime activated, ``TODOV1`` comments placed), ``runner``
 (files, jobs, reports), ``metadata`` / ``walk`` (lazy, pruned libcst metadata), ``chunks`` (a big
 file a group of top-level definitions at a time, where that gives the whole-file path's bytes),
-``cache`` (``--check`` / rerun cache), ``base`` (the rules' base class) and ``libcst_private`` (every
+``cache`` (``--check`` / rerun cache), ``base`` (the rules' base class; ``realign`` keeps continuation
+lines aligned with a bracket a rewrite moved), ``import_place`` (added imports where isort would put
+them), ``todo_wrap`` (``TODOV1`` comments within 100 characters) and ``libcst_private`` (every
 private libcst name the codemods use). The engine imports a rule only in ``pipeline``'s list. The
 rewrite templates and the ``TODOV1`` advice come from the catalog of legacy APIs
 (:mod:`ds_mesh_advice`), which ``ds-migrate --explain <code>`` prints.

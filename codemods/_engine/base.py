@@ -28,6 +28,7 @@ from . import legacy_names as ln
 from .imports import import_aliases, import_statements  # noqa: F401 (re-exported)
 from .libcst_private import TransformRunHook
 from .metadata import LazyMetadata, lazy, preorder
+from .realign import realign
 from .todo_links import TODO_TAG, todo_comment
 from .todo_place import todo_above
 
@@ -93,6 +94,7 @@ class _Frame:
 
     messages: list[tuple[str, str]] = field(default_factory=list)  # (kind, advice)
     comments: list[str] = field(default_factory=list)
+    acted: int = 0  # sites rewritten or flagged before the statement (a rule acted in it when this grows)
 
     def with_comments(self, statement):
         if not self.comments:
@@ -356,13 +358,18 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
         return updated_node
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
-        self._frames.append(_Frame())
+        self._frames.append(_Frame(acted=self._acted()))
         return True
+
+    def _acted(self) -> int:
+        return sum(self.sites.values()) + sum(self.todos.values())
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
         frame = self._frames.pop()
         result = self.on_statement(original_node, updated_node)
         if isinstance(result, cst.SimpleStatementLine):
+            if self._acted() != frame.acted:
+                result = realign(original_node, result)
             result = frame.with_comments(result)
             if frame.messages and not todo_above(result, self._header(original_node)):  # already flagged (comment above the statement)
                 ws = with_todo(result.trailing_whitespace, frame.messages)
@@ -370,11 +377,13 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
         return result
 
     def _push(self, node: cst.CSTNode) -> Optional[bool]:
-        self._frames.append(_Frame())
+        self._frames.append(_Frame(acted=self._acted()))
         return True
 
     def _pop(self, original_node: _Compound, updated_node: _Compound) -> _Compound:
         frame = self._frames.pop()
+        if self._acted() != frame.acted:
+            updated_node = realign(original_node, updated_node)
         updated_node = frame.with_comments(updated_node)
         messages = frame.messages
         if not messages or todo_above(updated_node, self._header(original_node)):

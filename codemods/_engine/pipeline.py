@@ -24,12 +24,14 @@ from ..rules.initialize import InitializeCommand
 from ..rules.legacy_imports import LegacyImportsCommand
 from ..rules.mpu_calls import MpuCallsCommand
 from ..rules.mpu_internal import BWC, MpuInternalCommand
+from .import_place import place_added_imports
 from .local_imports import keep_blank_lines, localize
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
 from ..rules.topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .todo_place import place_todos
+from .todo_wrap import unwrap
 from .walk import fast_visits
 
 logger = logging.getLogger(__name__)
@@ -105,7 +107,7 @@ class Migration:
 
     def spelled_out(self) -> str:
         """``code`` with each short TODOV1 comment replaced by its full advice (for reading it in one place)."""
-        return spell_out(self.code, self.advice)
+        return spell_out(unwrap(self.code), self.advice)
 
 
 def migrate_code(
@@ -126,7 +128,8 @@ def migrate_code(
     with fast_visits(), collecting() as advice:  # fast: read-only visitors walk trees without copying them
         migration = _migrate(source, filename, module, package, codemods)
     migration.code = bom + migration.code
-    migration.advice = {comment: full for comment, full in advice.items() if comment in migration.code}
+    written = unwrap(migration.code)  # (a comment wrapped over lines is looked up whole)
+    migration.advice = {comment: full for comment, full in advice.items() if comment in written}
     return migration
 
 
@@ -172,7 +175,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
-        tree = _finish(parsed, tree, code, package)
+        tree = place_added_imports(parsed, _finish(parsed, tree, code, package))
         code = tree.code
         problem = parse_error(code)
         if problem is not None and parse_error(source) is None:
@@ -369,4 +372,15 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         if head is None:
             return _whole_file("the runtime lines do not go after the header")
         code = head + rest
-    return Migration(code, +sites, +todos)
+    if not _adds_imports(plan.header.text, head):
+        return Migration(code, +sites, +todos)
+    placed = chunks.header_with_runtime(head, lambda tree: place_added_imports(cst.parse_module(plan.header.text), tree))
+    if placed is None:
+        return _whole_file("the added imports do not go after the header")
+    return Migration(placed + rest, +sites, +todos)
+
+
+def _adds_imports(header: str, head: str) -> bool:
+    """``head`` (the migrated ``header``) has an import line ``header`` lacks."""
+    before = set(header.splitlines())
+    return any(line.startswith(("import ", "from ")) and line not in before for line in head.splitlines())

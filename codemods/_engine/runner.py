@@ -16,6 +16,7 @@ import libcst as cst
 from .files import module_and_package, read_source
 from .cache import FixedPoints, content_hash
 from .pipeline import migrate_code
+from .todo_wrap import numbered
 
 logger = logging.getLogger(__name__)
 TODO_MARK = "# TODOV1:"
@@ -136,9 +137,9 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
 def written_todos(source: str, code: str, advice: dict) -> list[tuple[int, str, list[str]]]:
     """``(line, comment, full advice)`` of each TODOV1 comment in ``code`` that ``source`` lacks
     (one-based lines of ``code``; ``advice``: comment -> advice, from the migration)."""
-    before = Counter(line.strip() for line in _lines(source) if TODO_MARK in line)
+    before = Counter(line.strip() for _, line in numbered(_lines(source)) if TODO_MARK in line)
     out = []
-    for number, line in enumerate(_lines(code), 1):
+    for number, line in numbered(_lines(code)):  # a comment wrapped over lines: at its first line
         if TODO_MARK not in line:
             continue
         if before[line.strip()] > 0:  # a line the source had already

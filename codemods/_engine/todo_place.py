@@ -1,6 +1,8 @@
 """Where a ``# TODOV1:`` comment goes: at the end of its statement's line when the line stays within
 :data:`~codemods._engine.todo_links.MAX_COMMENT` characters, else on its own line directly above the statement
-(same indentation). A comment above the statement counts as there for every later run (idempotent)."""
+(same indentation; wrapped onto ``#   `` continuation lines where the indentation would take that line
+past the limit: :mod:`codemods._engine.todo_wrap`). A comment above the statement counts as there for every
+later run (idempotent)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -9,6 +11,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .todo_links import MAX_COMMENT, TODO_TAG
+from .todo_wrap import wrap
 
 _TAG = f"# {TODO_TAG}:"
 _DEFS = (cst.FunctionDef, cst.ClassDef)
@@ -60,9 +63,10 @@ def _with_header(node: cst.CSTNode, ws: cst.TrailingWhitespace) -> cst.CSTNode:
 
 
 class _Lift(cst.CSTTransformer):
-    def __init__(self, moving: set[int]) -> None:
+    def __init__(self, moving: set[int], positions=None) -> None:
         super().__init__()
         self.moving = moving
+        self.positions = positions or {}
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if not isinstance(updated_node, (cst.SimpleStatementLine, *_HEADED)):
@@ -76,10 +80,13 @@ class _Lift(cst.CSTTransformer):
         ws = ws.with_changes(comment=cst.Comment(kept)) if kept else ws.with_changes(
             whitespace=cst.SimpleWhitespace(""), comment=None)
         updated_node = _with_header(updated_node, ws)
-        line = cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(text[at:]))
+        position = self.positions.get(original_node)
+        indent = position.start.column if position is not None else 0  # the statement's (and the comment's)
+        lines = [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(part))
+                 for part in wrap(text[at:], indent)]
         if isinstance(updated_node, _DEFS) and updated_node.decorators:
-            return updated_node.with_changes(lines_after_decorators=[*updated_node.lines_after_decorators, line])
-        return updated_node.with_changes(leading_lines=[*updated_node.leading_lines, line])
+            return updated_node.with_changes(lines_after_decorators=[*updated_node.lines_after_decorators, *lines])
+        return updated_node.with_changes(leading_lines=[*updated_node.leading_lines, *lines])
 
 
 def place_todos(parsed: cst.Module, tree: cst.Module) -> cst.Module:
@@ -96,7 +103,7 @@ def place_todos(parsed: cst.Module, tree: cst.Module) -> cst.Module:
     positions = wrapper.resolve(PositionProvider)
     lines = tree.code.splitlines()
     moving = {id(c) for c in new if len(lines[positions[c].start.line - 1]) > MAX_COMMENT}
-    return tree.visit(_Lift(moving)) if moving else tree
+    return tree.visit(_Lift(moving, positions)) if moving else tree
 
 
 def _comments(tree: cst.Module) -> list[cst.Comment]:

@@ -13,6 +13,7 @@ from codemods import migrate as cli
 from codemods import migrate_code
 from codemods.rules.topology import TopologyCommand
 from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods._engine.todo_wrap import unwrap
 
 # the multi-line pipeline topology call stored on self / returned: its TODOV1 quoted the call's
 # line breaks (libcst refused the comment and the whole file was reported as unreadable)
@@ -44,7 +45,8 @@ def _fresh_hooks(monkeypatch):
 
 
 def _todo_lines(code: str) -> list[str]:
-    return [line for line in code.splitlines() if "# TODOV1:" in line]
+    """The TODOV1 comment lines of ``code`` (a comment wrapped to stay within 100 characters joined)."""
+    return [line for line in unwrap(code).splitlines() if "# TODOV1:" in line]
 
 
 def test_a_multi_line_topology_call_is_flagged_on_one_comment_line():
