@@ -146,10 +146,14 @@ def _site_reasons(message: str, row: Optional[ds_mesh_advice.Row]) -> list[str]:
     return list(dict.fromkeys([reason, _SUBJECT.sub("", reason, count=1)]))
 
 
+_OWN_POINTER = re.compile(r"\s*\(" + re.escape(EXPLAIN) + r" [\w.]+\)")
+
+
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
     """The ``# TODOV1: <next step>; ds-migrate --explain <code>`` comment for ``(kind, advice)``
     entries (their distinct advices, in order); records the full advice for :func:`collecting`."""
-    messages = list(dict.fromkeys(one_line(message) for _, message in entries))
+    # a message's own "(ds-migrate --explain x)" would repeat the pointer the comment ends with
+    messages = list(dict.fromkeys(_OWN_POINTER.sub("", one_line(message)) for _, message in entries))
     kind = _kind(entries[0][0]) if entries else _kind(DEFAULT_KIND)
     row = api_row(messages[0]) if messages else None
     more = f" (+{len(messages) - 1} more)" if len(messages) > 1 else ""

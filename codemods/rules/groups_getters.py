@@ -386,7 +386,7 @@ class GroupsGettersCommand(MigrationCommand):
                           "what expert_groups_named(<mesh>, name) serves (ds-migrate --explain groups)")
                 return updated_node
             self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
-                      "move them together (ds-migrate --explain groups)")
+                      "to move them together: use \"mesh\": {\"ep\": N} and <mesh>.expert_groups(N)")
             return updated_node
         if fname in EXPERT and self.outside_engine():
             self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
