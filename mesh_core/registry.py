@@ -261,7 +261,7 @@ class GroupRegistry:
     def has(self, ranks: Iterable[int], backend: Optional[str] = None) -> bool:
         """Whether this rank holds a communicator for ``ranks`` (it must be a member)."""
         key = self.key(ranks, backend)
-        return key in self._groups or self._is_world(key)
+        return key in self._groups or self.is_world(key)
 
     def get(self, ranks: Iterable[int], backend: Optional[str] = None, *, asker: str = "") -> Optional[ProcessGroup]:
         """This rank's communicator for ``ranks``, created member-only on first request.
@@ -299,7 +299,7 @@ class GroupRegistry:
         """
         keys = [self.key(r) for r in rank_lists]
         with self._lock:
-            new = [k for k in keys if k not in self._split_known and not self._is_world(k)]
+            new = [k for k in keys if k not in self._split_known and not self.is_world(k)]
             self._split_known.update(new)
             if new:
                 self.created += 1
@@ -406,16 +406,27 @@ class GroupRegistry:
                 self._refs.pop(key, None)
         return len(keys)
 
+    def cached(self, key: Key) -> Optional[ProcessGroup]:
+        """The communicator held for ``key``, without creating one (None when none is held)."""
+        with self._lock:
+            return self._groups.get(key)
+
+    def held(self) -> dict[Key, ProcessGroup]:
+        """A snapshot of every communicator held, by rank set."""
+        with self._lock:
+            return dict(self._groups)
+
+    def is_world(self, key: Key) -> bool:
+        """Whether ``key`` is the default group's rank set (the world, never created here)."""
+        return key[0] is None and len(key[1]) == self.world_size
+
     @property
     def rank_sets(self) -> int:
         """Distinct rank sets this rank holds a communicator for (the world counts once used)."""
         with self._lock:
-            return len(self._groups) + (1 if any(self._is_world(k) for k in self._refs) else 0)
+            return len(self._groups) + (1 if any(self.is_world(k) for k in self._refs) else 0)
 
     # --- internals ----------------------------------------------------------------------------
-    def _is_world(self, key: Key) -> bool:
-        return key[0] is None and len(key[1]) == self.world_size
-
     def _acquire(self, key: Key, asker: str) -> ProcessGroup:
         while True:
             with self._lock:
@@ -424,7 +435,7 @@ class GroupRegistry:
                     self.reused += 1
                     group = self._groups[key]
                     break
-                if self._is_world(key):
+                if self.is_world(key):
                     self._refs[key] += 1
                     return dist.GroupMember.WORLD  # type: ignore[return-value]
                 pending = self._pending.get(key)

@@ -147,7 +147,7 @@ def _mesh_keys(mesh: Any) -> list[Key]:
     registry = mesh.registry
     seen: list[Key] = []
     for key in mesh._communicators().keys:
-        if key not in seen and registry.rank in key[1] and not registry._is_world(key):
+        if key not in seen and registry.rank in key[1] and not registry.is_world(key):
             seen.append(key)
     return seen
 
@@ -158,8 +158,7 @@ def _owned_keys(mesh: Any, owners: list[Any]) -> list[Key]:
     if not owners:
         return []
     registry, mine = mesh.registry, set(_mesh_keys(mesh))
-    with registry._lock:
-        others = {id(g): (k, g) for k, g in registry._groups.items() if k not in mine}
+    others = {id(g): (k, g) for k, g in registry.held().items() if k not in mine}
     return [others[id(g)][0] for g in held_under(owners, [g for _, g in others.values()])]
 
 
@@ -209,7 +208,7 @@ def release_communicators(
     replacements: dict[int, tuple[Any, Any]] = {}
     group: Optional[ProcessGroup] = None
     for key in record.keys:
-        group = registry._groups.get(key)
+        group = registry.cached(key)
         backend = _suspendable(group) if suspend and group is not None else None
         if backend is not None:
             backend.suspend()
@@ -296,7 +295,7 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
     groups = []
     for name in names:
         key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
-        groups.append(dist.GroupMember.WORLD if mesh.registry._is_world(key) else mesh.registry._groups[key])
+        groups.append(dist.GroupMember.WORLD if mesh.registry.is_world(key) else mesh.registry.cached(key))
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
 
 
@@ -335,7 +334,7 @@ def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
             uses[key] = ["outside the mesh"]
     out = []
     for key in keys:
-        group = registry._groups.get(key)
+        group = registry.cached(key)
         mode = record.mode.get(key) if record is not None else None
         if group is None or mode == "destroy":
             out.append(HeldCommunicator(tuple(uses[key]), key[1], "", "", "released"))
