@@ -209,6 +209,22 @@ def _legacy_p2p_pairs(topology: Any, world_size: int, stages: int) -> list[list[
     return pairs
 
 
+def _set_sizes(grid: "PipelineParallelGrid") -> None:
+    """The grid's parallel sizes, read from its topology as DeepSpeed reads them."""
+    topo = grid._topo
+    grid.data_parallel_size = max(topo.get_dim("data"), 1)
+    grid.pipe_parallel_size = max(topo.get_dim("pipe"), 1)
+    grid.model_parallel_size = max(topo.get_dim("model"), 1)
+    grid.slice_parallel_size = grid.model_parallel_size
+
+
+def _set_stage_neighbours(grid: "PipelineParallelGrid") -> None:
+    """First / last stage flags and the p2p pairs, from the grid's stage id."""
+    grid.is_first_stage = grid.stage_id == 0
+    grid.is_last_stage = grid.stage_id == (grid.pipe_parallel_size - 1)
+    grid.p2p_groups = grid._build_p2p_groups()
+
+
 class PipelineParallelGrid:
     """DeepSpeed's pipeline grid: the same attributes, methods and group memberships, on a mesh.
 
@@ -270,10 +286,7 @@ class PipelineParallelGrid:
         if process_group is not None:
             logger.debug("PipelineParallelGrid ignores process_group (as DeepSpeed does); using the world")
 
-        self.data_parallel_size = max(self._topo.get_dim("data"), 1)
-        self.pipe_parallel_size = max(self._topo.get_dim("pipe"), 1)
-        self.model_parallel_size = max(self._topo.get_dim("model"), 1)
-        self.slice_parallel_size = self.model_parallel_size
+        _set_sizes(self)
         self.mesh = mesh if mesh is not None else DeepSpeedDeviceMesh(spec, device_type=default_device_type())
         self.__dict__[_GRID_MESH] = self.mesh  # the grid's own, whatever a subclass later calls `mesh`
 
@@ -289,9 +302,7 @@ class PipelineParallelGrid:
         self.dp_group = self.mesh.get_group_ranks("dp")
         self.dp_proc_group = self.mesh.get_group("dp")
 
-        self.is_first_stage = self.stage_id == 0
-        self.is_last_stage = self.stage_id == (self.pipe_parallel_size - 1)
-        self.p2p_groups = self._build_p2p_groups()
+        _set_stage_neighbours(self)
 
         self.pipe_groups = self.mesh.get_all_group_ranks("pp")
         self.pp_group = self.mesh.get_group_ranks("pp")
@@ -311,10 +322,7 @@ class PipelineParallelGrid:
         from mesh_core.runtime_hooks import registry_for_world
 
         topo, rank = self._topo, self.global_rank
-        self.data_parallel_size = max(topo.get_dim("data"), 1)
-        self.pipe_parallel_size = max(topo.get_dim("pipe"), 1)
-        self.model_parallel_size = max(topo.get_dim("model"), 1)
-        self.slice_parallel_size = self.model_parallel_size
+        _set_sizes(self)
         if not self._is_grid_valid():
             raise MeshSpecError(
                 f"topology axes {topo.axes} with dims {topo.dims} cover {math.prod(topo.dims)} ranks, but "
@@ -337,9 +345,7 @@ class PipelineParallelGrid:
         self.ds_model_rank = model_ranks.index(rank)
         self.dp_groups = topo.get_axis_comm_lists("data")
         self.dp_proc_group, self.dp_group = mine(self.dp_groups)
-        self.is_first_stage = self.stage_id == 0
-        self.is_last_stage = self.stage_id == (self.pipe_parallel_size - 1)
-        self.p2p_groups = self._build_p2p_groups()
+        _set_stage_neighbours(self)
         self.pipe_groups = topo.get_axis_comm_lists("pipe")
         self.pp_proc_group, self.pp_group = mine(self.pipe_groups)
         if self.model_parallel_size == 1:
