@@ -10,13 +10,13 @@ that imports ``deepspeed`` (else ``torch``), at its sorted place there: ``import
 such a group keeps the import where it is.
 
 Only the added lines move: the user's imports, the docstring, ``from __future__`` imports and the
-runtime lines (``import compat`` / ``compat.install()``, whose place is :mod:`codemods.runtime`'s)
+runtime lines (``import compat`` / ``compat.install()``, whose place is :mod:`codemods._engine.runtime`'s)
 stay; an added import moves up past import lines only (code a module runs before its legacy imports
 stays before the mesh import, as :mod:`codemods._engine.local_imports` placed it) and down past no statement
 naming what it binds; the statements before the first definition are all that is looked at (an
 import under a guard stays where :mod:`codemods._engine.local_imports` put it). The
 result depends only on the module's leading statements, so a header migrated apart from its
-definitions (:mod:`codemods.chunks`) gets the same bytes as the whole file.
+definitions (:mod:`codemods._engine.chunks`) gets the same bytes as the whole file.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _is_import_line(statement: cst.CSTNode) -> bool:
 
 def leading(body: Sequence[cst.CSTNode]) -> int:
     """How many statements come before the module's first definition (its header: what
-    :mod:`codemods.chunks` migrates apart from the definitions)."""
+    :mod:`codemods._engine.chunks` migrates apart from the definitions)."""
     return next((i for i, s in enumerate(body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))), len(body))
 
 
@@ -101,10 +101,11 @@ def place_added_imports(source: cst.Module, tree: cst.Module) -> cst.Module:
     end = leading(tree.body)
     if not end:
         return tree
-    before = {_bare(s) for s in source.body[: leading(source.body)]}
+    header = source.body[: leading(source.body)]
+    before = {_bare(s) for s in header}
     region = list(tree.body[:end])
     kept_keys = {_key(_lone_import(s)) for s in region if _lone_import(s) is not None and _bare(s) in before}
-    user_keys = {_key(_lone_import(s)) for s in source.body[: leading(source.body)] if _lone_import(s) is not None}
+    user_keys = {_key(_lone_import(s)) for s in header if _lone_import(s) is not None}
     moving = []
     for i, statement in enumerate(region):
         node = _lone_import(statement)
