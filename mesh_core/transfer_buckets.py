@@ -3,7 +3,7 @@
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
 that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
 of 256 KiB or a quarter bucket or more travels alone, unless ``pack_strided`` and it is strided
-on both sides); the buckets of all pairs are ordered round by round (each pair's first bucket, then
+on both sides; the small boxes on either side of it share buckets all the same); the buckets of all pairs are ordered round by round (each pair's first bucket, then
 the second, ...), and a bucket's index in that order is its message tag. A lone box contiguous on
 a side is sent from / received into the tensor itself there.
 
@@ -101,29 +101,32 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
              pack_strided: bool = False) -> list[Bucket]:
     """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size.
 
+    A pair's small boxes are packed in plan order, past the boxes that travel alone between them.
+
     ``pack_strided``: a big box that is contiguous neither in its source nor in its destination shard
     is packed with its pair's other boxes instead of travelling alone: it is copied on both sides
     either way, and fewer messages go out. (A box contiguous on one side travels alone: that side
     sends it from / receives it into the tensor itself.)"""
     per_pair: dict[tuple[int, int], list[list[Item]]] = {}
-    last_alone: dict[tuple[int, int], bool] = {}  # the pair's last bucket holds a box travelling alone
+    packing: dict[tuple[int, int], list[Item]] = {}  # the bucket the pair's next small box joins
     for p in pieces:
         if p.src == p.dst:
             continue
         size = itemsize(p.name, p.src)
         pair = (p.src, p.dst)
-        buckets = per_pair.setdefault(pair, [[]])
+        buckets = per_pair.setdefault(pair, [])
         for box in split_box(p.box, size, bucket_bytes):
             nbytes = box_numel(box) * size
-            current = buckets[-1]
-            offset = _end(current)
             alone = nbytes >= _alone_bytes(bucket_bytes) and not (
                 pack_strided and not (is_contiguous_in(box, p.src_box) or is_contiguous_in(box, p.dst_box)))
-            if current and (alone or offset + nbytes > bucket_bytes or last_alone[pair]):
-                current, offset = [], 0
+            if alone:
+                buckets.append([Item(p.name, box, p.src_box, p.dst_box, 0, nbytes)])
+                continue
+            current = packing.get(pair)
+            if current is None or (current and _end(current) + nbytes > bucket_bytes):
+                current = packing[pair] = []
                 buckets.append(current)
-            current.append(Item(p.name, box, p.src_box, p.dst_box, offset, nbytes))
-            last_alone[pair] = alone
+            current.append(Item(p.name, box, p.src_box, p.dst_box, _end(current), nbytes))
     out: list[Bucket] = []
     rounds = max((len(b) for b in per_pair.values()), default=0)
     for r in range(rounds):

@@ -153,10 +153,13 @@ def test_large_boxes_travel_alone_small_ones_share():
     from mesh_core.transfer_buckets import schedule
 
     a, b = MeshSpec.build(4, tp=2, ranks=[0, 1]), MeshSpec.build(4, dp=2, ranks=[2, 3])
-    layouts = {"big": ParamLayout((64, 4)), "s1": ParamLayout((4,)), "s2": ParamLayout((4,))}
-    buckets = schedule(plan_transfer(a, b, layouts, layouts), lambda n, r: 4, 1024)
+    # a big box between two small ones (a norm after each block's weights) does not part them
+    layouts = {"a_small": ParamLayout((4,)), "b_big": ParamLayout((64, 4)), "c_small": ParamLayout((4,))}
+    pieces = plan_transfer(a, b, layouts, layouts)
+    assert [p.name for p in pieces if p.dst == 2] == ["a_small", "b_big", "c_small"]  # plan order
+    buckets = schedule(pieces, lambda n, r: 4, 1024)
     to_2 = [sorted(i.name for i in bk.items) for bk in buckets if bk.dst == 2]
-    assert sorted(to_2) == [["big"], ["s1", "s2"]]
+    assert sorted(to_2) == [["a_small", "c_small"], ["b_big"]]
 
 
 @pytest.mark.parametrize("wire,target,ok", [
