@@ -8,6 +8,9 @@ ranks), each its own world, on this machine. Alternated in each repetition:
   rollout rank (a group of trainer rank 0 and the rollout ranks), which copy their shard out of it;
 - ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
   exactly the bytes the link's plan moves (moves bytes, places nothing);
+- ``raw boxes``: the link's own messages (one per bucket of its plan: the same sizes, peers and
+  tags), posted at once into preallocated buffers, placing nothing: what gloo charges for the
+  link's message count, which one message per box of each tensor needs when nothing is copied;
 - ``packed``: raw with placement: the same one message per pair, packed on the trainer rank from
   the boxes of its partitions the link's plan sends, unpacked on the rollout rank into its shards
   (the link's plan, sent as one packed buffer per rank pair; no store operations).
@@ -45,7 +48,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 TRAINERS, ROLLOUTS = 4, 2
 HIDDEN = 512
-METHODS = ("link", "gather+bcast", "raw", "packed")
+METHODS = ("link", "gather+bcast", "raw", "raw boxes", "packed")
 
 
 def _shapes(mb: int) -> dict:
@@ -150,6 +153,15 @@ def _worker(index, ports, sizes, repeat, split, out):
             for w in works:
                 w.wait()
 
+        my_buckets = [b for b in link._cache["buckets"] if index in (b.src, b.dst)]
+        bucket_buffers = [torch.empty(b.nbytes, dtype=torch.uint8) for b in my_buckets]
+
+        def run_raw_boxes():
+            works = [everyone.send([buffer], b.dst, b.tag) if trainer else everyone.recv([buffer], b.src, b.tag)
+                     for b, buffer in zip(my_buckets, bucket_buffers)]
+            for w in works:
+                w.wait()
+
         sources = _sender_side(params, None, None, rank, TRAINERS)[1] if trainer else {}
         pair_items: dict = {}
         for bucket in link._cache["buckets"]:  # the plan's boxes of each rank pair, in plan order
@@ -178,7 +190,8 @@ def _worker(index, ports, sizes, repeat, split, out):
                 if not trainer:
                     torch._foreach_copy_([shards[name_of(i.name)][i.dst_index] for i in items], slots)
 
-        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw, "packed": run_packed}
+        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw, "raw boxes": run_raw_boxes,
+                "packed": run_packed}
         for fn in runs.values():  # warm-up (buffers, connections)
             fn()
         times = {m: [] for m in METHODS + ("link data",)}
@@ -199,7 +212,11 @@ def _worker(index, ports, sizes, repeat, split, out):
                     times["link data"].append(elapsed[1].item())
         if not trainer:
             assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
-        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs)}
+        count = torch.tensor([float(len(my_buckets) if not trainer else 0)])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        everyone.allreduce([count], opts).wait()
+        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs), "messages": int(count.item())}
         everyone.allreduce([torch.zeros(1)]).wait()
     if index == 0:
         out.put(results)
@@ -246,8 +263,9 @@ def main() -> None:
           f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank; "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link "
-          "| link data s | raw ÷ link data | packed s | packed ÷ link |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| link data s | raw ÷ link data | raw boxes s (messages) | raw ÷ raw boxes | raw boxes ÷ link | packed s "
+          "| packed ÷ link |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mb, res in results.items():
         t = res["times"]
         med = {m: statistics.median(t[m]) for m in METHODS}
@@ -255,9 +273,12 @@ def main() -> None:
         vs_raw = [r / l for r, l in zip(t["raw"], t["link"])]
         vs_data = [r / d for r, d in zip(t["raw"], t["link data"])]
         vs_packed = [p / l for p, l in zip(t["packed"], t["link"])]
+        raw_vs_boxes = [r / b for r, b in zip(t["raw"], t["raw boxes"])]
+        boxes_vs_link = [b / l for b, l in zip(t["raw boxes"], t["link"])]
         print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
               f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} | "
-              f"{statistics.median(t['link data']):.4f} | {_mmm(vs_data)} | {med['packed']:.4f} | {_mmm(vs_packed)} |")
+              f"{statistics.median(t['link data']):.4f} | {_mmm(vs_data)} | {med['raw boxes']:.4f} ({res['messages']}) | "
+              f"{_mmm(raw_vs_boxes)} | {_mmm(boxes_vs_link)} | {med['packed']:.4f} | {_mmm(vs_packed)} |")
 
 
 if __name__ == "__main__":

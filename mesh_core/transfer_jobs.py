@@ -372,9 +372,10 @@ def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Ten
     return module, dict(module.named_parameters())
 
 
-def _host_only(problems: Sequence[str]) -> list[str]:
-    """The remedy, once, when a tensor of this rank is off the host (the side channel is gloo)."""
-    if not any(" moves cpu tensors only" in p for p in problems):
+def _host_only(problems: Sequence[str], tensors: Sequence[Any]) -> list[str]:
+    """The remedy, once, when this rank's side is refused and one of its tensors is off the host (the
+    side channel is gloo)."""
+    if not problems or all(tensor_device(t).type == "cpu" for t in tensors if isinstance(t, torch.Tensor)):
         return []
     return ["the weight link moves host memory only (its side channel is gloo; staging GPU tensors through host "
             "memory is not built): sync host copies of the weights, e.g. {name: tensor.detach().cpu()} by name"]
@@ -445,7 +446,7 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         shapes = {}
     metas, found = check_tensors(spec, rank, "source", known, tensors, shapes=shapes, world=_BRIDGE)
     problems += found
-    problems += _host_only(problems)
+    problems += _host_only(problems, [p.ds_tensor for p in zero3.values()] + [tensors[n] for n in rest])
     for name, meta in metas.items():
         box = own_box(spec, known[name], rank, name, "source")
         tensor = tensors[name].detach()
@@ -463,7 +464,7 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
     metas, problems = check_tensors(spec, rank, "destination", known, tensors, world=_BRIDGE)
     if extra:
         problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
-    problems += _host_only(problems)
+    problems += _host_only(problems, list(tensors.values()))
     params = {}
     for name, meta in metas.items():
         params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,
