@@ -491,5 +491,10 @@ def unflatten_dense_tensors(flat: torch.Tensor, tensors: Sequence[torch.Tensor])
 
 
 def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
-    """``torch._foreach_copy_``: ``targets[i].copy_(sources[i])`` in one call."""
-    torch._foreach_copy_(targets, sources)
+    """``targets[i].copy_(sources[i])``: in one ``torch._foreach_copy_`` call when every tensor is on one
+    device, else (a GPU region staged through host memory) one synchronous ``copy_`` each."""
+    if targets and all(t.device == targets[0].device for t in (*targets, *sources)):
+        torch._foreach_copy_(targets, sources)
+        return
+    for target, source in zip(targets, sources):
+        target.copy_(source)

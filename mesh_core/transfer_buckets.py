@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import torch_compat
+from .transfer_devices import tensor_device
 
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)
@@ -158,23 +159,29 @@ class BufferPool:
     """Byte buffers kept between calls (a fresh buffer's first touch costs more than the copy into it)."""
 
     def __init__(self) -> None:
-        self._free: list[torch.Tensor] = []
+        self._free: list[tuple[torch.Tensor, bool]] = []  # (buffer, page-locked)
+        self._pinned: set[int] = set()  # the page-locked buffers this pool made, by data pointer
 
-    def take(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        for i, buffer in enumerate(self._free):
-            if buffer.numel() >= nbytes and buffer.device == device:
-                return self._free.pop(i)[:nbytes]
+    def take(self, nbytes: int, device: torch.device, pinned: bool = False) -> torch.Tensor:
+        """A buffer of ``nbytes`` on ``device`` (``pinned``: page-locked host memory, for copies to and
+        from a CUDA device)."""
+        for i, (buffer, locked) in enumerate(self._free):
+            if buffer.numel() >= nbytes and buffer.device == device and locked == pinned:
+                return self._free.pop(i)[0][:nbytes]
         if self._free:  # none is big enough: replace one, so the pool never holds more than are in flight
-            self._free.pop(0)
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self._pinned.discard(self._free.pop(0)[0].data_ptr())
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
+        if pinned:
+            self._pinned.add(buffer.data_ptr())
+        return buffer
 
     def give(self, buffer: torch.Tensor) -> None:
         base = buffer if buffer._base is None else buffer._base
-        self._free.append(base)
+        self._free.append((base, base.data_ptr() in self._pinned))
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() for b in self._free)
+        return sum(b.numel() for b, _ in self._free)
 
 
 @dataclass
@@ -200,6 +207,7 @@ def execute(
     post: Optional[Callable[[list[tuple[bool, torch.Tensor, int, int]]], list]] = None,
     views: Optional[dict] = None,
     post_each: bool = False,
+    wire_device: Optional[torch.device] = None,
 ) -> Run:
     """Send and receive this rank's buckets in rounds; ``local()`` runs once the first round is in flight.
 
@@ -215,7 +223,10 @@ def execute(
     a dict kept by a caller that runs the same buckets on the same tensors again: each bucket's
     regions of the tensors are sliced once, at the first run, and reused. ``post_each``: ``post`` takes
     messages one at a time (a channel that needs no grouping): within a round, what needs no packing is
-    posted first, then each packed bucket as soon as it is packed, so the wire starts at once."""
+    posted first, then each packed bucket as soon as it is packed, so the wire starts at once.
+    ``wire_device``: the one device the channel moves messages from and into (gloo's: the host); a
+    region on another device (a GPU) is staged through a buffer there, page-locked when the region is
+    on a CUDA device (default: every message travels from / into its regions' own device)."""
     rank = dist.get_rank() if rank is None else rank
     post = _batch_on_world if post is None else post
     pool = pool if pool is not None else BufferPool()
@@ -234,7 +245,7 @@ def execute(
             sending = bucket.src == rank
             tensor_of = source if sending else target
             parts = [tensor_of(i.name)[i.src_index if sending else i.dst_index] for i in bucket.items]
-            found = known[bucket.tag] = (parts, _direct(bucket, parts, wire_dtype))
+            found = known[bucket.tag] = (parts, _direct(bucket, parts, wire_dtype, wire_device))
         return found
 
     def direct(bucket: Bucket) -> Optional[torch.Tensor]:
@@ -270,11 +281,11 @@ def execute(
                     if post_each and ops and direct(bucket) is None:
                         works += post(ops)
                         ops = []
-                    buffer, owned = _pack(bucket, regions(bucket), wire_dtype, pool)
+                    buffer, owned = _pack(bucket, regions(bucket), wire_dtype, pool, wire_device)
                     ops.append((True, buffer, bucket.dst, bucket.tag))
                     run.sent_bytes += bucket.nbytes
                 else:
-                    buffer, owned = _landing(bucket, regions(bucket), pool)
+                    buffer, owned = _landing(bucket, regions(bucket), pool, wire_device)
                     ops.append((False, buffer, bucket.src, bucket.tag))
                     run.received_bytes += bucket.nbytes
                 alive += buffer.numel() if owned else 0
@@ -308,14 +319,25 @@ def _batch_on_world(ops: list[tuple[bool, torch.Tensor, int, int]]) -> list:
                                    for send, tensor, peer, tag in ops])
 
 
-def _direct(bucket: Bucket, regions: list[torch.Tensor], wire_dtype) -> Optional[torch.Tensor]:
+def _direct(bucket: Bucket, regions: list[torch.Tensor], wire_dtype,
+            wire_device: Optional[torch.device]) -> Optional[torch.Tensor]:
     """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
     if len(regions) != 1:
         return None
     region = regions[0]
+    if wire_device is not None and tensor_device(region) != wire_device:
+        return None  # staged
     if region.dtype == wire_dtype(bucket.items[0].name, bucket.src) and region.is_contiguous():
         return region.reshape(-1).view(torch.uint8)
     return None
+
+
+def _buffer(bucket: Bucket, parts: list[torch.Tensor], pool: BufferPool,
+            wire_device: Optional[torch.device]) -> torch.Tensor:
+    if wire_device is None:
+        return pool.take(bucket.nbytes, parts[0].device)
+    staged_from_cuda = any(p.device.type == "cuda" for p in parts) and torch.cuda.is_available()
+    return pool.take(bucket.nbytes, wire_device, pinned=staged_from_cuda and wire_device.type == "cpu")
 
 
 def _slots(buffer: torch.Tensor, bucket: Bucket, wire_dtype) -> list[torch.Tensor]:
@@ -325,22 +347,22 @@ def _slots(buffer: torch.Tensor, bucket: Bucket, wire_dtype) -> list[torch.Tenso
 
 
 def _pack(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]], wire_dtype,
-          pool: BufferPool) -> tuple[torch.Tensor, bool]:
+          pool: BufferPool, wire_device: Optional[torch.device] = None) -> tuple[torch.Tensor, bool]:
     parts, direct = regions
     if direct is not None:
         return direct, False
-    buffer = pool.take(bucket.nbytes, parts[0].device)
+    buffer = _buffer(bucket, parts, pool, wire_device)
     with torch.no_grad():
         torch_compat.foreach_copy_(_slots(buffer, bucket, wire_dtype), parts)
     return buffer, True
 
 
 def _landing(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]],
-             pool: BufferPool) -> tuple[torch.Tensor, bool]:
+             pool: BufferPool, wire_device: Optional[torch.device] = None) -> tuple[torch.Tensor, bool]:
     parts, direct = regions
     if direct is not None:
         return direct, False
-    return pool.take(bucket.nbytes, parts[0].device), True
+    return _buffer(bucket, parts, pool, wire_device), True
 
 
 def _unpack(bucket: Bucket, buffer: torch.Tensor, parts: list[torch.Tensor], wire_dtype) -> None:

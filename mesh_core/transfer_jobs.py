@@ -6,6 +6,8 @@ a side channel: a gloo process group of its own over a ``PrefixStore`` of that s
 sender ranks first (bridge ranks ``0..S-1``) and the receiver ranks after them (``S..S+R-1``). It is
 not registered with ``torch.distributed``: neither job's world, groups or default store is used
 (the receiving job's default store is read once, at connect, to give its ranks one launch id).
+Tensors on an accelerator (a trainer's GPU weights, a rollout's GPU shards) travel through host
+buffers, a bucket at a time (page-locked for CUDA).
 
 Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met by one
 :meth:`WeightLink.receive` (each rank of the receiving job):
@@ -50,7 +52,7 @@ from .spec import MeshSpec, MeshSpecError
 from .transfer import ParamLayout, check_tensors, own_box
 from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
-from .transfer_devices import WorldDevices, device_text, tensor_device
+from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
 from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
                                  record, sender_param, sync_bytes, verdict)
@@ -103,7 +105,8 @@ class WeightLink:
     ``role`` is ``"sender"`` on every rank of the sending job (its rank 0 serves the store at
     ``address``), ``"receiver"`` on every rank of the receiving job. ``rank`` / ``world_size``
     default to this job's ``torch.distributed`` world (1 process when none). ``timeout`` bounds
-    every wait. Only ``gloo`` (CPU tensors) is supported as the side channel's backend. ``launch``:
+    every wait. Only ``gloo`` is supported as the side channel's backend: tensors on an accelerator
+    (a trainer's GPU weights, a rollout's GPU shards) travel through host buffers. ``launch``:
     an id the receiving job's ranks share, one per launch (default: drawn by its rank 0 and shared
     through the job's default store; needed when several receiving ranks have no world).
     """
@@ -114,7 +117,8 @@ class WeightLink:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
         if backend != "gloo":
-            raise MeshSpecError(f"backend={backend!r}: a weight link moves CPU tensors over gloo only")
+            raise MeshSpecError(f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
+                                "travel through host buffers)")
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise MeshSpecError(f"address={address!r}; expected 'host:port'")
@@ -317,7 +321,7 @@ class WeightLink:
         return execute(cache["buckets"], lambda key: sources[key], lambda key: targets[name_of(key)],
                        lambda key, src: wire[name_of(key)], lambda: None,
                        buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post,
-                       views=cache["views"], post_each=True)
+                       views=cache["views"], post_each=True, wire_device=HOST)
 
     def _close_round(self, prefix: str, members: list[int], senders: int, n: int, me: int,
                      failure: Optional[BaseException]) -> None:
@@ -360,7 +364,9 @@ def _launch_id(rank: int, size: int, initialised: bool) -> str:
     return store.get(key).decode()
 
 
-_BRIDGE = WorldDevices("gloo", ("cpu",), None, False, False, socket.gethostname(), 0)
+HOST = torch.device("cpu")  # what the side channel (gloo) moves messages from and into
+# the side channel's devices for the checks: the host, and accelerators (staged through host buffers)
+_BRIDGE = WorldDevices("gloo", ("cpu", "cuda", "hpu", "mps", "npu", "xpu"), None, False, False, socket.gethostname(), 0)
 
 
 def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Tensor]]:
@@ -370,15 +376,6 @@ def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Ten
     if not isinstance(module, torch.nn.Module):
         raise MeshSpecError(f"expected a DeepSpeed engine, a torch.nn.Module or tensors by name, got {type(model).__name__}")
     return module, dict(module.named_parameters())
-
-
-def _host_only(problems: Sequence[str], tensors: Sequence[Any]) -> list[str]:
-    """The remedy, once, when this rank's side is refused and one of its tensors is off the host (the
-    side channel is gloo)."""
-    if not problems or all(tensor_device(t).type == "cpu" for t in tensors if isinstance(t, torch.Tensor)):
-        return []
-    return ["the weight link moves host memory only (its side channel is gloo; staging GPU tensors through host "
-            "memory is not built): sync host copies of the weights, e.g. {name: tensor.detach().cpu()} by name"]
 
 
 def _fingerprint(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec]) -> tuple:
@@ -435,9 +432,7 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         device = tensor_device(part)
         params[name] = sender_param(shape, dtype_name(part.dtype), device_text(device),
                                     [(b, f - start) for b, f in holds])
-        if device.type != "cpu":
-            problems.append(f"source tensor {name!r} (its ZeRO-3 partition) is on {device_text(device)}, but the "
-                            "weight link's side channel (gloo) moves cpu tensors only")
+        problems += device_problems("source", {name: device}, _BRIDGE)
     if module is not None and rest:
         side = EngineSide(model, spec, rest, layouts)
         known, shapes, problems = side.layouts, side.shapes, problems + side.problems
@@ -446,7 +441,6 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         shapes = {}
     metas, found = check_tensors(spec, rank, "source", known, tensors, shapes=shapes, world=_BRIDGE)
     problems += found
-    problems += _host_only(problems, [p.ds_tensor for p in zero3.values()] + [tensors[n] for n in rest])
     for name, meta in metas.items():
         box = own_box(spec, known[name], rank, name, "source")
         tensor = tensors[name].detach()
@@ -464,7 +458,6 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
     metas, problems = check_tensors(spec, rank, "destination", known, tensors, world=_BRIDGE)
     if extra:
         problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
-    problems += _host_only(problems, list(tensors.values()))
     params = {}
     for name, meta in metas.items():
         params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,

@@ -191,9 +191,6 @@ def verdict(records: Sequence[dict], senders: int) -> Verdict:
         elif conversion_refused(dtype_of(s["dtype"]), dtype_of(r["dtype"])):
             mismatch.append(f"{name!r}: sent as {s['dtype']}, received into {r['dtype']} (only equal dtypes or "
                             "floating point to floating point are converted)")
-    devices = sorted({p["device"].split(":")[0] for rec in records for p in rec["params"].values()})
-    if len(devices) > 1:
-        mismatch.append(f"tensors on different device types ({', '.join(devices)}) cannot travel between the jobs")
     if mismatch:
         raise MeshSpecError(_listing(f"{head}: the two jobs hold different models", mismatch))
     holdings: dict[str, list[Holding]] = defaultdict(list)

@@ -76,42 +76,93 @@ def test_autotp_shards_and_replicas_reach_a_whole_receiver_bit_for_bit():
     assert min(sent) >= 4 * 3 * 4 and sum(sent) >= (24 + 3) * 4
 
 
-@pytest.mark.parametrize("on_gpu", ["sender", "receiver"])
-def test_a_tensor_on_an_accelerator_is_one_error_on_both_jobs_before_any_message(monkeypatch, on_gpu):
-    """The side channel is gloo: a trainer (or rollout) whose tensors live on a GPU, modelled here by
-    the device the checks read, is refused alike on both jobs, naming the tensor, its device and the
-    remedy; no message is posted and the receiver's tensor is untouched."""
-    from mesh_core import MeshSpecError, transfer, transfer_jobs
+def _sync_in_threads(address: str, send_model, receive_model, syncs: int = 1) -> tuple[dict, dict]:
+    """One sending and one receiving rank, each a thread; what each sync returned (or its error's
+    text) by role, and each role's link."""
+    from mesh_core import MeshSpecError
 
-    gpu: set = set()
-    real_device = transfer.tensor_device
-    for module in (transfer, transfer_jobs):  # the checks, and the link's choice of remedy
-        monkeypatch.setattr(module, "tensor_device", lambda t: torch.device("cuda:0") if id(t) in gpu else real_device(t))
-    posted: list = []
-    real_execute = transfer_jobs.execute
-    monkeypatch.setattr(transfer_jobs, "execute", lambda *a, **k: posted.append(1) or real_execute(*a, **k))
-    address = f"127.0.0.1:{_port()}"
-    weight, target = torch.ones(4, 3), torch.zeros(4, 3)
-    gpu.add(id(weight) if on_gpu == "sender" else id(target))
-    links: list = []
+    links: dict = {}
     out: dict = {}
 
     def run(role: str) -> None:
-        link = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=30))
-        links.append(link)  # the sender's store outlives the receiver's last read
+        link = links[role] = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=30))
+        out[role] = []
         try:
-            out[role] = link.send({"w": weight}) if role == "sender" else link.receive({"w": target})
+            for step in range(syncs):
+                if role == "sender":
+                    out[role].append(link.send(send_model(step)))
+                else:
+                    out[role].append(link.receive(receive_model(step)))
         except MeshSpecError as err:
-            out[role] = str(err)
+            out[role].append(str(err))
 
     threads = [threading.Thread(target=run, args=(role,)) for role in ("sender", "receiver")]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    side = "source" if on_gpu == "sender" else "destination"
+    return out, links
+
+
+def _on_an_accelerator(monkeypatch, storages: set) -> None:
+    """Tensors whose memory is in ``storages`` say they are on cuda:0 to every check and to the data
+    phase's choice between sending a region itself and staging it (views of them included)."""
+    from mesh_core import transfer, transfer_buckets, transfer_jobs
+
+    real_device = transfer.tensor_device
+
+    def device(t: torch.Tensor) -> torch.device:
+        return torch.device("cuda:0") if t.untyped_storage().data_ptr() in storages else real_device(t)
+
+    for module in (transfer, transfer_jobs, transfer_buckets):
+        monkeypatch.setattr(module, "tensor_device", device)
+
+
+@pytest.mark.parametrize("on_gpu", ["sender", "receiver"])
+def test_a_tensor_on_an_accelerator_travels_through_host_buffers_bit_for_bit(monkeypatch, on_gpu):
+    """The side channel is gloo, which moves host memory: a trainer (or rollout) whose tensors live on
+    a GPU, modelled here by the device every check and the data phase read, is not refused; its
+    regions are staged through the link's host buffers, while the other job's tensor, on the host,
+    is sent from / received into its own memory (a box of 256 KiB travels alone). Twice: the second
+    sync reuses the cached plan and regions, and is bit for bit again."""
+    weight = torch.arange(256 * 256, dtype=torch.float32).view(256, 256)
+    target = torch.zeros(256, 256)
+    _on_an_accelerator(monkeypatch, {(weight if on_gpu == "sender" else target).untyped_storage().data_ptr()})
+    seen = []
+
+    def send_model(step: int) -> dict:
+        weight.add_(step)  # updated in place, as a training step does
+        return {"w": weight}
+
+    def receive_model(step: int) -> dict:
+        if step:
+            seen.append(target.clone())
+        return {"w": target}
+
+    out, links = _sync_in_threads(f"127.0.0.1:{_port()}", send_model, receive_model, syncs=2)
+    assert all(not isinstance(r, str) for r in out["sender"] + out["receiver"]), out
+    seen.append(target.clone())
+    assert all(torch.equal(got, torch.arange(256 * 256, dtype=torch.float32).view(256, 256) + step)
+               for got, step in zip(seen, (0, 1)))
+    assert out["receiver"][0].agreed_again and not out["receiver"][1].agreed_again
+    staged = links[on_gpu]._cache["pool"]
+    other = links["receiver" if on_gpu == "sender" else "sender"]._cache["pool"]
+    assert staged.nbytes >= weight.numel() * 4  # a host buffer carried the accelerator's region
+    assert other.nbytes == 0  # the host side's tensor travelled itself, with no buffer
+
+
+def test_a_meta_tensor_is_one_error_on_both_jobs_before_any_message(monkeypatch):
+    """A tensor with no data (``meta``) is refused alike on both jobs, naming the tensor and its
+    device; no message is posted and the receiver's tensor is untouched."""
+    from mesh_core import transfer_jobs
+
+    posted: list = []
+    real_execute = transfer_jobs.execute
+    monkeypatch.setattr(transfer_jobs, "execute", lambda *a, **k: posted.append(1) or real_execute(*a, **k))
+    target = torch.zeros(4, 3)
+    out, _ = _sync_in_threads(f"127.0.0.1:{_port()}", lambda step: {"w": torch.empty(4, 3, device="meta")},
+                              lambda step: {"w": target})
     assert out["sender"] == out["receiver"], out
-    assert out["sender"].startswith("weight sync refused before any message was sent: ")
-    assert f"{on_gpu} rank 0: {side} tensor 'w' is on cuda:0" in out["sender"]
-    assert "the weight link moves host memory only" in out["sender"]
+    assert out["sender"][0].startswith("weight sync refused before any message was sent: ")
+    assert "sender rank 0: source tensor 'w' is on meta (no data to send or receive)" in out["sender"][0]
     assert not posted and torch.equal(target, torch.zeros(4, 3))
