@@ -17,6 +17,10 @@ small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on
 - transfer: actor (first half of the world, tp) -> rollout (second half, dp) weights with
   ``mesh_core.transfer``, bit for bit; then one rank passes a tensor its world cannot move (a CPU
   tensor on NCCL, a meta tensor on gloo): the same error on every rank, before any message;
+- weight_link: each rank runs a one-rank sending job and a one-rank receiving job (threads) joined
+  by a ``mesh_core.transfer_jobs.WeightLink``: bf16 weights on this rank's GPU travel through the
+  link's page-locked host buffers into GPU shards, bit for bit, twice (the second sync cached);
+  fp32 on the host in the dry run, where boxes travel from and into the tensors themselves;
 - member_only_bound: every rank builds a mesh over itself alone, then ranks 0..world/2-1 a
   sub-world mesh, by their members only, on the (bound, on GPUs) world: all_reduces over them.
 """
@@ -260,6 +264,58 @@ def part_transfer(rank: int, world: int, env: Env) -> dict:
     return {"ok": exact and expected in refused, "exact": exact, "messages": stats.messages, "refused": refused[:300]}
 
 
+def part_weight_link(rank: int, world: int, env: Env) -> dict:
+    import socket
+    import threading
+    from datetime import timedelta
+
+    from mesh_core.transfer_jobs import WeightLink
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    device, dtype = env.tensor_device(), torch.float32 if env.dry else torch.bfloat16
+    gen = torch.Generator().manual_seed(11 + rank)
+    weights = {"up": torch.randn(1024, 512, generator=gen).to(dtype).to(device),  # 1 MiB in bf16: travels alone
+               "norm": torch.randn(512, generator=gen).to(dtype).to(device)}  # small: packed
+    shards = {n: torch.zeros_like(t) for n, t in weights.items()}
+    links: dict = {}
+    errors: list = []
+    sent: list = []
+    received: list = []
+
+    def run(role: str) -> None:
+        try:
+            link = links[role] = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=60))
+            for step in range(2):
+                if role == "sender":
+                    for t in weights.values():
+                        t.add_(1)  # a training step, in place
+                    sent.append({n: t.cpu().clone() for n, t in weights.items()})
+                    link.send(weights)
+                else:
+                    link.receive(shards)
+                    received.append({n: t.cpu().clone() for n, t in shards.items()})
+        except Exception as err:  # noqa: BLE001 (reported in the part's line)
+            errors.append(f"{role}: {type(err).__name__}: {err}"[:300])
+
+    threads = [threading.Thread(target=run, args=(role,)) for role in ("sender", "receiver")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=75)
+    exact = [all(torch.equal(got[n], want[n]) for n in weights) for got, want in zip(received, sent)]
+    pools = {role: link._cache["pool"] for role, link in links.items() if link._cache is not None}
+    staged = {role: pool.nbytes for role, pool in pools.items()}
+    pinned = None if env.dry else {role: bool(pool._free) and all(b.is_pinned() for b, _ in pool._free)
+                                   for role, pool in pools.items()}
+    ok = not errors and exact == [True, True] and len(pools) == 2
+    if not env.dry:  # every region off the host went through a page-locked host buffer
+        ok = ok and all(staged[r] >= weights["up"].numel() * weights["up"].element_size() for r in staged) \
+            and all(pinned.values())
+    return {"ok": ok, "exact": exact, "errors": errors, "host_buffer_bytes": staged, "pinned": pinned}
+
+
 def part_member_only_bound(rank: int, world: int, env: Env) -> dict:
     from mesh_core import DeepSpeedDeviceMesh
 
@@ -289,5 +345,6 @@ PARTS: dict[str, Callable[[int, int, Env], dict]] = {
     "hf_trainer": part_hf_trainer,
     "pipelines": part_pipelines,
     "transfer": part_transfer,
+    "weight_link": part_weight_link,
     "member_only_bound": part_member_only_bound,
 }

@@ -24,7 +24,7 @@ inside the part's bound:
 - unbound_engine: the world DeepSpeed leaves unbound, nobody calls ``set_device``: a Megatron-style
   mpu, ``deepspeed.initialize(mpu=...)`` under the shim then plain, the same losses, every rank on its
   own GPU;
-- then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer,
+- then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer, weight_link,
   member_only_bound.
 
 usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each rank writes

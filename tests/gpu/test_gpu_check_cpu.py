@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_world  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "member_only_bound", "unbound_engine"]
+RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "member_only_bound",
+             "unbound_engine"]
 NEEDS_PEERS = ["subworld_engine", "pipelines", "transfer"]
 NCCL_ONLY = ["probe", "not_split", "split"]
 
