@@ -7,7 +7,7 @@ ranks), each its own world, on this machine. Alternated in each repetition:
   all-gather of ZeRO-3's GatheredParameters), then broadcast whole from trainer rank 0 to every
   rollout rank (a group of trainer rank 0 and the rollout ranks), which copy their shard out of it;
 - ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
-  exactly the bytes the link's plan moves (moves bytes, places nothing);
+  exactly the bytes the link's plan moves (moves bytes, places nothing), from buffers that hold bytes;
 - ``raw boxes``: the link's own messages (one per bucket of its plan: the same sizes, peers and
   tags), posted at once into preallocated buffers, placing nothing: what gloo charges for the
   link's message count, which one message per box of each tensor needs when nothing is copied;
@@ -47,19 +47,19 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 TRAINERS, ROLLOUTS = 4, 2
-HIDDEN = 512
+HIDDEN = 512  # the default --hidden
 METHODS = ("link", "gather+bcast", "raw", "raw boxes", "packed")
 
 
-def _shapes(mb: int) -> dict:
+def _shapes(mb: int, hidden: int) -> dict:
     """A stack of MLP blocks (up: 4h x h split by rows, down: h x 4h split by columns, a norm) of about ``mb`` MB."""
-    per_block = (2 * 4 * HIDDEN * HIDDEN + HIDDEN) * 4
+    per_block = (2 * 4 * hidden * hidden + hidden) * 4
     blocks = max(1, round(mb * 1e6 / per_block))
     shapes = {}
     for b in range(blocks):
-        shapes[f"{b}.up"] = (4 * HIDDEN, HIDDEN)
-        shapes[f"{b}.down"] = (HIDDEN, 4 * HIDDEN)
-        shapes[f"{b}.norm"] = (HIDDEN,)
+        shapes[f"{b}.up"] = (4 * hidden, hidden)
+        shapes[f"{b}.down"] = (hidden, 4 * hidden)
+        shapes[f"{b}.norm"] = (hidden,)
     return shapes
 
 
@@ -88,7 +88,7 @@ def _partitions(shapes, rank):
     return params
 
 
-def _worker(index, ports, sizes, repeat, split, out):
+def _worker(index, ports, sizes, repeat, split, hidden, out):
     from mesh_core import MeshSpec
     from mesh_core.transfer import own_box
     from mesh_core.transfer_buckets import ALIGN
@@ -108,7 +108,7 @@ def _worker(index, ports, sizes, repeat, split, out):
     spec = MeshSpec.build(ROLLOUTS, tp=2)
     results = {}
     for mb in sizes:
-        shapes = _shapes(mb)
+        shapes = _shapes(mb, hidden)
         layouts = _layouts(shapes, split)
         model_bytes = sum(torch.Size(s).numel() * 4 for s in shapes.values())
         if trainer:
@@ -144,7 +144,9 @@ def _worker(index, ports, sizes, repeat, split, out):
             link.store.set(f"bench/pairs/{mb}", repr(sorted(pairs.items())))
         pairs = dict(ast.literal_eval(link.store.get(f"bench/pairs/{mb}").decode()))
         mine = [(s, d, b) for (s, d), b in sorted(pairs.items()) if (trainer and s == rank) or (not trainer and d == rank)]
-        buffers = [torch.empty(b, dtype=torch.uint8) for _, _, b in mine]
+        # written once: a buffer never written is read from the kernel's shared zero page, which stays in
+        # cache (raw sending from it measured ~10% faster than sending memory that holds bytes)
+        buffers = [torch.full((b,), 7, dtype=torch.uint8) for _, _, b in mine]
 
         def run_raw():
             works = []
@@ -154,7 +156,7 @@ def _worker(index, ports, sizes, repeat, split, out):
                 w.wait()
 
         my_buckets = [b for b in link._cache["buckets"] if index in (b.src, b.dst)]
-        bucket_buffers = [torch.empty(b.nbytes, dtype=torch.uint8) for b in my_buckets]
+        bucket_buffers = [torch.full((b.nbytes,), 7, dtype=torch.uint8) for b in my_buckets]
 
         def run_raw_boxes():
             works = [everyone.send([buffer], b.dst, b.tag) if trainer else everyone.recv([buffer], b.src, b.tag)
@@ -248,19 +250,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
                         help="the rollout's tp split of the down projection: by columns (megatron) or by rows")
+    parser.add_argument("--hidden", type=int, default=HIDDEN,
+                        help="the blocks' hidden size h: each weight is 4h x h fp32 (512: 4 MiB, a ~65M-parameter "
+                             "model's; 2048: 64 MiB, a 7B model's MLP weight in bf16 is 90-140 MB)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     ports = (_port(), _port(), _port())
-    procs = [ctx.Process(target=_worker, args=(i, ports, sizes, args.repeat, args.split, out)) for i in range(TRAINERS + ROLLOUTS)]
+    procs = [ctx.Process(target=_worker, args=(i, ports, sizes, args.repeat, args.split, args.hidden, out)) for i in range(TRAINERS + ROLLOUTS)]
     for p in procs:
         p.start()
     results = out.get()
     for p in procs:
         p.join()
     print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
-          f"{args.split} split; {args.repeat} repetitions, seconds = slowest rank; "
+          f"{args.split} split; hidden {args.hidden} ({4 * args.hidden * args.hidden * 4 / 2**20:g} MiB weights); "
+          f"{args.repeat} repetitions, seconds = slowest rank; "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link "
           "| link data s | raw ÷ link data | raw boxes s (messages) | raw ÷ raw boxes | raw boxes ÷ link | packed s "
