@@ -3,9 +3,10 @@
 :func:`schedule` is pure (the same on every rank): the remote pieces of each pair, split into boxes
 that fit ``bucket_bytes`` and packed in plan order into buckets of at most ``bucket_bytes`` (a box
 of 256 KiB or a quarter bucket or more travels alone, unless ``pack_strided`` and it is strided
-on both sides; the small boxes on either side of it share buckets all the same); the buckets of all pairs are ordered round by round (each pair's first bucket, then
-the second, ...), and a bucket's index in that order is its message tag. A lone box contiguous on
-a side is sent from / received into the tensor itself there.
+on both sides; the small boxes on either side of it share buckets all the same); the buckets of
+all pairs are ordered round by round (each pair's first bucket, then the second, ...), and a
+bucket's index in that order is its message tag. A lone box contiguous on a side is sent from /
+received into the tensor itself there.
 
 :func:`execute` posts and waits this rank's buckets in that global order, in rounds: each round's
 messages are posted as one ``torch.distributed.batch_isend_irecv`` (on NCCL one group of the

@@ -366,7 +366,8 @@ def _launch_id(rank: int, size: int, initialised: bool) -> str:
 
 HOST = torch.device("cpu")  # what the side channel (gloo) moves messages from and into
 # the side channel's devices for the checks: the host, and accelerators (staged through host buffers)
-_BRIDGE = WorldDevices("gloo", ("cpu", "cuda", "hpu", "mps", "npu", "xpu"), None, False, False, socket.gethostname(), 0)
+_BRIDGE = WorldDevices("gloo", ("cpu", "cuda", "hpu", "mps", "npu", "xpu"), None, False, False,
+                       socket.gethostname(), 0)
 
 
 def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Tensor]]:
