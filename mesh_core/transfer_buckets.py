@@ -160,17 +160,17 @@ class BufferPool:
     """Byte buffers kept between calls (a fresh buffer's first touch costs more than the copy into it)."""
 
     def __init__(self) -> None:
-        self._free: list[tuple[torch.Tensor, bool]] = []  # (buffer, page-locked)
+        self._free: list[torch.Tensor] = []
         self._pinned: set[int] = set()  # the page-locked buffers this pool made, by data pointer
 
     def take(self, nbytes: int, device: torch.device, pinned: bool = False) -> torch.Tensor:
         """A buffer of ``nbytes`` on ``device`` (``pinned``: page-locked host memory, for copies to and
         from a CUDA device)."""
-        for i, (buffer, locked) in enumerate(self._free):
-            if buffer.numel() >= nbytes and buffer.device == device and locked == pinned:
-                return self._free.pop(i)[0][:nbytes]
+        for i, buffer in enumerate(self._free):
+            if buffer.numel() >= nbytes and buffer.device == device and (buffer.data_ptr() in self._pinned) == pinned:
+                return self._free.pop(i)[:nbytes]
         if self._free:  # none is big enough: replace one, so the pool never holds more than are in flight
-            self._pinned.discard(self._free.pop(0)[0].data_ptr())
+            self._pinned.discard(self._free.pop(0).data_ptr())
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
         if pinned:
             self._pinned.add(buffer.data_ptr())
@@ -178,11 +178,11 @@ class BufferPool:
 
     def give(self, buffer: torch.Tensor) -> None:
         base = buffer if buffer._base is None else buffer._base
-        self._free.append((base, base.data_ptr() in self._pinned))
+        self._free.append(base)
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() for b, _ in self._free)
+        return sum(b.numel() for b in self._free)
 
 
 @dataclass

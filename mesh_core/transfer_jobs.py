@@ -90,8 +90,7 @@ class _Reading:
 
     def read(self) -> None:
         if not self.done:
-            self.params, tensors, self.problems = self._side()
-            self.tensors = tensors
+            self.params, self.tensors, self.problems = self._side()
             self.done = True
 
 

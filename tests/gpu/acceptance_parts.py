@@ -307,7 +307,7 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
     exact = [all(torch.equal(got[n], want[n]) for n in weights) for got, want in zip(received, sent)]
     pools = {role: link._cache["pool"] for role, link in links.items() if link._cache is not None}
     staged = {role: pool.nbytes for role, pool in pools.items()}
-    pinned = None if env.dry else {role: bool(pool._free) and all(b.is_pinned() for b, _ in pool._free)
+    pinned = None if env.dry else {role: bool(pool._free) and all(b.is_pinned() for b in pool._free)
                                    for role, pool in pools.items()}
     ok = not errors and exact == [True, True] and len(pools) == 2
     if not env.dry:  # every region off the host went through a page-locked host buffer
