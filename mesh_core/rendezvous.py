@@ -5,7 +5,8 @@ transfer's agreement): no communicator, O(1) store operations per member, and ne
 message could speak:
 
 - each member appends its rank to the arrivals and counts itself in (optionally *flagging*: "I need
-  the slow path"); the last member to arrive marks the round done, with the number that flagged;
+  the slow path", and *marking*: a second, independent yes/no); the last member to arrive marks the
+  round done, with the numbers that flagged and marked;
 - a member whose wait runs out marks the round abandoned instead, atomically (``compare_set``), so
   a late member either completes the round for everyone or learns that it was given up;
 - either way every member that gives up or comes late raises, naming the ranks that arrived and the
@@ -44,14 +45,15 @@ class Arrival:
 
     flagged: int
     last: bool
+    marked: int = 0
 
 
 def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
            *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None,
-           rank: Optional[int] = None) -> Arrival:
+           rank: Optional[int] = None, mark: bool = False) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
-    Returns how many members passed ``flag``; raises :class:`~mesh_core.MeshSpecError` with
+    Returns how many members passed ``flag`` (and ``mark``); raises :class:`~mesh_core.MeshSpecError` with
     ``absent(arrived, missing)`` when not all arrived within ``timeout``. ``expected()``: the members
     known to be on their way; before raising, this rank also waits (bounded) until those have the
     verdict. ``rank``: this member's number among ``members`` (default: its rank in the default
@@ -60,15 +62,18 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
     rank = dist.get_rank() if rank is None else rank
     try:
         store.append(f"{prefix}/who", f"{rank},")
-        value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag))
+        # one counter: arrivals + (n+1) x flags + (n+1)^2 x marks (each at most n)
+        value = store.add(f"{prefix}/arrived", 1 + (n + 1) * int(flag) + (n + 1) ** 2 * int(mark))
         state_key = f"{prefix}/state"
         last = value % (n + 1) == n
         if last:
-            state = store.compare_set(state_key, "", f"{DONE}:{value // (n + 1)}").decode()
+            flags, marks = (value // (n + 1)) % (n + 1), value // (n + 1) ** 2
+            state = store.compare_set(state_key, "", f"{DONE}:{flags}" + (f":{marks}" if marks else "")).decode()
         else:
             state = _await(store, state_key, timeout)
         if state.startswith(DONE):
-            return Arrival(int(state.partition(":")[2] or 0), last)
+            _, flags_text, marks_text = (state.split(":") + ["0", "0"])[:3]
+            return Arrival(int(flags_text or 0), last, int(marks_text or 0))
         arrived = sorted(_arrived(store, prefix))
         error = _as_error(absent(arrived, sorted(set(members) - set(arrived))))
     except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended

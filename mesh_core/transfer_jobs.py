@@ -51,16 +51,19 @@ from .rendezvous import arrive
 from .spec import MeshSpec, MeshSpecError
 from .transfer import ParamLayout, check_tensors, own_box
 from .transfer_agree import dtype_name, dtype_of
-from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, execute, schedule
+from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
 from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
-from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, key_of, name_of, plan_sync, receiver_param,
-                                 record, sender_param, sync_bytes, verdict)
+from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, index_of, key_of, name_of, plan_sync,
+                                 receiver_param, record, same_host_pairs, sender_param, split_reads, sync_bytes,
+                                 verdict, agreed_part)
+from .transfer_memory import Endpoint, Read, Reads, Token, probe
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "mesh_core/weight_link"
 ROLES = ("sender", "receiver")
+TRANSPORTS = ("auto", "gloo")
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 
 
@@ -76,6 +79,7 @@ class SyncStats:
     messages: int
     agreed_again: bool  # records were exchanged (first round, a change, a new receiving job)
     data_seconds: float = 0.0  # of ``seconds``: the data phase on this rank (messages, packing, placing)
+    read_bytes: int = 0  # of the sent / received bytes: read straight from a sender's memory (same host)
 
 
 class _Reading:
@@ -108,13 +112,20 @@ class WeightLink:
     (a trainer's GPU weights, a rollout's GPU shards) travel through host buffers. ``launch``:
     an id the receiving job's ranks share, one per launch (default: drawn by its rank 0 and shared
     through the job's default store; needed when several receiving ranks have no world).
+    ``transport``: ``"auto"`` (default): a receiving rank on the same host as a sending rank reads
+    the boxes it needs straight from that rank's host tensors (Linux cross-memory attach, one copy;
+    :mod:`mesh_core.transfer_memory`) where the kernel lets it, and every other piece travels on
+    gloo; ``"gloo"``: every piece travels on gloo. A pair uses reads only when both ends allow them.
     """
 
     def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None) -> None:
+                 window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None,
+                 transport: str = "auto") -> None:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
+        if transport not in TRANSPORTS:
+            raise MeshSpecError(f"transport={transport!r}; valid transports are {list(TRANSPORTS)}")
         if backend != "gloo":
             raise MeshSpecError(f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
                                 "travel through host buffers)")
@@ -127,7 +138,10 @@ class WeightLink:
         if not 0 <= self.rank < self.job_size:
             raise MeshSpecError(f"rank={self.rank} is out of range for world_size={self.job_size}")
         self.role, self.address, self.timeout = role, address, timeout
-        self.bucket_bytes, self.window, self.backend = bucket_bytes, window, backend
+        self.bucket_bytes, self.window, self.backend, self.transport = bucket_bytes, window, backend, transport
+        # what a same-host peer reads to learn it can read this process (None: no reads on this rank)
+        self._token = Token() if transport == "auto" else None  # held: its memory is what peers read
+        self._endpoint: Optional[Endpoint] = self._token.endpoint if self._token is not None else None
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
         self._launch = launch or (_launch_id(self.rank, self.job_size, initialised) if role == "receiver" else "")
         self._round = None if role == "receiver" else 0
@@ -156,18 +170,12 @@ class WeightLink:
         if self.role != "receiver":
             raise MeshSpecError("receive() is for the receiving job's ranks; this link was made with role='sender'")
         return self._sync(_fingerprint(model, layouts, spec),
-                          lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size))
+                          lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size,
+                                                 self._endpoint is not None))
 
     def pair_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
-        if self._cache is None:
-            return {}
-        senders = self._cache["sizes"][0]
-        out: dict[tuple[int, int], int] = {}
-        for bucket in self._cache["buckets"]:
-            key = (bucket.src, bucket.dst - senders)
-            out[key] = out.get(key, 0) + bucket.nbytes
-        return out
+        return dict(self._cache["pairs"]) if self._cache is not None else {}
 
     def close(self) -> None:
         """Drop the side channel (its process group and buffers)."""
@@ -198,21 +206,37 @@ class WeightLink:
         where = f"{PREFIX}/{n}"
         stale = (cache is None or cache["sizes"] != (senders, receivers)
                  or (mine.done and (bool(mine.problems) or self._digest(mine) != cache["digest"])))
-        arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale)
+        # a sender given other tensors with the same record, read by a same-host receiver: where they are
+        # now is told to the readers (a tensor that became readable or unreadable changes the plan)
+        moved = False
+        if sending and not stale and mine.done and cache["read_from_me"]:
+            addresses = self._addresses(mine)
+            if _readable_keys(addresses) != _readable_keys(cache["addresses"]):
+                stale = True
+            elif addresses != cache["addresses"]:
+                moved = True
+                table = json.dumps([me, addresses])
+                self._store_op(n, lambda: self.store.append(f"{where}/moved", table + "\n"))
+        arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale, mark=moved)
         again = arrival.flagged > 0
+        if moved and not again:
+            cache["addresses"] = addresses
+        if not again and arrival.marked and not sending:
+            self._moved(cache, where, n)
         if again:
             self._cache = cache = None
             mine.read()
-            rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
+            rec = self._record(mine)
             self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", json.dumps(rec)))
             self._arrive(f"{where}/published", members, senders, n, me)
             keys = [f"{where}/record/{b}" for b in members]
             records = [json.loads(v) for v in self._store_op(n, lambda: self.store.multi_get(keys))]
             agreed = verdict(records, senders)  # the same error on every rank, before any message
-            cache = self._cache = self._prepare(agreed, self._digest(mine), senders, receivers, me, where)
+            readable = self._reachable(records, senders, members, n, me, where)
+            cache = self._cache = self._prepare(agreed, records, readable, self._digest(mine), me, where)
         assert cache is not None
         if mine.done:  # these tensors from now on (an unchanged record: the same plan)
-            cache.update(fingerprint=fingerprint, tensors=mine.tensors, views={})
+            cache.update(fingerprint=fingerprint, tensors=mine.tensors, views={}, bound_reads=None)
         failure: Optional[BaseException] = None
         run = None
         data_start = time.perf_counter()
@@ -223,8 +247,9 @@ class WeightLink:
         data_seconds = time.perf_counter() - data_start
         self._close_round(f"{where}/done", members, senders, n, me, failure)
         self.partial = False
-        return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes, run.received_bytes,
-                         run.messages, again, data_seconds)
+        read = cache["read_from_me"] if sending else cache["reads"].nbytes
+        return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes + read * sending,
+                         run.received_bytes + read * (not sending), run.messages, again, data_seconds, read)
 
     def _store_op(self, n: int, op: Callable[[], Any]) -> Any:
         """A store operation of the agreement; the store gone (the sending job's rank 0 ended) is one clear error."""
@@ -234,9 +259,34 @@ class WeightLink:
             raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
                                 f"rank 0 ended) during the agreement; no message was sent") from err
 
+    def _record(self, mine: "_Reading") -> dict:
+        memory = self._endpoint.fields() if self._endpoint is not None else None
+        return record(self.role, self.job_size, mine.params, mine.problems, self.backend, memory,
+                      self._addresses(mine))
+
     def _digest(self, mine: "_Reading") -> str:
-        rec = record(self.role, self.job_size, mine.params, mine.problems, self.backend)
-        return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(agreed_part(self._record(mine)), sort_keys=True).encode()).hexdigest()
+
+    def _addresses(self, mine: "_Reading") -> dict[str, Optional[int]]:
+        """A sender's holdings' addresses by key, for same-host readers (none without an endpoint)."""
+        if self.role != "sender" or self._endpoint is None:
+            return {}
+        return {key: _host_address(tensor) for key, tensor in mine.tensors.items()}
+
+    def _moved(self, cache: dict, where: str, n: int) -> None:
+        """Receiver: some senders were given other tensors with the same record: read from their new
+        addresses (on any failure the cache is dropped, so the next round agrees anew)."""
+        try:
+            text = self._store_op(n, lambda: self.store.get(f"{where}/moved")).decode()
+            for line in filter(None, text.split("\n")):
+                rank, table = json.loads(line)
+                for key, at in table.items():
+                    cache["address"][(name_of(key), rank, index_of(key))] = at
+            cache["reads"] = _reads(cache["read_pieces"], cache["address"], cache["pids"], cache["itemsize"])
+            cache["bound_reads"] = None
+        except BaseException:
+            self._cache = None
+            raise
 
     def _announce(self, n: int) -> None:
         """Sender: rank 0 opens round ``n`` (one store operation)."""
@@ -279,7 +329,8 @@ class WeightLink:
                 return n, senders, self.job_size
             n += 1
 
-    def _arrive(self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False):
+    def _arrive(self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False,
+                mark: bool = False):
         def absent(arrived, missing):
             if missing is None:
                 return MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending "
@@ -291,15 +342,42 @@ class WeightLink:
                                  f"arrived within {self.timeout}; missing: {describe_missing(missing, senders)} (ended, or "
                                  "not calling send()/receive()); no message was sent")
         try:
-            return arrive(self.store, prefix, members, self.timeout, absent, flag=flag, rank=me)
+            return arrive(self.store, prefix, members, self.timeout, absent, flag=flag, rank=me, mark=mark)
         except _Late:
             raise MeshSpecError(f"weight sync {n}: this receiving rank came after the sending job gave up waiting "
                                 f"({self.timeout}); its weights are untouched") from None
 
-    def _prepare(self, agreed: Verdict, digest: str, senders: int, receivers: int, me: int, where: str) -> dict:
+    def _reachable(self, records: list[dict], senders: int, members: list[int], n: int, me: int,
+                   where: str) -> set[tuple[int, int]]:
+        """The (sender, receiver) bridge-rank pairs where the receiver can read the sender's memory: each
+        receiver probes the senders on its host, and all ranks learn the answers (no store operation when
+        no pair shares a host)."""
+        near = same_host_pairs(records, senders)
+        if not near:
+            return set()
+        if me in near:
+            can = [s for s in near[me] if probe(Endpoint.from_fields(records[s]["memory"]))]
+            self._store_op(n, lambda: self.store.set(f"{where}/reach/{me}", json.dumps(can)))
+        self._arrive(f"{where}/reached", members, senders, n, me)
+        keys = [f"{where}/reach/{b}" for b in sorted(near)]
+        answers = self._store_op(n, lambda: self.store.multi_get(keys))
+        return {(s, b) for b, answer in zip(sorted(near), answers) for s in json.loads(answer)}
+
+    def _prepare(self, agreed: Verdict, records: list[dict], readable: set[tuple[int, int]], digest: str, me: int,
+                 where: str) -> dict:
+        senders = sum(rec["side"] == "sender" for rec in records)
+        receivers = len(records) - senders
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
         pieces = plan_sync(agreed, itemsize)
-        buckets = schedule(pieces, lambda key, src: itemsize[name_of(key)], self.bucket_bytes, pack_strided=True)
+        reads, messages = split_reads(pieces, agreed, readable)
+        buckets = schedule(messages, lambda key, src: itemsize[name_of(key)], self.bucket_bytes, pack_strided=True)
+        address = {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
+        pids = {s: records[s]["memory"]["pid"] for s, _ in readable}
+        mine = [p for p in reads if p.dst == me]
+        pairs: dict[tuple[int, int], int] = {}
+        for p in pieces:
+            key = (p.src, p.dst - senders)
+            pairs[key] = pairs.get(key, 0) + box_numel(p.box) * itemsize[name_of(p.name)]
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
                                           self.timeout)
@@ -308,6 +386,9 @@ class WeightLink:
                                 f"{self.timeout}: {err}; no message was sent") from err
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
         return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets,
+                "reads": _reads(mine, address, pids, itemsize), "read_pieces": mine, "address": address, "pids": pids,
+                "itemsize": itemsize, "addresses": {k: v for k, v in records[me].get("addresses", {}).items()},
+                "read_from_me": sync_bytes([p for p in reads if p.src == me], itemsize), "pairs": pairs,
                 "pool": BufferPool(), "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
 
     def _data(self, cache: dict, me: int):
@@ -317,8 +398,14 @@ class WeightLink:
         def post(ops):
             return [group.send([t], peer, tag) if send else group.recv([t], peer, tag) for send, t, peer, tag in ops]
 
+        def read() -> None:  # while the first messages travel
+            if cache["reads"].nbytes:
+                if cache["bound_reads"] is None:
+                    cache["bound_reads"] = cache["reads"].bind(targets)
+                Reads.run(cache["bound_reads"])
+
         return execute(cache["buckets"], lambda key: sources[key], lambda key: targets[name_of(key)],
-                       lambda key, src: wire[name_of(key)], lambda: None,
+                       lambda key, src: wire[name_of(key)], read,
                        buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post,
                        views=cache["views"], post_each=True, wire_device=HOST)
 
@@ -405,6 +492,23 @@ def _is_zero3(param: torch.Tensor) -> bool:
     return hasattr(param, "ds_tensor") and hasattr(param, "ds_shape")
 
 
+def _reads(pieces, address: Mapping[tuple[str, int, int], Optional[int]], pids: Mapping[int, int],
+           itemsize: Mapping[str, int]) -> Reads:
+    """A receiver's :class:`Reads` of its read pieces, from the senders' current addresses."""
+    return Reads([Read(pids[p.src], name_of(p.name), p.box, p.src_box, p.dst_box,
+                       address[(name_of(p.name), p.src, index_of(p.name))], itemsize[name_of(p.name)])
+                  for p in pieces])
+
+
+def _readable_keys(addresses: Mapping[str, Optional[int]]) -> set[str]:
+    return {key for key, at in addresses.items() if at is not None}
+
+
+def _host_address(tensor: torch.Tensor) -> Optional[int]:
+    """Where a contiguous host tensor's data are (what a same-host reader reads), else None."""
+    return tensor.data_ptr() if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel() else None
+
+
 def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
                  size: int) -> tuple[dict, dict, list[str]]:
     module, tensors = _tensors(model)
@@ -450,7 +554,8 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
 
 
 def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
-                   size: int) -> tuple[dict, dict, list[str]]:
+                   size: int, reads: bool = False) -> tuple[dict, dict, list[str]]:
+    """``reads``: say which shards same-host reads can fill (contiguous host tensors)."""
     _, tensors = _tensors(model)
     spec = spec if spec is not None else MeshSpec.build(size, dp=size)
     known = {n: (layouts or {}).get(n) or ParamLayout(tuple(t.shape)) for n, t in tensors.items()}
@@ -461,5 +566,6 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
     params = {}
     for name, meta in metas.items():
         params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,
-                                      own_box(spec, known[name], rank, name, "destination"))
+                                      own_box(spec, known[name], rank, name, "destination"),
+                                      reads and _host_address(tensors[name].detach()) is not None)
     return params, {n: t.detach() for n, t in tensors.items()}, problems

@@ -42,6 +42,7 @@ class Holding:
     box: Box
     offset: Optional[int]
     index: int  # this holding's number among the rank's holdings of the parameter
+    address: Optional[int] = None  # where its tensor (host, contiguous) is in the rank's memory, when published
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,15 @@ class Verdict:
     landing: dict[str, str]  # dtype it lands in
     holdings: dict[str, list[Holding]]
     targets: dict[str, list[tuple[int, Box]]]  # receiver (bridge rank, box)
+    writable: frozenset = frozenset()  # (name, receiver bridge rank): a contiguous host shard that takes reads
 
 
 def key_of(name: str, index: int) -> str:
     return f"{name}{KEY_SEP}{index}"
+
+
+def index_of(key: str) -> int:
+    return int(key.rpartition(KEY_SEP)[2])
 
 
 def name_of(key: str) -> str:
@@ -119,14 +125,26 @@ def sender_param(shape: Sequence[int], dtype: str, device: str, boxes: Sequence[
             "holds": [[[list(d) for d in box], offset] for box, offset in boxes]}
 
 
-def receiver_param(shape: Sequence[int], dtype: str, device: str, box: Box) -> dict:
-    return {"shape": list(shape), "dtype": dtype, "device": device, "box": [list(d) for d in box]}
+def receiver_param(shape: Sequence[int], dtype: str, device: str, box: Box, writable: bool = False) -> dict:
+    """``writable``: the shard is a contiguous host tensor, which same-host reads can fill."""
+    return {"shape": list(shape), "dtype": dtype, "device": device, "box": [list(d) for d in box],
+            "writable": writable}
 
 
-def record(side: str, job_size: int, params: Mapping[str, dict], problems: Sequence[str], backend: str) -> dict:
-    """One rank's record (JSON-able)."""
+def record(side: str, job_size: int, params: Mapping[str, dict], problems: Sequence[str], backend: str,
+           memory: Optional[dict] = None, addresses: Optional[Mapping[str, Optional[int]]] = None) -> dict:
+    """One rank's record (JSON-able); ``memory``: its :class:`~mesh_core.transfer_memory.Endpoint`'s
+    fields, when it takes part in same-host reads; ``addresses`` (a sender's): where each holding's
+    tensor is in its memory, by key (see :func:`key_of`), None where it cannot be read (not a
+    contiguous host tensor). The addresses are not part of what must stay equal for a cached
+    agreement (:func:`agreed_part`): tensors that moved are announced on their own."""
     return {"side": side, "job": job_size, "params": {n: params[n] for n in sorted(params)},
-            "problems": list(problems), "backend": backend}
+            "problems": list(problems), "backend": backend, "memory": memory, "addresses": dict(addresses or {})}
+
+
+def agreed_part(rec: Mapping) -> dict:
+    """The part of a record a cached agreement depends on (all but the addresses)."""
+    return {k: v for k, v in rec.items() if k != "addresses"}
 
 
 def who(bridge_rank: int, senders: int) -> str:
@@ -195,17 +213,22 @@ def verdict(records: Sequence[dict], senders: int) -> Verdict:
         raise MeshSpecError(_listing(f"{head}: the two jobs hold different models", mismatch))
     holdings: dict[str, list[Holding]] = defaultdict(list)
     targets: dict[str, list[tuple[int, Box]]] = defaultdict(list)
+    writable = set()
     for b in range(senders):
+        at = records[b].get("addresses") or {}
         for name, p in records[b]["params"].items():
-            holdings[name] += [Holding(b, _box(box), offset, i) for i, (box, offset) in enumerate(p["holds"])]
+            holdings[name] += [Holding(b, _box(box), offset, i, at.get(key_of(name, i)))
+                               for i, (box, offset) in enumerate(p["holds"])]
     for b in range(senders, len(records)):
         for name, p in records[b]["params"].items():
             targets[name].append((b, _box(p["box"])))
+            if p.get("writable"):
+                writable.add((name, b))
     gaps = _coverage(holdings, targets, senders)
     if gaps:
         raise MeshSpecError(_listing(f"{head}: the receiver's shards are not covered by what the sender ranks hold", gaps))
     return Verdict({n: tuple(p["shape"]) for n, p in send.items()}, {n: p["dtype"] for n, p in send.items()},
-                   {n: p["dtype"] for n, p in recv.items()}, dict(holdings), dict(targets))
+                   {n: p["dtype"] for n, p in recv.items()}, dict(holdings), dict(targets), frozenset(writable))
 
 
 def _coverage(holdings: Mapping[str, list[Holding]], targets: Mapping[str, list[tuple[int, Box]]], senders: int) -> list[str]:
@@ -254,6 +277,35 @@ def _split(box: Box, k: int) -> list[Box]:
                 start = stop
             return parts
     return [box]
+
+
+def same_host_pairs(records: Sequence[dict], senders: int) -> dict[int, list[int]]:
+    """Receiver bridge rank -> the sender ranks on its host (both publishing a memory endpoint): the
+    pairs whose reachability the receivers probe."""
+    out: dict[int, list[int]] = {}
+    for b in range(senders, len(records)):
+        mine = records[b].get("memory")
+        if mine:
+            near = [s for s in range(senders) if (records[s].get("memory") or {}).get("host") == mine["host"]]
+            if near:
+                out[b] = near
+    return out
+
+
+def split_reads(pieces: Sequence[SyncPiece], agreed: Verdict,
+                readable: set[tuple[int, int]]) -> tuple[list[SyncPiece], list[SyncPiece]]:
+    """The pieces a receiver reads straight from its sender's memory, and the ones sent as messages.
+    A piece is read when its receiver can read its sender (``readable``: (sender, receiver) bridge
+    ranks), the sender's holding is a contiguous host tensor (it published an address), the
+    receiver's shard is writable, and the dtype does not change on the way."""
+    address = {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
+    reads, messages = [], []
+    for p in pieces:
+        name = name_of(p.name)
+        read = ((p.src, p.dst) in readable and address.get((name, p.src, index_of(p.name))) is not None
+                and (name, p.dst) in agreed.writable and agreed.wire[name] == agreed.landing[name])
+        (reads if read else messages).append(p)
+    return reads, messages
 
 
 def sync_bytes(pieces: Sequence[SyncPiece], itemsize: Mapping[str, int]) -> int:
