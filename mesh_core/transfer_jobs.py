@@ -506,7 +506,9 @@ def _readable_keys(addresses: Mapping[str, Optional[int]]) -> set[str]:
 
 def _host_address(tensor: torch.Tensor) -> Optional[int]:
     """Where a contiguous host tensor's data are (what a same-host reader reads), else None."""
-    return tensor.data_ptr() if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel() else None
+    if tensor_device(tensor).type != "cpu" or not tensor.is_contiguous() or not tensor.numel():
+        return None
+    return tensor.data_ptr()
 
 
 def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,

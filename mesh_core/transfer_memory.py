@@ -105,6 +105,12 @@ def probe(other: Endpoint) -> bool:
     return done == TOKEN_BYTES and out.raw == bytes.fromhex(other.token)
 
 
+def available() -> bool:
+    """Whether this process can read memory through cross-memory attach (its own, as a probe)."""
+    token = Token()  # held while it is read
+    return token.endpoint is not None and probe(token.endpoint)
+
+
 def runs(box: Box, shard: Box, itemsize: int) -> tuple[torch.Tensor, int]:
     """``box`` (full-tensor coordinates) inside a contiguous row-major tensor holding ``shard``:
     the byte offsets (int64) of its contiguous runs in row-major order of the box, and their length."""

@@ -4,7 +4,9 @@ explicit ranks): bit for bit, each receiver fed by both senders; another model, 
 shard of the wrong size: the same error on every rank of both jobs, with no process group built and
 no message; the next sync works and reuses the cached agreement; the same tensors synced again
 (updated in place) are not read again and arrive bit for bit; an absent other job: an error within
-the timeout."""
+the timeout. Three ways: same-host reads where the kernel lets the receivers read the senders'
+memory (``transport="auto"``), every piece on gloo (``"gloo"``), and reads allowed but every probe
+refused (the pairs fall back to gloo)."""
 from __future__ import annotations
 
 import json
@@ -35,10 +37,13 @@ def _layouts():
             "bias": ParamLayout(SHAPES["bias"])}
 
 
-def _worker(index: int, port: int, out_dir: str) -> None:
+def _worker(index: int, port: int, out_dir: str, transport: str) -> None:
     from mesh_core import MeshSpec, MeshSpecError
     from mesh_core import transfer_jobs
     from mesh_core.transfer import own_box
+
+    if transport == "refused":  # e.g. another pid namespace, or a kernel refusing cross-memory attach
+        transfer_jobs.probe = lambda endpoint: False
 
     sender = index < SENDERS
     rank = index if sender else index - SENDERS
@@ -51,7 +56,7 @@ def _worker(index: int, port: int, out_dir: str) -> None:
     setattr(transfer_jobs, side, lambda *a: reads.append(1) or real_side(*a))
     link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
                                     world_size=SENDERS if sender else RECEIVERS, timeout=timedelta(seconds=20),
-                                    launch="job-1")
+                                    launch="job-1", transport="gloo" if transport == "gloo" else "auto")
     spec = MeshSpec.build(RECEIVERS, tp=2)
     layouts = _layouts()
     boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in SHAPES}
@@ -78,7 +83,8 @@ def _worker(index: int, port: int, out_dir: str) -> None:
         start = time.monotonic()
         try:
             stats = link.send(tensors) if sender else link.receive(tensors, layouts=layouts, spec=spec)
-            res = {"ok": True, "again": stats.agreed_again, "received": stats.received_bytes, "sent": stats.sent_bytes}
+            res = {"ok": True, "again": stats.agreed_again, "received": stats.received_bytes, "sent": stats.sent_bytes,
+                   "read": stats.read_bytes}
             if not sender:
                 res["equal"] = all(torch.equal(tensors[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])])
                                    for n in SHAPES)
@@ -111,10 +117,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module", params=["auto", "gloo", "refused"])
+def transport(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def outs(tmp_path_factory):
+def outs(tmp_path_factory, transport):
     out_dir = str(tmp_path_factory.mktemp("jobs"))
-    run_ranks(_worker, (_free_port(), out_dir), world=SENDERS + RECEIVERS, timeout_s=240, hang="weight link cases")
+    run_ranks(_worker, (_free_port(), out_dir, transport), world=SENDERS + RECEIVERS, timeout_s=240,
+              hang="weight link cases")
     res = []
     for i in range(SENDERS + RECEIVERS):
         with open(os.path.join(out_dir, f"{i}.json")) as fh:
@@ -130,6 +142,21 @@ def test_receivers_get_their_shards_bit_for_bit_from_both_senders(outs):
     total = sum(o["first"]["sent"] for o in outs[:SENDERS])
     assert total == sum(o["first"]["received"] for o in outs[SENDERS:]) >= 4 * (64 * 96 + 96 * 64 + 5)
     assert all(0.4 * total < o["first"]["sent"] < 0.6 * total for o in outs[:SENDERS])
+
+
+def test_same_host_receivers_read_every_piece_where_the_kernel_lets_them(outs, transport):
+    """Under "auto" (and a kernel that allows it) every piece is read from the senders' memory, the
+    Megatron column blocks of 'down' included, for new tensors each sync as for the same ones; the
+    senders count what was read from them. Otherwise nothing is read."""
+    from mesh_core import transfer_memory
+
+    reads = transport == "auto" and transfer_memory.available()
+    for case in ("first", "second", "after_errors", "cached", "same_memory_first", "same_memory_again"):
+        assert all(o[case]["ok"] for o in outs) and all(o[case]["equal"] for o in outs[SENDERS:])
+        received = [o[case]["received"] for o in outs[SENDERS:]]
+        read = [o[case]["read"] for o in outs[SENDERS:]]
+        assert read == (received if reads else [0, 0]), (case, read, received)
+        assert sum(o[case]["read"] for o in outs[:SENDERS]) == sum(read)
 
 
 def test_the_agreement_and_plan_are_reused_until_something_changes(outs):
