@@ -1,27 +1,28 @@
 """Weight sync between two jobs: a ZeRO-3 trainer job (4 gloo ranks) -> a tp=2 rollout job (2 gloo
 ranks), each its own world, on this machine. Alternated in each repetition:
 
-- ``link``: ``mesh_core.transfer_jobs.WeightLink`` (each rollout rank receives its tp shard straight
-  from the ZeRO-3 partitions that hold its parts: no gather, every trainer rank sends);
+- ``link``: ``mesh_core.transfer_jobs.WeightLink`` as made by default (``transport="auto"``): the
+  jobs share this host, so each rollout rank reads its tp shard's boxes straight out of the ZeRO-3
+  partitions that hold them (cross-memory attach: one copy, no packing; no gather);
+- ``link gloo``: the same with ``transport="gloo"``, what jobs on two hosts get: every trainer rank
+  sends its boxes on the side channel's gloo group;
 - ``gather+bcast``: what RL frameworks do: every parameter gathered over the trainer job (the
   all-gather of ZeRO-3's GatheredParameters), then broadcast whole from trainer rank 0 to every
   rollout rank (a group of trainer rank 0 and the rollout ranks), which copy their shard out of it;
-- ``raw``: one preallocated contiguous message per (trainer rank, rollout rank) pair carrying
-  exactly the bytes the link's plan moves (moves bytes, places nothing), from buffers that hold bytes;
-- ``raw boxes``: the link's own messages (one per bucket of its plan: the same sizes, peers and
-  tags), posted at once into preallocated buffers, placing nothing: what gloo charges for the
-  link's message count, which one message per box of each tensor needs when nothing is copied;
-- ``packed``: raw with placement: the same one message per pair, packed on the trainer rank from
-  the boxes of its partitions the link's plan sends, unpacked on the rollout rank into its shards
-  (the link's plan, sent as one packed buffer per rank pair; no store operations).
+- ``raw``: one preallocated contiguous gloo message per (trainer rank, rollout rank) pair carrying
+  exactly the bytes the link's plan moves (moves bytes, places nothing), from buffers that hold
+  bytes: what a user writing point-to-point by hand would run;
+- ``raw read``: the same bytes per pair as one cross-memory read of a contiguous buffer on the
+  trainer rank into one on the rollout rank (the transport ``link`` uses, with nothing to place);
+- ``raw boxes``: ``link gloo``'s own messages (one per bucket of its plan: the same sizes, peers and
+  tags), posted at once into preallocated buffers, placing nothing.
 
-``link`` includes everything a cached sync does: this rank's fingerprint of its tensors (the same
-tensors every sync: nothing is read again), the round's store operations (claim, the agreement's
-arrival, the closing arrival: two barriers of both jobs), the messages (one per partition box,
-small boxes packed), packing the Megatron column blocks (on the trainer ranks; they land straight
-in the rollout's shards). ``link
-data`` is its data phase alone (the slowest rank's ``SyncStats.data_seconds`` of the same sync):
-the messages, packing and placing, without the store operations. ``raw`` includes only the messages.
+``link`` and ``link gloo`` include everything a cached sync does: this rank's fingerprint of its
+tensors (the same tensors every sync: nothing is read again), the round's store operations (claim,
+the agreement's arrival, the closing arrival: two barriers of both jobs), the data (reads of runs
+straight into the shards; or messages, with the Megatron column blocks packed on the trainer ranks).
+``link data`` is the data phase alone (the slowest rank's ``SyncStats.data_seconds`` of the same
+sync), without the store operations. ``raw`` and ``raw read`` include only moving the bytes.
 Seconds are the slowest rank's, from a barrier of all 6 ranks; GB/s = model bytes / seconds.
 Ratios are per repetition (min / median / max).
 
@@ -48,7 +49,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 TRAINERS, ROLLOUTS = 4, 2
 HIDDEN = 512  # the default --hidden
-METHODS = ("link", "gather+bcast", "raw", "raw boxes", "packed")
+METHODS = ("link", "link gloo", "gather+bcast", "raw", "raw read", "raw boxes")
 
 
 def _shapes(mb: int, hidden: int) -> dict:
@@ -91,15 +92,16 @@ def _partitions(shapes, rank):
 def _worker(index, ports, sizes, repeat, split, hidden, out):
     from mesh_core import MeshSpec
     from mesh_core.transfer import own_box
-    from mesh_core.transfer_buckets import ALIGN
-    from mesh_core.transfer_jobs import WeightLink, _sender_side
-    from mesh_core.transfer_jobs_plan import name_of
+    from mesh_core.transfer_jobs import WeightLink
+    from mesh_core.transfer_memory import Read, Reads
 
     trainer = index < TRAINERS
     rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)
     job_store = dist.TCPStore("127.0.0.1", ports[0 if trainer else 1], size, rank == 0, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=job_store, rank=rank, world_size=size)
     link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", timeout=timedelta(seconds=120))
+    link_gloo = WeightLink(f"127.0.0.1:{ports[3]}", "sender" if trainer else "receiver",
+                           timeout=timedelta(seconds=120), transport="gloo")
     everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS,
                                      timedelta(seconds=120))
     in_bcast = index == 0 or not trainer
@@ -122,6 +124,10 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         def run_link():
             stats = link.send(params) if trainer else link.receive(shards, layouts=layouts, spec=spec)
             data_seconds.append(stats.data_seconds)
+            read_bytes.append(stats.read_bytes)
+
+        def run_link_gloo():
+            link_gloo.send(params) if trainer else link_gloo.receive(shards, layouts=layouts, spec=spec)
 
         def run_gather_bcast():
             opts = dist.BroadcastOptions()
@@ -137,7 +143,9 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
                     shards[name].copy_(whole[name][tuple(slice(lo, hi) for lo, hi in boxes[name])])
 
         data_seconds: list = []
+        read_bytes: list = []
         run_link()  # the first sync agrees and plans: outside the timings
+        run_link_gloo()
         pairs = link.pair_bytes() if trainer else None
         everyone.allreduce([torch.zeros(1)]).wait()
         if trainer and rank == 0:
@@ -155,7 +163,24 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
             for w in works:
                 w.wait()
 
-        my_buckets = [b for b in link._cache["buckets"] if index in (b.src, b.dst)]
+        # raw read: each trainer rank's pair buffers, where they are in its memory, read by the rollout ranks
+        if trainer:
+            link.store.set(f"bench/at/{mb}/{rank}", repr((os.getpid(), [(d, buf.data_ptr()) for (_, d, _), buf
+                                                                         in zip(mine, buffers)])))
+        everyone.allreduce([torch.zeros(1)]).wait()
+        if not trainer:
+            reads = []
+            for s, _, nbytes in mine:
+                pid, at = ast.literal_eval(link.store.get(f"bench/at/{mb}/{s}").decode())
+                span = ((0, nbytes),)
+                reads.append(Read(pid, f"from {s}", span, span, span, dict(at)[rank], 1))
+            bound = Reads(reads).bind({f"from {s}": buf for (s, _, _), buf in zip(mine, buffers)})
+
+        def run_raw_read():
+            if not trainer:
+                Reads.run(bound)
+
+        my_buckets = [b for b in link_gloo._cache["buckets"] if index in (b.src, b.dst)]
         bucket_buffers = [torch.full((b.nbytes,), 7, dtype=torch.uint8) for b in my_buckets]
 
         def run_raw_boxes():
@@ -164,36 +189,8 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
             for w in works:
                 w.wait()
 
-        sources = _sender_side(params, None, None, rank, TRAINERS)[1] if trainer else {}
-        pair_items: dict = {}
-        for bucket in link._cache["buckets"]:  # the plan's boxes of each rank pair, in plan order
-            if index in (bucket.src, bucket.dst):
-                pair_items.setdefault((bucket.src, bucket.dst), []).extend(bucket.items)
-        packed = []
-        for (s, d), items in sorted(pair_items.items()):
-            offsets, end = [], 0
-            for item in items:
-                offsets.append(end)
-                end += -(-item.nbytes // ALIGN) * ALIGN
-            buffer = torch.empty(end, dtype=torch.uint8)
-            slots = [buffer[o:o + i.nbytes].view(torch.float32).view(i.shape) for o, i in zip(offsets, items)]
-            packed.append((s, d, buffer, slots, items))
-
-        def run_packed():
-            works = []
-            for s, d, buffer, slots, items in packed:
-                if trainer:
-                    torch._foreach_copy_(slots, [sources[i.name][i.src_index] for i in items])
-                    works.append(everyone.send([buffer], d, 8))
-                else:
-                    works.append(everyone.recv([buffer], s, 8))
-            for (s, d, buffer, slots, items), work in zip(packed, works):
-                work.wait()
-                if not trainer:
-                    torch._foreach_copy_([shards[name_of(i.name)][i.dst_index] for i in items], slots)
-
-        runs = {"link": run_link, "gather+bcast": run_gather_bcast, "raw": run_raw, "raw boxes": run_raw_boxes,
-                "packed": run_packed}
+        runs = {"link": run_link, "link gloo": run_link_gloo, "gather+bcast": run_gather_bcast, "raw": run_raw,
+                "raw read": run_raw_read, "raw boxes": run_raw_boxes}
         for fn in runs.values():  # warm-up (buffers, connections)
             fn()
         times = {m: [] for m in METHODS + ("link data",)}
@@ -218,7 +215,12 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         everyone.allreduce([count], opts).wait()
-        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs), "messages": int(count.item())}
+        whole_read = torch.tensor([1.0 if trainer else float(read_bytes[-1] == sum(t.numel() * 4 for t in shards.values()))])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        everyone.allreduce([whole_read], opts).wait()
+        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs), "messages": int(count.item()),
+                       "all read": whole_read.item() == 1.0}
         everyone.allreduce([torch.zeros(1)]).wait()
     if index == 0:
         out.put(results)
@@ -257,10 +259,16 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    ports = (_port(), _port(), _port())
+    ports = (_port(), _port(), _port(), _port())
     procs = [ctx.Process(target=_worker, args=(i, ports, sizes, args.repeat, args.split, args.hidden, out)) for i in range(TRAINERS + ROLLOUTS)]
     for p in procs:
         p.start()
+    while out.empty():  # a worker that failed ends the bench instead of leaving it waiting
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            sys.exit("a bench worker failed (its traceback is above)")
+        time.sleep(0.2)
     results = out.get()
     for p in procs:
         p.join()
@@ -268,23 +276,25 @@ def main() -> None:
           f"{args.split} split; hidden {args.hidden} ({4 * args.hidden * args.hidden * 4 / 2**20:g} MiB weights); "
           f"{args.repeat} repetitions, seconds = slowest rank; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print("| model | link s (median) | link GB/s | gather+bcast s | raw s | gather+bcast ÷ link | raw ÷ link "
-          "| link data s | raw ÷ link data | raw boxes s (messages) | raw ÷ raw boxes | raw boxes ÷ link | packed s "
-          "| packed ÷ link |")
+    print("| model | link s (median) | link GB/s | link data s | gather+bcast ÷ link | raw ÷ link | raw read ÷ link "
+          "| raw read ÷ link data | link gloo s | raw ÷ link gloo | raw ÷ raw boxes (messages) | gather+bcast s | raw s "
+          "| raw read s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(a, b):
+        return _mmm([x / y for x, y in zip(t[a], t[b])])
+
     for mb, res in results.items():
         t = res["times"]
-        med = {m: statistics.median(t[m]) for m in METHODS}
-        speedup = [g / l for g, l in zip(t["gather+bcast"], t["link"])]
-        vs_raw = [r / l for r, l in zip(t["raw"], t["link"])]
-        vs_data = [r / d for r, d in zip(t["raw"], t["link data"])]
-        vs_packed = [p / l for p, l in zip(t["packed"], t["link"])]
-        raw_vs_boxes = [r / b for r, b in zip(t["raw"], t["raw boxes"])]
-        boxes_vs_link = [b / l for b, l in zip(t["raw boxes"], t["link"])]
+        med = {m: statistics.median(t[m]) for m in METHODS + ("link data",)}
         print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
-              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {_mmm(speedup)} | {_mmm(vs_raw)} | "
-              f"{statistics.median(t['link data']):.4f} | {_mmm(vs_data)} | {med['raw boxes']:.4f} ({res['messages']}) | "
-              f"{_mmm(raw_vs_boxes)} | {_mmm(boxes_vs_link)} | {med['packed']:.4f} | {_mmm(vs_packed)} |")
+              f"{med['link data']:.4f} | {ratio('gather+bcast', 'link')} | {ratio('raw', 'link')} | "
+              f"{ratio('raw read', 'link')} | {ratio('raw read', 'link data')} | {med['link gloo']:.4f} | "
+              f"{ratio('raw', 'link gloo')} | {ratio('raw', 'raw boxes')} ({res['messages']}) | "
+              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {med['raw read']:.4f} |")
+    if not all(res["all read"] for res in results.values()):
+        print("note: the link read less than a rollout rank's shard here (the kernel refused cross-memory reads, "
+              "or a piece went on gloo): 'link' is then partly or wholly gloo")
 
 
 if __name__ == "__main__":
