@@ -7,7 +7,10 @@ sender ranks first (bridge ranks ``0..S-1``) and the receiver ranks after them (
 not registered with ``torch.distributed``: neither job's world, groups or default store is used
 (the receiving job's default store is read once, at connect, to give its ranks one launch id).
 Tensors on an accelerator (a trainer's GPU weights, a rollout's GPU shards) travel through host
-buffers, a bucket at a time (page-locked for CUDA).
+buffers, a bucket at a time (page-locked for CUDA). Where a receiving rank shares a host with a
+sending rank and the kernel lets it read that process's memory (found by a probe at the
+agreement), it reads its boxes straight from the sender's host tensors instead
+(:mod:`mesh_core.transfer_memory`; ``transport="gloo"`` turns this off).
 
 Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met by one
 :meth:`WeightLink.receive` (each rank of the receiving job):
@@ -23,9 +26,12 @@ Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met
    AutoTP attributes, layouts) does not read its side again and reuses each bucket's regions;
 3. the data: each receiver rank gets its own shard, straight from the sender ranks holding it (ZeRO-3
    partitions are sent from the partitions, with no gather; replicas each send a part), in packed
-   buckets (:mod:`mesh_core.transfer_buckets`);
+   buckets (:mod:`mesh_core.transfer_buckets`), or read from a same-host sender's memory (one copy,
+   strided boxes as runs); a sender given other tensors with the same record (new memory) tells
+   its readers where they are at the agreement's arrival, without a new agreement;
 4. one closing arrival: a rank that failed in the data phase (its peer died) flags it, so every rank
-   of both jobs raises; a receiver's error says its weights are partially written.
+   of both jobs raises; a receiver's error says its weights are partially written. A sender stays
+   in it until every reader is done, so its tensors are not changed while they are read.
 
 Every wait is bounded by ``timeout``. A receiving job that ended is replaced by launching it again:
 its ranks claim the next round and the process group is built anew.
@@ -37,6 +43,7 @@ import json
 import logging
 import math
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -54,9 +61,9 @@ from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
 from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
-from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, index_of, key_of, name_of, plan_sync,
-                                 receiver_param, record, same_host_pairs, sender_param, split_reads, sync_bytes,
-                                 verdict, agreed_part)
+from .transfer_jobs_plan import (Verdict, agreed_part, describe_missing, flat_boxes, index_of, key_of, name_of,
+                                 plan_sync, receiver_param, record, same_host_pairs, sender_param, split_reads,
+                                 sync_bytes, verdict)
 from .transfer_memory import Endpoint, Read, Reads, Token, probe
 
 logger = logging.getLogger(__name__)
@@ -143,7 +150,8 @@ class WeightLink:
         self._token = Token() if transport == "auto" else None  # held: its memory is what peers read
         self._endpoint: Optional[Endpoint] = self._token.endpoint if self._token is not None else None
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
-        self._launch = launch or (_launch_id(self.rank, self.job_size, initialised) if role == "receiver" else "")
+        self._launch = launch or (_launch_id(address, self.rank, self.job_size, initialised) if role == "receiver"
+                                  else "")
         self._round = None if role == "receiver" else 0
         self._cache: Optional[dict] = None  # digest, buckets, pool, process group, sizes, fingerprint, tensors, views
         self.partial = False  # a receiver whose last sync failed in the data phase
@@ -436,15 +444,24 @@ def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
         raise MeshSpecError(f"no sending job's weight link answered at {host}:{port} within {timeout}: {err}") from err
 
 
-def _launch_id(rank: int, size: int, initialised: bool) -> str:
-    """One id shared by this launch's ranks (rank 0 draws it; the job's own store carries it)."""
+_LINKS_MADE: dict[str, int] = {}  # receiving links made in this process, by address
+_LINKS_LOCK = threading.Lock()
+
+
+def _launch_id(address: str, rank: int, size: int, initialised: bool) -> str:
+    """One id shared by this launch's ranks (rank 0 draws it; the job's own store carries it), under a
+    key of its own for each receiving link the job makes (by address, and how many were made there
+    before in this process: every rank makes them in the same order), so that links made one after
+    the other never read each other's id."""
     if size == 1:
         return uuid.uuid4().hex
     if not initialised:
         raise MeshSpecError(f"a receiving job of {size} ranks without a torch.distributed world must pass launch=, "
                             "one id its ranks share (a new one per launch)")
+    with _LINKS_LOCK:
+        made = _LINKS_MADE[address] = _LINKS_MADE.get(address, 0) + 1
     store = torch_compat.default_store()
-    key = f"{PREFIX}/launch"
+    key = f"{PREFIX}/launch/{address}/{made}"
     if rank == 0:
         store.set(key, uuid.uuid4().hex)
     return store.get(key).decode()

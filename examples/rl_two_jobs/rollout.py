@@ -49,7 +49,8 @@ def main() -> None:
         full = torch.load(io.BytesIO(link.store.get(f"example/weights/{stats.round}")))
         equal = all(torch.equal(shards[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])]) for n in shards)
         say(f"sync {stats.round}: {stats.seconds:.4f} s, {stats.bytes} bytes, received {stats.received_bytes} bytes "
-            f"on this rank, {'WEIGHTS EQUAL' if equal else 'WEIGHTS DIFFER'}")
+            f"on this rank ({stats.read_bytes} read from the trainer ranks' memory), "
+            f"{'WEIGHTS EQUAL' if equal else 'WEIGHTS DIFFER'}")
         time.sleep(args.generate_seconds)
     dist.barrier()
     dist.destroy_process_group()

@@ -187,3 +187,49 @@ def test_an_absent_receiving_job_is_an_error_on_every_sender_within_the_timeout(
     for o in outs[:SENDERS]:
         assert not o["absent"]["ok"] and "no receiving job joined within 0:00:03" in o["absent"]["error"]
         assert o["absent"]["seconds"] < 3 + 5
+
+
+def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
+    """Index 0: a sending rank serving two links (no world). 1, 2: a receiving job of two ranks with a
+    gloo world, making a link to each address, one after the other; its rank 1 comes late, after
+    its rank 0 made both (the launch ids of the two links must not be read for each other)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mesh_core.transfer_jobs import WeightLink
+
+    out = {}
+    if index == 0:
+        links = [WeightLink(f"127.0.0.1:{p}", "sender", rank=0, world_size=1, timeout=timedelta(seconds=20))
+                 for p in ports[:2]]
+        for i, link in enumerate(links):
+            link.send({"w": torch.full((4,), float(i + 1))})
+        time.sleep(1.0)  # the stores' server outlives the receivers' last reads
+    else:
+        rank = index - 1
+        store = dist.TCPStore("127.0.0.1", ports[2], 2, rank == 0, timeout=timedelta(seconds=30))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        if rank == 1:
+            time.sleep(1.0)
+        links = [WeightLink(f"127.0.0.1:{p}", "receiver", timeout=timedelta(seconds=20)) for p in ports[:2]]
+        got = []
+        for link in links:
+            w = torch.zeros(4)
+            link.receive({"w": w})
+            got.append(w.tolist())
+        out = {"got": got}
+        dist.barrier()
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"two{index}.json"), "w") as fh:
+        json.dump(out, fh)
+
+
+def test_a_receiving_job_makes_two_links_one_after_the_other(tmp_path):
+    """Each link's ranks share one launch id (drawn by rank 0 under a key of its own per link), so a
+    late rank does not take the other link's id and leave its job's claim to another launch."""
+    run_ranks(_two_links_worker, ((_free_port(), _free_port(), _free_port()), str(tmp_path)), world=3,
+              timeout_s=120, hang="two links of one receiving job")
+    for index in (1, 2):
+        with open(tmp_path / f"two{index}.json") as fh:
+            assert json.load(fh)["got"] == [[1.0] * 4, [2.0] * 4]
