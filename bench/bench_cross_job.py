@@ -222,6 +222,13 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs), "messages": int(count.item()),
                        "all read": whole_read.item() == 1.0}
         everyone.allreduce([torch.zeros(1)]).wait()
+        link.close()  # the links' caches hold this size's tensors: let them go before the next size
+        link_gloo.close()
+        del runs, buffers, bucket_buffers
+        if trainer:
+            del params, gathered
+        else:
+            del shards, whole
     if index == 0:
         out.put(results)
     everyone.allreduce([torch.zeros(1)]).wait()

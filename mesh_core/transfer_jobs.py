@@ -229,7 +229,7 @@ class WeightLink:
         again = arrival.flagged > 0
         if moved and not again:
             cache["addresses"] = addresses
-        if not again and arrival.marked and not sending:
+        if not again and arrival.marked and not sending and cache["read_pieces"]:
             self._moved(cache, where, n)
         if again:
             self._cache = cache = None
