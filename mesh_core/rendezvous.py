@@ -26,6 +26,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
+from .row_major import coord_along
 from .spec import MeshSpecError
 
 DONE, ABANDONED = "done", "abandoned"
@@ -67,7 +68,7 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
         state_key = f"{prefix}/state"
         last = value % (n + 1) == n
         if last:
-            flags, marks = (value // (n + 1)) % (n + 1), value // (n + 1) ** 2
+            flags, marks = coord_along(value, n + 1, n + 1), value // (n + 1) ** 2  # the counter's digits base n+1
             state = store.compare_set(state_key, "", f"{DONE}:{flags}" + (f":{marks}" if marks else "")).decode()
         else:
             state = _await(store, state_key, timeout)

@@ -33,6 +33,28 @@ def test_the_last_arrival_completes_the_round_with_the_number_that_flagged():
         assert store.get("r/state") == b"done:2"
 
 
+def test_flags_and_marks_are_counted_apart_and_every_member_reads_both():
+    """Two independent yes/no questions in one arrival (the weight link: "agree anew", "my tensors
+    moved"), every member in its own thread: each reads the same two counts; one completed it."""
+    import threading
+
+    store = dist.HashStore()
+    members = list(range(5))
+    flags, marks = [True, False, True, True, False], [False, True, True, False, False]
+    got: dict = {}
+
+    def member(r: int) -> None:
+        got[r] = arrive(store, "m", members, timedelta(seconds=10), _absent, flag=flags[r], mark=marks[r], rank=r)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert {(a.flagged, a.marked) for a in got.values()} == {(3, 2)}
+    assert sum(a.last for a in got.values()) == 1
+
+
 def test_a_member_that_waits_in_vain_names_who_arrived_and_who_is_missing_and_a_late_one_learns_it():
     store = dist.HashStore()
     members = [1, 4, 5, 6]
