@@ -64,7 +64,7 @@ from .transfer_engines import AUTOTP_META, EngineSide
 from .transfer_jobs_plan import (Verdict, agreed_part, describe_missing, flat_boxes, index_of, key_of, name_of,
                                  plan_sync, receiver_param, record, same_host_pairs, sender_param, split_reads,
                                  sync_bytes, verdict)
-from .transfer_memory import Endpoint, Read, Reads, Token, probe
+from .transfer_memory import Endpoint, Read, Reads, Token, allow_readers, probe
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,8 @@ class WeightLink:
         self.bucket_bytes, self.window, self.backend, self.transport = bucket_bytes, window, backend, transport
         # what a same-host peer reads to learn it can read this process (None: no reads on this rank)
         self._token = Token() if transport == "auto" else None  # held: its memory is what peers read
+        if self._token is not None and role == "sender":
+            allow_readers()
         self._endpoint: Optional[Endpoint] = self._token.endpoint if self._token is not None else None
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
         self._launch = launch or (_launch_id(address, self.rank, self.job_size, initialised) if role == "receiver"

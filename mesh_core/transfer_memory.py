@@ -6,7 +6,9 @@ is a list of contiguous runs on each side). Two processes can use it when they r
 one pid namespace and the kernel lets the reader in (same user, ptrace rules, no seccomp filter
 refusing the call): a reader finds out by reading a random token the other process holds at an
 address it published (:func:`probe`), so whatever the reason for a refusal, the pair falls back to
-messages.
+messages. Under Yama's ``ptrace_scope`` 1 (Ubuntu's default: only a process's ancestors may read
+it), a process that is to be read lets its user's other processes in (:func:`allow_readers`, as
+Open MPI's cross-memory transport does); scopes 2 and 3 are left as they are (the probe fails).
 
 - :class:`Endpoint`: what a process publishes (host, pid, where its token is);
 - :func:`runs`: a box of a row-major shard as byte offsets of equal contiguous runs;
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import math
 import os
 import secrets
@@ -27,6 +30,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+logger = logging.getLogger(__name__)
 Box = tuple[tuple[int, int], ...]
 IOV_MAX = 1024  # iovecs per process_vm_readv call (Linux UIO_MAXIOV)
 TOKEN_BYTES = 16
@@ -50,6 +54,39 @@ def _libc_readv():
 
 
 _READV = _libc_readv()
+_PR_SET_PTRACER = 0x59616D61  # prctl option (Yama)
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
+_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def _yama_scope() -> Optional[int]:
+    try:
+        with open(_YAMA_SCOPE, encoding="ascii") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _prctl(option: int, arg: ctypes.c_ulong) -> int:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    return libc.prctl(ctypes.c_int(option), arg, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def allow_readers() -> bool:
+    """Let this user's other processes read this process's memory where Yama's ``ptrace_scope`` is 1
+    (where it is 0, or Yama is absent, they may already). Whether readers are allowed now."""
+    if _READV is None:
+        return False
+    scope = _yama_scope()
+    if scope == 1:
+        if _prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY) != 0:
+            logger.info("prctl(PR_SET_PTRACER_ANY) refused (errno %d): same-host reads of this process will "
+                        "fall back to messages", ctypes.get_errno())
+            return False
+        logger.info("Yama ptrace_scope 1: this process now lets its user's processes read its memory "
+                    "(the weight link's same-host reads)")
+        return True
+    return scope in (None, 0)
 
 
 def host_id() -> Optional[str]:

@@ -3,6 +3,8 @@ own indexing), reads of this process's and another process's memory through them
 either side, more runs than one system call takes), the probe, and a process that ended."""
 from __future__ import annotations
 
+import ctypes
+import errno
 import multiprocessing
 import os
 
@@ -100,3 +102,36 @@ def test_another_process_is_probed_read_and_an_ended_one_is_an_error():
     with pytest.raises(OSError, match=f"reading process {other.pid}'s memory"):
         Reads.run(reads.bind({"t": target}))
     assert not probe(other)
+
+
+@pytest.mark.parametrize("scope, calls, allowed", [(None, 0, True), (0, 0, True), (1, 1, True), (2, 0, False),
+                                                   (3, 0, False)])
+def test_a_process_to_be_read_lets_its_user_in_only_where_yama_scope_1_keeps_it_out(monkeypatch, scope, calls,
+                                                                                    allowed):
+    """Yama's ptrace_scope 1 (Ubuntu's default) lets only ancestors read a process: the process to be
+    read sets PR_SET_PTRACER_ANY then; 0 / no Yama needs nothing; 2 and 3 are not overridden."""
+    if transfer_memory._READV is None:
+        pytest.skip("no process_vm_readv here")
+    made = []
+    monkeypatch.setattr(transfer_memory, "_yama_scope", lambda: scope)
+    monkeypatch.setattr(transfer_memory, "_prctl", lambda option, arg: made.append((option, arg.value)) or 0)
+    assert transfer_memory.allow_readers() is allowed
+    assert made == [(0x59616D61, ctypes.c_ulong(-1).value)] * calls
+
+
+def test_a_refused_prctl_leaves_the_pair_to_messages(monkeypatch):
+    if transfer_memory._READV is None:
+        pytest.skip("no process_vm_readv here")
+    monkeypatch.setattr(transfer_memory, "_yama_scope", lambda: 1)
+    monkeypatch.setattr(transfer_memory, "_prctl", lambda option, arg: -1)
+    assert transfer_memory.allow_readers() is False
+
+
+def test_the_real_prctl_is_accepted_by_this_kernel():
+    """The call itself, made for real (a no-op for reads where Yama is absent): the kernel knows the
+    option where Yama is built in, and answers EINVAL otherwise; either way nothing else changes."""
+    if transfer_memory._READV is None:
+        pytest.skip("no process_vm_readv here")
+    ctypes.set_errno(0)
+    rc = transfer_memory._prctl(transfer_memory._PR_SET_PTRACER, transfer_memory._PR_SET_PTRACER_ANY)
+    assert rc == 0 or ctypes.get_errno() == errno.EINVAL
