@@ -7,8 +7,9 @@
 #
 # Parts (tests/gpu/gpu_world.py gives each its bound and world; docs/gpu_check.md says what each checks):
 # probe, member_only, not_split, split, sharing, subworld_engine, zero3, zero_bf16, hf_trainer, pipelines,
-# transfer, weight_link, member_only_bound, unbound_engine. The world is bound to each rank's GPU only where DeepSpeed
-# binds it (not on torch 2.6.x/2.7.0); unbound_engine leaves the world unbound and set_device to DeepSpeed.
+# transfer, weight_link, link_reads, member_only_bound, unbound_engine. The world is bound to each rank's GPU only
+# where DeepSpeed binds it (not on torch 2.6.x/2.7.0); unbound_engine leaves the world unbound and set_device to
+# DeepSpeed.
 # Plain-vs-shim comparisons run with NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0; bf16 parts are skipped, with the
 # reason, on GPUs before Ampere; every group's timeout lies inside its part's bound.
 # World = the largest of 8, 4, 2, 1 not above the GPU count (--world N to choose).

@@ -21,6 +21,11 @@ small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on
   by a ``mesh_core.transfer_jobs.WeightLink``: bf16 weights on this rank's GPU travel through the
   link's page-locked host buffers into GPU shards, bit for bit, twice (the second sync cached);
   fp32 on the host in the dry run, where boxes travel from and into the tensors themselves;
+- link_reads: each rank receives host weights from a one-rank sending job it starts as another
+  process, through a ``WeightLink`` left to choose (``transport="auto"``): bit for bit, twice; the
+  line says whether the kernel let the receiver read the sender's memory (Yama's ptrace_scope is
+  reported: Ubuntu's default, 1, is where the sending link lets its user in) or the pair fell back
+  to gloo;
 - member_only_bound: every rank builds a mesh over itself alone, then ranks 0..world/2-1 a
   sub-world mesh, by their members only, on the (bound, on GPUs) world: all_reduces over them.
 """
@@ -316,6 +321,58 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
     return {"ok": ok, "exact": exact, "errors": errors, "host_buffer_bytes": staged, "pinned": pinned}
 
 
+_LINK_READS_SENDER = """
+import sys
+from datetime import timedelta
+import torch
+from mesh_core.transfer_jobs import WeightLink
+link = WeightLink(sys.argv[1], "sender", rank=0, world_size=1, timeout=timedelta(seconds=60))
+weights = {"up": torch.arange(1024 * 512, dtype=torch.float32).view(1024, 512), "norm": torch.ones(512)}
+for _ in range(2):
+    for t in weights.values():
+        t.add_(1)  # a training step, in place
+    link.send(weights)
+"""
+
+
+def part_link_reads(rank: int, world: int, env: Env) -> dict:
+    import socket
+    import subprocess
+    from datetime import timedelta
+
+    from mesh_core import transfer_memory
+    from mesh_core.transfer_jobs import WeightLink
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sender = subprocess.Popen([sys.executable, "-c", _LINK_READS_SENDER, address], cwd=root,
+                              env=dict(os.environ, PYTHONPATH=root), stderr=subprocess.PIPE, text=True)
+    errors, exact, read, received = [], [], [], []
+    try:
+        link = WeightLink(address, "receiver", rank=0, world_size=1, timeout=timedelta(seconds=60))
+        shards = {"up": torch.zeros(1024, 512), "norm": torch.zeros(512)}
+        for step in range(2):
+            stats = link.receive(shards)
+            want = torch.arange(1024 * 512, dtype=torch.float32).view(1024, 512) + step + 1
+            exact.append(torch.equal(shards["up"], want) and torch.equal(shards["norm"], torch.ones(512) + step + 1))
+            read.append(stats.read_bytes)
+            received.append(stats.received_bytes)
+    except Exception as err:  # noqa: BLE001 (reported in the part's line)
+        errors.append(f"receiver: {type(err).__name__}: {err}"[:300])
+    try:
+        _, err_text = sender.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        sender.kill()
+        _, err_text = sender.communicate()
+    if sender.returncode:
+        errors.append(f"sender exited {sender.returncode}: {err_text[-300:]}")
+    return {"ok": not errors and exact == [True, True], "exact": exact, "errors": errors,
+            "reads_used": bool(read) and read == received, "read_bytes": read,
+            "yama_ptrace_scope": transfer_memory._yama_scope(), "reads_available": transfer_memory.available()}
+
+
 def part_member_only_bound(rank: int, world: int, env: Env) -> dict:
     from mesh_core import DeepSpeedDeviceMesh
 
@@ -346,5 +403,6 @@ PARTS: dict[str, Callable[[int, int, Env], dict]] = {
     "pipelines": part_pipelines,
     "transfer": part_transfer,
     "weight_link": part_weight_link,
+    "link_reads": part_link_reads,
     "member_only_bound": part_member_only_bound,
 }

@@ -49,6 +49,7 @@ SPECS: dict[str, PartSpec] = {
     "pipelines": PartSpec(240, compares=True, min_world=2),
     "transfer": PartSpec(150, min_world=2),
     "weight_link": PartSpec(90),
+    "link_reads": PartSpec(90),
     "member_only_bound": PartSpec(90),
     "unbound_engine": PartSpec(180, world="unbound", compares=True),
     "hang_selftest": PartSpec(15, selftest=True),

@@ -25,7 +25,7 @@ inside the part's bound:
   mpu, ``deepspeed.initialize(mpu=...)`` under the shim then plain, the same losses, every rank on its
   own GPU;
 - then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer, weight_link,
-  member_only_bound.
+  link_reads, member_only_bound.
 
 usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each rank writes
 ``OUT_DIR/<part>.rank<r>.json``; MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script

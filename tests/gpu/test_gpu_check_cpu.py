@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_world  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "member_only_bound",
+RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "link_reads", "member_only_bound",
              "unbound_engine"]
 NEEDS_PEERS = ["subworld_engine", "pipelines", "transfer"]
 NCCL_ONLY = ["probe", "not_split", "split"]
@@ -52,6 +52,18 @@ def test_every_one_rank_part_passes_on_cpu_within_its_bound(run, part):
     assert line["ok"] is True and "skipped" not in line, line
     assert line["seconds"] < line["bound_s"] == gpu_world.SPECS[part].bound_s
     assert any(row.split()[:2] == [part, "ok"] for row in summary.splitlines()), summary
+
+
+def test_link_reads_read_the_other_process_where_this_kernel_lets_it(run):
+    """The line says how the two processes' weights moved: read from the sender's memory where this
+    kernel allows it (so on this machine), else on gloo, bit for bit either way."""
+    from mesh_core import transfer_memory
+
+    _, lines, _ = run
+    line = lines["link_reads"]["ranks"]["0"]
+    assert line["exact"] == [True, True] and line["reads_available"] is transfer_memory.available()
+    assert line["reads_used"] is transfer_memory.available(), line
+    assert all(n == (1024 * 512 + 512) * 4 for n in line["read_bytes"]) or not line["reads_used"]
 
 
 def test_the_unbound_part_ran_on_an_unbound_world(run):
