@@ -18,7 +18,6 @@ Open MPI's cross-memory transport does); scopes 2 and 3 are left as they are (th
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import math
@@ -40,20 +39,28 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def _libc_readv():
-    if not sys.platform.startswith("linux"):
+def _libc():
+    """The C library's symbols, already loaded in this process (None off Linux, or where an iovec is not
+    two 64-bit words, the layout :class:`Reads` writes)."""
+    if not sys.platform.startswith("linux") or ctypes.sizeof(_Iovec) != 16:
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.process_vm_readv
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _libc_readv(libc):
+    fn = getattr(libc, "process_vm_readv", None) if libc is not None else None
+    if fn is None:
         return None
     fn.restype = ctypes.c_ssize_t
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
     return fn
 
 
-_READV = _libc_readv()
+_LIBC = _libc()
+_READV = _libc_readv(_LIBC)
 _PR_SET_PTRACER = 0x59616D61  # prctl option (Yama)
 _PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 _YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
@@ -68,8 +75,7 @@ def _yama_scope() -> Optional[int]:
 
 
 def _prctl(option: int, arg: ctypes.c_ulong) -> int:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    return libc.prctl(ctypes.c_int(option), arg, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    return _LIBC.prctl(ctypes.c_int(option), arg, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
 def allow_readers() -> bool:
