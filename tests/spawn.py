@@ -38,3 +38,33 @@ def read_ranks(out_dir: Any, world: int) -> list[dict]:
         with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
             outs.append(json.load(fh))
     return outs
+
+
+_READS_HOLDER = """
+import json, sys, time
+from mesh_core.transfer_memory import Token, allow_readers
+allow_readers()
+token = Token()
+print(json.dumps(token.endpoint.fields() if token.endpoint else None), flush=True)
+sys.stdin.read()
+"""
+
+
+def reads_across_processes() -> bool:
+    """Whether this kernel lets a process read another one's memory here (what the weight link's
+    same-host reads need): a child process holds a token, allowing readers as a sending link does,
+    and this process probes it."""
+    import subprocess
+    import sys
+
+    from mesh_core.transfer_memory import Endpoint, probe
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.Popen([sys.executable, "-c", _READS_HOLDER], cwd=root, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=root))
+    try:
+        fields = json.loads(child.stdout.readline() or "null")
+        return fields is not None and probe(Endpoint.from_fields(fields))
+    finally:
+        child.communicate(timeout=30)
+

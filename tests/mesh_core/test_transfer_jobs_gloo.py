@@ -148,9 +148,9 @@ def test_same_host_receivers_read_every_piece_where_the_kernel_lets_them(outs, t
     """Under "auto" (and a kernel that allows it) every piece is read from the senders' memory, the
     Megatron column blocks of 'down' included, for new tensors each sync as for the same ones; the
     senders count what was read from them. Otherwise nothing is read."""
-    from mesh_core import transfer_memory
+    from spawn import reads_across_processes
 
-    reads = transport == "auto" and transfer_memory.available()
+    reads = transport == "auto" and reads_across_processes()
     for case in ("first", "second", "after_errors", "cached", "same_memory_first", "same_memory_again"):
         assert all(o[case]["ok"] for o in outs) and all(o[case]["equal"] for o in outs[SENDERS:])
         received = [o[case]["received"] for o in outs[SENDERS:]]
