@@ -61,9 +61,9 @@ from .transfer_agree import dtype_name, dtype_of
 from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
 from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device
 from .transfer_engines import AUTOTP_META, EngineSide
-from .transfer_jobs_plan import (Verdict, agreed_part, describe_missing, flat_boxes, index_of, key_of, name_of,
-                                 plan_sync, receiver_param, record, same_host_pairs, sender_param, split_reads,
-                                 sync_bytes, verdict)
+from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of,
+                                 name_of, plan_sync, receiver_param, record, same_host_pairs, sender_param,
+                                 split_reads, sync_bytes, verdict)
 from .transfer_memory import Endpoint, Read, Reads, Token, allow_readers, probe
 
 logger = logging.getLogger(__name__)
@@ -269,13 +269,16 @@ class WeightLink:
             raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
                                 f"rank 0 ended) during the agreement; no message was sent") from err
 
-    def _record(self, mine: "_Reading") -> dict:
+    def _record(self, mine: "_Reading", *, addresses: bool = True) -> dict:
         memory = self._endpoint.fields() if self._endpoint is not None else None
         return record(self.role, self.job_size, mine.params, mine.problems, self.backend, memory,
-                      self._addresses(mine))
+                      self._addresses(mine) if addresses else None)
 
     def _digest(self, mine: "_Reading") -> str:
-        return hashlib.sha256(json.dumps(agreed_part(self._record(mine)), sort_keys=True).encode()).hexdigest()
+        """Of what a cached agreement depends on: the record without the addresses (moved tensors are
+        announced on their own)."""
+        rec = self._record(mine, addresses=False)
+        return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
 
     def _addresses(self, mine: "_Reading") -> dict[str, Optional[int]]:
         """A sender's holdings' addresses by key, for same-host readers (none without an endpoint)."""
@@ -381,7 +384,7 @@ class WeightLink:
         pieces = plan_sync(agreed, itemsize)
         reads, messages = split_reads(pieces, agreed, readable)
         buckets = schedule(messages, lambda key, src: itemsize[name_of(key)], self.bucket_bytes, pack_strided=True)
-        address = {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
+        address = holding_addresses(agreed)
         pids = {s: records[s]["memory"]["pid"] for s, _ in readable}
         mine = [p for p in reads if p.dst == me]
         pairs: dict[tuple[int, int], int] = {}
@@ -397,7 +400,7 @@ class WeightLink:
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
         return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets,
                 "reads": _reads(mine, address, pids, itemsize), "read_pieces": mine, "address": address, "pids": pids,
-                "itemsize": itemsize, "addresses": {k: v for k, v in records[me].get("addresses", {}).items()},
+                "itemsize": itemsize, "addresses": dict(records[me]["addresses"]),
                 "read_from_me": sync_bytes([p for p in reads if p.src == me], itemsize), "pairs": pairs,
                 "pool": BufferPool(), "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
 

@@ -137,14 +137,9 @@ def record(side: str, job_size: int, params: Mapping[str, dict], problems: Seque
     fields, when it takes part in same-host reads; ``addresses`` (a sender's): where each holding's
     tensor is in its memory, by key (see :func:`key_of`), None where it cannot be read (not a
     contiguous host tensor). The addresses are not part of what must stay equal for a cached
-    agreement (:func:`agreed_part`): tensors that moved are announced on their own."""
+    agreement (a record's digest is taken without them): tensors that moved are announced on their own."""
     return {"side": side, "job": job_size, "params": {n: params[n] for n in sorted(params)},
             "problems": list(problems), "backend": backend, "memory": memory, "addresses": dict(addresses or {})}
-
-
-def agreed_part(rec: Mapping) -> dict:
-    """The part of a record a cached agreement depends on (all but the addresses)."""
-    return {k: v for k, v in rec.items() if k != "addresses"}
 
 
 def who(bridge_rank: int, senders: int) -> str:
@@ -292,13 +287,18 @@ def same_host_pairs(records: Sequence[dict], senders: int) -> dict[int, list[int
     return out
 
 
+def holding_addresses(agreed: Verdict) -> dict[tuple[str, int, int], Optional[int]]:
+    """(parameter, sender bridge rank, holding index) -> the address that sender published (or None)."""
+    return {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
+
+
 def split_reads(pieces: Sequence[SyncPiece], agreed: Verdict,
                 readable: set[tuple[int, int]]) -> tuple[list[SyncPiece], list[SyncPiece]]:
     """The pieces a receiver reads straight from its sender's memory, and the ones sent as messages.
     A piece is read when its receiver can read its sender (``readable``: (sender, receiver) bridge
     ranks), the sender's holding is a contiguous host tensor (it published an address), the
     receiver's shard is writable, and the dtype does not change on the way."""
-    address = {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
+    address = holding_addresses(agreed)
     reads, messages = [], []
     for p in pieces:
         name = name_of(p.name)

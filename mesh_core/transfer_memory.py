@@ -211,9 +211,9 @@ class Reads:
             self._by_pid.setdefault(r.pid, []).append((r, remote, _refine(dst, dst_run, piece), piece))
             self.nbytes += math.prod(hi - lo for lo, hi in r.box) * r.itemsize
 
-    def bind(self, targets: Mapping[str, torch.Tensor]) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Per process read from: (pid, local iovecs, remote iovecs), int64 ``[address, length]`` rows
-        over ``targets`` (contiguous host tensors by name)."""
+    def bind(self, targets: Mapping[str, torch.Tensor]) -> list[tuple[int, torch.Tensor, torch.Tensor, int]]:
+        """The system calls over ``targets`` (contiguous host tensors by name): (pid, local iovecs,
+        remote iovecs, bytes), at most ``IOV_MAX`` int64 ``[address, length]`` rows each."""
         out = []
         for pid, items in self._by_pid.items():
             local, remote = [], []
@@ -222,23 +222,23 @@ class Reads:
                 lengths = torch.full_like(local_offsets, piece)
                 local.append(torch.stack([local_offsets + base, lengths], dim=1))
                 remote.append(torch.stack([remote_offsets, lengths], dim=1))
-            out.append((pid, torch.cat(local).contiguous(), torch.cat(remote).contiguous()))
+            loc_all, rem_all = torch.cat(local), torch.cat(remote)
+            for start in range(0, loc_all.shape[0], IOV_MAX):
+                loc = loc_all[start:start + IOV_MAX].contiguous()
+                out.append((pid, loc, rem_all[start:start + IOV_MAX].contiguous(), int(loc[:, 1].sum())))
         return out
 
     @staticmethod
-    def run(bound: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> int:
-        """Read every run; the bytes read. ``OSError`` when a process cannot be read (it ended, its
-        memory is gone) or a read comes back short."""
+    def run(bound: Sequence[tuple[int, torch.Tensor, torch.Tensor, int]]) -> int:
+        """Make the calls :meth:`bind` gave; the bytes read. ``OSError`` when a process cannot be read
+        (it ended, its memory is gone) or a read comes back short."""
         total = 0
-        for pid, local, remote in bound:
-            for start in range(0, local.shape[0], IOV_MAX):
-                loc, rem = local[start:start + IOV_MAX], remote[start:start + IOV_MAX]
-                want = int(loc[:, 1].sum())
-                done = _READV(pid, loc.data_ptr(), loc.shape[0], rem.data_ptr(), rem.shape[0], 0)
-                if done < 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, f"reading process {pid}'s memory: {os.strerror(code)}")
-                if done != want:
-                    raise OSError(errno.EFAULT, f"reading process {pid}'s memory: {done} of {want} bytes read")
-                total += done
+        for pid, loc, rem, want in bound:
+            done = _READV(pid, loc.data_ptr(), loc.shape[0], rem.data_ptr(), rem.shape[0], 0)
+            if done < 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"reading process {pid}'s memory: {os.strerror(code)}")
+            if done != want:
+                raise OSError(errno.EFAULT, f"reading process {pid}'s memory: {done} of {want} bytes read")
+            total += done
         return total
