@@ -1,7 +1,7 @@
 """Weight sync between two jobs: a ZeRO-3 trainer job (4 gloo ranks) -> a tp=2 rollout job (2 gloo
 ranks), each its own world, on this machine. Alternated in each repetition:
 
-- ``link``: ``mesh_core.transfer_jobs.WeightLink`` as made by default (``transport="auto"``): the
+- ``link``: ``mesh_core.transfer.WeightLink`` as made by default (``transport="auto"``): the
   jobs share this host, so each rollout rank reads its tp shard's boxes straight out of the ZeRO-3
   partitions that hold them (cross-memory attach: one copy, no packing; no gather);
 - ``link gloo``: the same with ``transport="gloo"``, what jobs on two hosts get: every trainer rank
@@ -91,9 +91,8 @@ def _partitions(shapes, rank):
 
 def _worker(index, ports, sizes, repeat, split, hidden, out):
     from mesh_core import MeshSpec
-    from mesh_core.transfer import own_box
-    from mesh_core.transfer_jobs import WeightLink
-    from mesh_core.transfer_memory import Read, Reads
+    from mesh_core.transfer import WeightLink, own_box
+    from mesh_core.transfer._memory import Read, Reads
 
     trainer = index < TRAINERS
     rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mesh_core.transfer_buckets import DEFAULT_WINDOW
+from mesh_core.transfer._buckets import DEFAULT_WINDOW
 
 WORLD, ACTOR, ROLLOUT = 4, [0, 1], [2, 3]
 BLOCKS = 4
@@ -68,8 +68,9 @@ def layouts(shapes, split: str = "megatron"):
 
 def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
     from mesh_core import MeshSpec
-    from mesh_core.transfer import _holders, plan_transfer, transfer
-    from mesh_core.transfer_buckets import box_numel, local_index
+    from mesh_core.transfer import plan_transfer, transfer
+    from mesh_core.transfer._in_job import _holders
+    from mesh_core.transfer._buckets import box_numel, local_index
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     actor, rollout = MeshSpec.build(WORLD, tp=2, ranks=ACTOR), MeshSpec.build(WORLD, dp=2, ranks=ROLLOUT)

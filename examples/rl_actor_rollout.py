@@ -7,7 +7,7 @@
     torchrun --nproc-per-node 4 examples/rl_actor_rollout.py [--steps N]
 
 Every iteration the actor's tp-sharded weights are moved into the rollout's layout with one call of
-``mesh_core.transfer_engines.transfer_weights`` (gathering the two tp shards into full tensors on
+``mesh_core.transfer.transfer_weights`` (gathering the two tp shards into full tensors on
 ranks 2 and 3; the hand-written tp layers' layouts are given, an AutoTP or ZeRO-3 actor's would be
 read from the engine), then
 checked bit for bit against the actor's weights gathered another way (all-gather over the actor's
@@ -28,8 +28,7 @@ import deepspeed  # noqa: E402
 
 from common import init_gloo, say, say0, shutdown  # noqa: E402
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
-from mesh_core.transfer import ParamLayout  # noqa: E402
-from mesh_core.transfer_engines import transfer_weights  # noqa: E402
+from mesh_core.transfer import ParamLayout, transfer_weights  # noqa: E402
 from rl_actor_reference import ACTIONS, HIDDEN, KL_COEF, OBS, TensorParallelPolicy  # noqa: E402
 
 ACTOR_RANKS, ROLLOUT_RANKS = [0, 1], [2, 3]

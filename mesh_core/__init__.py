@@ -36,7 +36,7 @@ _HOME: dict[str, str] = {
     "pipeline_topology": ".roles.pipe_topology",
     "set_default_mesh": ".roles.default",
     "spec_from_config": ".config",
-    "transfer_weights": ".transfer_engines",
+    "transfer_weights": ".transfer",
     "use_mesh": ".roles.default",
 }
 

@@ -42,7 +42,7 @@ def read_ranks(out_dir: Any, world: int) -> list[dict]:
 
 _READS_HOLDER = """
 import json, sys, time
-from mesh_core.transfer_memory import Token, allow_readers
+from mesh_core.transfer._memory import Token, allow_readers
 allow_readers()
 token = Token()
 print(json.dumps(token.endpoint.fields() if token.endpoint else None), flush=True)
@@ -57,7 +57,7 @@ def reads_across_processes() -> bool:
     import subprocess
     import sys
 
-    from mesh_core.transfer_memory import Endpoint, probe
+    from mesh_core.transfer._memory import Endpoint, probe
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.Popen([sys.executable, "-c", _READS_HOLDER], cwd=root, stdin=subprocess.PIPE,

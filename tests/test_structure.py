@@ -95,6 +95,52 @@ def test_a_narrow_public_api():
         assert all(hasattr(module, name) for name in module.__all__)
 
 
+# weight transfer's face: the names users import (docs/transfer.md); everything else in the package is private
+TRANSFER_FACE = ("ParamLayout", "SyncStats", "TransferStats", "WeightLink", "own_box", "plan_transfer", "transfer",
+                 "transfer_weights")
+
+
+def _transfer_imports(text: str) -> list[str]:
+    """The modules a Python source or a Markdown page's code imports weight transfer from."""
+    import re
+
+    pattern = re.compile(r"^\s*(?:from\s+(mesh_core\.transfer\S*)\s+import\s+(.+)|import\s+(mesh_core\.transfer\S*))", re.M)
+    found = []
+    for match in pattern.finditer(text):
+        module = match.group(1) or match.group(3)
+        names = [n.split(" as ")[0].strip(" ()\\") for n in (match.group(2) or "").split("#")[0].split(",")]
+        found.append(module if module != "mesh_core.transfer" else
+                     "mesh_core.transfer:" + ",".join(n for n in names if n and n not in TRANSFER_FACE))
+    return found
+
+
+def test_weight_transfer_behind_one_face():
+    """``mesh_core.transfer`` is a package whose ``__init__`` is the public surface (these names,
+    each importable); its modules are private by name; no ``mesh_core.transfer_*`` module is left;
+    examples/ and docs/ import weight transfer only from the face."""
+    import mesh_core
+    import mesh_core.transfer as face
+
+    assert tuple(sorted(face.__all__)) == TRANSFER_FACE, face.__all__
+    assert all(callable(getattr(face, name)) for name in face.__all__)
+    assert mesh_core.transfer_weights is face.transfer_weights
+    package = ROOT / "mesh_core" / "transfer"
+    public = [p.name for p in package.rglob("*.py") if p.name != "__init__.py" and not p.name.startswith("_")]
+    assert not public, f"modules of mesh_core/transfer/ must be private (_-prefixed): {public}"
+    assert not sorted((ROOT / "mesh_core").glob("transfer_*.py")), "weight transfer lives in mesh_core/transfer/"
+    wrong = []
+    pages = [*(ROOT / "examples").rglob("*.py"), *(ROOT / "examples").rglob("*.md"), *(ROOT / "docs").rglob("*.md"),
+             ROOT / "README.md", ROOT / "MIGRATION.md"]
+    for path in pages:
+        for module in _transfer_imports(path.read_text(encoding="utf-8")):
+            if module != "mesh_core.transfer:":
+                wrong.append(f"{path.relative_to(ROOT)}: {module}")
+    assert not wrong, f"examples/docs import weight transfer other than from mesh_core.transfer's face: {wrong}"
+    assert _transfer_imports("from mesh_core.transfer._jobs import WeightLink\nimport mesh_core.transfer_jobs\n"
+                             "from mesh_core.transfer import WeightLink, _holders  # x\n") == [
+        "mesh_core.transfer._jobs", "mesh_core.transfer_jobs", "mesh_core.transfer:_holders"]
+
+
 # the modules of mesh_core that compat may import from (docs/architecture.md, "Faces"); each answers
 # with its __all__ (mesh_core itself also with the face modules)
 MESH_CORE_FACES = ("mesh_core", "mesh_core.runtime_hooks", "mesh_core.axis_names", "mesh_core.torch_compat")

@@ -20,8 +20,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from mesh_core import MeshSpec  # noqa: E402
-from mesh_core.transfer import own_box  # noqa: E402
-from mesh_core.transfer_jobs import WeightLink  # noqa: E402
+from mesh_core.transfer import WeightLink, own_box  # noqa: E402
 from model import ROLLOUT_LAYOUTS  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Trainer job: a DeepSpeed ZeRO-3 engine on 4 gloo ranks, sending its weights to the rollout job
-after each training step through a weight link (``mesh_core.transfer_jobs.WeightLink``).
+after each training step through a weight link (``mesh_core.transfer.WeightLink``).
 
     torchrun --nproc-per-node 4 examples/rl_two_jobs/trainer.py --link 127.0.0.1:29650 [--steps 3]
 
@@ -26,7 +26,7 @@ import deepspeed  # noqa: E402
 
 from common import init_gloo, shutdown  # noqa: E402
 from mesh_core import MeshSpecError  # noqa: E402
-from mesh_core.transfer_jobs import WeightLink  # noqa: E402
+from mesh_core.transfer import WeightLink  # noqa: E402
 from model import OBS, Policy  # noqa: E402
 
 CONFIG = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,

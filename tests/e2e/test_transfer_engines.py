@@ -1,4 +1,4 @@
-"""mesh_core.transfer_engines: actor engine -> rollout engine in one call, bit for bit against the
+"""mesh_core.transfer._engines: actor engine -> rollout engine in one call, bit for bit against the
 actor's weights gathered another way (tests/e2e/transfer_engines.py on 4 gloo ranks)."""
 import os
 import sys

@@ -1,7 +1,7 @@
 """Engine-to-engine weight transfers on 4 gloo ranks (run by tests/e2e/test_transfer_engines.py).
 
 Each case trains the actor engine one step (so its weights differ from any init), moves them with
-``mesh_core.transfer_engines.transfer_weights`` into the rollout engine, then gathers the actor's
+``mesh_core.transfer.transfer_weights`` into the rollout engine, then gathers the actor's
 full weights another way (ZeRO-3: GatheredParameters; AutoTP: all-gather of the shards; whole
 parameters: as they are) and sends them from actor rank ``SENDER`` to every rollout rank with plain
 point-to-point, which compares bit for bit.
@@ -31,7 +31,7 @@ compat.install()
 import deepspeed  # noqa: E402
 
 from mesh_core import spec_from_config  # noqa: E402
-from mesh_core.transfer_engines import transfer_weights  # noqa: E402
+from mesh_core.transfer import transfer_weights  # noqa: E402
 
 WIDTH, HIDDEN, WORLD = 8, 16, 4
 BASE = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6}

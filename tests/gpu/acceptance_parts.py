@@ -18,7 +18,7 @@ small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on
   ``mesh_core.transfer``, bit for bit; then one rank passes a tensor its world cannot move (a CPU
   tensor on NCCL, a meta tensor on gloo): the same error on every rank, before any message;
 - weight_link: each rank runs a one-rank sending job and a one-rank receiving job (threads) joined
-  by a ``mesh_core.transfer_jobs.WeightLink``: bf16 weights on this rank's GPU travel through the
+  by a ``mesh_core.transfer.WeightLink``: bf16 weights on this rank's GPU travel through the
   link's page-locked host buffers into GPU shards, bit for bit, twice (the second sync cached);
   fp32 on the host in the dry run, where boxes travel from and into the tensors themselves;
 - link_reads: each rank receives host weights from a one-rank sending job it starts as another
@@ -274,7 +274,7 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
     import threading
     from datetime import timedelta
 
-    from mesh_core.transfer_jobs import WeightLink
+    from mesh_core.transfer import WeightLink
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -325,7 +325,7 @@ _LINK_READS_SENDER = """
 import sys
 from datetime import timedelta
 import torch
-from mesh_core.transfer_jobs import WeightLink
+from mesh_core.transfer import WeightLink
 link = WeightLink(sys.argv[1], "sender", rank=0, world_size=1, timeout=timedelta(seconds=60))
 weights = {"up": torch.arange(1024 * 512, dtype=torch.float32).view(1024, 512), "norm": torch.ones(512)}
 for _ in range(2):
@@ -340,8 +340,8 @@ def part_link_reads(rank: int, world: int, env: Env) -> dict:
     import subprocess
     from datetime import timedelta
 
-    from mesh_core import transfer_memory
-    from mesh_core.transfer_jobs import WeightLink
+    from mesh_core.transfer import _memory as transfer_memory
+    from mesh_core.transfer import WeightLink
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -57,7 +57,7 @@ def test_every_one_rank_part_passes_on_cpu_within_its_bound(run, part):
 def test_link_reads_read_the_other_process_where_this_kernel_lets_it(run):
     """The line says how the two processes' weights moved: read from the sender's memory where this
     kernel allows it (so on this machine), else on gloo, bit for bit either way."""
-    from mesh_core import transfer_memory
+    from mesh_core.transfer import _memory as transfer_memory
 
     from spawn import reads_across_processes  # tests/ is on the path (conftest)
 

@@ -80,14 +80,14 @@ def test_forget_deletes_the_round_keys():
 
 def test_transfer_agreement_keeps_the_store_bounded_over_many_rounds(monkeypatch):
     """Each round's last arrival deletes the round before's keys (the records too after a slow round)."""
-    from mesh_core.transfer_agree import agree
+    from mesh_core.transfer._agree import agree
 
     store = dist.HashStore()
     monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
     record = {"meshes": ["a", "b"], "layouts": {}, "dtypes": {}, "problems": [], "flags": {}}
     with fake_world(0, 1):
         counts, merged = [], []
-        monkeypatch.setattr("mesh_core.transfer_agree.merge", lambda members, records: merged.append(records) or records)
+        monkeypatch.setattr("mesh_core.transfer._agree.merge", lambda members, records: merged.append(records) or records)
         for i in range(12):
             changed = dict(record, meshes=["a", f"b{i // 4}"])  # a new record every 4 rounds: a slow round
             agreed, finish = agree([0], changed, key="k", timeout=timedelta(seconds=5))

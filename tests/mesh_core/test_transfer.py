@@ -37,7 +37,7 @@ def layout_for(spec, shape, shard_dim, stage):
 
 def simulate(src, dst, full, src_layouts, dst_layouts):
     """Run a plan by hand: each rank's shard tensors, then every piece copied sender → receiver."""
-    from mesh_core.transfer import _holders, _local
+    from mesh_core.transfer._in_job import _holders, _local
 
     shards = {}
     for name, tensor in full.items():
@@ -63,7 +63,7 @@ def test_plan_delivers_every_element_bit_for_bit(src, dst, shard, stages):
     dst_layouts = {"w": layout_for(dst, shape, shard[1], stages[1]), "b": layout_for(dst, (8,), None, stages[1])}
     full = {"w": torch.randn(shape), "b": torch.randn(8)}
     shards, pieces = simulate(src, dst, full, src_layouts, dst_layouts)
-    from mesh_core.transfer import _holders
+    from mesh_core.transfer._in_job import _holders
 
     for name, tensor in full.items():
         for rank, box in _holders(dst, dst_layouts[name], name, "destination"):
@@ -113,7 +113,7 @@ def test_bad_layouts_raise_before_anything():
 @given(src=specs(), dst=specs(), shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1)]),
        bucket=st.sampled_from([4, 24, 64, 200, 1 << 20]), itemsize=st.sampled_from([1, 2, 4, 8]))
 def test_buckets_cover_every_remote_element_once_within_the_bound(src, dst, shard, bucket, itemsize):
-    from mesh_core.transfer_buckets import box_numel, schedule
+    from mesh_core.transfer._buckets import box_numel, schedule
 
     src_l = {"w": layout_for(src, (8, 4), shard[0], None), "b": layout_for(src, (8,), None, None)}
     dst_l = {"w": layout_for(dst, (8, 4), shard[1], None), "b": layout_for(dst, (8,), None, None)}
@@ -142,7 +142,7 @@ def _cells(box):
 
 
 def test_split_box_cuts_outer_dims_first():
-    from mesh_core.transfer_buckets import split_box
+    from mesh_core.transfer._buckets import split_box
 
     assert split_box(((0, 4), (0, 8)), 4, 64) == [((0, 2), (0, 8)), ((2, 4), (0, 8))]
     assert split_box(((0, 2), (0, 8)), 4, 16) == [((0, 1), (0, 4)), ((0, 1), (4, 8)), ((1, 2), (0, 4)), ((1, 2), (4, 8))]
@@ -150,7 +150,7 @@ def test_split_box_cuts_outer_dims_first():
 
 
 def test_large_boxes_travel_alone_small_ones_share():
-    from mesh_core.transfer_buckets import schedule
+    from mesh_core.transfer._buckets import schedule
 
     a, b = MeshSpec.build(4, tp=2, ranks=[0, 1]), MeshSpec.build(4, dp=2, ranks=[2, 3])
     # a big box between two small ones (a norm after each block's weights) does not part them
@@ -169,13 +169,13 @@ def test_large_boxes_travel_alone_small_ones_share():
     (torch.bool, torch.uint8, False), (torch.complex64, torch.float32, False),
 ])
 def test_dtype_policy_converts_float_to_float_only(wire, target, ok):
-    from mesh_core.transfer_agree import conversion_refused
+    from mesh_core.transfer._agree import conversion_refused
 
     assert (conversion_refused(wire, target) is None) == ok
 
 
 def test_disagreeing_records_name_the_field_values_and_ranks():
-    from mesh_core.transfer_agree import merge
+    from mesh_core.transfer._agree import merge
 
     base = {"meshes": ["A", "B"], "layouts": {"source": {"w": [[4], None, ["tp"], None, None]}, "destination": None},
             "dtypes": {"source": {}, "destination": None}, "problems": [], "flags": {}}

@@ -117,7 +117,7 @@ CASES = {
 
 
 def _world(rank, *, types=("cuda",), backend="nccl", own=None, bound=True, lazy=False, size=WORLD):
-    from mesh_core.transfer_devices import WorldDevices
+    from mesh_core.transfer._devices import WorldDevices
 
     return WorldDevices(backend, types, f"cuda:{rank}" if own is None else own, bound, lazy, "host-a", size)
 
@@ -138,8 +138,8 @@ def _device_case(rank, name):
     from unittest import mock
 
     world, device = _DEVICE_CASES[name](rank)
-    with mock.patch("mesh_core.transfer.world_devices", return_value=world), \
-            mock.patch("mesh_core.transfer.tensor_device",
+    with mock.patch("mesh_core.transfer._in_job.world_devices", return_value=world), \
+            mock.patch("mesh_core.transfer._in_job.tensor_device",
                        side_effect=(lambda t: t.device) if device is None else (lambda t: torch.device(device))):
         return _case(rank)
 
@@ -179,8 +179,9 @@ def _hypothesis(rank: int) -> dict:
     from hypothesis import strategies as st
 
     from mesh_core import MeshSpec, MeshSpecError
-    from mesh_core.transfer import ParamLayout, _holders, transfer
-    from mesh_core.transfer_agree import conversion_refused
+    from mesh_core.transfer import ParamLayout, transfer
+    from mesh_core.transfer._in_job import _holders
+    from mesh_core.transfer._agree import conversion_refused
 
     seen = {"examples": 0, "exact": 0, "refused": 0, "failures": []}
 

@@ -1,12 +1,12 @@
-"""mesh_core.transfer_jobs between two jobs of spawned processes (a sending job of 2 ranks holding
+"""mesh_core.transfer._jobs between two jobs of spawned processes (a sending job of 2 ranks holding
 whole tensors, a receiving job of 2 ranks split tp=2; no torch world in either, links made with
 explicit ranks): bit for bit, each receiver fed by both senders; another model, another dtype, a
 shard of the wrong size: the same error on every rank of both jobs, with no process group built and
 no message; the next sync works and reuses the cached agreement; the same tensors synced again
 (updated in place) are not read again and arrive bit for bit; an absent other job: an error within
-the timeout. Three ways: same-host reads where the kernel lets the receivers read the senders'
-memory (``transport="auto"``), every piece on gloo (``"gloo"``), and reads allowed but every probe
-refused (the pairs fall back to gloo)."""
+the timeout. Three ways, each on a link of its own in one launch of the two jobs: same-host reads
+where the kernel lets the receivers read the senders' memory (``transport="auto"``), every piece on
+gloo (``"gloo"``), and reads allowed but every probe refused (the pairs fall back to gloo)."""
 from __future__ import annotations
 
 import json
@@ -37,26 +37,44 @@ def _layouts():
             "bias": ParamLayout(SHAPES["bias"])}
 
 
-def _worker(index: int, port: int, out_dir: str, transport: str) -> None:
-    from mesh_core import MeshSpec, MeshSpecError
-    from mesh_core import transfer_jobs
-    from mesh_core.transfer import own_box
+TRANSPORTS = ("auto", "gloo", "refused")
 
-    if transport == "refused":  # e.g. another pid namespace, or a kernel refusing cross-memory attach
-        transfer_jobs.probe = lambda endpoint: False
+
+def _worker(index: int, ports: tuple, out_dir: str) -> None:
+    """Every transport in turn, each on a link of its own (one launch of the two jobs serves all)."""
+    from mesh_core.transfer import _jobs as transfer_jobs
+
+    sender = index < SENDERS
+    counts: dict = {"built": [], "posted": [], "reads": [], "links": []}  # links: each store served until the end
+    real_prepare, real_execute = transfer_jobs.WeightLink._prepare, transfer_jobs.execute
+    transfer_jobs.WeightLink._prepare = lambda self, *a: counts["built"].append(1) or real_prepare(self, *a)
+    transfer_jobs.execute = lambda *a, **k: counts["posted"].append(1) or real_execute(*a, **k)
+    side = "_sender_side" if sender else "_receiver_side"
+    real_side = getattr(transfer_jobs, side)
+    setattr(transfer_jobs, side, lambda *a: counts["reads"].append(1) or real_side(*a))
+    real_probe = transfer_jobs.probe
+    out = {}
+    for port, transport in zip(ports, TRANSPORTS):
+        # "refused": e.g. another pid namespace, or a kernel refusing cross-memory attach
+        transfer_jobs.probe = (lambda endpoint: False) if transport == "refused" else real_probe
+        out[transport] = _cases(index, port, transport, counts, absent=transport == TRANSPORTS[-1])
+    with open(os.path.join(out_dir, f"{index}.json"), "w") as fh:
+        json.dump(out, fh)
+    time.sleep(0.5 if sender else 0)  # the store's server (sender 0) outlives the others' last reads
+
+
+def _cases(index: int, port: int, transport: str, counts: dict, absent: bool) -> dict:
+    from mesh_core import MeshSpec, MeshSpecError
+    from mesh_core.transfer import _jobs as transfer_jobs
+    from mesh_core.transfer import own_box
 
     sender = index < SENDERS
     rank = index if sender else index - SENDERS
-    built, posted, reads = [], [], []
-    real_prepare, real_execute = transfer_jobs.WeightLink._prepare, transfer_jobs.execute
-    transfer_jobs.WeightLink._prepare = lambda self, *a: built.append(1) or real_prepare(self, *a)
-    transfer_jobs.execute = lambda *a, **k: posted.append(1) or real_execute(*a, **k)
-    side = "_sender_side" if sender else "_receiver_side"
-    real_side = getattr(transfer_jobs, side)
-    setattr(transfer_jobs, side, lambda *a: reads.append(1) or real_side(*a))
+    built, posted, reads = counts["built"], counts["posted"], counts["reads"]
     link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
                                     world_size=SENDERS if sender else RECEIVERS, timeout=timedelta(seconds=20),
                                     launch="job-1", transport="gloo" if transport == "gloo" else "auto")
+    counts["links"].append(link)
     spec = MeshSpec.build(RECEIVERS, tp=2)
     layouts = _layouts()
     boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in SHAPES}
@@ -103,12 +121,10 @@ def _worker(index: int, port: int, out_dir: str, transport: str) -> None:
     case("cached", 7)
     case("same_memory_first", 8, same_memory=True)
     case("same_memory_again", 9, same_memory=True)
-    if sender:  # the receiving job is gone: the senders' next sync ends within the timeout
+    if sender and absent:  # the receiving job is gone: the senders' next sync ends within the timeout
         link.timeout = timedelta(seconds=3)
         case("absent", 10)
-    with open(os.path.join(out_dir, f"{index}.json"), "w") as fh:
-        json.dump(out, fh)
-    time.sleep(0.5 if sender else 0)  # the store's server (sender 0) outlives the others' last reads
+    return out
 
 
 def _free_port() -> int:
@@ -117,21 +133,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=["auto", "gloo", "refused"])
-def transport(request):
-    return request.param
-
-
 @pytest.fixture(scope="module")
-def outs(tmp_path_factory, transport):
+def all_outs(tmp_path_factory):
+    """One launch of both jobs (4 processes) running the cases once per transport."""
     out_dir = str(tmp_path_factory.mktemp("jobs"))
-    run_ranks(_worker, (_free_port(), out_dir, transport), world=SENDERS + RECEIVERS, timeout_s=240,
-              hang="weight link cases")
+    run_ranks(_worker, (tuple(_free_port() for _ in TRANSPORTS), out_dir), world=SENDERS + RECEIVERS,
+              timeout_s=360, hang="weight link cases")
     res = []
     for i in range(SENDERS + RECEIVERS):
         with open(os.path.join(out_dir, f"{i}.json")) as fh:
             res.append(json.load(fh))
     return res
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request):
+    return request.param
+
+
+@pytest.fixture
+def outs(all_outs, transport):
+    return [o[transport] for o in all_outs]
 
 
 def test_receivers_get_their_shards_bit_for_bit_from_both_senders(outs):
@@ -183,8 +205,8 @@ def test_a_disagreement_is_one_error_on_every_rank_of_both_jobs_before_any_messa
     assert all(o[case]["built"] == 0 and o[case]["posted"] == 0 for o in outs)  # no channel, no message
 
 
-def test_an_absent_receiving_job_is_an_error_on_every_sender_within_the_timeout(outs):
-    for o in outs[:SENDERS]:
+def test_an_absent_receiving_job_is_an_error_on_every_sender_within_the_timeout(all_outs):
+    for o in (o[TRANSPORTS[-1]] for o in all_outs[:SENDERS]):
         assert not o["absent"]["ok"] and "no receiving job joined within 0:00:03" in o["absent"]["error"]
         assert o["absent"]["seconds"] < 3 + 5
 
@@ -197,7 +219,7 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from mesh_core.transfer_jobs import WeightLink
+    from mesh_core.transfer import WeightLink
 
     out = {}
     if index == 0:

@@ -1,4 +1,4 @@
-"""mesh_core.transfer_jobs_plan (pure): ZeRO-3 partitions as contiguous boxes, the plan delivering
+"""mesh_core.transfer._jobs_plan (pure): ZeRO-3 partitions as contiguous boxes, the plan delivering
 every receiver element exactly once, replicas sharing the sending, and the verdict's refusals."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh_core import MeshSpecError
-from mesh_core.transfer_buckets import is_contiguous_in, schedule
-from mesh_core.transfer_jobs_plan import (flat_boxes, name_of, plan_sync, receiver_param, record, sender_param,
+from mesh_core.transfer._buckets import is_contiguous_in, schedule
+from mesh_core.transfer._jobs_plan import (flat_boxes, name_of, plan_sync, receiver_param, record, sender_param,
                                           verdict)
 
 

@@ -1,4 +1,4 @@
-"""mesh_core.transfer_jobs with the sending job's engine-like modules (an AutoTP tp=2 layer read
+"""mesh_core.transfer._jobs with the sending job's engine-like modules (an AutoTP tp=2 layer read
 from DeepSpeed's per-parameter metadata, a whole replicated bias) and a 1-rank receiving job, each
 rank a thread of this process (gloo runs in threads): bit for bit; twice with the cached plan."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mesh_core import MeshSpec
-from mesh_core.transfer_engines import AUTOTP_META
-from mesh_core.transfer_jobs import WeightLink
+from mesh_core.transfer._engines import AUTOTP_META
+from mesh_core.transfer import WeightLink
 
 FULL_WEIGHT = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
 FULL_BIAS = torch.tensor([0.5, -1.0, 2.0])
@@ -107,7 +107,7 @@ def _sync_in_threads(address: str, send_model, receive_model, syncs: int = 1) ->
 def _on_an_accelerator(monkeypatch, storages: set) -> None:
     """Tensors whose memory is in ``storages`` say they are on cuda:0 to every check and to the data
     phase's choice between sending a region itself and staging it (views of them included)."""
-    from mesh_core import transfer, transfer_buckets, transfer_jobs
+    from mesh_core.transfer import _buckets as transfer_buckets, _in_job as transfer, _jobs as transfer_jobs
 
     real_device = transfer.tensor_device
 
@@ -154,7 +154,7 @@ def test_a_tensor_on_an_accelerator_travels_through_host_buffers_bit_for_bit(mon
 def test_a_meta_tensor_is_one_error_on_both_jobs_before_any_message(monkeypatch):
     """A tensor with no data (``meta``) is refused alike on both jobs, naming the tensor and its
     device; no message is posted and the receiver's tensor is untouched."""
-    from mesh_core import transfer_jobs
+    from mesh_core.transfer import _jobs as transfer_jobs
 
     posted: list = []
     real_execute = transfer_jobs.execute

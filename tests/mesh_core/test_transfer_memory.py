@@ -1,4 +1,4 @@
-"""mesh_core.transfer_memory: a box's runs in a row-major shard (property-checked against torch's
+"""mesh_core.transfer._memory: a box's runs in a row-major shard (property-checked against torch's
 own indexing), reads of this process's and another process's memory through them (strided on
 either side, more runs than one system call takes), the probe, and a process that ended."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh_core import transfer_memory
-from mesh_core.transfer_memory import Endpoint, Read, Reads, Token, probe, runs
+from mesh_core.transfer import _memory as transfer_memory
+from mesh_core.transfer._memory import Endpoint, Read, Reads, Token, probe, runs
 
 needs_reads = pytest.mark.skipif(not transfer_memory.available(), reason="this kernel does not let a process read its own memory "
                                                          "through process_vm_readv here")

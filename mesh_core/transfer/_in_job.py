@@ -11,18 +11,18 @@ spread).
 
 1. this rank's checks (every tensor it sends or receives: present, not ``None``, the shape its
    layout needs, a dtype it may travel / land in, a device its world moves and this rank owns:
-   :mod:`mesh_core.transfer_devices`), then one agreement among all participants through the
-   default store (:mod:`mesh_core.transfer_agree`): a problem on any rank, or ranks that disagree
+   :mod:`mesh_core.transfer._devices`), then one agreement among all participants through the
+   default store (:mod:`mesh_core.transfer._agree`): a problem on any rank, or ranks that disagree
    on the meshes, layouts or device types, is the same :class:`~mesh_core.MeshSpecError` on every
    participant before any message is sent;
 2. the pieces of each (sender, receiver) pair travel in flat buckets of at most ``bucket_bytes``
-   (:mod:`mesh_core.transfer_buckets`), point to point on the world's default group, each round's
+   (:mod:`mesh_core.transfer._buckets`), point to point on the world's default group, each round's
    messages posted as one ``batch_isend_irecv`` (no communicator is created beside the world's),
    and are copied once into their destinations.
 
 Values arrive bit for bit in the sender's dtype; between floating-point dtypes they are converted on
 arrival like ``Tensor.copy_`` (bf16 → fp16 rounds); other dtype changes are refused (see
-:mod:`mesh_core.transfer_agree`). :mod:`mesh_core.transfer_engines` builds both sides from
+:mod:`mesh_core.transfer._agree`). :mod:`mesh_core.transfer._engines` builds both sides from
 DeepSpeed engines.
 """
 from __future__ import annotations
@@ -38,12 +38,12 @@ from typing import Any, ContextManager, Iterator, Mapping, Optional, Protocol, S
 import torch
 import torch.distributed as dist
 
-from .layout import MeshLayout
-from .spec import MeshSpec, MeshSpecError
-from .transfer_agree import (SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of,
+from ..layout import MeshLayout
+from ..spec import MeshSpec, MeshSpecError
+from ._agree import (SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of,
                              record_for)
-from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device, world_devices
-from .transfer_buckets import (DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, local_copies,
+from ._devices import WorldDevices, device_problems, device_text, tensor_device, world_devices
+from ._buckets import (DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, local_copies,
                                local_index, schedule)
 
 logger = logging.getLogger(__name__)

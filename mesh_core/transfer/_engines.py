@@ -25,10 +25,10 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .spec import MeshSpec
-from .transfer import (ParamLayout, SpecLike, TensorMeta, TransferStats, _member, _spec, check_tensors, run_transfer)
-from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW
-from .transfer_devices import WorldDevices
+from ..spec import MeshSpec
+from ._in_job import (ParamLayout, SpecLike, TensorMeta, TransferStats, _member, _spec, check_tensors, run_transfer)
+from ._buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW
+from ._devices import WorldDevices
 
 AUTOTP_META = "ds_autotp_universal_checkpoint_meta"  # deepspeed.checkpoint.constants.DS_AUTOTP_UC_META
 

@@ -28,8 +28,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import torch_compat
-from .transfer_devices import tensor_device
+from .. import torch_compat
+from ._devices import tensor_device
 
 Box = tuple[tuple[int, int], ...]
 ALIGN = 16  # byte offset of each piece in a bucket (any dtype's view of it is aligned)

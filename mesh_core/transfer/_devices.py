@@ -1,7 +1,7 @@
 """Which devices a weight transfer may move tensors on: this rank's checks and the agreed ones.
 
 The data phase sends every tensor point to point on the world's default group, so before any
-message every participant checks (and the agreement of :mod:`mesh_core.transfer_agree` makes the
+message every participant checks (and the agreement of :mod:`mesh_core.transfer._agree` makes the
 verdict the same on every participant):
 
 - on this rank: each tensor's device type is one the world's backend moves (an NCCL-only world
@@ -24,8 +24,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import torch_compat
-from .rendezvous import ranks_text
+from .. import torch_compat
+from ..rendezvous import ranks_text
 
 
 @dataclass(frozen=True)

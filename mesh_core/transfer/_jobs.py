@@ -10,14 +10,14 @@ Tensors on an accelerator (a trainer's GPU weights, a rollout's GPU shards) trav
 buffers, a bucket at a time (page-locked for CUDA). Where a receiving rank shares a host with a
 sending rank and the kernel lets it read that process's memory (found by a probe at the
 agreement), it reads its boxes straight from the sender's host tensors instead
-(:mod:`mesh_core.transfer_memory`; ``transport="gloo"`` turns this off).
+(:mod:`mesh_core.transfer._memory`; ``transport="gloo"`` turns this off).
 
 Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met by one
 :meth:`WeightLink.receive` (each rank of the receiving job):
 
 1. sender rank 0 opens round ``n``; the receiving job claims it (atomically: a round is claimed by
    one launch of the receiving job, or given up by the senders after ``timeout``);
-2. one agreement through the store (:mod:`mesh_core.transfer_jobs_plan`): every rank's record of
+2. one agreement through the store (:mod:`mesh_core.transfer._jobs_plan`): every rank's record of
    what it holds or needs (names, shapes, dtypes, devices, boxes) and its own problems; any problem
    or disagreement is the same :class:`~mesh_core.MeshSpecError` on every rank of both jobs, before
    any message. When no rank's record changed since the previous round, the cached verdict, plan,
@@ -26,7 +26,7 @@ Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met
    AutoTP attributes, layouts) does not read its side again and reuses each bucket's regions;
 3. the data: each receiver rank gets its own shard, straight from the sender ranks holding it (ZeRO-3
    partitions are sent from the partitions, with no gather; replicas each send a part), in packed
-   buckets (:mod:`mesh_core.transfer_buckets`), or read from a same-host sender's memory (one copy,
+   buckets (:mod:`mesh_core.transfer._buckets`), or read from a same-host sender's memory (one copy,
    strided boxes as runs); a sender given other tensors with the same record (new memory) tells
    its readers where they are at the agreement's arrival, without a new agreement;
 4. one closing arrival: a rank that failed in the data phase (its peer died) flags it, so every rank
@@ -53,18 +53,18 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import torch_compat
-from .rendezvous import arrive
-from .spec import MeshSpec, MeshSpecError
-from .transfer import ParamLayout, check_tensors, own_box
-from .transfer_agree import dtype_name, dtype_of
-from .transfer_buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
-from .transfer_devices import WorldDevices, device_problems, device_text, tensor_device
-from .transfer_engines import AUTOTP_META, EngineSide
-from .transfer_jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of,
+from .. import torch_compat
+from ..rendezvous import arrive
+from ..spec import MeshSpec, MeshSpecError
+from ._in_job import ParamLayout, check_tensors, own_box
+from ._agree import dtype_name, dtype_of
+from ._buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
+from ._devices import WorldDevices, device_problems, device_text, tensor_device
+from ._engines import AUTOTP_META, EngineSide
+from ._jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of,
                                  name_of, plan_sync, receiver_param, record, same_host_pairs, sender_param,
                                  split_reads, sync_bytes, verdict)
-from .transfer_memory import Endpoint, Read, Reads, Token, allow_readers, probe
+from ._memory import Endpoint, Read, Reads, Token, allow_readers, probe
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class WeightLink:
     through the job's default store; needed when several receiving ranks have no world).
     ``transport``: ``"auto"`` (default): a receiving rank on the same host as a sending rank reads
     the boxes it needs straight from that rank's host tensors (Linux cross-memory attach, one copy;
-    :mod:`mesh_core.transfer_memory`) where the kernel lets it, and every other piece travels on
+    :mod:`mesh_core.transfer._memory`) where the kernel lets it, and every other piece travels on
     gloo; ``"gloo"``: every piece travels on gloo. A pair uses reads only when both ends allow them.
     """
 

@@ -24,9 +24,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from .rendezvous import differing_fields, ranks_text
-from .spec import MeshSpecError
-from .transfer_agree import conversion_refused, dtype_of
+from ..rendezvous import differing_fields, ranks_text
+from ..spec import MeshSpecError
+from ._agree import conversion_refused, dtype_of
 
 Box = tuple[tuple[int, int], ...]
 KEY_SEP = "\x1f"  # "name<SEP>index": one source tensor (a holding) of a parameter
@@ -133,7 +133,7 @@ def receiver_param(shape: Sequence[int], dtype: str, device: str, box: Box, writ
 
 def record(side: str, job_size: int, params: Mapping[str, dict], problems: Sequence[str], backend: str,
            memory: Optional[dict] = None, addresses: Optional[Mapping[str, Optional[int]]] = None) -> dict:
-    """One rank's record (JSON-able); ``memory``: its :class:`~mesh_core.transfer_memory.Endpoint`'s
+    """One rank's record (JSON-able); ``memory``: its :class:`~mesh_core.transfer._memory.Endpoint`'s
     fields, when it takes part in same-host reads; ``addresses`` (a sender's): where each holding's
     tensor is in its memory, by key (see :func:`key_of`), None where it cannot be read (not a
     contiguous host tensor). The addresses are not part of what must stay equal for a cached

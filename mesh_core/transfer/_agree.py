@@ -2,7 +2,7 @@
 
 Each participant builds a *record*: the two meshes, the layouts it knows (both sides in the plain
 API, its own side for engines), the dtype and device of every tensor it sends or receives, what its
-world moves data on (:mod:`mesh_core.transfer_devices`), and every problem found in its own tensors
+world moves data on (:mod:`mesh_core.transfer._devices`), and every problem found in its own tensors
 (missing, ``None``, wrong shape, a cast that is refused, a device the world cannot use). The records are
 exchanged through the default store among the participants only (no communicator, no message on the
 data path), in two steps:
@@ -38,10 +38,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import torch_compat
-from .rendezvous import arrive, differing_fields, forget, ranks_text
-from .spec import MeshSpec, MeshSpecError
-from .transfer_devices import agreed_problems
+from .. import torch_compat
+from ..rendezvous import arrive, differing_fields, forget, ranks_text
+from ..spec import MeshSpec, MeshSpecError
+from ._devices import agreed_problems
 
 logger = logging.getLogger(__name__)
 
