@@ -49,6 +49,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 TRAINERS, ROLLOUTS = 4, 2
 HIDDEN = 512  # the default --hidden
+SECRET = "bench"  # the links' shared secret (both jobs are this run's processes)
 METHODS = ("link", "link gloo", "gather+bcast", "raw", "raw read", "raw boxes")
 
 
@@ -98,9 +99,10 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
     rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)
     job_store = dist.TCPStore("127.0.0.1", ports[0 if trainer else 1], size, rank == 0, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=job_store, rank=rank, world_size=size)
-    link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", timeout=timedelta(seconds=120))
+    link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", secret=SECRET,
+                      timeout=timedelta(seconds=120))
     link_gloo = WeightLink(f"127.0.0.1:{ports[3]}", "sender" if trainer else "receiver",
-                           timeout=timedelta(seconds=120), transport="gloo")
+                           secret=SECRET, timeout=timedelta(seconds=120), transport="gloo")
     everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS,
                                      timedelta(seconds=120))
     in_bcast = index == 0 or not trainer

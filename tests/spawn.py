@@ -52,7 +52,8 @@ sys.stdin.read()
 
 def reads_across_processes() -> bool:
     """Whether this kernel lets a process read another one's memory here (what the weight link's
-    same-host reads need): a child process holds a token, allowing readers as a sending link does,
+    same-host reads need): a child process holds a token, allowing readers as a sending link with
+    transport="reads" does,
     and this process probes it."""
     import subprocess
     import sys

@@ -39,9 +39,11 @@ its ranks claim the next round and the process group is built anew.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -61,16 +63,18 @@ from ._agree import dtype_name, dtype_of
 from ._buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
 from ._devices import WorldDevices, device_problems, device_text, tensor_device
 from ._engines import AUTOTP_META, EngineSide
-from ._jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of,
-                                 name_of, plan_sync, receiver_param, record, same_host_pairs, sender_param,
-                                 split_reads, sync_bytes, verdict)
+from ._jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of, name_of,
+                         plan_sync, receiver_param, record, record_problem, same_host_pairs, sender_param, split_reads,
+                         sync_bytes, verdict, who)
 from ._memory import Endpoint, Read, Reads, Token, allow_readers, probe
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "mesh_core/weight_link"
 ROLES = ("sender", "receiver")
-TRANSPORTS = ("auto", "gloo")
+TRANSPORTS = ("auto", "reads", "gloo")
+SECRET_ENV = "DS_MESH_LINK_SECRET"  # the secret both jobs share, where ``secret=`` is not given
+_SIGNATURE = 64  # hex characters of an HMAC-SHA256, before each store value it authenticates
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 
 
@@ -123,12 +127,19 @@ class WeightLink:
     the boxes it needs straight from that rank's host tensors (Linux cross-memory attach, one copy;
     :mod:`mesh_core.transfer._memory`) where the kernel lets it, and every other piece travels on
     gloo; ``"gloo"``: every piece travels on gloo. A pair uses reads only when both ends allow them.
+    ``"auto"`` grants nothing: where Yama's ``ptrace_scope`` is 1 the kernel refuses the reads and
+    the pieces travel on gloo; ``"reads"`` asks for them explicitly: a sending rank then lets its
+    user's processes attach to it (``prctl(PR_SET_PTRACER_ANY)``, for the process's lifetime).
+    ``secret``: a secret both jobs share (default: the ``DS_MESH_LINK_SECRET`` environment
+    variable; one of the two is required): every record of the agreement is authenticated with it
+    (HMAC-SHA256), so a process without it cannot take part. The store listens only on ``address``'s
+    host (``127.0.0.1``: loopback only). See docs/transfer.md, "Security".
     """
 
     def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None,
-                 transport: str = "auto") -> None:
+                 transport: str = "auto", secret: Optional[str] = None) -> None:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
         if transport not in TRANSPORTS:
@@ -136,6 +147,12 @@ class WeightLink:
         if backend != "gloo":
             raise MeshSpecError(f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
                                 "travel through host buffers)")
+        secret = secret if secret is not None else os.environ.get(SECRET_ENV)
+        if not secret:
+            raise MeshSpecError(f"a weight link needs a secret both jobs share: pass secret= or set {SECRET_ENV} "
+                                "(the same value in both jobs; e.g. python -c 'import secrets; "
+                                "print(secrets.token_hex(16))')")
+        self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise MeshSpecError(f"address={address!r}; expected 'host:port'")
@@ -147,8 +164,8 @@ class WeightLink:
         self.role, self.address, self.timeout = role, address, timeout
         self.bucket_bytes, self.window, self.backend, self.transport = bucket_bytes, window, backend, transport
         # what a same-host peer reads to learn it can read this process (None: no reads on this rank)
-        self._token = Token() if transport == "auto" else None  # held: its memory is what peers read
-        if self._token is not None and role == "sender":
+        self._token = Token() if transport != "gloo" else None  # held: its memory is what peers read
+        if transport == "reads" and role == "sender":  # the user asked for a ptrace grant (Yama scope 1)
             allow_readers()
         self._endpoint: Optional[Endpoint] = self._token.endpoint if self._token is not None else None
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
@@ -225,22 +242,26 @@ class WeightLink:
                 stale = True
             elif addresses != cache["addresses"]:
                 moved = True
-                table = json.dumps([me, addresses])
+                table = self._sign(f"{where}/moved", json.dumps([me, addresses]))
                 self._store_op(n, lambda: self.store.append(f"{where}/moved", table + "\n"))
         arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale, mark=moved)
         again = arrival.flagged > 0
         if moved and not again:
             cache["addresses"] = addresses
         if not again and arrival.marked and not sending and cache["read_pieces"]:
-            self._moved(cache, where, n)
+            try:
+                self._moved(cache, where, n)
+            except MeshSpecError as err:  # the senders hear of it at the closing arrival
+                self._close_round(f"{where}/done", members, senders, n, me, err, data=False)
+                raise
         if again:
             self._cache = cache = None
             mine.read()
             rec = self._record(mine)
-            self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", json.dumps(rec)))
+            signed = self._sign(f"{where}/record/{me}", json.dumps(rec))
+            self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", signed))
             self._arrive(f"{where}/published", members, senders, n, me)
-            keys = [f"{where}/record/{b}" for b in members]
-            records = [json.loads(v) for v in self._store_op(n, lambda: self.store.multi_get(keys))]
+            records = self._records(n, where, members, senders, me, rec)
             agreed = verdict(records, senders)  # the same error on every rank, before any message
             readable = self._reachable(records, senders, members, n, me, where)
             cache = self._cache = self._prepare(agreed, records, readable, self._digest(mine), me, where)
@@ -269,6 +290,41 @@ class WeightLink:
             raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
                                 f"rank 0 ended) during the agreement; no message was sent") from err
 
+    def _mac(self, key: str, payload: str) -> str:
+        return hmac.new(self._key, key.encode() + b"\0" + payload.encode(), hashlib.sha256).hexdigest()
+
+    def _sign(self, key: str, payload: str) -> str:
+        """``payload`` authenticated for ``key`` (a value copied to another key or round is refused)."""
+        return self._mac(key, payload) + payload
+
+    def _open(self, n: int, key: str, value: bytes, what: str) -> Any:
+        """The JSON value stored under ``key`` by a rank holding this link's secret, else one clear error."""
+        text = value.decode(errors="replace")
+        payload = text[_SIGNATURE:]
+        if not hmac.compare_digest(text[:_SIGNATURE], self._mac(key, payload)):
+            raise MeshSpecError(f"weight sync {n}: {what} at the link's store is not signed with this link's secret "
+                                "(a process without it joined the link, or the store was written by another); no "
+                                "message was sent")
+        try:
+            return json.loads(payload)
+        except ValueError as err:
+            raise MeshSpecError(f"weight sync {n}: {what} is malformed ({err}); no message was sent") from None
+
+    def _records(self, n: int, where: str, members: list[int], senders: int, me: int, rec: dict) -> list[dict]:
+        """Every rank's record, authenticated and well-formed, this rank's own as it wrote it."""
+        keys = [f"{where}/record/{b}" for b in members]
+        values = self._store_op(n, lambda: self.store.multi_get(keys))
+        records = [self._open(n, k, v, f"the record of {who(b, senders)}") for b, k, v in zip(members, keys, values)]
+        for b, r in enumerate(records):
+            problem = record_problem(r, "sender" if b < senders else "receiver")
+            if problem:
+                raise MeshSpecError(f"weight sync {n}: the record of {who(b, senders)} is malformed: {problem}; "
+                                    "no message was sent")
+        if records[me] != json.loads(json.dumps(rec)):
+            raise MeshSpecError(f"weight sync {n}: this rank's own record was rewritten in the link's store; no "
+                                "message was sent")
+        return records
+
     def _record(self, mine: "_Reading", *, addresses: bool = True) -> dict:
         memory = self._endpoint.fields() if self._endpoint is not None else None
         return record(self.role, self.job_size, mine.params, mine.problems, self.backend, memory,
@@ -290,11 +346,20 @@ class WeightLink:
         """Receiver: some senders were given other tensors with the same record: read from their new
         addresses (on any failure the cache is dropped, so the next round agrees anew)."""
         try:
-            text = self._store_op(n, lambda: self.store.get(f"{where}/moved")).decode()
+            text = self._store_op(n, lambda: self.store.get(f"{where}/moved")).decode(errors="replace")
             for line in filter(None, text.split("\n")):
-                rank, table = json.loads(line)
+                moved = self._open(n, f"{where}/moved", line.encode(), "a sender's table of moved tensors")
+                rank, table = moved if isinstance(moved, list) and len(moved) == 2 else (None, None)
+                if not isinstance(table, dict):
+                    raise MeshSpecError(f"weight sync {n}: a sender's table of moved tensors is malformed; no "
+                                        "message was sent")
                 for key, at in table.items():
-                    cache["address"][(name_of(key), rank, index_of(key))] = at
+                    where_held = (name_of(key), rank, index_of(key)) if isinstance(key, str) else None
+                    if where_held not in cache["address"] or not (at is None or isinstance(at, int)):
+                        named = f"holding {where_held[2]} of {where_held[0]!r}" if where_held else repr(key)
+                        raise MeshSpecError(f"weight sync {n}: a sender's table of moved tensors names {named} of "
+                                            f"rank {rank!r}, which that rank did not announce; no message was sent")
+                    cache["address"][where_held] = at
             cache["reads"] = _reads(cache["read_pieces"], cache["address"], cache["pids"], cache["itemsize"])
             cache["bound_reads"] = None
         except BaseException:
@@ -370,11 +435,19 @@ class WeightLink:
             return set()
         if me in near:
             can = [s for s in near[me] if probe(Endpoint.from_fields(records[s]["memory"]))]
-            self._store_op(n, lambda: self.store.set(f"{where}/reach/{me}", json.dumps(can)))
+            signed = self._sign(f"{where}/reach/{me}", json.dumps(can))
+            self._store_op(n, lambda: self.store.set(f"{where}/reach/{me}", signed))
         self._arrive(f"{where}/reached", members, senders, n, me)
         keys = [f"{where}/reach/{b}" for b in sorted(near)]
         answers = self._store_op(n, lambda: self.store.multi_get(keys))
-        return {(s, b) for b, answer in zip(sorted(near), answers) for s in json.loads(answer)}
+        reach = set()
+        for b, key, answer in zip(sorted(near), keys, answers):
+            can = self._open(n, key, answer, f"the probe answers of {who(b, senders)}")
+            if not isinstance(can, list) or not set(can) <= set(near[b]):
+                raise MeshSpecError(f"weight sync {n}: {who(b, senders)} answered a probe of sender ranks it was not "
+                                    f"asked about ({can!r}); no message was sent")
+            reach |= {(s, b) for s in can}
+        return reach
 
     def _prepare(self, agreed: Verdict, records: list[dict], readable: set[tuple[int, int]], digest: str, me: int,
                  where: str) -> dict:
@@ -423,13 +496,18 @@ class WeightLink:
                        views=cache["views"], post_each=True, wire_device=HOST)
 
     def _close_round(self, prefix: str, members: list[int], senders: int, n: int, me: int,
-                     failure: Optional[BaseException]) -> None:
+                     failure: Optional[BaseException], *, data: bool = True) -> None:
+        """The closing arrival; ``data=False``: this rank refused the round before its data phase (it
+        flags the others and returns; the caller raises its own error)."""
         receiving = self.role == "receiver"
         try:
             done = self._arrive(prefix, members, senders, n, me, flag=failure is not None)
         except MeshSpecError as err:
             failure = failure or err
             done = None
+        if not data:
+            self._cache = None
+            return
         if failure is None and done is not None and done.flagged == 0:
             return
         self._cache = None  # the channel is rebuilt at the next round
@@ -440,9 +518,28 @@ class WeightLink:
         raise MeshSpecError(f"weight sync {n} failed in the data phase{cause}; {what}") from failure
 
 
+def _listening(host: str, port: int) -> int:
+    """A socket listening on ``host``'s address only (not every interface), its file descriptor handed over."""
+    family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
     try:
+        if serve:
+            fd = _listening(host, port)
+            return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
         return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
+    except OSError as err:
+        raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
     except (RuntimeError, dist.DistError) as err:
         if serve:
             raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err

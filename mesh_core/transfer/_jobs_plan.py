@@ -142,6 +142,65 @@ def record(side: str, job_size: int, params: Mapping[str, dict], problems: Seque
             "problems": list(problems), "backend": backend, "memory": memory, "addresses": dict(addresses or {})}
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _box_problem(box: Any, shape: Sequence[int]) -> Optional[str]:
+    """Why ``box`` (from another process) is not a box inside a tensor of ``shape``, or None."""
+    if not isinstance(box, list) or len(box) != len(shape):
+        return f"box {box!r} is not {len(shape)} (start, stop) pairs"
+    for dim, (pair, size) in enumerate(zip(box, shape)):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(v) for v in pair)
+                and 0 <= pair[0] <= pair[1] <= size):
+            return f"box {box!r} leaves the shape {tuple(shape)} in dim {dim}"
+    return None
+
+
+def record_problem(rec: Any, side: str) -> Optional[str]:
+    """Why a record read from the store (another process's) is not a well-formed ``side`` record, or
+    None: its fields and their types, every parameter's shape, and every box inside its shape (a
+    sender's holdings, a receiver's shard), a sender's offsets and addresses only for what it holds."""
+    if not isinstance(rec, dict) or rec.get("side") != side:
+        return f"not a {side}'s record"
+    if not (_is_int(rec.get("job")) and isinstance(rec.get("params"), dict) and isinstance(rec.get("problems"), list)
+            and all(isinstance(p, str) for p in rec["problems"]) and isinstance(rec.get("backend"), str)
+            and isinstance(rec.get("addresses", {}), dict)):
+        return "its fields are not of their types"
+    memory = rec.get("memory")
+    if memory is not None and not (isinstance(memory, dict) and isinstance(memory.get("host"), str)
+                                   and all(_is_int(memory.get(f)) for f in ("pid", "token_address"))
+                                   and isinstance(memory.get("token"), str)):
+        return "its memory endpoint is malformed"
+    keys = set()
+    for name, p in rec["params"].items():
+        if not (isinstance(p, dict) and isinstance(p.get("shape"), list) and all(_is_int(d) and d >= 0 for d in p["shape"])
+                and isinstance(p.get("dtype"), str) and isinstance(p.get("device"), str)):
+            return f"parameter {name!r} is malformed"
+        try:
+            dtype_of(p["dtype"])
+        except MeshSpecError:
+            return f"parameter {name!r} has dtype {p['dtype']!r}"
+        if side == "receiver":
+            problem = _box_problem(p.get("box"), p["shape"])
+            if problem:
+                return f"parameter {name!r}: {problem}"
+            continue
+        if not isinstance(p.get("holds"), list):
+            return f"parameter {name!r} is malformed"
+        for i, held in enumerate(p["holds"]):
+            if not (isinstance(held, list) and len(held) == 2 and (held[1] is None or _is_int(held[1]) and held[1] >= 0)):
+                return f"parameter {name!r}: holding {i} is malformed"
+            problem = _box_problem(held[0], p["shape"])
+            if problem:
+                return f"parameter {name!r}: {problem}"
+            keys.add(key_of(name, i))
+    for key, at in rec.get("addresses", {}).items():
+        if key not in keys or not (at is None or _is_int(at)):
+            return f"an address is announced for {key.replace(KEY_SEP, ' #')!r}, which it does not hold"
+    return None
+
+
 def who(bridge_rank: int, senders: int) -> str:
     """``sender rank 2`` / ``receiver rank 0``: a bridge rank named by its job and its rank there."""
     return f"sender rank {bridge_rank}" if bridge_rank < senders else f"receiver rank {bridge_rank - senders}"

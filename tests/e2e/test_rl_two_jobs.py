@@ -30,12 +30,13 @@ def _port() -> int:
 
 
 def _env(tmp_path) -> dict:
-    return dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHON=sys.executable,
+    return dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHON=sys.executable, DS_MESH_LINK_SECRET="e2e",
                 PYTHONPATH=ROOT, TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")))
 
 
 def test_run_sh_three_syncs_bit_identical(tmp_path):
     env = dict(_env(tmp_path), LINK_PORT=str(_port()))
+    del env["DS_MESH_LINK_SECRET"]  # run.sh draws one for its two jobs
     proc = subprocess.run(["bash", os.path.join(EXAMPLE, "run.sh")], capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

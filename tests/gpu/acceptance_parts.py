@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 STEPS = int(os.environ.get("MESH_GPU_STEPS", "12"))
+SECRET = "gpu-check"  # the weight links' shared secret (both ends are this run's processes)
 
 
 class Env:
@@ -291,7 +292,8 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
 
     def run(role: str) -> None:
         try:
-            link = links[role] = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=60))
+            link = links[role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
+                                            timeout=timedelta(seconds=60))
             for step in range(2):
                 if role == "sender":
                     for t in weights.values():
@@ -326,7 +328,8 @@ import sys
 from datetime import timedelta
 import torch
 from mesh_core.transfer import WeightLink
-link = WeightLink(sys.argv[1], "sender", rank=0, world_size=1, timeout=timedelta(seconds=60))
+link = WeightLink(sys.argv[1], "sender", rank=0, world_size=1, secret=sys.argv[2], timeout=timedelta(seconds=60),
+                  transport="reads")
 weights = {"up": torch.arange(1024 * 512, dtype=torch.float32).view(1024, 512), "norm": torch.ones(512)}
 for _ in range(2):
     for t in weights.values():
@@ -347,11 +350,12 @@ def part_link_reads(rank: int, world: int, env: Env) -> dict:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sender = subprocess.Popen([sys.executable, "-c", _LINK_READS_SENDER, address], cwd=root,
+    sender = subprocess.Popen([sys.executable, "-c", _LINK_READS_SENDER, address, SECRET], cwd=root,
                               env=dict(os.environ, PYTHONPATH=root), stderr=subprocess.PIPE, text=True)
     errors, exact, read, received = [], [], [], []
     try:
-        link = WeightLink(address, "receiver", rank=0, world_size=1, timeout=timedelta(seconds=60))
+        link = WeightLink(address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=60),
+                          transport="reads")
         shards = {"up": torch.zeros(1024, 512), "norm": torch.zeros(512)}
         for step in range(2):
             stats = link.receive(shards)

@@ -5,7 +5,7 @@ shard of the wrong size: the same error on every rank of both jobs, with no proc
 no message; the next sync works and reuses the cached agreement; the same tensors synced again
 (updated in place) are not read again and arrive bit for bit; an absent other job: an error within
 the timeout. Three ways, each on a link of its own in one launch of the two jobs: same-host reads
-where the kernel lets the receivers read the senders' memory (``transport="auto"``), every piece on
+where the kernel lets the receivers read the senders' memory (``transport="reads"``), every piece on
 gloo (``"gloo"``), and reads allowed but every probe refused (the pairs fall back to gloo)."""
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 from spawn import run_ranks
 
 pytestmark = pytest.mark.multiprocess
+SECRET = "test-secret"  # the links' shared secret
 SENDERS, RECEIVERS = 2, 2
 SHAPES = {"up": (64, 96), "down": (96, 64), "bias": (5,)}  # up/down big enough to be cut between the two senders
 
@@ -37,7 +38,7 @@ def _layouts():
             "bias": ParamLayout(SHAPES["bias"])}
 
 
-TRANSPORTS = ("auto", "gloo", "refused")
+TRANSPORTS = ("reads", "gloo", "refused")
 
 
 def _worker(index: int, ports: tuple, out_dir: str) -> None:
@@ -72,8 +73,9 @@ def _cases(index: int, port: int, transport: str, counts: dict, absent: bool) ->
     rank = index if sender else index - SENDERS
     built, posted, reads = counts["built"], counts["posted"], counts["reads"]
     link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
-                                    world_size=SENDERS if sender else RECEIVERS, timeout=timedelta(seconds=20),
-                                    launch="job-1", transport="gloo" if transport == "gloo" else "auto")
+                                    world_size=SENDERS if sender else RECEIVERS, secret=SECRET,
+                                    timeout=timedelta(seconds=20), launch="job-1",
+                                    transport="gloo" if transport == "gloo" else "reads")
     counts["links"].append(link)
     spec = MeshSpec.build(RECEIVERS, tp=2)
     layouts = _layouts()
@@ -167,12 +169,12 @@ def test_receivers_get_their_shards_bit_for_bit_from_both_senders(outs):
 
 
 def test_same_host_receivers_read_every_piece_where_the_kernel_lets_them(outs, transport):
-    """Under "auto" (and a kernel that allows it) every piece is read from the senders' memory, the
+    """Under "reads" (and a kernel that allows it) every piece is read from the senders' memory, the
     Megatron column blocks of 'down' included, for new tensors each sync as for the same ones; the
     senders count what was read from them. Otherwise nothing is read."""
     from spawn import reads_across_processes
 
-    reads = transport == "auto" and reads_across_processes()
+    reads = transport == "reads" and reads_across_processes()
     for case in ("first", "second", "after_errors", "cached", "same_memory_first", "same_memory_again"):
         assert all(o[case]["ok"] for o in outs) and all(o[case]["equal"] for o in outs[SENDERS:])
         received = [o[case]["received"] for o in outs[SENDERS:]]
@@ -223,8 +225,8 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
 
     out = {}
     if index == 0:
-        links = [WeightLink(f"127.0.0.1:{p}", "sender", rank=0, world_size=1, timeout=timedelta(seconds=20))
-                 for p in ports[:2]]
+        links = [WeightLink(f"127.0.0.1:{p}", "sender", rank=0, world_size=1, secret=SECRET,
+                            timeout=timedelta(seconds=20)) for p in ports[:2]]
         for i, link in enumerate(links):
             link.send({"w": torch.full((4,), float(i + 1))})
         time.sleep(1.0)  # the stores' server outlives the receivers' last reads
@@ -234,7 +236,8 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
         if rank == 1:
             time.sleep(1.0)
-        links = [WeightLink(f"127.0.0.1:{p}", "receiver", timeout=timedelta(seconds=20)) for p in ports[:2]]
+        links = [WeightLink(f"127.0.0.1:{p}", "receiver", secret=SECRET, timeout=timedelta(seconds=20))
+                 for p in ports[:2]]
         got = []
         for link in links:
             w = torch.zeros(4)

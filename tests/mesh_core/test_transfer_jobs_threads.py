@@ -14,6 +14,7 @@ from mesh_core import MeshSpec
 from mesh_core.transfer._engines import AUTOTP_META
 from mesh_core.transfer import WeightLink
 
+SECRET = "test-secret"  # the links' shared secret
 FULL_WEIGHT = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
 FULL_BIAS = torch.tensor([0.5, -1.0, 2.0])
 
@@ -42,14 +43,14 @@ def test_autotp_shards_and_replicas_reach_a_whole_receiver_bit_for_bit():
 
     def sender(rank: int) -> None:
         try:
-            link = WeightLink(address, "sender", rank=rank, world_size=2, timeout=timedelta(seconds=30))
+            link = WeightLink(address, "sender", rank=rank, world_size=2, secret=SECRET, timeout=timedelta(seconds=30))
             results[("sender", rank)] = [link.send(_TensorParallel(rank, v), spec=spec) for v in (1, 2)]
         except Exception as err:  # noqa: BLE001 (reported below)
             errors.append(err)
 
     def receiver() -> None:
         try:
-            link = WeightLink(address, "receiver", rank=0, world_size=1, timeout=timedelta(seconds=30))
+            link = WeightLink(address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30))
             got = []
             for _ in (1, 2):
                 tensors = {"weight": torch.zeros(8, 3), "bias": torch.zeros(3)}
@@ -85,7 +86,8 @@ def _sync_in_threads(address: str, send_model, receive_model, syncs: int = 1) ->
     out: dict = {}
 
     def run(role: str) -> None:
-        link = links[role] = WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=30))
+        link = links[role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
+                                        timeout=timedelta(seconds=30))
         out[role] = []
         try:
             for step in range(syncs):
