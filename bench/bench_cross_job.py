@@ -1,8 +1,8 @@
 """Weight sync between two jobs: a ZeRO-3 trainer job (4 gloo ranks) -> a tp=2 rollout job (2 gloo
 ranks), each its own world, on this machine. Alternated in each repetition:
 
-- ``link``: ``mesh_core.transfer.WeightLink`` as made by default (``transport="auto"``): the
-  jobs share this host, so each rollout rank reads its tp shard's boxes straight out of the ZeRO-3
+- ``link``: ``mesh_core.transfer.WeightLink`` with same-host reads asked for (``transport="reads"``;
+  the default ``"auto"`` does the same where the kernel already allows reads): the jobs share this host, so each rollout rank reads its tp shard's boxes straight out of the ZeRO-3
   partitions that hold them (cross-memory attach: one copy, no packing; no gather);
 - ``link gloo``: the same with ``transport="gloo"``, what jobs on two hosts get: every trainer rank
   sends its boxes on the side channel's gloo group;
@@ -100,7 +100,7 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
     job_store = dist.TCPStore("127.0.0.1", ports[0 if trainer else 1], size, rank == 0, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=job_store, rank=rank, world_size=size)
     link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", secret=SECRET,
-                      timeout=timedelta(seconds=120))
+                      timeout=timedelta(seconds=120), transport="reads")
     link_gloo = WeightLink(f"127.0.0.1:{ports[3]}", "sender" if trainer else "receiver",
                            secret=SECRET, timeout=timedelta(seconds=120), transport="gloo")
     everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS,

@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from .. import torch_compat
-from ..rendezvous import arrive
+from ..rendezvous import arrive, forget
 from ..spec import MeshSpec, MeshSpecError
 from ._in_job import ParamLayout, check_tensors, own_box
 from ._agree import dtype_name, dtype_of
@@ -91,6 +91,7 @@ class SyncStats:
     agreed_again: bool  # records were exchanged (first round, a change, a new receiving job)
     data_seconds: float = 0.0  # of ``seconds``: the data phase on this rank (messages, packing, placing)
     read_bytes: int = 0  # of the sent / received bytes: read straight from a sender's memory (same host)
+    version: Optional[int] = None  # the weights' version the sending job gave send() (default: the round)
 
 
 class _Reading:
@@ -172,19 +173,27 @@ class WeightLink:
         self._launch = launch or (_launch_id(address, self.rank, self.job_size, initialised) if role == "receiver"
                                   else "")
         self._round = None if role == "receiver" else 0
+        self._members = 0  # sender rank 0: how many ranks the last round it forgot had
+        self._version: Optional[int] = None  # a sender's version for the round it sends
         self._cache: Optional[dict] = None  # digest, buckets, pool, process group, sizes, fingerprint, tensors, views
         self.partial = False  # a receiver whose last sync failed in the data phase
 
     # -- public -----------------------------------------------------------------------------------
 
     def send(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
-             spec: Optional[MeshSpec] = None) -> SyncStats:
+             spec: Optional[MeshSpec] = None, version: Optional[int] = None) -> SyncStats:
         """Send this rank's share of ``model``'s parameters (a DeepSpeed engine, a module or tensors by name).
 
         Layouts are read from the engine (ZeRO-3 partitions, AutoTP shards; whole tensors otherwise);
-        ``layouts`` gives hand-written tensor-parallel ones over ``spec`` (default: the engine's mesh)."""
+        ``layouts`` gives hand-written tensor-parallel ones over ``spec`` (default: the engine's mesh).
+        ``version``: the weights' version (the trainer's step, say; rank 0's is the one sent), which
+        each receiver's :class:`SyncStats` reports; default: the round's number (restarts at 0 with a
+        relaunched sending job)."""
         if self.role != "sender":
             raise MeshSpecError("send() is for the sending job's ranks; this link was made with role='receiver'")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise MeshSpecError(f"version={version!r}; expected an int (the trainer's step, say) or None")
+        self._version = version
         return self._sync(_fingerprint(model, layouts, spec),
                           lambda: _sender_side(model, layouts, spec, self.rank, self.job_size))
 
@@ -222,7 +231,7 @@ class WeightLink:
             self._round += 1
             if cache is None or cache["fingerprint"] != fingerprint:
                 mine.read()  # bad input raises here, before any store operation
-            self._announce(n)
+            self._announce(n, n if self._version is None else self._version)
             senders, receivers = self._await_claim(n)
         else:
             n, senders, receivers = self._claim()  # before reading the tensors: the senders wait less
@@ -246,6 +255,9 @@ class WeightLink:
                 self._store_op(n, lambda: self.store.append(f"{where}/moved", table + "\n"))
         arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale, mark=moved)
         again = arrival.flagged > 0
+        if sending and self.rank == 0:  # every rank of both jobs is past the previous round
+            self._forget(n - 1, len(members))
+        version = n if self._version is None else self._version
         if moved and not again:
             cache["addresses"] = addresses
         if not again and arrival.marked and not sending and cache["read_pieces"]:
@@ -272,6 +284,8 @@ class WeightLink:
         run = None
         data_start = time.perf_counter()
         try:
+            if not sending:  # sender rank 0 wrote it before it arrived at the agreement
+                version = self._received_version(n, f"{where}/version")
             run = self._data(cache, me)
         except Exception as err:  # a peer died or its channel broke: every rank hears of it below
             failure = err
@@ -280,7 +294,7 @@ class WeightLink:
         self.partial = False
         read = cache["read_from_me"] if sending else cache["reads"].nbytes
         return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes + read * sending,
-                         run.received_bytes + read * (not sending), run.messages, again, data_seconds, read)
+                         run.received_bytes + read * (not sending), run.messages, again, data_seconds, read, version)
 
     def _store_op(self, n: int, op: Callable[[], Any]) -> Any:
         """A store operation of the agreement; the store gone (the sending job's rank 0 ended) is one clear error."""
@@ -366,10 +380,34 @@ class WeightLink:
             self._cache = None
             raise
 
-    def _announce(self, n: int) -> None:
-        """Sender: rank 0 opens round ``n`` (one store operation)."""
+    def _received_version(self, n: int, key: str) -> int:
+        version = self._open(n, key, self._store_op(n, lambda: self.store.get(key)), "the weights' version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise MeshSpecError(f"weight sync {n}: the weights' version {version!r} is not an int")
+        return version
+
+    def _forget(self, n: int, members: int) -> None:
+        """Sender rank 0: delete round ``n``'s keys (a round given up included), so the store stays bounded."""
+        if n < 0:
+            return
+        where = f"{PREFIX}/{n}"
+        keys = [f"{PREFIX}/open/{n}", f"{where}/claim", f"{where}/moved", f"{where}/version"]
+        keys += [f"{where}/{kind}/{b}" for kind in ("record", "reach") for b in range(max(members, self._members))]
+        try:
+            for key in keys:
+                self.store.delete_key(key)
+            for phase in ("agree", "published", "reached", "done"):
+                forget(self.store, f"{where}/{phase}")
+        except (RuntimeError, dist.DistError):  # the store is gone: the round's own error says so
+            pass
+        self._members = members
+
+    def _announce(self, n: int, version: int) -> None:
+        """Sender: rank 0 opens round ``n`` with the weights' ``version`` (one store operation)."""
         if self.rank == 0:  # only rank 0 writes "opened": a plain count a receiving job reads with add(0)
-            self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened"], [str(self.job_size), str(n + 1)])
+            key = f"{PREFIX}/{n}/version"
+            self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened", key],
+                                 [str(self.job_size), str(n + 1), self._sign(key, json.dumps(version))])
 
     def _await_claim(self, n: int) -> tuple[int, int]:
         """Sender: wait for a receiving job to claim round ``n``; (senders, receivers)."""
@@ -416,9 +454,11 @@ class WeightLink:
             if not missing:
                 return _Late(n) if self.role == "receiver" else MeshSpecError(
                     f"weight sync {n}: this rank came after the others gave up waiting ({self.timeout})")
+            after = ("the data phase had begun (a rank ended during it)" if prefix.endswith("/done")
+                     else "no message was sent")
             return MeshSpecError(f"weight sync {n}: only {len(arrived)} of the {len(members)} ranks of both jobs "
                                  f"arrived within {self.timeout}; missing: {describe_missing(missing, senders)} (ended, or "
-                                 "not calling send()/receive()); no message was sent")
+                                 f"not calling send()/receive()); {after}")
         try:
             return arrive(self.store, prefix, members, self.timeout, absent, flag=flag, rank=me, mark=mark)
         except _Late:

@@ -168,3 +168,84 @@ def test_a_meta_tensor_is_one_error_on_both_jobs_before_any_message(monkeypatch)
     assert out["sender"][0].startswith("weight sync refused before any message was sent: ")
     assert "sender rank 0: source tensor 'w' is on meta (no data to send or receive)" in out["sender"][0]
     assert not posted and torch.equal(target, torch.zeros(4, 3))
+
+
+def _pair(address: str, sender_steps, receiver_steps, timeout: float = 30) -> dict:
+    """A sending and a receiving rank, each a thread running its steps (``step(link)``) in turn; what
+    each returned or the text of its MeshSpecError, by role."""
+    from mesh_core import MeshSpecError
+
+    out: dict = {"sender": [], "receiver": [], "links": {}}
+
+    def run(role: str, steps) -> None:
+        link = out["links"][role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
+                                               timeout=timedelta(seconds=timeout))
+        for step in steps:
+            try:
+                out[role].append(step(link))
+            except MeshSpecError as err:
+                out[role].append(str(err))
+
+    threads = [threading.Thread(target=run, args=("sender", sender_steps)),
+               threading.Thread(target=run, args=("receiver", receiver_steps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def test_the_trainers_version_travels_with_each_sync_and_finished_rounds_leave_the_store():
+    """send(version=step) reaches every receive() (default: the round); the store holds as many keys
+    after 8 syncs as after 3 (each finished round's keys deleted)."""
+    weights = {"w": torch.zeros(4, 4)}
+    keys: list = []
+
+    def send(version):
+        def step(link):
+            weights["w"].fill_(float(version or 0))
+            stats = link.send(weights, version=version)
+            keys.append(link.store.num_keys())
+            return stats
+        return step
+
+    def receive(link):
+        w = torch.zeros(4, 4)
+        stats = link.receive({"w": w})
+        return stats.version, float(w[0, 0])
+
+    versions = [1000, 1001, None, 1003, 1004, 1005, 1006, 1007]
+    out = _pair(f"127.0.0.1:{_port()}", [send(v) for v in versions], [receive] * len(versions))
+    assert out["receiver"] == [(v if v is not None else 2, float(v or 0)) for v in versions], out
+    assert [s.version for s in out["sender"]] == [v if v is not None else 2 for v in versions]
+    assert keys[2] == keys[-1], keys  # bounded: a round's keys go once every rank is past it
+    with pytest.raises(Exception, match="version=1.5; expected an int"):
+        out["links"]["sender"].send(weights, version=1.5)
+
+
+def test_a_receiver_gone_in_the_data_phase_is_not_called_a_sync_without_messages(monkeypatch):
+    """A rollout rank that ends after the agreement (killed mid-sync): the trainer's error says the
+    data phase had begun, not that no message was sent."""
+    from mesh_core.transfer import _jobs
+
+    real_close = _jobs.WeightLink._close_round
+
+    def close(self, prefix, *args, **kwargs):
+        if self.role == "receiver":
+            raise SystemExit  # this rank ends here: it never arrives at the round's close
+        return real_close(self, prefix, *args, **kwargs)
+
+    monkeypatch.setattr(_jobs.WeightLink, "_close_round", close)
+
+    def receive(link):
+        try:
+            link.receive({"w": torch.zeros(4)})
+        except SystemExit:
+            return "ended"
+
+    out = _pair(f"127.0.0.1:{_port()}", [lambda link: link.send({"w": torch.ones(4)})], [receive], timeout=3)
+    assert out["receiver"] == ["ended"]
+    error = out["sender"][0]
+    assert "weight sync 0 failed in the data phase" in error and "missing: receiver rank 0" in error, error
+    assert "the data phase had begun" in error and "no message was sent" not in error, error
