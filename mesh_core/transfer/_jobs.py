@@ -131,6 +131,11 @@ class WeightLink:
     ``"auto"`` grants nothing: where Yama's ``ptrace_scope`` is 1 the kernel refuses the reads and
     the pieces travel on gloo; ``"reads"`` asks for them explicitly: a sending rank then lets its
     user's processes attach to it (``prctl(PR_SET_PTRACER_ANY)``, for the process's lifetime).
+    ``jobs`` (a sending link's): how many receiving jobs each :meth:`send` feeds (several rollout
+    engines, each launched on its own, on one address): every one of them gets every sync, in one
+    round whose data grow with the bytes they receive; a round waits for all ``jobs`` of them (or
+    is one error after ``timeout``). They must hold the same parameters (names, shapes, dtypes);
+    their layouts may differ.
     ``secret``: a secret both jobs share (default: the ``DS_MESH_LINK_SECRET`` environment
     variable; one of the two is required): every record of the agreement is authenticated with it
     (HMAC-SHA256), so a process without it cannot take part. The store listens only on ``address``'s
@@ -140,11 +145,14 @@ class WeightLink:
     def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None,
-                 transport: str = "auto", secret: Optional[str] = None) -> None:
+                 transport: str = "auto", secret: Optional[str] = None, jobs: int = 1) -> None:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
         if transport not in TRANSPORTS:
             raise MeshSpecError(f"transport={transport!r}; valid transports are {list(TRANSPORTS)}")
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1 or (jobs != 1 and role != "sender"):
+            raise MeshSpecError(f"jobs={jobs!r}; a sending link feeds jobs >= 1 receiving jobs (an int; a "
+                                "receiving link learns it from the senders)")
         if backend != "gloo":
             raise MeshSpecError(f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
                                 "travel through host buffers)")
@@ -174,6 +182,9 @@ class WeightLink:
                                   else "")
         self._round = None if role == "receiver" else 0
         self._members = 0  # sender rank 0: how many ranks the last round it forgot had
+        self.jobs = jobs  # receiving jobs each send() feeds
+        self._slot = 0  # a receiving job's claim slot in its last round
+        self._lost = False  # a receiver whose store went away: it connects again at its next receive()
         self._version: Optional[int] = None  # a sender's version for the round it sends
         self._cache: Optional[dict] = None  # digest, buckets, pool, process group, sizes, fingerprint, tensors, views
         self.partial = False  # a receiver whose last sync failed in the data phase
@@ -221,6 +232,10 @@ class WeightLink:
 
     def _sync(self, fingerprint: tuple, side: Callable[[], tuple[dict, dict, list[str]]]) -> SyncStats:
         start = time.perf_counter()
+        if self._lost:  # the sending job's store went away (it ended, or was relaunched): connect again
+            host, _, port = self.address.rpartition(":")
+            self.store = _open_store(host, int(port), False, self.timeout)
+            self._lost, self._round, self._cache = False, None, None
         if self.store.timeout != self.timeout:  # the store's own waits are the link's
             self.store.set_timeout(self.timeout)
         sending = self.role == "sender"
@@ -232,15 +247,23 @@ class WeightLink:
             if cache is None or cache["fingerprint"] != fingerprint:
                 mine.read()  # bad input raises here, before any store operation
             self._announce(n, n if self._version is None else self._version)
-            senders, receivers = self._await_claim(n)
+            senders, jobs = self._await_claim(n)
+            offset = 0
         else:
-            n, senders, receivers = self._claim()  # before reading the tensors: the senders wait less
+            try:
+                n, senders, jobs, offset = self._claim()  # before reading the tensors: the senders wait less
+            except (RuntimeError, dist.DistError) as err:
+                self._lost = True
+                raise MeshSpecError(f"weight sync: the link's store at {self.address} went away (the sending job "
+                                    "ended, or was relaunched); this rank's weights are untouched; the next "
+                                    "receive() connects again and agrees anew") from err
             if cache is None or cache["fingerprint"] != fingerprint:
                 mine.read()
-        me = self.rank if sending else senders + self.rank
+        receivers = sum(jobs)
+        me = self.rank if sending else senders + offset + self.rank
         members = list(range(senders + receivers))
         where = f"{PREFIX}/{n}"
-        stale = (cache is None or cache["sizes"] != (senders, receivers)
+        stale = (cache is None or cache["sizes"] != (senders, jobs)
                  or (mine.done and (bool(mine.problems) or self._digest(mine) != cache["digest"])))
         # a sender given other tensors with the same record, read by a same-host receiver: where they are
         # now is told to the readers (a tensor that became readable or unreadable changes the plan)
@@ -274,9 +297,9 @@ class WeightLink:
             self._store_op(n, lambda: self.store.set(f"{where}/record/{me}", signed))
             self._arrive(f"{where}/published", members, senders, n, me)
             records = self._records(n, where, members, senders, me, rec)
-            agreed = verdict(records, senders)  # the same error on every rank, before any message
+            agreed = verdict(records, senders, jobs)  # the same error on every rank, before any message
             readable = self._reachable(records, senders, members, n, me, where)
-            cache = self._cache = self._prepare(agreed, records, readable, self._digest(mine), me, where)
+            cache = self._cache = self._prepare(agreed, records, readable, self._digest(mine), me, where, jobs)
         assert cache is not None
         if mine.done:  # these tensors from now on (an unchanged record: the same plan)
             cache.update(fingerprint=fingerprint, tensors=mine.tensors, views={}, bound_reads=None)
@@ -301,6 +324,7 @@ class WeightLink:
         try:
             return op()
         except (RuntimeError, dist.DistError) as err:
+            self._lost = self.role == "receiver"
             raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
                                 f"rank 0 ended) during the agreement; no message was sent") from err
 
@@ -391,7 +415,8 @@ class WeightLink:
         if n < 0:
             return
         where = f"{PREFIX}/{n}"
-        keys = [f"{PREFIX}/open/{n}", f"{where}/claim", f"{where}/moved", f"{where}/version"]
+        keys = [f"{PREFIX}/open/{n}", f"{where}/moved", f"{where}/version"]
+        keys += [f"{where}/claim/{slot}" for slot in range(self.jobs)]
         keys += [f"{where}/{kind}/{b}" for kind in ("record", "reach") for b in range(max(members, self._members))]
         try:
             for key in keys:
@@ -407,29 +432,56 @@ class WeightLink:
         if self.rank == 0:  # only rank 0 writes "opened": a plain count a receiving job reads with add(0)
             key = f"{PREFIX}/{n}/version"
             self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened", key],
-                                 [str(self.job_size), str(n + 1), self._sign(key, json.dumps(version))])
+                                 [f"{self.job_size}:{self.jobs}", str(n + 1), self._sign(key, json.dumps(version))])
 
-    def _await_claim(self, n: int) -> tuple[int, int]:
-        """Sender: wait for a receiving job to claim round ``n``; (senders, receivers)."""
-        claim = f"{PREFIX}/{n}/claim"
+    def _await_claim(self, n: int) -> tuple[int, tuple[int, ...]]:
+        """Sender: wait for every receiving job (``jobs`` of them) to claim a slot of round ``n``;
+        (senders, each receiving job's size by slot)."""
+        sizes = []
+        for slot in range(self.jobs):
+            claim = f"{PREFIX}/{n}/claim/{slot}"
+            try:
+                value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
+            except (RuntimeError, dist.DistError):
+                value = self.store.compare_set(claim, "", "abandoned").decode()  # or a claim that came just now
+            if value == "abandoned":
+                for rest in range(slot + 1, self.jobs):  # a job coming later finds the round given up
+                    self.store.compare_set(f"{PREFIX}/{n}/claim/{rest}", "", "abandoned")
+                joined = "no receiving job" if not slot else f"only {slot} of the {self.jobs} receiving jobs"
+                raise MeshSpecError(f"weight sync {n}: {joined} joined within {self.timeout} (is it running, "
+                                    f"and given the address {self.address}?); the sending job's weights are untouched")
+            sizes.append(int(value.partition(":")[0]))
+        return self.job_size, tuple(sizes)
+
+    def _claimed(self, n: int, jobs: int, slot: int, deadline: float) -> tuple[tuple[int, ...], int]:
+        """Receiver: every receiving job's size by slot once all slots of round ``n`` are claimed, and
+        this job's first bridge rank after the senders'."""
+        if jobs == 1:
+            return (self.job_size,), 0
+        keys = [f"{PREFIX}/{n}/claim/{j}" for j in range(jobs)]
         try:
-            value = self.store.get(claim).decode()  # waits up to the store's timeout (the link's)
-        except (RuntimeError, dist.DistError):
-            value = self.store.compare_set(claim, "", "abandoned").decode()  # or a claim that came just now
-        if value == "abandoned":
-            raise MeshSpecError(f"weight sync {n}: no receiving job joined within {self.timeout} (is it running, "
-                                f"and given the address {self.address}?); the sending job's weights are untouched")
-        return self.job_size, int(value.partition(":")[0])
+            self.store.wait(keys, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            values = [v.decode() for v in self.store.multi_get(keys)]
+        except (RuntimeError, dist.DistError) as err:
+            raise MeshSpecError(f"weight sync {n}: not every one of the {jobs} receiving jobs joined within "
+                                f"{self.timeout}; this rank's weights are untouched") from err
+        if "abandoned" in values:
+            raise MeshSpecError(f"weight sync {n}: the sending job gave up waiting for its {jobs} receiving jobs "
+                                f"({self.timeout}); this rank's weights are untouched")
+        sizes = tuple(int(v.partition(":")[0]) for v in values)
+        return sizes, sum(sizes[:slot])
 
-    def _claim(self) -> tuple[int, int, int]:
-        """Receiver: claim the next round the senders open (skipping rounds given up or another launch's)."""
+    def _claim(self) -> tuple[int, int, tuple[int, ...], int]:
+        """Receiver: claim a slot of the next round the senders open (skipping rounds given up or
+        claimed by as many receiving jobs as the senders feed); (round, senders, job sizes, offset)."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         n = self._round if self._round is not None else max(0, self.store.add(f"{PREFIX}/opened", 0) - 1)
         mine = f"{self.job_size}:{self._launch}"
         if self._cache is not None:  # synced last round: claim the next one before it opens (one store operation)
-            if self.store.compare_set(f"{PREFIX}/{n}/claim", "", mine).decode() == mine:
+            senders, sizes = self._cache["sizes"]
+            if self.store.compare_set(f"{PREFIX}/{n}/claim/{self._slot}", "", mine).decode() == mine:
                 self._round = n + 1
-                return n, self._cache["sizes"][0], self.job_size
+                return (n, senders) + self._claimed(n, len(sizes), self._slot, deadline)
         while True:
             left = deadline - time.monotonic()
             try:
@@ -437,18 +489,21 @@ class WeightLink:
                     raise RuntimeError("timeout")
                 self.store.wait([f"{PREFIX}/open/{n}"], timedelta(seconds=left))
             except (RuntimeError, dist.DistError) as err:
+                self._lost = True  # (or its store went away): connect again at the next receive()
                 raise MeshSpecError(f"weight sync: no sending job opened a sync within {self.timeout} at "
                                     f"{self.address}; this rank's weights are untouched") from err
-            senders = int(self.store.get(f"{PREFIX}/open/{n}"))
-            if self.store.compare_set(f"{PREFIX}/{n}/claim", "", mine).decode() == mine:
-                self._round = n + 1
-                return n, senders, self.job_size
+            senders, _, jobs = self.store.get(f"{PREFIX}/open/{n}").decode().partition(":")
+            for slot in range(int(jobs)):
+                if self.store.compare_set(f"{PREFIX}/{n}/claim/{slot}", "", mine).decode() == mine:
+                    self._round, self._slot = n + 1, slot
+                    return (n, int(senders)) + self._claimed(n, int(jobs), slot, deadline)
             n += 1
 
     def _arrive(self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False,
                 mark: bool = False):
         def absent(arrived, missing):
             if missing is None:
+                self._lost = self.role == "receiver"
                 return MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending "
                                      "job's rank 0 ended)")
             if not missing:
@@ -490,7 +545,7 @@ class WeightLink:
         return reach
 
     def _prepare(self, agreed: Verdict, records: list[dict], readable: set[tuple[int, int]], digest: str, me: int,
-                 where: str) -> dict:
+                 where: str, jobs: tuple[int, ...]) -> dict:
         senders = sum(rec["side"] == "sender" for rec in records)
         receivers = len(records) - senders
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
@@ -511,7 +566,7 @@ class WeightLink:
             raise MeshSpecError(f"weight sync: the side channel between the jobs could not be built within "
                                 f"{self.timeout}: {err}; no message was sent") from err
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
-        return {"digest": digest, "sizes": (senders, receivers), "buckets": buckets,
+        return {"digest": digest, "sizes": (senders, jobs), "buckets": buckets,
                 "reads": _reads(mine, address, pids, itemsize), "read_pieces": mine, "address": address, "pids": pids,
                 "itemsize": itemsize, "addresses": dict(records[me]["addresses"]),
                 "read_from_me": sync_bytes([p for p in reads if p.src == me], itemsize), "pairs": pairs,

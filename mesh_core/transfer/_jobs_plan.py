@@ -231,21 +231,32 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def verdict(records: Sequence[dict], senders: int) -> Verdict:
+def verdict(records: Sequence[dict], senders: int, jobs: Optional[Sequence[int]] = None) -> Verdict:
     """The agreed parameters, or one :class:`MeshSpecError` (the same on every rank): ``records[b]``
-    is bridge rank ``b``'s (senders first)."""
+    is bridge rank ``b``'s (senders first, then each receiving job's ranks, ``jobs`` their sizes;
+    default: one receiving job). Every receiving job must hold the same parameters (names, shapes,
+    dtypes); their layouts may differ."""
     head = "weight sync refused before any message was sent"
     problems = [f"{who(b, senders)}: {p}" for b, rec in enumerate(records) for p in rec["problems"]]
     if problems:
         raise MeshSpecError(_listing(head, problems))
-    sides = {"sender": list(range(senders)), "receiver": list(range(senders, len(records)))}
+    jobs = list(jobs) if jobs is not None else [len(records) - senders]
+    sides = [("sender", 0, list(range(senders)))]
+    for k, size in enumerate(jobs):
+        start = senders + sum(jobs[:k])
+        sides.append(("receiver" if len(jobs) == 1 else f"receiving job {k}", start, list(range(start, start + size))))
+
+    def params_row(b: int) -> dict:
+        return {f"parameter {n!r}": f"shape {tuple(p['shape'])} {p['dtype']}" for n, p in records[b]["params"].items()}
+
     differ: list[str] = []
-    for side, ranks in sides.items():
-        rows = [{"job size": str(records[b]["job"])} for b in ranks]
-        rows = [dict(row, **{f"parameter {n!r}": f"shape {tuple(p['shape'])} {p['dtype']}" for n, p in records[b]["params"].items()})
-                for row, b in zip(rows, ranks)]
-        job_ranks = [b if side == "sender" else b - senders for b in ranks]
-        differ += [f"{side} job: {d}" for d in differing_fields(rows, job_ranks, absent="<absent>")]
+    for side, start, ranks in sides:
+        rows = [dict({"job size": str(records[b]["job"])}, **params_row(b)) for b in ranks]
+        differ += [f"{side} job: {d}" for d in differing_fields(rows, [b - start for b in ranks], absent="<absent>")]
+    if len(jobs) > 1:  # one model for every receiving job (the wire and landing dtypes are agreed once)
+        firsts = [start for _, start, _ in sides[1:]]
+        differ += [f"receiving jobs (by number): {d}"
+                   for d in differing_fields([params_row(b) for b in firsts], list(range(len(jobs))), absent="<absent>")]
     backends = differing_fields([{"backend": rec["backend"]} for rec in records], list(range(len(records))),
                                 show=str)
     if differ or backends:

@@ -249,3 +249,149 @@ def test_a_receiver_gone_in_the_data_phase_is_not_called_a_sync_without_messages
     error = out["sender"][0]
     assert "weight sync 0 failed in the data phase" in error and "missing: receiver rank 0" in error, error
     assert "the data phase had begun" in error and "no message was sent" not in error, error
+
+
+def test_every_rollout_engine_gets_every_sync_from_one_send():
+    """One sending rank feeding two receiving jobs on one address (jobs=2): a 1-rank job holding
+    whole tensors and a 2-rank tp=2 job; each of the 4 send()s reaches both, bit for bit, with the
+    trainer's version (before: two jobs on one address alternated rounds)."""
+    from mesh_core.transfer import ParamLayout
+
+    address = f"127.0.0.1:{_port()}"
+    full = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
+    layouts = {"w": ParamLayout((8, 6), shard_dim=0)}
+    spec = MeshSpec.build(2, tp=2)
+    versions = [10, 11, 12, 13]
+    got: dict = {}
+    errors: list = []
+
+    def sender() -> None:
+        try:
+            link = WeightLink(address, "sender", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30),
+                              jobs=2)
+            weights = {"w": full.clone()}
+            for v in versions:
+                weights["w"].copy_(full + v)
+                got.setdefault("sender", []).append(link.send(weights, version=v).bytes)
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+
+    def receiver(job: str, rank: int, size: int) -> None:
+        try:
+            link = WeightLink(address, "receiver", rank=rank, world_size=size, secret=SECRET,
+                              timeout=timedelta(seconds=30), launch=job)
+            for _ in versions:
+                shard = torch.zeros(8 // size, 6)
+                stats = link.receive({"w": shard}, layouts=layouts if size > 1 else None,
+                                     spec=spec if size > 1 else None)
+                rows = slice(rank * 8 // size, (rank + 1) * 8 // size)
+                got.setdefault((job, rank), []).append((stats.version, torch.equal(shard, full[rows] + stats.version)))
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=sender), threading.Thread(target=receiver, args=("A", 0, 1)),
+               threading.Thread(target=receiver, args=("B", 0, 2)), threading.Thread(target=receiver, args=("B", 1, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for who in (("A", 0), ("B", 0), ("B", 1)):
+        assert got[who] == [(v, True) for v in versions], (who, got[who])
+    assert got["sender"] == [2 * 8 * 6 * 4] * len(versions)  # one round carries both jobs' bytes
+
+
+def test_a_round_waits_for_every_rollout_engine_or_is_one_clear_error():
+    address = f"127.0.0.1:{_port()}"
+    result: dict = {}
+
+    def sender() -> None:
+        link = WeightLink(address, "sender", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=3), jobs=2)
+        try:
+            link.send({"w": torch.ones(4)})
+        except Exception as err:  # noqa: BLE001
+            result["sender"] = str(err)
+
+    def receiver() -> None:
+        link = WeightLink(address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=10))
+        w = torch.zeros(4)
+        try:
+            link.receive({"w": w})
+        except Exception as err:  # noqa: BLE001
+            result["receiver"] = (str(err), torch.equal(w, torch.zeros(4)))
+
+    threads = [threading.Thread(target=sender), threading.Thread(target=receiver)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert "weight sync 0: only 1 of the 2 receiving jobs joined within 0:00:03" in result["sender"], result
+    assert "the sending job gave up waiting for its 2 receiving jobs" in result["receiver"][0], result
+    assert result["receiver"][1]
+
+
+def test_a_trainer_relaunched_with_another_world_size_is_one_error_then_agreed_anew():
+    """A 4-rank sending job syncs, ends; the receiver's next receive() is the library's error (not
+    torch's network error); a relaunch of 2 ranks on the same address: the next receive() connects
+    again, agrees anew and gets the new job's weights bit for bit."""
+    import gc
+
+    address = f"127.0.0.1:{_port()}"
+    full = torch.arange(8 * 4, dtype=torch.float32).view(8, 4)
+    spec4, spec2 = MeshSpec.build(4, tp=4), MeshSpec.build(2, tp=2)
+    from mesh_core.transfer import ParamLayout
+
+    layouts = {"w": ParamLayout((8, 4), shard_dim=0)}
+    old_gone, receiver_failed = threading.Event(), threading.Event()
+    got: list = []
+    errors: list = []
+    old_links: list = []
+
+    def sender(rank: int, size: int, spec, offset: float) -> None:
+        try:
+            link = WeightLink(address, "sender", rank=rank, world_size=size, secret=SECRET,
+                              timeout=timedelta(seconds=30))
+            rows = slice(rank * 8 // size, (rank + 1) * 8 // size)
+            link.send({"w": full[rows] + offset}, layouts=layouts, spec=spec)
+            if size == 4:
+                old_links.append(link)
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+
+    def receiver() -> None:
+        link = WeightLink(address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30))
+        for step in range(3):
+            if step == 1:
+                old_gone.wait(60)
+            w = torch.zeros(8, 4)
+            try:
+                stats = link.receive({"w": w})
+                got.append((torch.equal(w, full + (1 if step == 0 else 2)), stats.agreed_again))
+            except Exception as err:  # noqa: BLE001
+                got.append(f"{type(err).__name__}: {err}")
+            if step == 1:
+                receiver_failed.set()
+
+    r = threading.Thread(target=receiver)
+    r.start()
+    first = [threading.Thread(target=sender, args=(k, 4, spec4, 1.0)) for k in range(4)]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(timeout=60)
+    for link in old_links:  # the job ends: its links and rank 0's store server go away
+        link.close()
+    old_links.clear()
+    del link
+    gc.collect()
+    old_gone.set()
+    receiver_failed.wait(60)
+    second = [threading.Thread(target=sender, args=(k, 2, spec2, 2.0)) for k in range(2)]
+    for t in second:
+        t.start()
+    for t in second + [r]:
+        t.join(timeout=90)
+    assert not errors, errors
+    assert got[0] == (True, True), got
+    assert got[1].startswith("MeshSpecError: weight sync") and "went away" in got[1], got
+    assert got[2] == (True, True), got
