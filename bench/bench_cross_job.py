@@ -28,6 +28,13 @@ Ratios are per repetition (min / median / max).
 
     python bench/bench_cross_job.py --sizes 16,64,256 --repeat 9                # Megatron split
     python bench/bench_cross_job.py --sizes 16,64,256 --repeat 9 --split rows   # both weights by rows
+
+``--engines K``: instead, the trainer job feeds K rollout jobs (engines, 2 tp ranks each, launched
+as jobs of their own): ``one send`` is one ``send()`` of a link made with ``jobs=K`` reaching every
+engine; ``send per engine`` is K links (one address and port per engine), one ``send()`` each, in
+turn (the workaround before ``jobs=``); both with ``--transport`` (``reads`` or ``gloo``).
+
+    python bench/bench_cross_job.py --engines 2 --sizes 16,64 --repeat 5 --transport gloo
 """
 from __future__ import annotations
 
@@ -237,6 +244,102 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
     dist.destroy_process_group()
 
 
+def _engines_worker(index, ports, sizes, repeat, split, hidden, engines, transport, out):
+    """Trainer ranks 0..TRAINERS-1, then engine k's ranks; one link with jobs=K vs K links."""
+    from mesh_core import MeshSpec
+    from mesh_core.transfer import WeightLink, own_box
+
+    trainer = index < TRAINERS
+    engine, rank = (None, index) if trainer else divmod(index - TRAINERS, ROLLOUTS)
+    size = TRAINERS if trainer else ROLLOUTS
+    if trainer:
+        job_store = dist.TCPStore("127.0.0.1", ports[0], TRAINERS, rank == 0, timeout=timedelta(seconds=120))
+        dist.init_process_group("gloo", store=job_store, rank=rank, world_size=TRAINERS)
+    role = "sender" if trainer else "receiver"
+    common = dict(rank=rank, world_size=size, secret=SECRET, timeout=timedelta(seconds=120), transport=transport)
+    launch = {} if trainer else {"launch": f"engine{engine}"}
+    one = WeightLink(f"127.0.0.1:{ports[1]}", role, jobs=engines if trainer else 1, **common, **launch)
+    each = ([WeightLink(f"127.0.0.1:{ports[2 + k]}", role, **common) for k in range(engines)] if trainer
+            else [WeightLink(f"127.0.0.1:{ports[2 + engine]}", role, **common, **launch)])
+    everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", one.store), index, TRAINERS + engines * ROLLOUTS,
+                                     timedelta(seconds=120))
+    spec = MeshSpec.build(ROLLOUTS, tp=2)
+    results = {}
+    for mb in sizes:
+        shapes = _shapes(mb, hidden)
+        layouts = _layouts(shapes, split)
+        if trainer:
+            params = _partitions(shapes, rank)
+        else:
+            boxes = {n: own_box(spec, layouts[n], rank, n, "destination") for n in shapes}
+            shards = {n: torch.zeros([hi - lo for lo, hi in boxes[n]]) for n in shapes}
+
+        def run_one():
+            one.send(params) if trainer else one.receive(shards, layouts=layouts, spec=spec)
+
+        def run_each():
+            for link in each:
+                link.send(params) if trainer else link.receive(shards, layouts=layouts, spec=spec)
+
+        runs = {"one send": run_one, "send per engine": run_each}
+        for fn in runs.values():  # warm-up: the agreements, the channels
+            fn()
+        times = {m: [] for m in runs}
+        for rep in range(repeat):
+            for method in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+                everyone.allreduce([torch.zeros(1)]).wait()
+                start = time.perf_counter()
+                runs[method]()
+                elapsed = torch.tensor([time.perf_counter() - start])
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = dist.ReduceOp.MAX
+                everyone.allreduce([elapsed], opts).wait()
+                times[method].append(elapsed.item())
+        if not trainer:
+            assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
+        results[mb] = {"bytes": sum(torch.Size(s).numel() * 4 for s in shapes.values()), "times": times}
+        everyone.allreduce([torch.zeros(1)]).wait()
+        for link in [one] + each:
+            link.close()
+        del runs
+    if index == 0:
+        out.put(results)
+    everyone.allreduce([torch.zeros(1)]).wait()
+    time.sleep(0.5 if index == 0 else 0)  # the stores' server (trainer rank 0) outlives the others' last reads
+    if trainer:
+        dist.destroy_process_group()
+
+
+def _engines_main(args, sizes) -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    ports = tuple(_port() for _ in range(2 + args.engines))
+    world = TRAINERS + args.engines * ROLLOUTS
+    procs = [ctx.Process(target=_engines_worker, args=(i, ports, sizes, args.repeat, args.split, args.hidden,
+                                                       args.engines, args.transport, out)) for i in range(world)]
+    for p in procs:
+        p.start()
+    while out.empty():
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            sys.exit("a bench worker failed (its traceback is above)")
+        time.sleep(0.2)
+    results = out.get()
+    for p in procs:
+        p.join()
+    print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> {args.engines} rollout engines (tp=2 jobs of {ROLLOUTS} "
+          f"ranks); transport {args.transport}; {args.split} split; hidden {args.hidden}; {args.repeat} repetitions, "
+          f"seconds = slowest rank; load average {os.getloadavg()[0]:.1f}")
+    print("| model | one send s (median) | send per engine s (median) | send per engine ÷ one send |")
+    print("|---|---|---|---|")
+    for mb, res in results.items():
+        t = res["times"]
+        print(f"| {res['bytes'] / 1e6:.1f} MB | {statistics.median(t['one send']):.4f} | "
+              f"{statistics.median(t['send per engine']):.4f} | "
+              f"{_mmm([e / o for e, o in zip(t['send per engine'], t['one send'])])} |")
+
+
 def _expected(shapes, name, box):
     i = list(shapes).index(name)
     numel = torch.Size(shapes[name]).numel()
@@ -263,8 +366,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=HIDDEN,
                         help="the blocks' hidden size h: each weight is 4h x h fp32 (512: 4 MiB, a ~65M-parameter "
                              "model's; 2048: 64 MiB, a 7B model's MLP weight in bf16 is 90-140 MB)")
+    parser.add_argument("--engines", type=int, default=0,
+                        help="K >= 2: compare one send() feeding K rollout engines with one send() per engine")
+    parser.add_argument("--transport", choices=("reads", "gloo"), default="reads", help="with --engines")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.engines:
+        return _engines_main(args, sizes)
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     ports = (_port(), _port(), _port(), _port())

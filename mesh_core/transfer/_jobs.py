@@ -15,8 +15,8 @@ agreement), it reads its boxes straight from the sender's host tensors instead
 Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met by one
 :meth:`WeightLink.receive` (each rank of the receiving job):
 
-1. sender rank 0 opens round ``n``; the receiving job claims it (atomically: a round is claimed by
-   one launch of the receiving job, or given up by the senders after ``timeout``);
+1. sender rank 0 opens round ``n``; each receiving job claims one of its ``jobs`` slots (atomically:
+   a slot is claimed by one launch of a receiving job, or given up by the senders after ``timeout``);
 2. one agreement through the store (:mod:`mesh_core.transfer._jobs_plan`): every rank's record of
    what it holds or needs (names, shapes, dtypes, devices, boxes) and its own problems; any problem
    or disagreement is the same :class:`~mesh_core.MeshSpecError` on every rank of both jobs, before
