@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from .. import torch_compat
-from ..rendezvous import arrive, forget
+from ..rendezvous import ROUND_KEYS, arrive, forget
 from ..spec import MeshSpec, MeshSpecError
 from ._in_job import ParamLayout, check_tensors, own_box
 from ._agree import dtype_name, dtype_of
@@ -182,6 +182,7 @@ class WeightLink:
                                   else "")
         self._round = None if role == "receiver" else 0
         self._members = 0  # sender rank 0: how many ranks the last round it forgot had
+        self._clean: Optional[int] = None  # sender rank 0: its last round, when cached and nothing moved
         self.jobs = jobs  # receiving jobs each send() feeds
         self._slot = 0  # a receiving job's claim slot in its last round
         self._lost = False  # a receiver whose store went away: it connects again at its next receive()
@@ -278,8 +279,6 @@ class WeightLink:
                 self._store_op(n, lambda: self.store.append(f"{where}/moved", table + "\n"))
         arrival = self._arrive(f"{where}/agree", members, senders, n, me, flag=stale, mark=moved)
         again = arrival.flagged > 0
-        if sending and self.rank == 0:  # every rank of both jobs is past the previous round
-            self._forget(n - 1, len(members))
         version = n if self._version is None else self._version
         if moved and not again:
             cache["addresses"] = addresses
@@ -313,6 +312,9 @@ class WeightLink:
         except Exception as err:  # a peer died or its channel broke: every rank hears of it below
             failure = err
         data_seconds = time.perf_counter() - data_start
+        if sending and self.rank == 0:  # every rank of both jobs is past the previous round; while the
+            self._forget(n - 1, len(members))  # receivers still read or place, before the closing arrival
+            self._clean = n if failure is None and not again and not arrival.marked else None
         self._close_round(f"{where}/done", members, senders, n, me, failure)
         self.partial = False
         read = cache["read_from_me"] if sending else cache["reads"].nbytes
@@ -411,18 +413,22 @@ class WeightLink:
         return version
 
     def _forget(self, n: int, members: int) -> None:
-        """Sender rank 0: delete round ``n``'s keys (a round given up included), so the store stays bounded."""
+        """Sender rank 0: delete round ``n``'s keys (a round given up included), so the store stays
+        bounded; after a cached round without moved tensors, only the keys such a round writes."""
         if n < 0:
             return
         where = f"{PREFIX}/{n}"
-        keys = [f"{PREFIX}/open/{n}", f"{where}/moved", f"{where}/version"]
-        keys += [f"{where}/claim/{slot}" for slot in range(self.jobs)]
-        keys += [f"{where}/{kind}/{b}" for kind in ("record", "reach") for b in range(max(members, self._members))]
+        keys = [f"{PREFIX}/open/{n}", f"{where}/version"] + [f"{where}/claim/{slot}" for slot in range(self.jobs)]
+        phases: tuple[str, ...] = ("agree", "done")
+        if self._clean != n:
+            keys.append(f"{where}/moved")
+            keys += [f"{where}/{kind}/{b}" for kind in ("record", "reach") for b in range(max(members, self._members))]
+            phases += ("published", "reached")
         try:
             for key in keys:
                 self.store.delete_key(key)
-            for phase in ("agree", "published", "reached", "done"):
-                forget(self.store, f"{where}/{phase}")
+            for phase in phases:
+                forget(self.store, f"{where}/{phase}", ("who", "arrived", "state") if self._clean == n else ROUND_KEYS)
         except (RuntimeError, dist.DistError):  # the store is gone: the round's own error says so
             pass
         self._members = members
