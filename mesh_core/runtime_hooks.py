@@ -15,7 +15,8 @@ from the mesh.
   :data:`SECTION_SOURCE`, :func:`autotp_off`), an mpu's spec (:func:`mpu_spec`), the HSDP test
   (:func:`is_hsdp`, :data:`HPZ_DIMS`, :func:`hpz_rank_lists`), the legacy errors DeepSpeed raises
   (:class:`NoSequenceParallelGroupError`, :class:`NoPipelineGroupError`), the absent-rank hints
-  (:func:`add_hint`, :func:`remove_hint`, :func:`announce_builder`, :func:`ranks_text`) and
+  (:func:`add_hint`, :func:`remove_hint`, :func:`announce_builder`, :func:`ranks_text`), the shorter
+  wait for ranks that announced nothing (:func:`set_quiet_bound`: the shim's own agreement bound) and
   DeepSpeed's coordinate equality (:func:`exact_int`);
 - communicators that step aside (colocated RL): :func:`release_communicators`,
   :func:`resume_communicators`, :class:`ReleaseRecord`, :data:`STEP_ASIDE_ATTR` and the reference
@@ -29,7 +30,7 @@ Users build and query meshes through :mod:`mesh_core`'s own names; these are for
 """
 from __future__ import annotations
 
-from .absence import add_hint, remove_hint
+from .absence import add_hint, remove_hint, set_quiet_bound
 from .config import SECTION_SOURCE, autotp_off, layout_sources
 from .consistency import announce_builder
 from .expert_table import ExpertGroupsNotBuilt, expert_groups_name
@@ -118,4 +119,5 @@ __all__ = [
     "release_hpz_groups",
     "remove_hint",
     "serve_process_experts",
+    "set_quiet_bound",
 ]
