@@ -138,7 +138,7 @@ AGREE_S = 5  # the shim's own bound in these tests (60 s by default)
 LONG_TIMEOUT_S = 600  # the process-group timeout, far beyond it
 
 
-@pytest.mark.parametrize("shim_rank", [0, 1])
+@pytest.mark.parametrize("shim_rank", [pytest.param(0, marks=pytest.mark.slow), 1])  # 1: the store's rank forgot
 def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_process_group_timeout(tmp_path, shim_rank):
     """2 ranks, one without DS_MESH, a 10-minute process-group timeout: the shim rank names the plain one
     after DS_MESH_AGREE_TIMEOUT (5 s here), also when the plain rank is rank 0, whose process holds the
