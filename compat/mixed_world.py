@@ -92,7 +92,8 @@ def hint(error: AbsentRanksError) -> Optional[str]:
         waited += f" ({AGREE_ENV}; raise it if {they} {'does' if one else 'do'} but {start} far later than the others)"
     return (f"Likely cause: {ranks_text(error.quiet, 'rank')} {runs} DeepSpeed without the ds-mesh shim ({it} built no "
             f"mesh in this world, and did not say within {waited} that {they} {runs} the shim): DS_MESH=1 is not set "
-            f"in {its} environment, or the start-up hook is not installed on {its} node. " + HOW_TO_SET)
+            f"in {its} environment, the start-up hook is not installed on {its} node, or the shim could not be "
+            f"installed there (the node's first rank says why). " + HOW_TO_SET)
 
 
 def announce() -> None:

@@ -44,7 +44,8 @@ def test_the_hint_speaks_of_one_rank_in_the_singular():
     assert text.startswith("Likely cause: rank 1 runs DeepSpeed without the ds-mesh shim (it has built no mesh in "
                            "this world, and did not say within 60 s (DS_MESH_AGREE_TIMEOUT; raise it if it does but "
                            "starts far later than the others) that it runs the shim): DS_MESH=1 is not set in its "
-                           "environment, or the start-up hook is not installed on its node."), text
+                           "environment, the start-up hook is not installed on its node, or the shim could not be "
+                           "installed there (the node's first rank says why)."), text
 
 
 def test_the_hint_speaks_of_several_ranks_in_the_plural_and_names_the_bound_only_when_it_gave_up(monkeypatch):
@@ -52,7 +53,8 @@ def test_the_hint_speaks_of_several_ranks_in_the_plural_and_names_the_bound_only
     text = mixed_world.hint(_error([2, 3], [2, 3], timeout=timedelta(seconds=20)))  # the process-group timeout
     assert text.startswith("Likely cause: ranks 2..3 run DeepSpeed without the ds-mesh shim (they have built no mesh "
                            "in this world, and did not say within 20 s that they run the shim): DS_MESH=1 is not set "
-                           "in their environment, or the start-up hook is not installed on their node."), text
+                           "in their environment, the start-up hook is not installed on their node, or the shim "
+                           "could not be installed there (the node's first rank says why)."), text
     assert mixed_world.hint(_error([2, 3], [])) is None  # they build meshes: another layout, or late
 
 
