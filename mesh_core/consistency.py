@@ -205,7 +205,8 @@ def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[
             f"rank {rank} could not finish the check of {spec.describe()}: the store went away (the process that "
             "held it ended, most likely with the error of this check: see that rank's message, which names the "
             "missing ranks); some members did not start checking the mesh within "
-            f"{timeout}, or the store's process failed for another reason"
+            f"{timeout if bound is None else f'{bound} (ranks that had built no mesh) or {timeout} (the others)'}, "
+            "or the store's process failed for another reason"
         )
     elif missing:
         of_those = "of those, " if quiet != missing else ""

@@ -136,3 +136,10 @@ def test_deep_asks_torch_and_deepspeed(monkeypatch):
     check = doctor.check_deep()
     assert check["status"] == doctor.OK and check["deepspeed_accelerator"] == "cpu"
     assert check["deepspeed_backend"] in ("gloo", "ccl") and check["torch_cuda_available"] in (True, False)
+
+
+@pytest.mark.parametrize("gpus, text", [(0, "no NVIDIA GPUs visible"), (1, "1 NVIDIA GPU visible"),
+                                        (8, "8 NVIDIA GPUs visible")])
+def test_the_accelerator_line_counts_gpus_in_words(gpus, text):
+    line = doctor.check_accelerator({"cuda": "12.8", "hip": None}, gpus, environ={})["detail"]
+    assert text in line and "(s)" not in line, line

@@ -155,3 +155,13 @@ def test_a_quiet_bound_of_none_or_longer_than_the_timeout_leaves_the_timeout(sto
             with pytest.raises(AbsentRanksError) as caught:
                 _check(MeshSpec.build(2, tp=2))
         assert caught.value.timeout == SHORT and "later than the process-group timeout" in str(caught.value)
+
+
+def test_a_store_that_went_away_under_a_quiet_bound_names_both_waits(monkeypatch, quiet_bound):
+    gone = _GoneAfterWait(dist.HashStore())
+    monkeypatch.setattr(c10d, "_get_default_store", lambda: gone)
+    quiet_bound(lambda: timedelta(seconds=0.1))
+    with fake_world(1, 2):
+        with pytest.raises(AbsentRanksError, match="the store went away") as caught:
+            _check(MeshSpec.build(2, tp=2))
+    assert "within 0:00:00.100000 (ranks that had built no mesh) or 0:00:00.200000 (the others)" in str(caught.value)
