@@ -87,11 +87,13 @@ def hint(error: AbsentRanksError) -> Optional[str]:
     one = len(error.quiet) == 1
     runs, it, they, its, start = (("runs", "it has", "it", "its", "starts") if one else
                                   ("run", "they have", "they", "their", "start"))
-    waited = f"{error.timeout.total_seconds():g} s"
+    knob = ""
     if agree_bound() == error.timeout:  # the shim's own bound gave up, not the process-group timeout
-        waited += f" ({AGREE_ENV}; raise it if {they} {'does' if one else 'do'} but {start} far later than the others)"
+        knob = (f"; {AGREE_ENV} sets that wait: raise it if {they} {'does' if one else 'do'} run the shim but {start} "
+                "far later than the others")
     return (f"Likely cause: {ranks_text(error.quiet, 'rank')} {runs} DeepSpeed without the ds-mesh shim ({it} built no "
-            f"mesh in this world, and did not say within {waited} that {they} {runs} the shim): DS_MESH=1 is not set "
+            f"mesh in this world, and did not say within {error.timeout.total_seconds():g} s that {they} {runs} the "
+            f"shim{knob}): DS_MESH=1 is not set "
             f"in {its} environment, the start-up hook is not installed on {its} node, or the shim could not be "
             f"installed there (the node's first rank says why). " + HOW_TO_SET)
 

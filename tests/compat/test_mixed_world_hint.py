@@ -42,8 +42,9 @@ def test_a_bound_that_is_no_positive_number_is_reported_once_and_the_default_use
 def test_the_hint_speaks_of_one_rank_in_the_singular():
     text = mixed_world.hint(_error([1], [1]))
     assert text.startswith("Likely cause: rank 1 runs DeepSpeed without the ds-mesh shim (it has built no mesh in "
-                           "this world, and did not say within 60 s (DS_MESH_AGREE_TIMEOUT; raise it if it does but "
-                           "starts far later than the others) that it runs the shim): DS_MESH=1 is not set in its "
+                           "this world, and did not say within 60 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets "
+                           "that wait: raise it if it does run the shim but starts far later than the others): "
+                           "DS_MESH=1 is not set in its "
                            "environment, the start-up hook is not installed on its node, or the shim could not be "
                            "installed there (the node's first rank says why)."), text
 

@@ -157,6 +157,6 @@ def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_proc
             "no mesh within 0:00:05") in message, message
     assert "up to the process-group timeout, 0:10:00" in message, message
     assert (f"Likely cause: rank {plain} runs DeepSpeed without the ds-mesh shim (it has built no mesh in this world, "
-            "and did not say within 5 s (DS_MESH_AGREE_TIMEOUT; raise it if it does but starts far later than the "
-            "others) that it runs the shim): DS_MESH=1 is not set in its environment, the start-up hook is not "
-            "installed on its node, or the shim could not be installed there") in message, message
+            "and did not say within 5 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets that wait: raise it if it "
+            "does run the shim but starts far later than the others): DS_MESH=1 is not set in its environment, the "
+            "start-up hook is not installed on its node, or the shim could not be installed there") in message, message
