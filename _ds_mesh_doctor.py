@@ -175,7 +175,8 @@ def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None) 
     backend = {"cuda": "nccl", "cpu": "gloo"}.get(accelerator, "the accelerator's")
     nccl = next(filter(None, (installed_version(f"nvidia-nccl-cu{v}") for v in (13, 12, 11))), None)
     torch_kind = f"CUDA {build['cuda']}" if build.get("cuda") else f"ROCm {build['hip']}" if build.get("hip") else "CPU"
-    detail = (f"torch is a {torch_kind} build; {gpus or 'no'} NVIDIA GPU{'' if gpus == 1 else 's'} visible; accelerator {accelerator}"
+    gpu_count = f"{gpus or 'no'} NVIDIA GPU{'' if gpus == 1 else 's'}"
+    detail = (f"torch is a {torch_kind} build; {gpu_count} visible; accelerator {accelerator}"
               f"{' (DS_ACCELERATOR)' if chosen else ''}, backend {backend}" + (f"; NCCL {nccl}" if nccl else ""))
     status = OK
     if accelerator == "cuda" and not build.get("cuda"):

@@ -28,7 +28,8 @@ def describe(spec: MeshSpec) -> str:
     if len(spec.ranks) == spec.world_size:
         text += f"; all {spec.world_size} ranks" if spec.world_size > 1 else "; the world's one rank"
     else:
-        text += f"; rank{'s' if len(spec.ranks) > 1 else ''} {_span(spec.ranks)} of {spec.world_size} (a sub-world engine)"
+        noun = "ranks" if len(spec.ranks) > 1 else "rank"
+        text += f"; {noun} {_span(spec.ranks)} of {spec.world_size} (a sub-world engine)"
     return text + "; engine.mesh_device holds it"
 
 

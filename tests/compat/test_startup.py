@@ -199,7 +199,8 @@ def test_the_shim_takes_the_place_of_the_hooks_watcher_and_uninstall_puts_it_bac
 
 
 @pytest.mark.parametrize("environ, rank, local", [
-    ({}, 0, 0), ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1), ({"RANK": " ", "SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),
+    ({}, 0, 0), ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1),
+    ({"RANK": " ", "SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),
     ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 7, 0), ({"PMI_RANK": "x"}, 0, 0),
 ])
 def test_the_hooks_warnings_know_the_rank_from_every_launchers_variables(environ, rank, local):
