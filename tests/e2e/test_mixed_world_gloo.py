@@ -4,6 +4,8 @@ started as a node's launcher starts them, ranks 0..1 with ``DS_MESH=1`` and the 
 AutoTP (tp=2) or pipeline (pp=2) script. Every shim rank fails with one error naming the missing
 ranks and ``DS_MESH``; every rank has exited within the process-group timeout plus 30 s of the
 moment the last rank's process group was up (a hang guard: the test kills what is left and fails).
+With a 10-minute process-group timeout and ``DS_MESH_AGREE_TIMEOUT=5``, one rank without ``DS_MESH``
+(rank 0, the store's, or another) is named by every shim rank after the shim's own bound.
 """
 from __future__ import annotations
 
@@ -138,25 +140,33 @@ AGREE_S = 5  # the shim's own bound in these tests (60 s by default)
 LONG_TIMEOUT_S = 600  # the process-group timeout, far beyond it
 
 
-@pytest.mark.parametrize("shim_rank", [pytest.param(0, marks=pytest.mark.slow), 1])  # 1: the store's rank forgot
-def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_process_group_timeout(tmp_path, shim_rank):
-    """2 ranks, one without DS_MESH, a 10-minute process-group timeout: the shim rank names the plain one
+@pytest.mark.parametrize("world, shim_ranks", [
+    (2, (1,)),  # the store's rank (0) forgot DS_MESH
+    pytest.param(2, (0,), marks=pytest.mark.slow),
+    pytest.param(4, (1, 2, 3), marks=pytest.mark.slow),  # several shim ranks, each names rank 0
+])
+def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_process_group_timeout(
+        tmp_path, world, shim_ranks):
+    """One rank without DS_MESH, a 10-minute process-group timeout: every shim rank names the plain one
     after DS_MESH_AGREE_TIMEOUT (5 s here), also when the plain rank is rank 0, whose process holds the
-    store. The run fails unless the shim rank has exited well before the process-group timeout (its
-    start-up, the bound and a grace), and its message says which wait ran out. The plain rank runs no
+    store. The run fails unless the shim ranks have exited well before the process-group timeout (their
+    start-up, the bound and a grace), and each message says which wait ran out. The plain rank runs no
     ds-mesh code: the test ends it (docs/multinode.md says what bounds it)."""
-    plain = 1 - shim_rank
-    results = run_mixed(tmp_path, "autotp", LONG_TIMEOUT_S, shim_ranks=(shim_rank,), wait_for=(shim_rank,), world=2,
+    (plain,) = set(range(world)) - set(shim_ranks)
+    arrived = f"rank {shim_ranks[0]}" if len(shim_ranks) == 1 else f"ranks {shim_ranks[0]}..{shim_ranks[-1]}"
+    results = run_mixed(tmp_path, "autotp", LONG_TIMEOUT_S, shim_ranks=shim_ranks, wait_for=shim_ranks, world=world,
                         agree_s=AGREE_S, deadline_s=AGREE_S + 3 * GRACE_S)
-    log = results[shim_rank]["log"]
-    errors = re.findall(r"^(?:\[rank\d\]: )?(\S*AbsentRanksError): (.*)$", log, re.M)
-    assert len(errors) == 1 and results[shim_rank]["rc"] != 0, log[-4000:]
-    message = errors[0][1]
-    assert (f"started checking it within 0:00:05 (arrived: rank {shim_rank}; missing: rank {plain}; rank {plain} "
-            "built no mesh at all in this world); the missing rank builds a different mesh (or none), or has started "
-            "no mesh within 0:00:05") in message, message
-    assert "up to the process-group timeout, 0:10:00" in message, message
-    assert (f"Likely cause: rank {plain} runs DeepSpeed without the ds-mesh shim (it has built no mesh in this world, "
-            "and did not say within 5 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets that wait: raise it if it "
-            "does run the shim but starts far later than the others): DS_MESH=1 is not set in its environment, the "
-            "start-up hook is not installed on its node, or the shim could not be installed there") in message, message
+    for rank in shim_ranks:
+        log = results[rank]["log"]
+        errors = re.findall(r"^(?:\[rank\d\]: )?(\S*AbsentRanksError): (.*)$", log, re.M)
+        assert len(errors) == 1 and results[rank]["rc"] != 0, log[-4000:]
+        message = errors[0][1]
+        assert (f"started checking it within 0:00:05 (arrived: {arrived}; missing: rank {plain}; rank {plain} "
+                "built no mesh at all in this world); the missing rank builds a different mesh (or none), or has "
+                "started no mesh within 0:00:05") in message, message
+        assert "up to the process-group timeout, 0:10:00" in message, message
+        assert (f"Likely cause: rank {plain} runs DeepSpeed without the ds-mesh shim (it has built no mesh in this "
+                "world, and did not say within 5 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets that wait: raise "
+                "it if it does run the shim but starts far later than the others): DS_MESH=1 is not set in its "
+                "environment, the start-up hook is not installed on its node, or the shim could not be installed "
+                "there") in message, message
