@@ -67,6 +67,12 @@ reports it (``"cuda:nccl"`` → cuda; a host backend — gloo, fake, mpi — →
 never ``"cpu"`` on a world whose backend runs on an accelerator. On an unbound accelerator world the
 index is the rank's own (:func:`own_device_index`: ``LOCAL_RANK`` until the process selects a device),
 not the current device every process starts on.
+
+Also exported: :data:`OLDEST` / :data:`NEWEST` (the range's ends; tests/compat/test_releases.py),
+:data:`SPLIT_GROUP_ENTRY` (wrapped by compat.group_trace, as :data:`NEW_GROUP_ENTRY` is),
+:class:`UnsupportedSettingError` (what :func:`check_settings` raises), :func:`is_non_member` (a
+creation's "not in the group" answer, mesh_core.registry) and :func:`torch_release` (the installed
+release, tests/gpu). tests/test_structure.py holds the count of this face's names.
 """
 from __future__ import annotations
 
@@ -103,7 +109,6 @@ __all__ = [
     "flatten_dense_tensors",
     "group_name",
     "is_non_member",
-    "launcher_local_rank",
     "own_device_index",
     "split_group",
     "torch_release",
@@ -218,12 +223,12 @@ def group_name(name: str) -> str:
 
 def process_group_namer() -> Callable[..., str]:
     """torch's current ``distributed_c10d._process_group_name`` (what names every new group)."""
-    return c10d._process_group_name  # type: ignore[attr-defined]
+    return c10d._process_group_name  # type: ignore[attr-defined, unused-ignore]
 
 
 def set_process_group_namer(namer: Callable[..., str]) -> None:
     """Replace ``distributed_c10d._process_group_name`` (looked up by ``_new_group_with_tag`` per call)."""
-    c10d._process_group_name = namer  # type: ignore[attr-defined]
+    c10d._process_group_name = namer  # type: ignore[attr-defined, assignment, unused-ignore]
 
 
 # --- the default group ----------------------------------------------------------------------------
@@ -232,7 +237,7 @@ def default_group() -> dist.ProcessGroup:
     return c10d._get_default_group()
 
 
-def default_store() -> dist.Store:
+def default_store() -> c10d.Store:
     """The default group's store."""
     return c10d._get_default_store()
 
@@ -267,7 +272,8 @@ _THREAD_VIEW = _ThreadBoundDevice()
 
 def _real_bound_device(group: dist.ProcessGroup) -> Optional[torch.device]:
     if _REAL_BOUND_DEVICE is not None and isinstance(group, dist.ProcessGroup):
-        return _REAL_BOUND_DEVICE.__get__(group, type(group))
+        device: Optional[torch.device] = _REAL_BOUND_DEVICE.__get__(group, type(group))
+        return device
     return getattr(group, "bound_device_id", None)
 
 
@@ -296,7 +302,7 @@ def unbound_default_group() -> Iterator[Optional[torch.device]]:
         return
     with _HIDING_LOCK:
         if _hiders == 0:
-            dist.ProcessGroup.bound_device_id = _THREAD_VIEW  # type: ignore[misc]
+            dist.ProcessGroup.bound_device_id = _THREAD_VIEW  # type: ignore[method-assign, assignment, misc, unused-ignore]
         _hiders += 1
     _hiding.world = world
     try:
@@ -306,7 +312,7 @@ def unbound_default_group() -> Iterator[Optional[torch.device]]:
         with _HIDING_LOCK:
             _hiders -= 1
             if _hiders == 0:
-                dist.ProcessGroup.bound_device_id = _REAL_BOUND_DEVICE  # type: ignore[misc]
+                dist.ProcessGroup.bound_device_id = _REAL_BOUND_DEVICE  # type: ignore[method-assign, misc, unused-ignore]
 
 
 def _backend(group: dist.ProcessGroup, device: torch.device) -> Any:
@@ -323,7 +329,8 @@ def backend_supports_splitting(group: dist.ProcessGroup, device: torch.device) -
 
 def backend_timeout(group: dist.ProcessGroup, device: torch.device) -> timedelta:
     """The timeout of ``group``'s backend for ``device`` (AttributeError/RuntimeError where it has none)."""
-    return _backend(group, device).options._timeout
+    timeout: timedelta = _backend(group, device).options._timeout
+    return timeout
 
 
 def backend_initialised(group: dist.ProcessGroup, device: torch.device) -> Optional[bool]:
@@ -480,21 +487,23 @@ def flatten_dense_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``torch._utils._flatten_dense_tensors``: one contiguous 1-D tensor of ``tensors``."""
     from torch._utils import _flatten_dense_tensors
 
-    return _flatten_dense_tensors(tensors)
+    flat: torch.Tensor = _flatten_dense_tensors(tensors)  # type: ignore[no-untyped-call, unused-ignore]
+    return flat
 
 
 def unflatten_dense_tensors(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
     """``torch._utils._unflatten_dense_tensors``: views of ``flat`` shaped like ``tensors``."""
     from torch._utils import _unflatten_dense_tensors
 
-    return _unflatten_dense_tensors(flat, tensors)
+    views: Sequence[torch.Tensor] = _unflatten_dense_tensors(flat, tensors)  # type: ignore[no-untyped-call, unused-ignore]
+    return views
 
 
 def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
     """``targets[i].copy_(sources[i])``: in one ``torch._foreach_copy_`` call when every tensor is on one
     device, else (a GPU region staged through host memory) one synchronous ``copy_`` each."""
     if targets and all(t.device == targets[0].device for t in (*targets, *sources)):
-        torch._foreach_copy_(targets, sources)
+        torch._foreach_copy_(list(targets), list(sources))
         return
     for target, source in zip(targets, sources):
         target.copy_(source)

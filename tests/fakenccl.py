@@ -255,7 +255,6 @@ def nccl_world(
         # creations: what each costs on NCCL
         real_new = c10d._new_group_with_tag
         real_new_group = c10d.new_group
-        real_barrier = c10d._store_based_barrier
         in_flight = [0, 0]  # creations, barriers
         inside_split = threading.local()
         lock = threading.Lock()

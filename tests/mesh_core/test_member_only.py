@@ -15,7 +15,6 @@ from torch.distributed import distributed_c10d as c10d
 import mesh_core.registry as registry_mod
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec
-from mesh_core.runtime_hooks import registry_for_world
 from mesh_core.registry import (
     CreationInputs,
     CreationPath,
