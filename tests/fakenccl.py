@@ -47,6 +47,15 @@ What else a GPU world does and the harness models (each a hazard the tests play)
 - ``init_barrier=True`` (``TORCH_DIST_INIT_BARRIER=1``): a member-only creation ends in a barrier
   among its members that takes ``creation_s`` (counted in :attr:`RankLog.max_concurrent_barriers`).
 
+- **the NCCL engine** (``engine=``: ``"nccl"``, stock ProcessGroupNCCL, by default, the one ds-mesh
+  runs on, which 2.15 builds with ``TORCH_DIST_USE_NCCL2=0``; ``"auto"``: what ``init_process_group
+  ("nccl")`` builds on the release with this process's ``TORCH_DIST_USE_NCCL2``: nccl2 on 2.15 unless
+  it is ``0``, on 2.14 only when it is ``1``, never before): on
+  ``"nccl2"`` the world's backend object is what ``distributed_c10d.ProcessGroupNCCL2`` names (the
+  class ds-mesh recognises it by) and the world is bound whatever ``bound`` says, to
+  ``cuda:LOCAL_RANK % device_count`` (``_nccl2_device``); ``"nccl-lazy"`` likewise with
+  ``ProcessGroupNCCLLazy``; ``"nccl"`` is stock ProcessGroupNCCL.
+
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
 and check the contract. ``creation_s`` makes each creation take that long (thread tests).
 ``split_non_member`` overrides what ``split_group`` returns to a rank in none of the splits (by
@@ -82,6 +91,7 @@ class NcclOptions:
     """What ``ProcessGroupNCCL.Options`` offers the project (deep-copyable, like the real one)."""
 
     _timeout: timedelta = timedelta(minutes=10)
+    simulate_uniform_ranks: bool = False  # read by torch 2.15's fake backend at every subgroup creation
 
 
 @dataclasses.dataclass
@@ -169,6 +179,7 @@ def nccl_world(
     release: Optional[str] = None,
     torchcomms: bool = False,
     init_barrier: bool = False,
+    engine: str = "nccl",
 ) -> Iterator[RankLog]:
     """Rank ``rank`` of a fake world of ``world_size`` that torch reports as NCCL (module docstring).
     ``release`` ("2.6", "2.10", "2.14", …): the torch release whose naming, split and version the
@@ -190,6 +201,13 @@ def nccl_world(
 
         if release is not None:
             patch(torch, "__version__", torch.torch_version.TorchVersion(f"{release}.0" if release.count(".") == 1 else release))
+        engine = default_engine(rel) if engine == "auto" else engine
+        for kind, class_name in (("nccl2", "ProcessGroupNCCL2"), ("nccl-lazy", "ProcessGroupNCCLLazy")):
+            # the class torch's engine has (absent before 2.14): the world's backend is one when it plays it
+            patch(c10d, class_name, backend_type if engine == kind else type(f"Real{class_name}", (), {}))
+        if engine in ("nccl2", "nccl-lazy"):  # _nccl2_device: every world bound, to LOCAL_RANK % device_count
+            bound = True
+            local = local % max(world_size, 1)  # ``local_rank`` plays the launcher's LOCAL_RANK (default: the rank)
         # torch's answers on an NCCL world
         for module in (dist, c10d):
             patch(module, "get_backend", lambda group=None: "nccl")
@@ -420,6 +438,14 @@ def nccl_world(
             yield log
         finally:
             log.group_count = c10d._world.group_count
+
+
+def default_engine(release: tuple[int, int]) -> str:
+    """What ``init_process_group("nccl")`` builds on ``release`` with this process's ``TORCH_DIST_USE_NCCL2``."""
+    setting = os.environ.get("TORCH_DIST_USE_NCCL2")
+    if release >= (2, 15):
+        return "nccl" if setting == "0" else "nccl2"
+    return "nccl2" if release >= (2, 14) and setting == "1" else "nccl"
 
 
 @contextlib.contextmanager

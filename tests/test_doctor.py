@@ -109,7 +109,7 @@ def doctor_on(monkeypatch, tmp_path, torch_version: str) -> tuple[int, str]:
     return doctor.main([], out=out), out.getvalue()
 
 
-@pytest.mark.parametrize("torch_version", ["2.14.1"])
+@pytest.mark.parametrize("torch_version", ["2.14.1", "2.15.0+cu132"])
 def test_filelock_leftover_beside_a_built_op_is_ready(monkeypatch, tmp_path, torch_version):
     """torch >= 2.14 builds under filelock.FileLock, which leaves the empty ``lock`` after every build."""
     left_lock(built(tmp_path), 10)
@@ -117,7 +117,7 @@ def test_filelock_leftover_beside_a_built_op_is_ready(monkeypatch, tmp_path, tor
     assert code == 0 and "[OK  ] shm op: deepspeed_shm_comm built" in text and "stale" not in text, text
 
 
-@pytest.mark.parametrize("torch_version", ["2.14.1"])
+@pytest.mark.parametrize("torch_version", ["2.14.1", "2.15.0"])
 def test_a_held_filelock_is_building_however_old(monkeypatch, tmp_path, torch_version):
     from filelock import FileLock  # what torch >= 2.14's _jit_compile holds around the build
 
@@ -163,7 +163,7 @@ def test_a_build_the_next_run_redoes_is_named(monkeypatch, tmp_path):
     os.utime(directory / f"{doctor.SHM_OP}.so")  # built after the sources and torch's headers
     assert doctor.shm_op_state(str(directory))["state"] == "built"
     ninja_file(directory, "/other/venv/lib/python3.11/site-packages/torch", here_ds)
-    code, text = doctor_on(monkeypatch, tmp_path, "2.14.1")
+    code, text = doctor_on(monkeypatch, tmp_path, "2.15.0")
     assert code == 0, text
     assert (f"[OK  ] shm op: deepspeed_shm_comm is built in {directory} but the next DeepSpeed run on CPU builds it "
             "again") in text

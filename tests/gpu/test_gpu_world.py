@@ -22,7 +22,7 @@ import gpu_world  # noqa: E402
 
 
 @pytest.mark.parametrize("version", ["2.6.0", "2.6.0+cu124", "2.6.1", "2.7.0", "2.7.0+cu126", "2.7.1", "2.8.0+cu128",
-                                     "2.13.0", "2.14.1+cu130"])
+                                     "2.13.0", "2.14.1+cu130", "2.15.0+cu132"])
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_the_run_binds_exactly_where_deepspeed_binds(monkeypatch, version, world_size):
     import deepspeed  # noqa: F401
