@@ -160,6 +160,7 @@ def test_a_rebuild_for_another_venv_is_said_before_it_ends(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shm_build
 def test_a_run_after_the_build_runs_and_the_doctor_is_ready(tmp_path):
     """Two DS_MESH jobs in a row on one extensions directory: the first builds the op (on torch >= 2.14
     it leaves filelock's empty lock), the second loads it; then ``mesh doctor`` is ready. (Minutes.)"""
