@@ -54,7 +54,10 @@ What else a GPU world does and the harness models (each a hazard the tests play)
   ``"nccl2"`` the world's backend object is what ``distributed_c10d.ProcessGroupNCCL2`` names (the
   class ds-mesh recognises it by) and the world is bound whatever ``bound`` says, to
   ``cuda:LOCAL_RANK % device_count`` (``_nccl2_device``); ``"nccl-lazy"`` likewise with
-  ``ProcessGroupNCCLLazy``; ``"nccl"`` is stock ProcessGroupNCCL.
+  ``ProcessGroupNCCLLazy``; ``"nccl"`` is stock ProcessGroupNCCL;
+- **``ProcessGroupNCCL.Options.lazy_init``** (:class:`NcclOptions`, ``release >= 2.15``): a creation
+  with it is no split (non-members do nothing), and on nccl2 its communicator is made at its first
+  collective, among its members; stock NCCL ignores the field (connected at creation given a device).
 
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
 and check the contract. ``creation_s`` makes each creation take that long (thread tests).
@@ -92,6 +95,7 @@ class NcclOptions:
 
     _timeout: timedelta = timedelta(minutes=10)
     simulate_uniform_ranks: bool = False  # read by torch 2.15's fake backend at every subgroup creation
+    lazy_init: bool = False  # torch 2.15: not created by a split; nccl2 connects it at its first collective
 
 
 @dataclasses.dataclass
@@ -296,14 +300,21 @@ def nccl_world(
             world_bound = world.bound_device_id  # as this thread sees it
             backend = call.get("backend")
             nccl = backend in (None, "nccl", dist.Backend.NCCL) or str(backend).endswith(":nccl")
-            split = world_bound is not None and nccl and not torchcomms
+            # 2.15 (_new_process_group_helper): options with lazy_init never look for a split source
+            options_key = "backend_options" if "backend_options" in call else "pg_options"
+            options = call.get(options_key)
+            lazy_init = rel >= (2, 15) and bool(getattr(options, "lazy_init", False))
+            split = world_bound is not None and nccl and not torchcomms and not lazy_init
             count(0, +1)
             try:
                 if split and (rank in ranks or not local_sync):
                     log.world.append(("comm_split", tuple(ranks)))  # ncclCommSplit of the world: all must join
                 if creation_s:
                     time.sleep(creation_s)  # widens the window in which another thread could interleave
-                group = real_new(*args, **kwargs)
+                if isinstance(options, NcclOptions):  # modelled above; the fake backend takes its own
+                    group = real_new(**{**call, options_key: None})
+                else:
+                    group = real_new(*args, **kwargs)
             finally:
                 count(0, -1)
             if group in (None, NON_GROUP_MEMBER):
@@ -311,7 +322,7 @@ def nccl_world(
             device = device_id or world_bound
             if torchcomms and (device is None or device.index is None):
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
-            eager = nccl and device is not None
+            eager = nccl and device is not None and not (lazy_init and engine == "nccl2")  # "nccl2 only" lazy
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
             log.names.append((tuple(ranks), group.group_name))
             if not split and nccl:

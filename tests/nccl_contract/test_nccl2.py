@@ -113,3 +113,41 @@ def test_a_gloo_world_on_2_15_is_not_concerned(monkeypatch, nccl2_setting):
 
         torch_compat.check_settings()
         assert torch_compat.nccl_engine() is None
+
+
+# --- lazy_init (torch 2.15's official member-only creation; ds-mesh does not use it yet: docs/nccl.md) ---
+def _plain_member_group(options, **kwargs):
+    """torch's own member-only new_group, as a script would write it: ranks 0, 1 make [0, 1], ranks 2, 3
+    make [2, 3] (so torch's group counter stays equal), then an all_reduce over it."""
+    def scenario(rank):
+        mine = [0, 1] if rank < 2 else [2, 3]
+        group = dist.new_group(mine, use_local_synchronization=True, pg_options=options, **kwargs)
+        dist.all_reduce(torch.zeros(1, device=torch.device("cuda", rank)), group=group)
+    return scenario
+
+
+def test_on_nccl2_a_member_only_new_group_without_lazy_init_splits_the_bound_world():
+    from fakenccl import ContractViolation, NcclOptions
+
+    with pytest.raises(ContractViolation, match="every world rank must join each ncclCommSplit"):
+        run_ranks(_plain_member_group(NcclOptions()), WORLD, release="2.15", engine="nccl2", bound=False)
+
+
+def test_on_nccl2_lazy_init_makes_no_split_and_connects_at_the_first_collective():
+    from fakenccl import NcclOptions
+
+    logs = run_ranks(_plain_member_group(NcclOptions(lazy_init=True)), WORLD, release="2.15", engine="nccl2",
+                     bound=False)
+    assert all(log.world == [] for log in logs)
+    assert [len(log.lazy_inits) for log in logs] == [1, 1, 1, 1]  # each member, at the all_reduce
+
+
+@pytest.mark.parametrize("nccl2_setting", ["0"], indirect=True)
+def test_lazy_init_on_stock_nccl_makes_no_split_and_a_device_connects_it_at_creation(nccl2_setting):
+    from fakenccl import NcclOptions
+
+    def scenario(rank):
+        _plain_member_group(NcclOptions(lazy_init=True), device_id=torch.device("cuda", rank))(rank)
+
+    logs = run_ranks(scenario, WORLD, release="2.15", engine="auto")
+    assert all(log.world == [] and log.lazy_inits == [] for log in logs)
