@@ -44,7 +44,7 @@ def build_shm_op_wrapper(wrapped: Callable[[], Any]) -> Callable[[], Any]:
         state = shm_op_state(directory, torch_version=_torch_version())
         if state["state"] == "stale":
             raise StaleLockError(stale_lock_message(state))
-        speak = os.environ.get("RANK", "0") in ("0", "") and state["state"] in ("absent", "rebuild")
+        speak = os.environ.get("RANK", "0") in ("0", "") and (not state["built"] or state["state"] == "rebuild")
         if speak and state["state"] == "rebuild":
             logger.warning("ds-mesh: rebuilding DeepSpeed's shared-memory op %s in %s (%s; every rank waits for it): "
                            "%s; one more line says when it is ready", SHM_OP, directory, SHM_BUILD_TIME,
