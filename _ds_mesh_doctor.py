@@ -2,7 +2,7 @@
 
 Checks the installed torch / deepspeed / libcst against the supported ranges, the ``DS_MESH``
 start-up hook and variable, the accelerator and communication backend a job would use (NCCL's
-version where present), and DeepSpeed's shared-memory op on CPU (built, absent, built but rebuilt by
+version where present; whether ``nccl`` would be torch's nccl2 engine, which ds-mesh refuses), and DeepSpeed's shared-memory op on CPU (built, absent, built but rebuilt by
 the next run, building, or a stale lock with the command that clears it; the lock read as the
 installed torch's JIT build uses it); then one verdict line. ``--json`` prints the same as JSON. The exit
 code is 1 when something would stop a job.
@@ -169,7 +169,17 @@ def visible_gpus() -> int:
         return 0
 
 
-def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None) -> dict[str, Any]:
+def nccl_engine(torch_version: Optional[str], environ) -> str:
+    """What ``init_process_group("nccl")`` builds on ``torch_version`` with ``TORCH_DIST_USE_NCCL2`` as set:
+    ``"nccl2"`` (torch 2.15 unless it is ``0``; 2.14 when it is ``1``) or ``"nccl"`` (stock ProcessGroupNCCL)."""
+    release, setting = _release(torch_version or ""), environ.get("TORCH_DIST_USE_NCCL2")
+    if release is not None and release >= (2, 15, 0):
+        return "nccl" if setting == "0" else "nccl2"
+    return "nccl2" if release is not None and release >= (2, 14, 0) and setting == "1" else "nccl"
+
+
+def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None,
+                      torch_version: Optional[str] = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     chosen = environ.get("DS_ACCELERATOR")
     accelerator = chosen or ("cuda" if build.get("cuda") and gpus else "cpu")
@@ -179,8 +189,13 @@ def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None) 
     detail = (f"torch is a {torch_kind} build; {gpus} NVIDIA GPU(s) visible; accelerator {accelerator}"
               f"{' (DS_ACCELERATOR)' if chosen else ''}, backend {backend}" + (f"; NCCL {nccl}" if nccl else ""))
     status = OK
+    engine = nccl_engine(installed_version("torch") if torch_version is None else torch_version, environ)
     if accelerator == "cuda" and not build.get("cuda"):
         status, detail = FAIL, detail + ": DS_ACCELERATOR=cuda needs a CUDA build of torch"
+    elif backend == "nccl" and engine == "nccl2":
+        status, detail = FAIL, detail + (
+            f": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2={environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), "
+            "which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 (docs/nccl.md)")
     elif accelerator == "cpu" and build.get("cuda") and gpus and not chosen:
         status = WARN
     return {"check": "accelerator", "status": status, "accelerator": accelerator, "backend": backend,

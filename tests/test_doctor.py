@@ -177,6 +177,19 @@ def test_a_build_the_next_run_redoes_is_named(monkeypatch, tmp_path):
     assert state["state"] == "rebuild" and "changed after the build" in state["rebuild_reason"]
 
 
+@pytest.mark.parametrize("version,setting,refused", [
+    ("2.15.0+cu132", None, True), ("2.15.0+cu132", "1", True), ("2.15.0+cu132", "0", False),
+    ("2.14.1+cu130", None, False), ("2.14.1+cu130", "1", True), ("2.13.0", "1", False),
+])
+def test_a_cuda_job_that_would_get_nccl2_is_named(version, setting, refused):
+    environ = {"DS_ACCELERATOR": "cuda"} if setting is None else {"DS_ACCELERATOR": "cuda", "TORCH_DIST_USE_NCCL2": setting}
+    check = doctor.check_accelerator({"cuda": "13.2"}, 1, environ, torch_version=version)
+    assert (check["status"] == doctor.FAIL) is refused, check
+    assert ("set TORCH_DIST_USE_NCCL2=0" in check["detail"]) is refused
+    cpu = doctor.check_accelerator({"cuda": "13.2"}, 0, {"DS_ACCELERATOR": "cpu"}, torch_version=version)
+    assert cpu["status"] == doctor.OK  # gloo: not concerned
+
+
 def test_json_read_by_a_reader_that_stops_early(tmp_path, site_dir):
     """``mesh doctor --json | head -1``: the reader is gone before the report is written."""
     built(tmp_path)
