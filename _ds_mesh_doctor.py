@@ -2,9 +2,10 @@
 
 Checks the installed torch / deepspeed / libcst against the supported ranges, the ``DS_MESH``
 start-up hook and variable, the accelerator and communication backend a job would use (NCCL's
-version where present; whether ``nccl`` would be torch's nccl2 engine, which ds-mesh refuses), and DeepSpeed's shared-memory op on CPU (built, absent, built but rebuilt by
-the next run, building, or a stale lock with the command that clears it; the lock read as the
-installed torch's JIT build uses it); then one verdict line. ``--json`` prints the same as JSON. The exit
+version where present; whether ``nccl`` would be torch's nccl2 engine, which ds-mesh refuses), and
+DeepSpeed's shared-memory op on CPU (built, absent, built but rebuilt by the next run, building, or
+a stale lock with the command that clears it; the lock read as the installed torch's JIT build uses
+it); then one verdict line. ``--json`` prints the same as JSON. The exit
 code is 1 when something would stop a job.
 
 A top-level module beside ``_ds_mesh_startup`` (the layers' packages import torch; this must answer
@@ -194,8 +195,9 @@ def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None,
         status, detail = FAIL, detail + ": DS_ACCELERATOR=cuda needs a CUDA build of torch"
     elif backend == "nccl" and engine == "nccl2":
         status, detail = FAIL, detail + (
-            f": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2={environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), "
-            "which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 (docs/nccl.md)")
+            ": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
+            f"{environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 "
+            "(docs/nccl.md)")
     elif accelerator == "cpu" and build.get("cuda") and gpus and not chosen:
         status = WARN
     return {"check": "accelerator", "status": status, "accelerator": accelerator, "backend": backend,
