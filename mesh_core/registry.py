@@ -485,5 +485,6 @@ def registry_for_world() -> GroupRegistry:
     world = torch_compat.default_group()
     registry = _REGISTRIES.get(world)
     if registry is None:
+        torch_compat.check_settings()  # every creation path goes through here: none on a refused engine (nccl2)
         registry = _REGISTRIES[world] = GroupRegistry()
     return registry

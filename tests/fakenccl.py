@@ -47,6 +47,18 @@ What else a GPU world does and the harness models (each a hazard the tests play)
 - ``init_barrier=True`` (``TORCH_DIST_INIT_BARRIER=1``): a member-only creation ends in a barrier
   among its members that takes ``creation_s`` (counted in :attr:`RankLog.max_concurrent_barriers`).
 
+- **the NCCL engine** (``engine=``: ``"nccl"``, stock ProcessGroupNCCL, by default, the one ds-mesh
+  runs on, which 2.15 builds with ``TORCH_DIST_USE_NCCL2=0``; ``"auto"``: what ``init_process_group
+  ("nccl")`` builds on the release with this process's ``TORCH_DIST_USE_NCCL2``: nccl2 on 2.15 unless
+  it is ``0``, on 2.14 only when it is ``1``, never before): on
+  ``"nccl2"`` the world's backend object is what ``distributed_c10d.ProcessGroupNCCL2`` names (the
+  class ds-mesh recognises it by) and the world is bound whatever ``bound`` says, to
+  ``cuda:LOCAL_RANK % device_count`` (``_nccl2_device``); ``"nccl-lazy"`` likewise with
+  ``ProcessGroupNCCLLazy``; ``"nccl"`` is stock ProcessGroupNCCL;
+- **``ProcessGroupNCCL.Options.lazy_init``** (:class:`NcclOptions`, ``release >= 2.15``): a creation
+  with it is no split (non-members do nothing), and on nccl2 its communicator is made at its first
+  collective, among its members; stock NCCL ignores the field (connected at creation given a device).
+
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
 and check the contract. ``creation_s`` makes each creation take that long (thread tests).
 ``split_non_member`` overrides what ``split_group`` returns to a rank in none of the splits (by
@@ -82,6 +94,8 @@ class NcclOptions:
     """What ``ProcessGroupNCCL.Options`` offers the project (deep-copyable, like the real one)."""
 
     _timeout: timedelta = timedelta(minutes=10)
+    simulate_uniform_ranks: bool = False  # read by torch 2.15's fake backend at every subgroup creation
+    lazy_init: bool = False  # torch 2.15: not created by a split; nccl2 connects it at its first collective
 
 
 @dataclasses.dataclass
@@ -169,6 +183,7 @@ def nccl_world(
     release: Optional[str] = None,
     torchcomms: bool = False,
     init_barrier: bool = False,
+    engine: str = "nccl",
 ) -> Iterator[RankLog]:
     """Rank ``rank`` of a fake world of ``world_size`` that torch reports as NCCL (module docstring).
     ``release`` ("2.6", "2.10", "2.14", …): the torch release whose naming, split and version the
@@ -190,6 +205,13 @@ def nccl_world(
 
         if release is not None:
             patch(torch, "__version__", torch.torch_version.TorchVersion(f"{release}.0" if release.count(".") == 1 else release))
+        engine = default_engine(rel) if engine == "auto" else engine
+        for kind, class_name in (("nccl2", "ProcessGroupNCCL2"), ("nccl-lazy", "ProcessGroupNCCLLazy")):
+            # the class torch's engine has (absent before 2.14): the world's backend is one when it plays it
+            patch(c10d, class_name, backend_type if engine == kind else type(f"Real{class_name}", (), {}))
+        if engine in ("nccl2", "nccl-lazy"):  # _nccl2_device: every world bound, to LOCAL_RANK % device_count
+            bound = True
+            local = local % max(world_size, 1)  # ``local_rank`` plays the launcher's LOCAL_RANK (default: the rank)
         # torch's answers on an NCCL world
         for module in (dist, c10d):
             patch(module, "get_backend", lambda group=None: "nccl")
@@ -277,14 +299,21 @@ def nccl_world(
             world_bound = world.bound_device_id  # as this thread sees it
             backend = call.get("backend")
             nccl = backend in (None, "nccl", dist.Backend.NCCL) or str(backend).endswith(":nccl")
-            split = world_bound is not None and nccl and not torchcomms
+            # 2.15 (_new_process_group_helper): options with lazy_init never look for a split source
+            options_key = "backend_options" if "backend_options" in call else "pg_options"
+            options = call.get(options_key)
+            lazy_init = rel >= (2, 15) and bool(getattr(options, "lazy_init", False))
+            split = world_bound is not None and nccl and not torchcomms and not lazy_init
             count(0, +1)
             try:
                 if split and (rank in ranks or not local_sync):
                     log.world.append(("comm_split", tuple(ranks)))  # ncclCommSplit of the world: all must join
                 if creation_s:
                     time.sleep(creation_s)  # widens the window in which another thread could interleave
-                group = real_new(*args, **kwargs)
+                if isinstance(options, NcclOptions):  # modelled above; the fake backend takes its own
+                    group = real_new(**{**call, options_key: None})
+                else:
+                    group = real_new(*args, **kwargs)
             finally:
                 count(0, -1)
             if group in (None, NON_GROUP_MEMBER):
@@ -292,7 +321,7 @@ def nccl_world(
             device = device_id or world_bound
             if torchcomms and (device is None or device.index is None):
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
-            eager = nccl and device is not None
+            eager = nccl and device is not None and not (lazy_init and engine == "nccl2")  # "nccl2 only" lazy
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
             log.names.append((tuple(ranks), group.group_name))
             if not split and nccl:
@@ -419,6 +448,14 @@ def nccl_world(
             yield log
         finally:
             log.group_count = c10d._world.group_count
+
+
+def default_engine(release: tuple[int, int]) -> str:
+    """What ``init_process_group("nccl")`` builds on ``release`` with this process's ``TORCH_DIST_USE_NCCL2``."""
+    setting = os.environ.get("TORCH_DIST_USE_NCCL2")
+    if release >= (2, 15):
+        return "nccl" if setting == "0" else "nccl2"
+    return "nccl2" if release >= (2, 14) and setting == "1" else "nccl"
 
 
 @contextlib.contextmanager

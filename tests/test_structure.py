@@ -320,7 +320,7 @@ FACE_SIZES = {
     "mesh_core": 15,
     "mesh_core.runtime_hooks": 52,
     "mesh_core.axis_names": 4,
-    "mesh_core.torch_compat": 26,
+    "mesh_core.torch_compat": 27,
     "compat": 11,
     "codemods": 8,
 }

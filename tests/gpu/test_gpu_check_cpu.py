@@ -89,6 +89,13 @@ def test_nccl_only_parts_say_dry_run(run, part):
     assert lines[part]["ok"] and lines[part]["skipped"].startswith("dry run")
 
 
+def test_the_not_split_part_shows_its_split_source_signal(run):
+    _, lines, _ = run
+    signal = lines["not_split"]["ranks"]["0"]
+    assert signal["member_only"] == {"split_source_found": 0}  # gloo: nothing bound, nothing to split from
+    assert signal["world_new_group_control"] == {"split_source_found": 0}
+
+
 def test_wheels_lists_what_to_bring():
     out = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--wheels"], capture_output=True,
                          text=True, timeout=30).stdout

@@ -253,19 +253,18 @@ def test_torchcomms_on_2_14_creates_member_only_groups_on_the_ranks_device():
     assert all(log.world == [] and log.lazy_inits == [] for log in logs)
 
 
-@pytest.mark.parametrize("config", ["cuda:nccl2", "cuda:nccl-lazy"])
-def test_the_nccl2_and_nccl_lazy_backends_are_refused(monkeypatch, config):
-
-    with nccl_world(0, WORLD), monkeypatch.context() as patch:
-        patch.setattr(dist, "get_backend_config", lambda group=None: config)
-        with pytest.raises(RuntimeError, match=config.split(":")[1]):
+@pytest.mark.parametrize("engine", ["nccl2", "nccl-lazy"])
+def test_the_nccl2_and_nccl_lazy_backends_are_refused(engine):
+    """Recognised by the world's backend object (tests/nccl_contract/test_nccl2.py: every path)."""
+    with nccl_world(0, WORLD, engine=engine):
+        with pytest.raises(RuntimeError, match=engine):
             _mesh(tp=2, dp=2)
 
 
 def test_torch_dist_use_nccl2_is_refused_on_2_14(monkeypatch):
 
-    with nccl_world(0, WORLD, release="2.14"), monkeypatch.context() as patch:
-        patch.setenv("TORCH_DIST_USE_NCCL2", "1")
+    monkeypatch.setenv("TORCH_DIST_USE_NCCL2", "1")  # read when torch registers its backends, before the world
+    with nccl_world(0, WORLD, release="2.14", engine="auto"):
         with pytest.raises(RuntimeError, match="TORCH_DIST_USE_NCCL2"):
             _mesh(tp=2, dp=2)
 
