@@ -148,6 +148,8 @@ class DeepSpeedDeviceMesh(TorchGetRank):
             self._in_lockstep = False
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
+        if spec.size == spec.world_size:  # every world rank is here, in the same order: a connect point
+            self.registry.connect(self._keys)
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
 
     @classmethod

@@ -498,3 +498,9 @@ def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
         return
     for target, source in zip(targets, sources):
         target.copy_(source)
+
+
+def connect_backend(group: dist.ProcessGroup, device: torch.device) -> None:
+    """Connect ``group``'s communicator for ``device`` now (NCCL: ``ncclCommInitRank`` among its
+    members, as torch does at creation when given ``device_id``) instead of at its first collective."""
+    _backend(group, device).eager_connect_single_device(device)
