@@ -30,6 +30,7 @@ both: release and resume both meshes (the second finds the rank set already set 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import types
@@ -169,15 +170,36 @@ def _keys_to_release(mesh: Any, owners: list[Any]) -> list[Key]:
 
 
 def _suspendable(group: ProcessGroup) -> Any:
-    """The NCCL backend of ``group`` when it can suspend (NCCL >= 2.29), else None."""
+    """The NCCL backend of ``group`` when it can suspend, else None: the loaded NCCL is 2.29.7 or newer
+    *and* torch's backend object has ``suspend()`` / ``resume()`` (torch 2.6–2.10's have not, whatever
+    NCCL is loaded)."""
     if not torch.cuda.is_available():
         return None
     try:
         if group._get_backend_name() != "nccl" or tuple(torch.cuda.nccl.version()[:3]) < SUSPEND_MIN_NCCL:
             return None
-        return group._get_backend(torch.device("cuda"))
+        backend = group._get_backend(torch.device("cuda"))
     except (RuntimeError, AttributeError):
         return None
+    if not (callable(getattr(backend, "suspend", None)) and callable(getattr(backend, "resume", None))):
+        return None
+    return backend
+
+
+def _check_releasable(suspending: bool) -> None:
+    """Refuse, before anything is released, what a release would break half-way."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        raise MeshSpecError(
+            "release_communicators during CUDA-graph capture: a captured graph would replay collectives on "
+            "communicators that are released; release outside capture, and recapture graphs that hold the "
+            "mesh's collectives after a resume on the destroy path"
+        )
+    if suspending and os.environ.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1":
+        raise MeshSpecError(
+            "release_communicators would suspend NCCL communicators with NCCL_COMM_SPLIT_SHARE_RESOURCES=1: "
+            "NCCL refuses ncclCommSuspend for split children that share resources; unset it, or release with "
+            "suspend=False (destroy and re-create)"
+        )
 
 
 def _device_free() -> Optional[int]:
@@ -200,7 +222,15 @@ def release_communicators(
         mesh._communicators().check_alive()
         if getattr(mesh, ATTR, None) is not None:
             raise MeshSpecError(f"{mesh!r}: its communicators are already released; resume them first")
-        record = ReleaseRecord(keys=_keys_to_release(mesh, owners), mode={})
+        keys = _keys_to_release(mesh, owners)
+        suspenders = {}
+        for key in keys if suspend else ():
+            cached = mesh.registry.cached(key)
+            backend = _suspendable(cached) if cached is not None else None
+            if backend is not None:
+                suspenders[key] = backend
+        _check_releasable(bool(suspenders))
+        record = ReleaseRecord(keys=keys, mode={})
         setattr(mesh, ATTR, record)
     before = _device_free()
     registry, label = mesh.registry, mesh.spec.describe()
@@ -209,11 +239,15 @@ def release_communicators(
     group: Optional[ProcessGroup] = None
     for key in record.keys:
         group = registry.cached(key)
-        backend = _suspendable(group) if suspend and group is not None else None
+        backend = suspenders.get(key)
         if backend is not None:
-            backend.suspend()
-            record.mode[key], record.suspended[key] = "suspend", group
-            continue
+            try:
+                backend.suspend()
+            except RuntimeError as err:  # refused by this backend (on every member alike): destroy it instead
+                logger.warning("%r: suspend of ranks %s refused (%s); destroying it instead", mesh, list(key[1]), err)
+            else:
+                record.mode[key], record.suspended[key] = "suspend", group
+                continue
         group, taken = registry.set_aside(key)
         if group is None and not registry.is_aside(key):
             continue  # never created (a lazily requested group nobody asked for)
@@ -259,6 +293,7 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
             replacements[id(standin)] = (standin, new)
             if old is not None:
                 replacements[id(old)] = (old, new)
+    registry.connect([k for k in record.keys if record.mode.get(k) == "destroy"])  # a connect point: ascending
     rebound: list[str] = []
     view = mesh._communicators()
     for dims in record.dim_entries:  # the rebuilt DeviceMesh serves them again
