@@ -76,7 +76,9 @@ class DeepSpeedDeviceMesh(TorchGetRank):
     same order. Hence:
 
     - meshes over different rank sets (e.g. a pair mesh in one thread, a column mesh in another)
-      can be built and destroyed concurrently; a rank set both request is created once and shared;
+      can be built and destroyed concurrently; a rank set both request is created once and shared
+      (a whole-world build's split children excepted: they are never shared with member-only
+      requests, so thread timing cannot decide which kind a rank set gets);
     - one thread at a time builds a mesh over a given rank set (the whole world included): a second
       thread that tries meanwhile gets :class:`~mesh_core.consistency.ConcurrentCheckError` at once;
       built one after the other from different threads, their order must be the same on every rank

@@ -63,7 +63,8 @@ first collective. Blocking creation in each rank's own request order could wait 
 ranks (ring-ordered pair meshes) and would initialise NCCL wherever a handle is first fetched, in
 flight work or not. Host backends (gloo) connect inside the creation: there the arrival runs first.
 
-Invariants the callers keep: identical rank sets share one communicator (the cache below); every
+Invariants the callers keep: identical rank sets share one communicator (the cache below; a split
+child is kept under its own key, :data:`SPLIT_CHILD`, apart from member-only requests); every
 member of a rank set issues its requests for it in the same order (meshes are built, and lazy
 groups requested, in the same program order on all their members). Each creation, reuse or connect
 is logged at DEBUG with the rank set, the requester and its dims.
@@ -116,6 +117,17 @@ logger = logging.getLogger(__name__)
 
 RankKey = tuple[int, ...]
 Key = tuple[Optional[str], RankKey]
+
+#: ``key[0]`` of a ``split_group`` child: split children have their own keys (and names), never shared
+#: with member-only requests of the same rank set, so which one a rank set gets does not depend on which
+#: thread of a rank reaches it first (a whole-world build splitting while another thread's sub-world
+#: mesh asks for one of its rank sets)
+SPLIT_CHILD = "split_group"
+
+
+def _backend_of(key: Key) -> Optional[str]:
+    """The backend a key's communicator is created with (None: the world's)."""
+    return None if key[0] == SPLIT_CHILD else key[0]
 
 
 class GroupNamingError(RuntimeError):
@@ -309,6 +321,7 @@ class GroupRegistry:
         self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
         self._aside: dict[Key, "weakref.ref[ProcessGroup]"] = {}  # set aside (destroyed), not yet back
         self._unconnected: dict[Key, torch.device] = {}  # created, to be connected on that device
+        self._aliases: dict[Key, list[str]] = {}  # earlier names torch resolves to the group now held
         self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
@@ -334,6 +347,11 @@ class GroupRegistry:
             return None
         return self._acquire(key, asker)
 
+    def split_key(self, ranks: Iterable[int]) -> Key:
+        """The key of ``ranks``' ``split_group`` child (the world's key where ``ranks`` is the world)."""
+        plain = self.key(ranks)
+        return plain if self.is_world(plain) else (SPLIT_CHILD, plain[1])
+
     def partition(
         self, rank_lists: Sequence[Sequence[int]], backend: Optional[str] = None, *, asker: str = ""
     ) -> tuple[Optional[ProcessGroup], list[Key]]:
@@ -357,7 +375,7 @@ class GroupRegistry:
         Each split group is named by the registry as a member-only group is (``torch``'s namer is
         not called, so its group counter stays equal on every rank, whichever ranks a release names).
         """
-        keys = [self.key(r) for r in rank_lists]
+        keys = [self.split_key(r) for r in rank_lists]
         with self._lock:
             new = [k for k in keys if k not in self._split_known and not self.is_world(k)]
             self._split_known.update(new)
@@ -368,7 +386,7 @@ class GroupRegistry:
         fresh: Optional[ProcessGroup] = None
         if new:
             try:
-                with _named(lambda ranks: names.get(self.key(ranks), "mesh_core.unused")):
+                with _named(lambda ranks: names.get(self.split_key(ranks), "mesh_core.unused")):
                     fresh = torch_compat.split_group([list(k[1]) for k in new])
                 if fresh is not None:
                     _check_name(fresh, mine[1] if mine else (), names.get(mine, "?"))  # type: ignore[index]
@@ -421,6 +439,7 @@ class GroupRegistry:
                 del self._refs[key]
                 self._aside.pop(key, None)
                 self._unconnected.pop(key, None)
+                self._drop_aliases(key)
                 group = self._groups.pop(key, None)
                 if group is not None and group is not dist.GroupMember.WORLD:
                     doomed.append(group)
@@ -438,11 +457,34 @@ class GroupRegistry:
         with self._lock:
             group = self._groups.pop(key, None)
             self._unconnected.pop(key, None)
+            self._drop_aliases(key)
             if group is not None:
                 self._aside[key] = weakref.ref(group)
                 return group, True
             ref = self._aside.get(key)
             return (ref() if ref is not None else None), False
+
+    def alias(self, key: Key, name: str) -> bool:
+        """Make torch resolve ``name`` (an earlier generation's group name of ``key``) to the group held
+        now, until it is released: a torch ``DeviceMesh`` (and DTensors on it) built before a release
+        finds the re-created group. False where torch cannot (nothing held, or no name registry)."""
+        with self._lock:
+            group = self._groups.get(key)
+            if name in self._aliases.get(key, ()):  # a second mesh sharing the rank set resumed it too
+                return True
+            try:
+                if group is None or not torch_compat.alias_group_name(name, group):
+                    return False
+            except RuntimeError:  # the name is registered to another group: leave torch's entry as it is
+                logger.warning("group name %s is taken; a DeviceMesh built before the release will not find %s",
+                               name, list(key[1]))
+                return False
+            self._aliases.setdefault(key, []).append(name)
+            return True
+
+    def _drop_aliases(self, key: Key) -> None:
+        for name in self._aliases.pop(key, ()):
+            torch_compat.drop_group_alias(name)
 
     def is_aside(self, key: Key) -> bool:
         """Whether ``key``'s communicator is set aside and not brought back yet."""
@@ -551,9 +593,9 @@ class GroupRegistry:
 
     def _create_member_group(self, key: Key, name: str, done: threading.Event, asker: str) -> ProcessGroup:
         try:
-            if _blocks_at_creation(key[0]):  # a bounded wait, naming absent members, before gloo's unbounded one
+            if _blocks_at_creation(_backend_of(key)):  # a bounded wait naming absent members, before gloo's own
                 _arrive("create", name, key[1], self.arrival_timeout)
-            group, device = new_member_group(key[1], name, key[0])
+            group, device = new_member_group(key[1], name, _backend_of(key))
             with self._lock:
                 self._groups[key] = group
                 self._refs[key] += 1

@@ -468,7 +468,7 @@ def check_contract(logs: list[RankLog]) -> None:
         for ranks, name in log.names:
             named.setdefault(ranks, {}).setdefault(log.rank, []).append(name)
     for ranks, by_rank in named.items():
-        if len({tuple(v) for v in by_rank.values()}) > 1:
+        if len({tuple(sorted(v)) for v in by_rank.values()}) > 1:  # distinct communicators: any order
             raise ContractViolation(
                 f"the groups of ranks {list(ranks)} have different names on different ranks ({by_rank}): their "
                 "store rendezvous (NCCL's unique id, gloo's full mesh, p2p communicators) use different prefixes"

@@ -150,3 +150,45 @@ def test_a_group_asked_for_by_some_members_only_waits_for_nothing_until_connecte
 
     with pytest.raises(ContractViolation, match=r"\[0, 1, 2\].* members \[2\] never"):
         run_ranks(scenario, 4)
+
+
+# --- a whole-world split racing another thread's member-only creation of one of its rank sets -------
+@pytest.mark.parametrize("first_on_rank_0", ["sub-world thread", "whole-world build"])
+def test_a_split_and_a_member_only_creation_of_one_rank_set_agree_whichever_thread_comes_first(first_on_rank_0):
+    """Main thread ``build(dp=2, tp=2)`` (a split of the bound world), another thread
+    ``build(ranks=[0, 1], tp=2)`` on every rank; which reaches [0, 1] first differs between ranks
+    0 and 1 (played in both orders). Every rank set's groups must have the same names on all its
+    members (else their rendezvous hang on GPUs)."""
+    import threading
+
+    def scenario(rank):
+        out = {}
+
+        def sub():
+            if rank < 2:
+                out["sub"] = _mesh(ranks=[0, 1], tp=2)
+
+        def whole():
+            out["whole"] = _mesh(dp=2, tp=2)
+
+        sub_first = (rank == 0) == (first_on_rank_0 == "sub-world thread")
+        thread = threading.Thread(target=sub)
+        if sub_first:
+            thread.start()
+            thread.join()
+            whole()
+        else:
+            whole()
+            thread.start()
+            thread.join()
+        groups = [out["whole"].get_group("tp")] + ([out["sub"].get_group("tp")] if "sub" in out else [])
+        for group in groups:
+            dist.all_reduce(_cuda(rank), group=group)
+        for name in ("whole", "sub"):  # one order on every rank (destroying made communicators waits)
+            if name in out:
+                out[name].destroy()
+        return [g.group_name for g in groups]
+
+    logs = run_ranks(scenario, 4)
+    assert logs[0].result == logs[1].result  # [0, 1]'s split child and member-only group, named alike
+    assert logs[0].result[0] != logs[0].result[1]

@@ -80,3 +80,27 @@ def test_a_release_that_would_break_half_way_is_refused_before_anything_is_relea
 
     logs = run_ranks(scenario, 4, ranks=[0, 1])
     assert [log.result for log in logs] == [["alive"], ["alive"]] and suspended == []
+
+
+def test_a_device_mesh_and_a_dtensor_built_before_a_release_work_after_resume_on_the_destroy_path():
+    """The torch DeviceMesh that DTensors (and FSDP2) were built on resolves its groups by name; the
+    destroy path re-creates them under the next generation's name, and the old names resolve to them."""
+    from fakepg import fake_world
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from mesh_core import DeepSpeedDeviceMesh
+    from mesh_core.step_aside import release_communicators, resume_communicators
+
+    with fake_world(0, 4):
+        mesh = DeepSpeedDeviceMesh.build(dp=2, tp=2, verify=False)
+        held = mesh["tp"]  # what a DTensor / FSDP2 module keeps
+        tensor = DTensor.from_local(torch.ones(2, 2), held, [Shard(0)])
+        before = held.get_group().group_name
+        record = release_communicators(mesh, holders=[held])
+        assert set(record.mode.values()) == {"destroy"}
+        resume_communicators(mesh, holders=[held])
+        group = held.get_group()
+        assert group is mesh.get_group("tp") and group.group_name != before
+        assert tensor.redistribute(held, [Replicate()]).to_local().shape == (4, 2)
+        assert mesh["tp"].get_group() is group
+        mesh.destroy()
