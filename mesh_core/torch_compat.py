@@ -542,3 +542,36 @@ def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
         return
     for target, source in zip(targets, sources):
         target.copy_(source)
+
+
+def connect_backend(group: dist.ProcessGroup, device: torch.device) -> None:
+    """Connect ``group``'s communicator for ``device`` now (NCCL: ``ncclCommInitRank`` among its
+    members, as torch does at creation when given ``device_id``) instead of at its first collective."""
+    _backend(group, device).eager_connect_single_device(device)
+
+
+def alias_group_name(name: str, group: dist.ProcessGroup) -> bool:
+    """Make torch resolve the group name ``name`` to ``group`` (its process-group registry, through
+    which ``DeviceMesh`` and DTensor find their groups by name); False where torch has no such registry."""
+    register = getattr(c10d, "_register_process_group", None)
+    if register is None:
+        return False
+    register(name, group)
+    return True
+
+
+def drop_group_alias(name: str) -> None:
+    """Undo :func:`alias_group_name`."""
+    unregister = getattr(c10d, "_unregister_process_group", None)
+    if unregister is not None:
+        unregister(name)
+
+
+def retarget_device_mesh(device_mesh: Any, groups: dict[str, Any]) -> None:
+    """Point a torch ``DeviceMesh``'s own name -> group table (kept for ``torch.compile``) at ``groups``
+    for the names it holds."""
+    table = getattr(device_mesh, "_pg_registry", None)
+    if isinstance(table, dict):
+        for name, group in groups.items():
+            if name in table:
+                table[name] = group

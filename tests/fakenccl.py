@@ -121,6 +121,7 @@ class RankLog:
     names: list = dataclasses.field(default_factory=list)  # (ranks, group name) of every group this rank made
     lazy_inits: list = dataclasses.field(default_factory=list)  # (group name, ranks, device) made at a first collective
     hazards: list = dataclasses.field(default_factory=list)  # lazy inits while another collective was in flight
+    waits: list = dataclasses.field(default_factory=list)  # blocking steps, in order: (kind, group name, ranks)
     collectives: list = dataclasses.field(default_factory=list)  # (op, group name, device)
     group_count: int = 0  # torch's _world.group_count when the scenario ended
     parent_options: Any = None
@@ -220,7 +221,8 @@ def nccl_world(
         patch(backend_type, "supports_splitting", property(lambda self: True))
         patch(backend_type, "options", property(lambda self: options))
         patch(backend_type, "perform_nocolor_split", lambda self, device: None)  # a non-member's part of a split
-        patch(backend_type, "eager_connect_single_device", lambda self, device: None)  # recorded per group below
+        patch(backend_type, "eager_connect_single_device",
+              lambda self, device: _record_connect(log, self, device, outstanding))  # at creation: recorded below
         # the store-based mesh check is backend-independent (the gloo tests run it); the fake
         # backend's store holds nothing, so it stays skipped as on any fake world
         import mesh_core.consistency as consistency
@@ -308,6 +310,7 @@ def nccl_world(
             try:
                 if split and (rank in ranks or not local_sync):
                     log.world.append(("comm_split", tuple(ranks)))  # ncclCommSplit of the world: all must join
+                    log.waits.append(("world", f"world collective #{len(log.world)}", tuple(range(world_size))))
                 if creation_s:
                     time.sleep(creation_s)  # widens the window in which another thread could interleave
                 if isinstance(options, NcclOptions):  # modelled above; the fake backend takes its own
@@ -323,6 +326,8 @@ def nccl_world(
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
             eager = nccl and device is not None and not (lazy_init and engine == "nccl2")  # "nccl2 only" lazy
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
+            if eager and not split:  # ncclCommInitRank during the creation
+                _record_wait(log, "connect", group.group_name, tuple(ranks), outstanding)
             log.names.append((tuple(ranks), group.group_name))
             if not split and nccl:
                 log.members.append((group.group_name, tuple(ranks)))
@@ -350,6 +355,7 @@ def nccl_world(
                 raise RuntimeError("No device associated with the default pg, not safe to split any process groups")
             splits = tuple(tuple(sorted(r)) for r in split_ranks)
             log.world.append(("split_group", splits))
+            log.waits.append(("world", f"world collective #{len(log.world)}", tuple(range(world_size))))
             log.split_options.append(pg_options)
             mine = next((s for s in splits if rank in s), None)
             non_member = split_non_member if split_non_member is not None else (
@@ -378,6 +384,7 @@ def nccl_world(
             comm = log.comms.get(group_name)
             ranks = comm.ranks if comm is not None else ()
             log.events.append(("barrier", group_name, ranks))
+            log.waits.append(("barrier", group_name, ranks))
             count(1, +1)
             try:
                 if creation_s:
@@ -391,6 +398,8 @@ def nccl_world(
                 comm = log.comms.pop(name, None)
                 if comm is not None:
                     log.events.append(("destroy", name, comm.ranks))
+                    if comm.device is not None:  # ncclCommDestroy of a made communicator: intra-node collective
+                        log.waits.append(("destroy", name, comm.ranks))
             return real_destroy(group)
 
         real_destroy = c10d.destroy_process_group
@@ -407,8 +416,9 @@ def nccl_world(
                 devices = {tensor_device(t) for t in tensors} - {None}
                 device = next(iter(devices), None)
                 if op == "barrier" and device is None:
-                    device = comm.device if comm is not None and comm.bound else torch.device(
-                        "cuda", torch.accelerator.current_device_index())
+                    device = comm.device if comm is not None and comm.bound else (
+                        getattr(group, "bound_device_id", None)  # torch's barrier: the group's bound device
+                        or torch.device("cuda", torch.accelerator.current_device_index()))
                 if comm is not None:
                     if comm.bound and device is not None and device != comm.device:
                         raise RuntimeError(f"{op} on group {name} bound to {comm.device} with a tensor on {device}")
@@ -416,6 +426,7 @@ def nccl_world(
                         comm.device = device or torch.device("cuda", torch.accelerator.current_device_index())
                         log.lazy_inits.append((name, comm.ranks, comm.device))
                         log.events.append(("init", name, comm.ranks))
+                        log.waits.append(("init", name, comm.ranks))
                         busy = sorted(k for k, v in outstanding.items() if v and k != name)
                         if busy:
                             log.hazards.append(f"lazy init of group {name} {list(comm.ranks)} while collectives on {busy} are in flight")
@@ -493,7 +504,7 @@ def check_contract(logs: list[RankLog]) -> None:
         for ranks, name in log.names:
             named.setdefault(ranks, {}).setdefault(log.rank, []).append(name)
     for ranks, by_rank in named.items():
-        if len({tuple(v) for v in by_rank.values()}) > 1:
+        if len({tuple(sorted(v)) for v in by_rank.values()}) > 1:  # distinct communicators: any order
             raise ContractViolation(
                 f"the groups of ranks {list(ranks)} have different names on different ranks ({by_rank}): their "
                 "store rendezvous (NCCL's unique id, gloo's full mesh, p2p communicators) use different prefixes"
@@ -524,6 +535,7 @@ def check_contract(logs: list[RankLog]) -> None:
                     f"destroys in different orders: {[(k, list(r)) for k, _, r in common_a]} vs "
                     f"{[(k, list(r)) for k, _, r in common_b]}"
                 )
+    check_waits(logs)
     devices: dict[str, dict[torch.device, int]] = {}
     for log in logs:
         for comm in log.comms.values():
@@ -539,6 +551,72 @@ def check_contract(logs: list[RankLog]) -> None:
         if len(set(counts.values())) > 1:
             raise ContractViolation(f"torch's group counter differs across ranks: {counts} — the next "
                                     "counter-named group gets different names (store rendezvous hangs)")
+
+
+def _record_wait(log: RankLog, kind: str, name: str, ranks: tuple, outstanding: dict) -> None:
+    """A blocking step of this rank (an ``ncclCommInitRank``): recorded for :func:`check_waits`, and
+    a hazard when this rank has collectives in flight on other communicators (the init deadlock)."""
+    log.waits.append((kind, name, ranks))
+    busy = sorted(k for k, v in outstanding.items() if v and k != name)
+    if busy:
+        log.hazards.append(f"init of group {name} {list(ranks)} at its {kind} while collectives on {busy} are in flight")
+
+
+def _record_connect(log: RankLog, backend: Any, device: Any, outstanding: dict) -> None:
+    """``eager_connect_single_device`` of a group's backend: made now, bound to ``device``. At a
+    creation given ``device_id`` the group is not registered yet (the creation records it)."""
+    for group in list(c10d._world.pg_map):
+        try:
+            mine = group._get_backend(torch.device("cuda")) is backend
+        except RuntimeError:
+            continue
+        comm = log.comms.get(group.group_name) if mine else None
+        if comm is not None and comm.device is None:
+            comm.device, comm.bound, comm.lazy = torch.device(device), True, False
+            _record_wait(log, "connect", comm.name, comm.ranks, outstanding)
+            return
+
+
+def check_waits(logs: list[RankLog]) -> None:
+    """Replay every rank's blocking steps (connects at creation or later, lazy inits, destroys of made
+    communicators, barriers, world collectives) as NCCL runs them: a step ends when every member is at
+    the same step. Raise :class:`ContractViolation` when the replay sticks: a cycle of waits across
+    ranks (on GPUs a hang that no pairwise order check sees) or members that never reach a step."""
+    played = {log.rank for log in logs}
+    queues = {log.rank: list(log.waits) for log in logs}
+    at = dict.fromkeys(queues, 0)
+    progress = True
+    while progress:
+        progress = False
+        for rank, queue in queues.items():
+            if at[rank] >= len(queue):
+                continue
+            step = queue[at[rank]]
+            members = (set(step[2]) & played) or {rank}  # a barrier of a group not recorded yet: its own
+            if all(at[m] < len(queues[m]) and queues[m][at[m]] == step for m in members):
+                for m in members:
+                    at[m] += 1
+                progress = True
+    stuck = {r: queues[r][at[r]] for r in queues if at[r] < len(queues[r])}
+    if not stuck:
+        return
+
+    def text(step: tuple) -> str:
+        return f"{step[0]} of {step[1]} {list(step[2])}"
+
+    for rank, step in sorted(stuck.items()):
+        gone = sorted(m for m in set(step[2]) & played if m not in stuck)
+        if gone:
+            raise ContractViolation(f"rank {rank} waits in the {text(step)}, which members {gone} never reach "
+                                    "(they finished without it) — on GPUs this hangs")
+    rank, chain = min(stuck), []
+    while rank not in chain:
+        chain.append(rank)
+        step = stuck[rank]
+        rank = min(m for m in set(step[2]) & played if queues[m][at[m]] != step)
+    cycle = chain[chain.index(rank):]
+    raise ContractViolation("a cycle of waits across ranks (on GPUs this hangs): " + "; ".join(
+        f"rank {r} waits in the {text(stuck[r])} for rank {cycle[(i + 1) % len(cycle)]}" for i, r in enumerate(cycle)))
 
 
 def run_ranks(

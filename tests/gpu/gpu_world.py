@@ -51,6 +51,7 @@ SPECS: dict[str, PartSpec] = {
     "link_reads": PartSpec(90),
     "member_only_bound": PartSpec(90),
     "unbound_engine": PartSpec(180, world="unbound", compares=True),
+    "step_aside": PartSpec(90),
     "hang_selftest": PartSpec(15, selftest=True),
 }
 #: NCCL's settings for the parts that compare plain with shim bit for bit

@@ -27,7 +27,10 @@ inside the part's bound:
   mpu, ``deepspeed.initialize(mpu=...)`` under the shim then plain, the same losses, every rank on its
   own GPU;
 - then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer, weight_link,
-  link_reads, member_only_bound.
+  link_reads, member_only_bound;
+- step_aside: release and resume a whole-world mesh (suspend or destroy, whichever this torch and NCCL
+  take), a DeviceMesh slice and a DTensor made before the release used after it; a pair mesh connected
+  at the registry's connect point.
 
 usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each rank writes
 ``OUT_DIR/<part>.rank<r>.json``; MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script
@@ -396,6 +399,43 @@ def part_unbound_engine(rank: int, world: int) -> dict:
     }
 
 
+def part_step_aside(rank: int, world: int) -> dict:
+    """Release and resume on the world's own path: suspend (NCCL >= 2.29.7 and a torch whose backend has
+    ``suspend()``) or destroy and re-create; a torch DeviceMesh slice and a DTensor built before the
+    release work after it, and a sub-world mesh's groups are connected at the registry's connect point."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from mesh_core import DeepSpeedDeviceMesh
+    from mesh_core.step_aside import holds, release_communicators, resume_communicators
+
+    # backend named: its groups are its own, not the world group (which is never released)
+    mesh = DeepSpeedDeviceMesh.build(tp=world, backend=BACKEND, device_type=DEVICE)
+    dim = mesh.mesh_dim_names[0]  # "tp" (a world of one: the mesh's one dim of size 1)
+    held = mesh[dim]
+    tensor = DTensor.from_local(torch.full((2,), float(rank + 1), device=DEVICE), held, [Shard(0)])
+    before = _sum_over(mesh.get_group(dim), rank)
+    record = release_communicators(mesh, holders=[held])
+    states = [c.state for c in holds(mesh).communicators]
+    resume_communicators(mesh, holders=[held])
+    after = _sum_over(mesh.get_group(dim), rank)
+    gathered = tensor.redistribute(held, [Replicate()]).to_local().tolist()
+    resolves = held.get_group() is mesh.get_group(dim)
+    members = [0, 1] if world >= 2 else [0]
+    connected = None
+    if rank in members:  # created unconnected, connected at the connect point, then used
+        pair = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members), device_type=DEVICE)
+        connected = pair.registry.connect()
+        pair_sum = _sum_over(pair.get_group("tp"), rank)
+        pair.destroy()
+    mesh.destroy()
+    want = [float(r + 1) for r in range(world) for _ in range(2)]
+    return {"ok": before == after == _expect(range(world)) and gathered == want and resolves
+            and (connected is None or pair_sum == _expect(members)) and bool(record.mode),
+            "modes": sorted(set(record.mode.values())), "states_while_released": states,
+            "device_free_bytes": record.device_free_bytes, "sums": [before, after], "dtensor_gathered": gathered,
+            "old_device_mesh_resolves_new_group": resolves, "connected_at_connect_point": connected}
+
+
 def part_hang_selftest(rank: int, world: int) -> dict:
     """Never returns: checks that the driver bounds a part and names it (run only when named)."""
     while True:
@@ -404,7 +444,7 @@ def part_hang_selftest(rank: int, world: int) -> dict:
 
 PARTS = {"probe": part_probe, "member_only": part_member_only, "not_split": part_not_split, "split": part_split,
          "sharing": part_sharing, "subworld_engine": part_subworld_engine, "zero3": part_zero3,
-         "unbound_engine": part_unbound_engine, "hang_selftest": part_hang_selftest}
+         "unbound_engine": part_unbound_engine, "step_aside": part_step_aside, "hang_selftest": part_hang_selftest}
 for _name, _part in acceptance_parts.PARTS.items():
     PARTS[_name] = functools.partial(_part, env=acceptance_parts.Env(DRY))
 assert set(PARTS) == set(gpu_world.SPECS), sorted(set(PARTS) ^ set(gpu_world.SPECS))

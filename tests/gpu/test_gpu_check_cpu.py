@@ -17,7 +17,7 @@ import gpu_world  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "link_reads", "member_only_bound",
-             "unbound_engine"]
+             "unbound_engine", "step_aside"]
 NEEDS_PEERS = ["subworld_engine", "pipelines", "transfer"]
 NCCL_ONLY = ["probe", "not_split", "split"]
 
