@@ -93,10 +93,13 @@ def test_nccl2_binds_the_world_by_itself():
 @pytest.mark.parametrize("nccl2_setting", ["0"], indirect=True)
 def test_torch_dist_use_nccl2_0_on_2_15_keeps_the_contract(nccl2_setting):
     """The way back: stock ProcessGroupNCCL, whose every row of docs/nccl.md the other contract tests play."""
+    from mesh_core.registry import registry_for_world
+
     def scenario(rank):
         mesh = _mesh(tp=2, dp=2)  # every rank: the split path
         if rank < 2:
             sub = _mesh(ranks=[0, 1], tp=2)  # members only
+            registry_for_world().connect()  # the connect plan's explicit point (docs/nccl.md)
             dist.all_reduce(torch.zeros(1, device=torch.device("cuda", rank)), group=sub.get_group("tp"))
             sub.destroy()
         return mesh.get_group("tp").group_name
