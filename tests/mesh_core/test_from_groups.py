@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakepg import fake_world
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, current_mesh, use_mesh
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, current_mesh, use_mesh
 
 
 class _Mpu:
