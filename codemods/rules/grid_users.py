@@ -202,8 +202,8 @@ class GridUsersCommand(MigrationCommand):
                       + _manual_hint(name, grid))
             return updated
         if proof != "proven":
-            self.flag(KIND, f"if {grid} is a DeepSpeed pipeline engine's grid, write {replacement} "
-                      "(mesh_core.mesh_of: the grid's own getter, with or without compat.install())")
+            self.flag(KIND, f"{grid}.{name} kept: {grid} is not proven a pipeline engine's grid; once it is, "
+                      f"write {replacement}; mesh_core.mesh_of answers with the grid's own getter, with or without compat.install()")
             return updated
         self.keep_comments(call if call is not None else attribute)
         self.record(KIND)

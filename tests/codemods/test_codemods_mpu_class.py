@@ -12,6 +12,7 @@ import pytest
 
 from codemods import migrate_code
 from codemods._engine.runner import written_todos
+from todo_lines import inline
 
 pytestmark = pytest.mark.deepspeed
 
@@ -94,3 +95,114 @@ def test_explain_of_a_kind_prints_the_table_its_text_points_at():
     assert "_get_expert_parallel_group" not in text.split("the table")[0]
     for code in ("grid-use", "comm", "mpu-internal"):
         assert "\n  the table (MIGRATION.md#legacy-" in ds_mesh_advice.explain(code), code
+
+
+# a Megatron-style mpu with sequence, tensor and data groups and their source-rank getters
+SRC_RANK_MPU = '''import deepspeed
+import torch.distributed as dist
+
+
+class SequenceTensorMPU:
+    def __init__(self):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self._groups = {}
+        for name, lists in (("sp", [[b, b + 1] for b in range(0, world, 2)]),
+                            ("tp", [[b, b + 1] for b in range(0, world, 2)]),
+                            ("dp", [list(range(t, world, 2)) for t in range(2)])):
+            for ranks in lists:
+                group = dist.new_group(ranks=ranks)
+                if rank in ranks:
+                    self._groups[name] = (group, ranks)
+
+    def get_sequence_parallel_group(self):
+        return self._groups["sp"][0]
+
+    def get_sequence_parallel_src_rank(self):
+        return self._groups["sp"][1][0]
+
+    def get_model_parallel_group(self):
+        return self._groups["tp"][0]
+
+    def get_model_parallel_src_rank(self):
+        return self._groups["tp"][1][0]
+
+    def get_data_parallel_group(self):
+        return self._groups["dp"][0]
+
+
+mpu = SequenceTensorMPU()
+
+
+def build_engine(model, config):
+    return deepspeed.initialize(model=model, config=config, mpu=mpu)
+
+
+def ranks(group):
+    return sorted(dist.get_process_group_ranks(group))
+
+
+print("OUT sp", mpu.get_sequence_parallel_src_rank(), ranks(mpu.get_sequence_parallel_group()))
+print("OUT mp", mpu.get_model_parallel_src_rank(), ranks(mpu.get_model_parallel_group()))
+'''
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_source_rank_getters_beside_a_rewritten_group_are_flagged_and_the_advice_computes_the_same(world):
+    from codemod_scripts import run_fake, run_fake_shim
+
+    m = migrate_code(SRC_RANK_MPU)
+    assert m.todos["mpu call"] == 2 and m.sites["mpu call"] == 2, m.spelled_out()
+    assert "mpu.get_sequence_parallel_src_rank(), ranks(mesh_of(mpu).get_group(\"sp\")))  # TODOV1:" in inline(m.code)
+    advice = m.spelled_out()
+    assert 'mesh_of(mpu).get_group_ranks("sp")[0]' in advice and 'mesh_of(mpu).get_group_ranks("tp")[0]' in advice
+    advised = m.code.replace("mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]').replace(
+        "mpu.get_model_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("tp")[0]')
+    for rank in sorted({0, 1, world // 2, world - 1}):
+        before = run_fake(SRC_RANK_MPU, rank, world, legacy=True)
+        assert before and not any("raised" in line for line in before), before
+        for shim in (False, True):
+            assert run_fake_shim(m.code, rank, world, shim=shim) == before, (rank, shim)
+            assert run_fake_shim(advised, rank, world, shim=shim) == before, (rank, shim)
+
+
+def test_a_todo_names_its_explain_code_once():
+    source = ("import deepspeed\n\n\ndef f(model, mpu):\n    engine, *_ = deepspeed.initialize(model=model, mpu=mpu)\n"
+              "    return mpu.get_sequence_data_parallel_group()\n")
+    m = migrate_code(source)
+    assert m.todos["mpu call"] == 1
+    (line,) = [line for line in m.code.splitlines() if "TODOV1" in line]
+    assert m.code.count("ds-migrate --explain") == 1, m.code
+    assert all(full.count("ds-migrate --explain") == 0 for full in m.advice.values() for full in full)
+
+
+def test_a_blank_line_before_a_removed_local_import_stays():
+    # the Megatron-DeepSpeed gpt_model.py shape: a blank line, the local import, the topology
+    source = (
+        "from megatron.core import mpu\nfrom deepspeed.pipe import PipelineModule\n\n\n"
+        "class GPTModelPipe(PipelineModule):\n    def __init__(self, config):\n        interval = 0\n\n"
+        "        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology\n"
+        "        topo = PipeModelDataParallelTopology(num_pp=mpu.get_pipeline_model_parallel_world_size(),\n"
+        "                                             num_mp=mpu.get_tensor_model_parallel_world_size(),\n"
+        "                                             num_dp=mpu.get_data_parallel_world_size())\n\n"
+        "        super().__init__(layers=[], topology=topo)\n"
+    )
+    m = migrate_code(source)
+    assert m.sites == {"pipeline topology": 1} and not m.todos
+    assert "        interval = 0\n\n        topo = pipeline_topology(" in m.code
+    assert migrate_code(m.code).code == m.code
+    # without a blank line before the import none is added; one after it stays
+    joined = source.replace("interval = 0\n\n", "interval = 0\n").replace(
+        "PipeModelDataParallelTopology\n        topo", "PipeModelDataParallelTopology\n\n        topo")
+    assert "        interval = 0\n\n        topo = pipeline_topology(" in migrate_code(joined).code
+
+
+def test_a_topology_handed_on_gets_its_own_arguments_in_the_comment():
+    source = (
+        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology\nfrom megatron import mpu\n\n\n"
+        "def build(args):\n    mpu.initialize_model_parallel(args.tp, args.pp, topology=PipeModelDataParallelTopology(\n"
+        "        num_pp=args.pp, num_mp=args.tp, num_dp=args.dp))\n"
+    )
+    m = migrate_code(source)
+    assert m.todos["pipeline topology"] == 1
+    assert "    # TODOV1: use pipeline_topology(pp=args.pp, tp=args.tp, dp=args.dp);\n" in m.code
+    assert "pp=P" not in m.code and migrate_code(m.code).code == m.code
