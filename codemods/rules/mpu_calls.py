@@ -179,9 +179,9 @@ class MpuCallsCommand(MigrationCommand):
         if provenance is None:
             return updated_node
         if provenance == UNKNOWN and method in SRC_RANKS:
-            self.flag(KIND, f"mpu.{method}(): the source rank is the first rank of its group: "
-                      f"mesh_of(mpu).get_group_ranks({SRC_RANKS[method]})[0] once every mpu reaching here derives it "
-                      "that way (Megatron's parallel_state does)")
+            self.flag(KIND, f"mpu.{method}(): the source rank is the first rank of its group; once every mpu "
+                      "reaching here derives it that way (Megatron's parallel_state does), use "
+                      f"mesh_of(mpu).get_group_ranks({SRC_RANKS[method]})[0]")
             return updated_node
         if provenance == UNKNOWN and method not in PROTOCOL:
             return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol

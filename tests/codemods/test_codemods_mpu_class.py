@@ -155,6 +155,7 @@ def test_source_rank_getters_beside_a_rewritten_group_are_flagged_and_the_advice
     assert "mpu.get_sequence_parallel_src_rank(), ranks(mesh_of(mpu).get_group(\"sp\")))  # TODOV1:" in inline(m.code)
     advice = m.spelled_out()
     assert 'mesh_of(mpu).get_group_ranks("sp")[0]' in advice and 'mesh_of(mpu).get_group_ranks("tp")[0]' in advice
+    assert '# TODOV1: use mesh_of(mpu).get_group_ranks("sp")[0]; ds-migrate --explain mpu-call' in m.code
     advised = m.code.replace("mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]').replace(
         "mpu.get_model_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("tp")[0]')
     for rank in sorted({0, 1, world // 2, world - 1}):
