@@ -207,3 +207,11 @@ def test_a_topology_handed_on_gets_its_own_arguments_in_the_comment():
     assert m.todos["pipeline topology"] == 1
     assert "    # TODOV1: use pipeline_topology(pp=args.pp, tp=args.tp, dp=args.dp);\n" in m.code
     assert "pp=P" not in m.code and migrate_code(m.code).code == m.code
+
+
+def test_a_local_import_replaced_in_place_keeps_one_blank_line_each_side_as_it_had():
+    for between in ("", "\n"):
+        legacy = ('def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n' + between
+                  + "    return groups._get_data_parallel_world_size()\n")
+        assert migrate_code(legacy).code == ('def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n'
+                                             + between + '    return current_mesh().size("dp")\n')
