@@ -182,7 +182,7 @@ def explain(code: str) -> str:
     for item in found:
         if isinstance(item, Kind):
             parts.append(_wrap(f"{item.code} ({item.kind}): {item.short}.", "") + "\n" + _wrap(_unmark(item.text), "  ")
-                         + "\n  (ds-migrate --explain <function or method> prints its row)")
+                         + _kind_table(item) + "\n  (ds-migrate --explain <function or method> prints its row)")
             continue
         lines = [_wrap(f"{item.name} (code {item.code})", ""), _wrap(f"next step: {item.next_step}", "  "), _wrap(f"replacement: {item.advice}", "  "),
                  _wrap(f"codemod: {item.action}"
@@ -194,6 +194,21 @@ def explain(code: str) -> str:
         lines.append(f"  MIGRATION.md#{item.anchor}")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+# the kinds whose text points at a table "below" -> that table's section (printed under the kind)
+_KIND_TABLES = {"todov1-groups": "groups", "todov1-grid-use": "grid", "todov1-comm": "comm",
+                "todov1-mpu-internal": "mpu-internal"}
+
+
+def _kind_table(kind: Kind) -> str:
+    """The table a kind's text points at, one line per row: its code and what to write."""
+    section = _KIND_TABLES.get(kind.id)
+    if section is None:
+        return ""
+    lines = [f"\n  the table (MIGRATION.md#{next(s['anchor'] for s in sections() if s['id'] == section)}):"]
+    lines += [_wrap(f"{r.code}: {_unmark(r.next_step)}", "    ") for r in rows() if r.section == section]
+    return "\n".join(lines)
 
 
 def wrap(text: str, indent: str = "") -> str:

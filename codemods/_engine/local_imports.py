@@ -69,6 +69,8 @@ class _LegacyImports(cst.CSTVisitor):
         # function -> (index of a ``try`` in its body, index in that try's body, the line) when its first
         # legacy import stands in the body of a ``try`` of its own
         self.in_try: dict[int, tuple[int, int, cst.SimpleStatementLine]] = {}
+        # function -> the statement after its first legacy import (its blank lines, as the source had them)
+        self.after: dict[int, cst.BaseStatement] = {}
         self._tries: list = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -99,7 +101,10 @@ class _LegacyImports(cst.CSTVisitor):
                         self.in_try[function] = (at, inner, node)
                 self.lazy.add(self._functions[-1])
                 if self._functions[-1] not in self.first and any(s is node for s in body):
-                    self.first[self._functions[-1]] = (next(i for i, s in enumerate(body) if s is node), node)
+                    at = next(i for i, s in enumerate(body) if s is node)
+                    self.first[self._functions[-1]] = (at, node)
+                    if at + 1 < len(body):
+                        self.after[self._functions[-1]] = body[at + 1]
             elif self._top is not None and node in self._top:
                 self.plain = True
             elif self.guarded is None:
@@ -153,9 +158,11 @@ def _import_line(names) -> cst.SimpleStatementLine:
 
 
 class _Place(cst.CSTTransformer):
-    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None, in_try=None) -> None:
+    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None, in_try=None,
+                 after=None) -> None:
         self.used, self.guarded, self.split = used, guarded, split
         self.first = first or {}
+        self.after = after or {}
         self.in_try = in_try or {}
         self._count = 0
         self._stack: list[int] = []
@@ -178,8 +185,12 @@ class _Place(cst.CSTTransformer):
         at = 1 if body and _is_docstring(body[0]) else 0
         replaced = self.first.get(index)
         if replaced is not None and replaced[0] == at and not (at < len(body) and _bare(body[at]) == _bare(replaced[1])):
-            # the removed legacy import stood here: the new one takes its place and its blank lines
+            # the removed legacy import stood here: the new one takes its place and its blank lines,
+            # and the statement after it has its own back (the removal may have handed it the import's)
             line = line.with_changes(leading_lines=replaced[1].leading_lines)
+            after = self.after.get(index)
+            if after is not None and at < len(body) and type(body[at]) is type(after):
+                body[at] = body[at].with_changes(leading_lines=after.leading_lines)
         body.insert(at, line)
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
@@ -246,7 +257,8 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
     if outside and guarded is None:
         return tree  # module-level code needs the names and there is no guarded import to follow
-    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first, in_try=legacy.in_try)
+    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first, in_try=legacy.in_try,
+                   after=legacy.after)
     placed = tree.visit(place)
     if guarded is not None and not place.placed_guarded:
         return tree

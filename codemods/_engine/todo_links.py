@@ -146,7 +146,39 @@ def _site_reasons(message: str, row: Optional[ds_mesh_advice.Row]) -> list[str]:
     return list(dict.fromkeys([reason, _SUBJECT.sub("", reason, count=1)]))
 
 
-_OWN_POINTER = re.compile(r"\s*\(" + re.escape(EXPLAIN) + r" [\w.]+\)")
+# a layout call the advice names with this site's own arguments (not the catalog's P, D, T)
+_LAYOUT_CALL = re.compile(r"(?:mesh_core\.)?(?:pipeline_topology|DeepSpeedDeviceMesh\.build)\((?:[^()]|\([^()]*\))*\)")
+_PLACEHOLDER = re.compile(r"=\s*[A-Z]\b|=\s*[,)]")
+
+
+def concrete_calls(message: str) -> list[str]:
+    """The layout calls ``message`` names with real arguments, each also without ``mesh_core.`` (shorter)."""
+    calls = [c for c in _LAYOUT_CALL.findall(message) if not _PLACEHOLDER.search(c)]
+    short = [c.removeprefix("mesh_core.") for c in calls]
+    return list(dict.fromkeys([*calls, *short, *(_elided(c) for c in short)]))
+
+
+def _elided(call: str) -> str:
+    """``call`` with each long argument value written ``...`` (the full advice has it)."""
+    head, _, args = call.partition("(")
+    parts = [p.strip() for p in clauses_of(args[:-1])]
+    return head + "(" + ", ".join(
+        p if len(p.partition("=")[2]) <= 12 else p.partition("=")[0] + "=..." for p in parts) + ")"
+
+
+def clauses_of(args: str) -> list[str]:
+    """``args`` split at its top-level commas."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(args):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            out.append(args[start:i])
+            start = i + 1
+    return out + [args[start:]]
+
+
+_OWN_POINTER = re.compile(r"\s*\(" + re.escape(EXPLAIN) + r" [\w.-]+\)")
 
 
 def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
@@ -165,6 +197,7 @@ def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
         bodies += [reason + "; " + step + more for reason in _site_reasons(messages[0], row)
                    for step in next_steps(messages[0])]
         bodies += [step + more for step in next_steps(messages[0])]
+        bodies += [f"use {call}" + more for call in concrete_calls(messages[0])]
     if row is not None:
         bodies.append(row.next_step + more)
     bodies.append(kind.short + more)

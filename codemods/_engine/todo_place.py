@@ -1,7 +1,7 @@
 """Where a ``# TODOV1:`` comment goes: at the end of its statement's line when the line stays within
 :data:`~codemods._engine.todo_links.MAX_COMMENT` characters, else on its own line directly above the statement
 (same indentation; wrapped onto ``#   `` continuation lines where the indentation would take that line
-past the limit: :mod:`codemods._engine.todo_wrap`). A comment above the statement counts as there for every
+past the limit: :mod:`codemods._engine.todo_wrap`), and above a statement written across lines. A comment above the statement counts as there for every
 later run (idempotent)."""
 from __future__ import annotations
 
@@ -103,7 +103,24 @@ def place_todos(parsed: cst.Module, tree: cst.Module) -> cst.Module:
     positions = wrapper.resolve(PositionProvider)
     lines = tree.code.splitlines()
     moving = {id(c) for c in new if len(lines[positions[c].start.line - 1]) > MAX_COMMENT}
+    # a statement written across lines: its comment would trail the last line (a closing bracket)
+    # rather than stand by the code it is about
+    starts = _statement_starts(tree)
+    moving |= {id(c) for c in new if id(c) in starts and positions[starts[id(c)]].start.line < positions[c].start.line}
     return tree.visit(_Lift(moving, positions)) if moving else tree
+
+
+def _statement_starts(tree: cst.Module) -> dict[int, cst.SimpleStatementLine]:
+    """id(comment ending a simple statement's last line) -> that statement."""
+    found: dict[int, cst.SimpleStatementLine] = {}
+
+    class _Find(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            if node.trailing_whitespace.comment is not None:
+                found[id(node.trailing_whitespace.comment)] = node
+
+    tree.visit(_Find())
+    return found
 
 
 def _comments(tree: cst.Module) -> list[cst.Comment]:

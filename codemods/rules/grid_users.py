@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import FunctionScope
 
 from . import _grid_api as grid_api
+from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand
 
@@ -53,7 +54,33 @@ class GridUsersCommand(MigrationCommand):
         module = self.context.full_module_name or ""
         if module == "deepspeed" or module.startswith("deepspeed."):
             return False  # DeepSpeed's own package runs on the mesh runtime: codemods.rules.grid_internal
-        return super().visit_Module(node)
+        # hand-written mpu classes over a grid -> whether every instance of one gets a local grid
+        self._wrappers: dict[str, tuple[mpu_class.GridWrapper, bool]] = {}
+        result = super().visit_Module(node)
+        for name, wrapper in mpu_class.module_wrappers(node, MESH_OF).items():
+            self._wrappers[name] = (wrapper, mpu_class.instances_get_grids(self, wrapper, self._local_grid))
+        return result
+
+    def _local_grid(self, name: cst.Name) -> bool:
+        value = self.bound_value(name)
+        return isinstance(value, cst.Call) and ln.GRID in self.legacy_names(value.func)
+
+    def _wrapper_getter(self, node: cst.BaseExpression):
+        """(the class, whether proven, the getter) for ``self.<grid>`` inside a getter of a
+        hand-written mpu class over a grid; None elsewhere."""
+        if not self._wrappers or not isinstance(node, cst.Attribute) or not isinstance(node.value, cst.Name):
+            return None
+        current: Optional[cst.CSTNode] = node
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            current = self.parent(current)
+        cls = self.parent(self.parent(current)) if current is not None else None
+        if not isinstance(cls, cst.ClassDef) or cls.name.value not in self._wrappers:
+            return None
+        wrapper, proven = self._wrappers[cls.name.value]
+        if wrapper.node is not cls or current.name.value not in wrapper.getters \
+                or wrapper.getters[current.name.value][0] != node.attr.value:
+            return None
+        return wrapper, proven, current.name.value
 
     # --- the receiver -------------------------------------------------------------------------
     def _grid_receiver(self, node: cst.BaseExpression) -> Optional[str]:
@@ -159,10 +186,14 @@ class GridUsersCommand(MigrationCommand):
             return updated  # a method read without a call (a bound method handed on)
         if call is not None and name not in grid_api.METHODS and name != "stage_to_global" and name not in grid_api.MANUAL:
             return updated
-        proof = self._grid_receiver(attribute.value)
+        grid = code(attribute.value)
+        held = self._wrapper_getter(attribute.value)
+        proof = self._grid_receiver(attribute.value) if held is None else ("proven" if held[1] else "class")
         if proof is None:
             return updated
-        grid = code(attribute.value)
+        if proof == "class":  # not every instance is proven to get a grid: the getter's own advice
+            self.flag(KIND, mpu_class.getter_advice(held[0], held[2], grid))
+            return updated
         mesh = f"{self.mesh_ref('mesh_of')}({grid})" if proof == "proven" else f"mesh_of({grid})"
         replacement = grid_api.rewrite_use(mesh, attribute, call) if name in MESH_OF else None
         if replacement is None:
@@ -171,8 +202,8 @@ class GridUsersCommand(MigrationCommand):
                       + _manual_hint(name, grid))
             return updated
         if proof != "proven":
-            self.flag(KIND, f"if {grid} is a DeepSpeed pipeline engine's grid, write {replacement} "
-                      "(mesh_core.mesh_of: the grid's own getter, with or without compat.install())")
+            self.flag(KIND, f"{grid}.{name} kept: {grid} is not proven a pipeline engine's grid; once it is, "
+                      f"write {replacement}; mesh_core.mesh_of answers with the grid's own getter, with or without compat.install()")
             return updated
         self.keep_comments(call if call is not None else attribute)
         self.record(KIND)

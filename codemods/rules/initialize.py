@@ -12,6 +12,7 @@ from typing import Optional
 
 import libcst as cst
 
+from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, find_all
 
@@ -85,9 +86,12 @@ class InitializeCommand(MigrationCommand):
         self._call_drops: dict[int, tuple[list[int], list[str]]] = {}
         self._call_flags: dict[int, list[tuple[str, str]]] = {}
         self._from_mpu: dict[int, tuple[str, None]] = {}  # id(mpu= Arg) -> how to wrap it
+        self._mesh_for: dict[int, str] = {}  # id(mpu= Arg) -> the mesh that stands for the mpu class instance
+        self._dropped: set[int] = set()  # ids of ``mpu = C(mesh)`` statements nothing else reads
 
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
+        self._wrappers = mpu_class.module_wrappers(node)
         for call in find_all(node, cst.Call):
             if self.could_be(call.func, {"initialize"}) and ln.INITIALIZE in self.legacy_names(call.func):
                 self._plan(call)
@@ -119,7 +123,9 @@ class InitializeCommand(MigrationCommand):
         if mpu is not None:
             sizes = self._mpu_sizes(mpu)
             if sizes is None:
-                if mesh_param is None and self._plan_from_mpu(node, mpu):
+                if mesh_param is None and self._plan_class_mesh(node, mpu):
+                    mpu = None
+                elif mesh_param is None and self._plan_from_mpu(node, mpu):
                     mpu = None
                 elif mesh_param is None and isinstance(mpu.value, cst.Call) and mpu.keyword is not None \
                         and arg_by(node, None, "mesh") is None:
@@ -160,6 +166,47 @@ class InitializeCommand(MigrationCommand):
         self._call_drops[id(node)] = ([id(a) for a in drops], kinds)
         return
 
+    def _plan_class_mesh(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """``mpu=<name>``, the name bound once to ``C(<mesh>)`` where ``C`` is a hand-written mpu
+        class over a grid (:mod:`codemods.rules._mpu_class`) whose getters answer as the mesh
+        does, and ``<mesh>`` the ``DeepSpeedDeviceMesh.build(...)`` its grid became → ``mesh=<mesh>``;
+        the ``<name> = C(<mesh>)`` statement goes too where nothing else reads the name."""
+        if arg.keyword is None or arg_by(call, None, "mesh") is not None or not isinstance(arg.value, cst.Name):
+            return False
+        scope = self.scope_of(arg.value)
+        made = self.bound_value(arg.value)
+        if scope is None or len(scope.assignments[arg.value.value]) != 1 or not isinstance(made, cst.Call) \
+                or not isinstance(made.func, cst.Name) or made.func.value not in self._wrappers:
+            return False
+        wrapper = self._wrappers[made.func.value]
+        if len(wrapper.params) != 1:
+            return False
+        mesh = mpu_class.grid_argument(wrapper, made, next(iter(wrapper.params)))
+        build = self.bound_value(mesh) if isinstance(mesh, cst.Name) else None
+        if not isinstance(build, cst.Call) or MESH_BUILD not in {q.name for q in self.get_metadata_safe(build.func)}:
+            return False
+        if len(self.scope_of(mesh).assignments[mesh.value]) != 1:
+            return False
+        pp = arg_by(build, None, "pp")
+        if any(a.keyword is None or a.star for a in build.args):
+            return False
+        pp_is_one = pp is None or (isinstance(pp.value, cst.Integer) and pp.value.value == "1")
+        if not mpu_class.answers_as_mesh(wrapper, pp_is_one):
+            return False
+        self._mesh_for[id(arg)] = mesh.value
+        binding = next(iter(scope.assignments[arg.value.value]))
+        statement = self.parent(self.parent(binding.node)) if isinstance(binding.node, cst.Name) else None
+        if len(binding.references) == 1 and isinstance(statement, cst.Assign):
+            line = self.parent(statement)
+            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+                self._dropped.add(id(line))
+        return True
+
+    def on_statement(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
+        if id(original_node) in self._dropped:
+            return cst.RemoveFromParent()
+        return updated_node
+
     def _plan_from_mpu(self, call: cst.Call, arg: cst.Arg) -> bool:
         """``mpu=X`` whose layout is only known at run time → ``mesh=DeepSpeedDeviceMesh.from_mpu(X)``
         (the mesh adopts X's groups). ``X if cond else None`` keeps its condition; a name that may be
@@ -197,13 +244,21 @@ class InitializeCommand(MigrationCommand):
         return True
 
     def _never_none(self, value: cst.BaseExpression) -> bool:
-        """``value`` names a module bound by ``import`` (``from x import name`` may bind any value, a
-        None among them: it gets the guard, which a module passes)."""
+        """``value`` names a module bound by ``import`` or an instance of a class the module defines
+        (``from x import name`` may bind any value, a None among them: it gets the guard, which a
+        module passes)."""
         if not isinstance(value, cst.Name):
             return False
         scope = self.scope_of(value)
         if scope is None:
             return False
+        made = self.bound_value(value)
+        if isinstance(made, cst.Call) and isinstance(made.func, cst.Name) and len(scope.assignments[value.value]) == 1:
+            # an instance of a class this module defines (``mpu = MPU(...)``) is never None
+            defined = self.scope_of(made.func)
+            classes = defined[made.func.value] if defined is not None else ()
+            if classes and all(isinstance(getattr(b, "node", None), cst.ClassDef) for b in classes):
+                return True
         bindings = scope.assignments[value.value]
         return bool(bindings) and all(isinstance(getattr(b, "node", None), cst.Import) for b in bindings)
 
@@ -255,6 +310,10 @@ class InitializeCommand(MigrationCommand):
         return updated_node
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        mesh = self._mesh_for.get(id(original_node))
+        if mesh is not None:
+            self.record(KIND_MPU)
+            return updated_node.with_changes(keyword=cst.Name("mesh"), value=cst.Name(mesh))
         plan = self._from_mpu.get(id(original_node))
         if plan is None:
             return updated_node

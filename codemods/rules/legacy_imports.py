@@ -40,9 +40,9 @@ class LegacyImportsCommand(MigrationCommand):
         return self._carry_comments(updated_node)  # the full-pass path (no transform_module_impl shortcut)
 
     def _carry_comments(self, tree: cst.Module) -> cst.Module:
-        """libcst's removal drops a removed statement's comment lines; keep them above the
-        statement that follows it in its block."""
-        lines = {id(self.parent(n)) for n in self._gone if _has_comments(self.parent(n))}
+        """libcst's removal drops a removed statement's comment lines (and, in a function, its
+        blank lines); keep them above the statement that follows it in its block."""
+        lines = {id(self.parent(n)) for n in self._gone if getattr(self.parent(n), "leading_lines", ())}
         return tree.visit(_CarryComments(lines)) if lines else tree
 
     def _unused(self, alias: cst.ImportAlias) -> bool:
@@ -99,14 +99,19 @@ class _CarryComments(cst.CSTTransformer):
         super().__init__()
         self.ids = ids
 
-    def _carry(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+    def _carry(self, original: cst.CSTNode, updated: cst.CSTNode, blank: bool = False) -> cst.CSTNode:
+        """With ``blank``, the removed statement's blank lines go too (a blank line before a
+        function's local import separates what comes before it from the statements after it)."""
         body, pending = list(updated.body), []
         for i, statement in enumerate(original.body):
             if id(statement) in self.ids and i + 1 < len(body):
-                pending += [line for line in statement.leading_lines if line.comment is not None]
+                carried = [line for line in statement.leading_lines if blank or line.comment is not None]
+                pending += carried
                 body[i] = body[i].with_changes(
-                    leading_lines=[line for line in body[i].leading_lines if line.comment is None])
+                    leading_lines=[line for line in body[i].leading_lines if not any(line is c for c in carried)])
             elif pending:
+                if any(line.comment is None for line in body[i].leading_lines):  # no second blank line
+                    pending = [line for line in pending if line.comment is not None]
                 body[i] = body[i].with_changes(leading_lines=[*pending, *body[i].leading_lines])
                 pending = []
         return updated.with_changes(body=body)
@@ -115,4 +120,4 @@ class _CarryComments(cst.CSTTransformer):
         return self._carry(original_node, updated_node)
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return self._carry(original_node, updated_node)
+        return self._carry(original_node, updated_node, blank=True)

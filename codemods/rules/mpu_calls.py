@@ -26,6 +26,11 @@ PROTOCOL = frozenset(
 )
 
 
+# source-rank getters of Megatron-style mpus (Megatron's get_tensor_model_parallel_src_rank is in
+# MESH_OF_MANUAL) -> the dims whose group's first rank they return
+SRC_RANKS = {"get_sequence_parallel_src_rank": '"sp"', "get_model_parallel_src_rank": '"tp"'}
+
+
 def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
@@ -172,6 +177,11 @@ class MpuCallsCommand(MigrationCommand):
         if provenance is None and self._is_self_mpu(func.value):
             provenance = UNKNOWN
         if provenance is None:
+            return updated_node
+        if provenance == UNKNOWN and method in SRC_RANKS:
+            self.flag(KIND, f"mpu.{method}(): the source rank is the first rank of its group; once every mpu "
+                      "reaching here derives it that way (Megatron's parallel_state does), use "
+                      f"mesh_of(mpu).get_group_ranks({SRC_RANKS[method]})[0]")
             return updated_node
         if provenance == UNKNOWN and method not in PROTOCOL:
             return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from . import _grid_api as grid_api
+from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, find_all, has_star_args
 
@@ -134,6 +135,7 @@ class TopologyCommand(MigrationCommand):
     # --- planning -----------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
+        self._wrappers = mpu_class.module_wrappers(node)
         for assign in find_all(node, cst.Assign):
             if (
                 isinstance(assign.value, cst.Call)
@@ -168,6 +170,8 @@ class TopologyCommand(MigrationCommand):
         needs_pp_tp = mpu_use = False
         references = sorted(next(iter(bindings)).references, key=lambda a: self.position(a.node))
         for access in references:
+            if self._handed_to_mpu_class(access.node):
+                continue  # the class queries it through mesh_of (codemods.rules.grid_users): a mesh answers alike
             planned = self._plan_use(mesh, access.node)
             if planned is None:
                 parent = self.parent(access.node)
@@ -193,6 +197,22 @@ class TopologyCommand(MigrationCommand):
         elif isinstance(topo_arg.value, cst.Name):
             self._kept_topologies.add(id(topo_call))  # still used elsewhere: flagged like in a rerun
         return None
+
+    def _handed_to_mpu_class(self, name: cst.CSTNode) -> bool:
+        """``name`` is the grid argument of ``C(...)``, ``C`` a hand-written mpu class over a grid
+        (:mod:`codemods.rules._mpu_class`) whose every instance gets a local grid."""
+        arg = self.parent(name)
+        call = self.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in self._wrappers):
+            return False
+        wrapper = self._wrappers[call.func.value]
+        if not any(mpu_class.grid_argument(wrapper, call, attr) is name for attr in wrapper.params):
+            return False
+        return mpu_class.instances_get_grids(self, wrapper, self._local_grid)
+
+    def _local_grid(self, name: cst.Name) -> bool:
+        value = self.bound_value(name)
+        return isinstance(value, cst.Call) and ln.GRID in self.legacy_names(value.func)
 
     def _resolve_topology(self, value: cst.BaseExpression, scope):
         """(layout, the topology's statement to drop or None, the topology call) of a grid's

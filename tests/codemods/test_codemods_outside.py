@@ -161,8 +161,9 @@ def test_an_old_mpu_module_handed_to_initialize_in_one_environment_answers_the_s
     # imported under try: the model-parallel group is the mpu's own get_model_parallel_group()
     legacy = source("old_mpu_trainer.py")
     m = migrate_code(legacy)
-    assert m.sites == {"mpu call": 3, "initialize mpu": 1} and not m.todos
+    assert m.sites == {"mpu call": 3, "initialize mpu": 1} and m.todos == {"mpu call": 1}
     assert 'mesh_of(mpu).get_group(("pp", "tp"))' in m.code and "mpu.get_model_parallel_src_rank()" in m.code
+    assert 'use mesh_of(mpu).get_group_ranks("tp")[0]' in m.spelled_out()  # the source rank flagged
     # before the user's ``try: import deepspeed / except Exception: pass`` (never inside it, where a
     # missing ds-mesh would pass for a missing deepspeed)
     assert "import compat\ncompat.install()  # the mesh runtime" in m.code.split("try:")[0]
@@ -182,15 +183,17 @@ def test_a_grid_parameter_annotated_through_the_topology_module_it_shadows_answe
 def test_sequence_parallel_getters_of_a_megatron_mpu_become_mesh_of_queries(world):
     legacy = source("megatron_sp_mpu.py")
     m = migrate_code(legacy)
-    assert m.sites == {"mpu call": 10, "initialize mpu": 1} and m.todos == {"mpu call": 1}
+    assert m.sites == {"mpu call": 10, "initialize mpu": 1} and m.todos == {"mpu call": 2}
     assert 'mesh_of(mpu).get_group("sp")' in m.code and "mpu.get_sequence_parallel_src_rank()" in m.code
     advice = m.spelled_out()
     assert "TODOV1: mpu.get_tensor_model_parallel_src_rank()" in advice
+    assert "TODOV1: mpu.get_sequence_parallel_src_rank()" in advice  # beside its group, which is rewritten
     assert_same_everywhere(legacy, m.code, world)
-    # the advice, applied, computes the same (the first rank of this rank's TP group)
+    # the advice, applied, computes the same (the first rank of this rank's TP / SP group)
     advised_call = re.search(r'(mesh_of\(mpu\)\.get_group_ranks\("tp"\)\[0\]) once every mpu', advice).group(1)
-    advised = m.code.replace("mpu.get_tensor_model_parallel_src_rank()", advised_call)
-    assert "get_tensor_model_parallel_src_rank()," not in advised
+    advised = m.code.replace("mpu.get_tensor_model_parallel_src_rank()", advised_call).replace(
+        "mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]')
+    assert "get_tensor_model_parallel_src_rank()," not in advised and "get_sequence_parallel_src_rank()" not in advised
     assert_same_everywhere(legacy, advised, world)
 
 

@@ -263,7 +263,13 @@ def test_a_multi_line_topology_is_flagged_and_the_file_migrates(world):
     m = migrate_code(MULTI_LINE_TOPOLOGY)
     assert not m.failures and m.todos["grid construction"] == 2 and m.sites["groups getter"] == 1
     # a long line: the comment stands above the statement
-    assert "        # TODOV1: use DeepSpeedDeviceMesh.build(pp=P, dp=D, tp=T); ds-migrate --explain grid\n        self._topo = " in m.code
+    assert "        # TODOV1: use pipeline_topology(pp=pp_size, dp=dp_size, tp=tp_size);\n" \
+        "        #   ds-migrate --explain grid\n        self._topo = " in m.code
+    # a statement across lines: the comment stands above it (not after its closing bracket), with the
+    # call's own arguments (a long one elided: the listing has it whole)
+    assert "    # TODOV1: use pipeline_topology(pp=pp_size, tp=1, dp=...); ds-migrate --explain grid\n" \
+        "    return PipeModelDataParallelTopology(\n" in m.code
+    assert "pp=P" not in m.code and ")  # TODOV1" not in m.code
     assert "topology kept: use mesh_core.pipeline_topology(" in m.spelled_out()
     assert all(len(line.lstrip()) <= 100 for line in m.code.splitlines() if "# TODOV1:" in line)
     assert_same(MULTI_LINE_TOPOLOGY, m.code, world)

@@ -133,7 +133,9 @@ def test_the_run_lists_each_todo_it_wrote_as_file_line(tmp_path):
     todo_lines = [n for n, line in enumerate(written, 1) if "# TODOV1:" in line]
     assert [int(n) for n, _, _ in listed] == todo_lines and len(todo_lines) == 4
     for n, advice, code in listed:
-        comment = written[int(n) - 1]
+        comment, after = written[int(n) - 1], int(n)
+        while after < len(written) and written[after].lstrip().startswith("#   "):  # wrapped (todo_wrap)
+            comment, after = comment + " " + written[after].lstrip()[4:], after + 1
         body = comment.split("# TODOV1: ")[1].rsplit("; ds-migrate --explain ", 1)[0]
         assert comment.endswith(f"--explain {code}") and (body.split(" (+")[0] in advice or ds_mesh_advice.find(code))
     assert "mesh_core.pipeline_topology(pp=pp, tp=mp, dp=world // (pp * mp))" in done.stderr  # the full advice
