@@ -10,7 +10,8 @@ with ``TODOV1`` or missed, the files that no longer compile on each Python, and 
 The scan does not use the codemods: it reads the legacy names from the installed deepspeed's own
 sources (``deepspeed/utils/groups.py``, ``utils/bwc.py``, ``runtime/pipe/topology.py``) and walks each
 file's ``ast``. A site still present after the migration counts as flagged when its statement (for a
-compound statement: its header lines) carries a ``TODOV1`` comment, else as missed; the sites it no
+compound statement: its header lines) carries a ``TODOV1`` comment, or the comment lines directly
+above it hold one (a long line's TODOV1 stands there), else as missed; the sites it no
 longer finds count as rewritten (a reader kept with the legacy state its builder keeps counts as
 flagged: the builder's one TODOV1, ``groups.<builder> kept with ...``, stands for them — a lettered
 getter for an AutoTP builder, an expert getter for an expert builder). Families:
@@ -348,6 +349,11 @@ def flagged(site: Site, lines: list[str]) -> bool:
     in this file keeps (the builder's one TODOV1 names it: ``kept with <name>:<line>``)."""
     if any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1)):
         return True
+    above = site.start - 1  # a TODOV1 standing above the statement (a long line's), continued on "#   " lines
+    while 1 <= above <= len(lines) and lines[above - 1].lstrip().startswith("#"):
+        if "TODOV1" in lines[above - 1]:
+            return True
+        above -= 1
     name = re.match(r"[\w.]*?(\w+)\(", site.text)
     if not name:
         return False
