@@ -77,3 +77,16 @@ def test_a_todo_standing_above_its_statement_flags_it(referee, names):
     moved = referee.scan_source("\n".join(above) + "\n", names)[0]
     assert referee.flagged(moved, above)
     assert not referee.flagged(moved, above[:4] + ["    # a comment"] + above[5:])
+
+
+def test_a_reader_kept_with_its_builder_is_flagged_through_the_builders_full_advice(referee, names):
+    source = ("from deepspeed.utils import groups\n\n"
+              "def layer(name):\n"
+              "    # TODOV1: use \"mesh\": {\"ep\": N} and <mesh>.expert_groups(N); ds-migrate --explain groups\n"
+              "    groups._create_expert_and_data_parallel(2)\n"
+              "    return groups._get_expert_parallel_group(name)\n")
+    lines = source.splitlines()
+    reader = [s for s in referee.scan_source(source, names) if "_get_expert" in s.text][0]
+    assert not referee.flagged(reader, lines)  # the short comment does not name its readers
+    advice = ["groups._create_expert_and_data_parallel kept with _get_expert_parallel_group:6: its readers ..."]
+    assert referee.flagged(reader, lines, advice)
