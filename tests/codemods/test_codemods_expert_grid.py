@@ -186,13 +186,3 @@ def test_a_reader_that_does_not_see_the_grid_keeps_all():
 def test_inside_deepspeed_the_expert_tp_builder_stays_as_before():
     m = migrate_code(EXPERT_TP, module="deepspeed.moe.mine", package="deepspeed.moe")
     assert "groups._create_expert_data_and_model_parallel(ep, mpu=grid)" in m.code and "grid.expert_groups" not in m.code
-
-
-def test_a_grid_kept_while_read_as_a_mesh_fails_the_file_whole():
-    source = (
-        "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n\n"
-        "grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(num_pp=1, num_mp=2, num_dp=2))\n"
-        "grid.expert_groups(2)\nprint(grid.unknown_attribute)\n"
-    )
-    with pytest.raises(ValueError, match="the grid grid is read as a mesh .expert groups. but kept"):
-        migrate_code(source)
