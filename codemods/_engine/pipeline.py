@@ -17,7 +17,6 @@ from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, 
 from ..rules.comm_to_torch import CommToTorchCommand
 from .legacy_names import DEFINING_MODULES
 from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
-from ..rules._expert_grid import ExpertGridCommand
 from ..rules.grid_internal import GridInternalCommand
 from ..rules.grid_users import GridUsersCommand
 from ..rules.groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
@@ -43,7 +42,6 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
     GroupsGettersCommand,
     GridInternalCommand,
     GridUsersCommand,
-    ExpertGridCommand,
     TopologyCommand,
     InitializeCommand,
     MpuInternalCommand,
@@ -55,7 +53,6 @@ CODEMODS: tuple[Type[MigrationCommand], ...] = (
 # whose last name is one, or an import alias of one; see ``could_be`` and ``is_mpu``) or at a star
 # import, so statements without any are not visited (codemods._engine.metadata.prune_unless).
 prune_unless(GroupsGettersCommand, ALL_FUNCTIONS | STATE | frozenset(PRE_06) | {"getattr"})
-prune_unless(ExpertGridCommand, ALL_FUNCTIONS | STATE)
 prune_unless(MpuInternalCommand, {"mpu", *BWC})
 
 # Qualified names are looked up at nodes naming one of these (the codemods' identifiers): the

@@ -208,15 +208,7 @@ class GroupsGettersCommand(MigrationCommand):
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         self._mpu_assigned = self._groups_mpu_assignment(node)
         self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
-        self._deferred = self._defers_experts()
         return result
-
-    def _defers_experts(self) -> bool:
-        """This file's expert sites are left to codemods/rules/_expert_grid.py: outside DeepSpeed, a
-        file that calls the expert-TP builder (``_create_expert_data_and_model_parallel``)."""
-        if in_deepspeed(self.context.full_module_name):
-            return False
-        return any(self.function_of(c.func) == "_create_expert_data_and_model_parallel" for c in self._calls)
 
     def may_keep_alone(self, call: cst.Call) -> bool:
         fname = self.function_of(call.func)
@@ -338,8 +330,6 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
-        if self._deferred and fname in EXPERT_RELATED:
-            return updated_node  # moved or kept together by codemods/rules/_expert_grid.py
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; spell the arguments out, then rerun")
             return updated_node

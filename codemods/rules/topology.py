@@ -56,11 +56,6 @@ def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
         "ProcessTopology"
     )
 DEFAULT_ORDER = ("pp", "dp", "tp")
-# mesh_core reads of a mesh's named expert groups (codemods/rules/_expert_grid.py writes them on a grid it converts)
-EXPERT_MESH_CALLS = frozenset({"expert_groups", "size"})
-NAMED_READS = frozenset({
-    "expert_groups_named", "named_expert_parallel_groups", "named_expert_data_parallel_groups", "largest_expert_groups_name",
-})
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
 
 
@@ -148,7 +143,6 @@ class TopologyCommand(MigrationCommand):
                 reason = self._plan_grid(assign)
                 if reason is not None:
                     self._kept_grids[id(assign.value)] = reason
-                    self._check_no_mesh_use(assign, reason)
         return True
 
     def _plan_grid(self, assign: cst.Assign) -> Optional[str]:
@@ -200,20 +194,6 @@ class TopologyCommand(MigrationCommand):
             self._kept_topologies.add(id(topo_call))  # still used elsewhere: flagged like in a rerun
         return None
 
-    def _check_no_mesh_use(self, assign: cst.Assign, reason: str) -> None:
-        """A grid kept here must not be read as a mesh (what codemods/rules/_expert_grid.py writes where it
-        planned the grid to become one): the file then fails whole (left as it is), never half migrated."""
-        target = assign.targets[0].target if len(assign.targets) == 1 else None
-        scope = self.scope_of(target) if isinstance(target, cst.Name) else None
-        if scope is None:
-            return
-        for binding in scope.assignments[target.value]:
-            for access in binding.references:
-                parent = self.parent(access.node)
-                if (isinstance(parent, cst.Attribute) and parent.value is access.node and parent.attr.value == "expert_groups") \
-                        or (isinstance(parent, cst.Arg) and self._reads_mesh_by_name(parent)):
-                    raise ValueError(f"the grid {target.value} is read as a mesh (expert groups) but kept: {reason}")
-
     def _resolve_topology(self, value: cst.BaseExpression, scope):
         """(layout, the topology's statement to drop or None, the topology call) of a grid's
         topology argument."""
@@ -252,8 +232,6 @@ class TopologyCommand(MigrationCommand):
     def _plan_use(self, mesh: str, name: cst.CSTNode):
         """(id of the node to replace or None, replacement, needs ("pp","tp")) for one use, or None."""
         parent = self.parent(name)
-        if isinstance(parent, cst.Arg) and parent.keyword is None and self._reads_mesh_by_name(parent):
-            return ("expert groups", id(parent)), mesh, False  # a mesh use (codemods/rules/_expert_grid.py)
         if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
             call = self.parent(parent)
             # the initialize codemod moves the layout into the config, which it must be able to find
@@ -267,18 +245,9 @@ class TopologyCommand(MigrationCommand):
         if isinstance(holder, (cst.AssignTarget, cst.AugAssign, cst.Del)):
             return None
         call = holder if isinstance(holder, cst.Call) and holder.func is parent else None
-        if parent.attr.value in EXPERT_MESH_CALLS and call is not None:  # a mesh use (codemods/rules/_expert_grid.py)
-            return ("expert groups", id(call)), mesh, False
         if grid_api.rewrite_use(mesh, parent, call) is None:
             return None
         return id(call or parent), mesh, parent.attr.value in grid_api.NEEDS_PP_TP
-
-    def _reads_mesh_by_name(self, arg: cst.Arg) -> bool:
-        """``arg`` is the mesh argument of a mesh_core read of named expert groups."""
-        call = self.parent(arg)
-        if not (isinstance(call, cst.Call) and call.args and call.args[0] is arg and self.could_be(call.func, NAMED_READS)):
-            return False
-        return any(n.startswith("mesh_core.") and n.rpartition(".")[2] in NAMED_READS for n in self.legacy_names(call.func))
 
     # --- rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
