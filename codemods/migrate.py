@@ -16,12 +16,14 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from ._engine.cache import FixedPoints
 from ._engine.files import discover
 from ._engine.runner import FileReport, Summary, run
 from ._engine.todo_links import explain_command
+from ._engine.vendored import MODES
 
 
 DESCRIPTION = (
@@ -66,6 +68,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-cache", action="store_true",
         help="do not skip files already migrated by these codemods (cache in $CODEMODS_CACHE_DIR)",
+    )
+    parser.add_argument(
+        "--deepspeed-rules", choices=MODES, default="auto",
+        help="how a 'deepspeed' package among PATHS is migrated: 'internal' as DeepSpeed itself (its reads of the "
+        "legacy groups move to the mesh, its builders stay: it must run under compat.install()), 'user' as user code "
+        "(a builder and its readers move together or stay). 'auto' (default): internal for the installed deepspeed and "
+        "a path at or inside a 'deepspeed' package, user for a copy found below a directory given (a tree that ships "
+        "its own deepspeed/)",
     )
     parser.add_argument("--json", action="store_true",
                         help="print only JSON on stdout: the summary, each TODOV1 written (path, line, advice) "
@@ -144,6 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         paths, jobs=args.jobs, write=write, want_diff=args.diff, on_report=on_report, progress=_progress_bar(show_bar),
         comm_to_torch=args.comm_to_torch,
         cache=None if args.no_cache else FixedPoints(args.comm_to_torch),
+        roots=[Path(p) for p in args.paths], deepspeed_rules=args.deepspeed_rules,
     )
     seconds = time.perf_counter() - start
     todos = todo_list(summary)

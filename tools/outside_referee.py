@@ -10,7 +10,8 @@ with ``TODOV1`` or missed, the files that no longer compile on each Python, and 
 The scan does not use the codemods: it reads the legacy names from the installed deepspeed's own
 sources (``deepspeed/utils/groups.py``, ``utils/bwc.py``, ``runtime/pipe/topology.py``) and walks each
 file's ``ast``. A site still present after the migration counts as flagged when its statement (for a
-compound statement: its header lines) carries a ``TODOV1`` comment, else as missed; the sites it no
+compound statement: its header lines) carries a ``TODOV1`` comment, or the comment lines directly
+above it hold one (a long line's TODOV1 stands there), else as missed; the sites it no
 longer finds count as rewritten (a reader kept with the legacy state its builder keeps counts as
 flagged: the builder's one TODOV1, ``groups.<builder> kept with ...``, stands for them — a lettered
 getter for an AutoTP builder, an expert getter for an expert builder). Families:
@@ -53,7 +54,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("groups", "topology", "grid", "initialize", "mpu", "bwc")
@@ -343,16 +344,27 @@ def scan_source(source: str, names: LegacyNames, original: Optional[str] = None)
     return scan.sites
 
 
-def flagged(site: Site, lines: list[str]) -> bool:
+# a tree's own copy of a module that defines the legacy APIs (a vendored DeepSpeed): the codemods
+# never rewrite it, as the installed one (codemods._engine.legacy_names.DEFINING_MODULES)
+DEFINING_COPIES = ("deepspeed/utils/groups.py", "deepspeed/runtime/pipe/topology.py")
+
+
+def flagged(site: Site, lines: list[str], advice: Sequence[str] = ()) -> bool:
     """The site's statement carries a TODOV1, or it is a reader kept with the legacy state a builder
-    in this file keeps (the builder's one TODOV1 names it: ``kept with <name>:<line>``)."""
+    in this file keeps (the builder's one TODOV1 names it: ``kept with <name>:<line>``, in the
+    comment or in its full ``advice``, the run's listing of the file's TODOV1s)."""
     if any("TODOV1" in lines[i - 1] for i in range(site.start, min(site.end, len(lines)) + 1)):
         return True
+    above = site.start - 1  # a TODOV1 standing above the statement (a long line's), continued on "#   " lines
+    while 1 <= above <= len(lines) and lines[above - 1].lstrip().startswith("#"):
+        if "TODOV1" in lines[above - 1]:
+            return True
+        above -= 1
     name = re.match(r"[\w.]*?(\w+)\(", site.text)
     if not name:
         return False
     reader = name.group(1)
-    for line in lines:
+    for line in [*lines, *(f"TODOV1: {text}" for text in advice)]:
         kept = re.search(r"TODOV1: groups\.(\w+) kept with", line)
         if kept is None:
             continue
@@ -445,10 +457,13 @@ def referee(tree: Path, names: LegacyNames, pythons: dict[str, str], keep: Optio
     result.failed_sites = [f"{Path(f['path']).relative_to(copy)}:{f['line']} {f['why']}" for f in summary.get("failed_sites", [])]
     result.sites_reported = sum(summary.get("sites_rewritten", {}).values())
     result.todos_reported = sum(summary.get("sites_todo", {}).values())
+    advice: dict[Path, list[str]] = {}  # each file's TODOV1s, their full advice
+    for todo in summary.get("todos", []):
+        advice.setdefault(Path(todo["path"]).resolve().relative_to(copy.resolve()), []).extend(todo.get("advice", []))
     changed = []
     for rel, before in originals.items():
-        if before is None:
-            continue
+        if before is None or rel.as_posix().endswith(DEFINING_COPIES):
+            continue  # (a tree's copy of a module defining the legacy APIs: never rewritten, no sites)
         after = _read(copy / rel)
         if after != before:
             changed.append(rel)
@@ -461,7 +476,7 @@ def referee(tree: Path, names: LegacyNames, pythons: dict[str, str], keep: Optio
         kept = Counter()
         for site in new_sites:
             kept[site.family] += 1
-            if flagged(site, lines):
+            if flagged(site, lines, advice.get(rel, ())):
                 result.flagged[site.family] += 1
             else:
                 result.missed[site.family] += 1

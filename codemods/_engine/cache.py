@@ -25,10 +25,13 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # codemods/: the engine and the 
 _MAX_ENTRIES = 200_000
 
 
-def content_hash(text: str, module: Optional[str] = None, package: Optional[str] = None) -> str:
-    """The cache key of ``text`` migrated as ``module`` in ``package`` (None: outside any package)."""
+def content_hash(text: str, module: Optional[str] = None, package: Optional[str] = None, vendored: bool = False) -> str:
+    """The cache key of ``text`` migrated as ``module`` in ``package`` (None: outside any package),
+    ``vendored``: in a DeepSpeed copy a tree ships (codemods._engine.vendored)."""
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
     digest.update(f"\0{module or ''}\0{package or ''}".encode())
+    if vendored:  # (keys of every other file as before)
+        digest.update(b"\0vendored")
     return digest.hexdigest()[:32]
 
 

@@ -118,15 +118,25 @@ def migrate_code(
     package: Optional[str] = None,
     codemods: Sequence[Type[MigrationCommand]] = CODEMODS,
     comm_to_torch: bool = False,
+    vendored: bool = False,
 ) -> Migration:
     """Run ``codemods`` over ``source`` (plus the opt-in ``deepspeed.comm`` → ``torch.distributed``
-    codemod with ``comm_to_torch``); raises ``libcst.ParserSyntaxError`` if it does not parse."""
+    codemod with ``comm_to_torch``); raises ``libcst.ParserSyntaxError`` if it does not parse.
+
+    With ``vendored``, a ``module`` inside a ``deepspeed`` package is a copy a user's tree ships
+    (codemods._engine.vendored): it gets the user-code rules (its relative imports still resolve in
+    ``package``), never the runtime lines, and a copy of a module defining legacy APIs is skipped."""
+    library = False
+    if vendored and _in_deepspeed(module):
+        if module in DEFINING_MODULES:
+            return Migration(source, skipped=f"{module} (a vendored copy) defines legacy APIs")
+        module, library = None, True
     if comm_to_torch and CommToTorchCommand not in codemods:
         codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
     source = source[len(bom):]
     with fast_visits(), collecting() as advice:  # fast: read-only visitors walk trees without copying them
-        migration = _migrate(source, filename, module, package, codemods)
+        migration = _migrate(source, filename, module, package, codemods, library)
     migration.code = bom + migration.code
     written = unwrap(migration.code)  # (a comment wrapped over lines is looked up whole)
     migration.advice = {comment: full for comment, full in advice.items() if comment in written}
@@ -141,7 +151,7 @@ def _parses(source: str) -> bool:
     return True
 
 
-def _migrate(source, filename, module, package, codemods) -> Migration:
+def _migrate(source, filename, module, package, codemods, library=False) -> Migration:
     # A file no codemod can change is only checked to parse (with the fast ``ast`` parser; libcst's
     # parser then reports one that does not). Cleanup codemods need another codemod's rewrite first.
     if not any(marker in source for marker in _MARKERS) and not _RELATIVE_IMPORT.search(source):
@@ -150,7 +160,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
         return Migration(source, skipped="no legacy import")
     if len(source) >= chunks.MIN_BYTES and module not in DEFINING_MODULES:
         try:
-            pieces = _migrate_in_pieces(source, filename, module, package, codemods)
+            pieces = _migrate_in_pieces(source, filename, module, package, codemods, library)
         except Exception:  # e.g. a group libcst cannot parse: the whole-file path reports it as it does
             logger.debug("big file migrated whole: the piecewise path failed", exc_info=True)
             pieces = None
@@ -171,7 +181,7 @@ def _migrate(source, filename, module, package, codemods) -> Migration:
     # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
     # code is the source (libcst round-trips exactly): no printing
     code = source if tree is parsed else tree.code
-    if code != source and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites):  # library code never installs
+    if code != source and not library and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites):  # library code never installs
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
@@ -279,7 +289,7 @@ def _whole_file(reason: str) -> None:
     return None
 
 
-def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[Migration]:
+def _migrate_in_pieces(source, filename, module, package, codemods, library=False) -> Optional[Migration]:
     """The whole-file migration of a big ``source`` computed a group of top-level definitions at a
     time (codemods._engine.chunks), or None when the file's shape or what the codemods did in a group
     leaves any doubt that the whole-file path gives these bytes (then that path runs).
@@ -365,7 +375,7 @@ def _migrate_in_pieces(source, filename, module, package, codemods) -> Optional[
         return _whole_file("an unchanged group names a legacy import that the others remove")
     rest = "".join(pieces)
     code = head + rest
-    if not _in_deepspeed(module) and needs_runtime(source, code, sites):
+    if not library and not _in_deepspeed(module) and needs_runtime(source, code, sites):
         if not module_imports_deepspeed(cst.parse_module(head)):  # the lines would go into functions
             return _whole_file("the header imports no deepspeed module")
         head = chunks.header_with_runtime(head, add_runtime)

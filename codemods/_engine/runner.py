@@ -16,6 +16,7 @@ import libcst as cst
 from .files import module_and_package, read_source
 from .cache import FixedPoints, content_hash
 from .pipeline import migrate_code
+from .vendored import vendored_copy
 from .todo_wrap import numbered
 
 logger = logging.getLogger(__name__)
@@ -94,8 +95,11 @@ def write_atomically(path: Path, text: str, encoding: str = "utf-8") -> None:
         raise
 
 
-def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to_torch: bool = False) -> FileReport:
-    """Migrate one file; errors (unreadable, unparsable) are reported, never raised."""
+def migrate_file(
+    path: str, write: bool = True, want_diff: bool = False, comm_to_torch: bool = False, vendored: bool = False,
+) -> FileReport:
+    """Migrate one file (``vendored``: a file of a DeepSpeed copy a tree ships, codemods._engine.vendored);
+    errors (unreadable, unparsable) are reported, never raised."""
     report = FileReport(path)
     file = Path(path)
     try:
@@ -105,7 +109,9 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
         report.error = f"cannot read: {err}"
         return report
     try:
-        result = migrate_code(source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch)
+        result = migrate_code(
+            source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch, vendored=vendored,
+        )
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
         return report
@@ -119,7 +125,7 @@ def migrate_file(path: str, write: bool = True, want_diff: bool = False, comm_to
     report.changed = result.code != source
     if report.changed and result.advice:
         report.todo_lines = written_todos(source, result.code, result.advice)
-    report.fixed = content_hash(result.code, module, package)
+    report.fixed = content_hash(result.code, module, package, vendored)
     if report.changed and want_diff:
         lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
         # a last line without a newline gets the marker patch tools expect (and no glued next line)
@@ -158,7 +164,7 @@ def _lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def _migrate_star(args: tuple[str, bool, bool, bool]) -> FileReport:
+def _migrate_star(args: tuple[str, bool, bool, bool, bool]) -> FileReport:
     return migrate_file(*args)
 
 
@@ -172,16 +178,22 @@ def run(
     progress: Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]] = None,
     comm_to_torch: bool = False,
     cache: Optional[FixedPoints] = None,
+    roots: Optional[Sequence[Path]] = None,
+    deepspeed_rules: str = "auto",
 ) -> Summary:
-    """Migrate ``paths`` with ``jobs`` worker processes; ``on_report`` sees reports in ``paths`` order."""
+    """Migrate ``paths`` with ``jobs`` worker processes; ``on_report`` sees reports in ``paths`` order.
+
+    ``roots``: the paths the run was given (default: ``paths`` themselves), which tell a DeepSpeed
+    package from a copy a tree vendors, as ``deepspeed_rules`` says (codemods._engine.vendored)."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs} is not valid; it must be at least 1")
-    tasks = [(str(p), write, want_diff, comm_to_torch) for p in paths]
+    copies = [vendored_copy(Path(p), [Path(p)] if roots is None else roots, deepspeed_rules) for p in paths]
+    tasks = [(str(p), write, want_diff, comm_to_torch, copy) for p, copy in zip(paths, copies)]
     summary = Summary()
     known: dict[int, FileReport] = {}
     if cache is not None:  # files already migrated by these codemods need no parse
         for index, path in enumerate(paths):
-            digest = _file_hash(path)
+            digest = _file_hash(path, copies[index])
             todos = cache.get(digest) if digest is not None else None
             if todos is not None:
                 known[index] = FileReport(str(path), todos=Counter(todos), fixed=digest, cached=True)
@@ -189,7 +201,7 @@ def run(
         pending = [i for i in range(len(tasks)) if i not in known]
         inner = run(
             [paths[i] for i in pending], jobs=jobs, write=write, want_diff=want_diff, comm_to_torch=comm_to_torch,
-            on_report=None, progress=progress, cache=None,
+            on_report=None, progress=progress, cache=None, roots=roots, deepspeed_rules=deepspeed_rules,
         )
         merged: dict[int, FileReport] = dict(known)
         for i, report in zip(pending, inner.reports):
@@ -215,10 +227,11 @@ def run(
     return summary
 
 
-def _file_hash(path) -> Optional[str]:
-    """The cache key of ``path``: its text and its place (module and package, which the rules depend on)."""
+def _file_hash(path, vendored: bool = False) -> Optional[str]:
+    """The cache key of ``path``: its text and its place (module and package, and whether it is in a
+    vendored DeepSpeed copy, which the rules depend on)."""
     try:
-        return content_hash(read_source(path)[0], *module_and_package(Path(path)))
+        return content_hash(read_source(path)[0], *module_and_package(Path(path)), vendored)
     except (OSError, UnicodeDecodeError, SyntaxError):
         return None
 

@@ -64,3 +64,29 @@ def test_a_grid_behind_a_subscript_a_pre_0_6_name_and_an_mpu_parameter_are_sites
         "def g(mpu):\n    return mpu.get_data_parallel_rank(), groups.expert_parallel_is_initialized()\n"
     )
     assert families(referee, names, source) == Counter({"grid": 1, "mpu": 1, "groups": 1})
+
+
+def test_a_todo_standing_above_its_statement_flags_it(referee, names):
+    source = ("from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology\n\n"
+              "def topo(pp, mp, dp):\n    x = 1\n    return PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp)\n")
+    site = referee.scan_source(source, names)[0]
+    lines = source.splitlines()
+    assert not referee.flagged(site, lines)
+    above = lines[:4] + ["    # TODOV1: hand it mesh_core.pipeline_topology(pp=pp, tp=mp, dp=dp);",
+                         "    #   ds-migrate --explain topology"] + lines[4:]
+    moved = referee.scan_source("\n".join(above) + "\n", names)[0]
+    assert referee.flagged(moved, above)
+    assert not referee.flagged(moved, above[:4] + ["    # a comment"] + above[5:])
+
+
+def test_a_reader_kept_with_its_builder_is_flagged_through_the_builders_full_advice(referee, names):
+    source = ("from deepspeed.utils import groups\n\n"
+              "def layer(name):\n"
+              "    # TODOV1: use \"mesh\": {\"ep\": N} and <mesh>.expert_groups(N); ds-migrate --explain groups\n"
+              "    groups._create_expert_and_data_parallel(2)\n"
+              "    return groups._get_expert_parallel_group(name)\n")
+    lines = source.splitlines()
+    reader = [s for s in referee.scan_source(source, names) if "_get_expert" in s.text][0]
+    assert not referee.flagged(reader, lines)  # the short comment does not name its readers
+    advice = ["groups._create_expert_and_data_parallel kept with _get_expert_parallel_group:6: its readers ..."]
+    assert referee.flagged(reader, lines, advice)
