@@ -19,6 +19,7 @@ from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 # what DeepSpeed 0.19.8's engine, ZeRO, pipe engine, checkpointing, MoE and bwc helpers call or probe

@@ -26,7 +26,7 @@ import compat.install as installer
 from compat.deprecation import LegacyAPIDeprecationWarning
 from mesh_core import MeshSpecError
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture
 

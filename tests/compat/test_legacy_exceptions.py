@@ -21,6 +21,7 @@ from fakepg import fake_world
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 WORLDS = [(1, 4), (7, 8)]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 # one rank of a world of one, deepspeed on the shim, as a DS_MESH=1 job's first init_distributed
 FIRST_RUN = """

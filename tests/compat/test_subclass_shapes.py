@@ -24,6 +24,7 @@ from test_compat_topology import GRID_ATTRS, GRID_GROUPS, GRID_METHODS, ranks_of
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, current_mesh, use_mesh
 
+pytestmark = pytest.mark.torch_releases
+
 
 class _Mpu:
     """A Megatron-style mpu over the groups of ``mesh`` (what parallel_state would hold)."""

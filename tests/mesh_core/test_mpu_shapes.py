@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 
 class DataModelMPU:

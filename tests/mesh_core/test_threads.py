@@ -15,6 +15,8 @@ from fakepg import fake_world
 from mesh_core import MeshSpec, MeshSpecError
 from mesh_core.consistency import ConcurrentCheckError, mesh_fields
 
+pytestmark = pytest.mark.torch_releases
+
 JOIN_S = 30
 
 

@@ -14,6 +14,8 @@ from mesh_core import MeshSpec
 from mesh_core.transfer_engines import AUTOTP_META
 from mesh_core.transfer_jobs import WeightLink
 
+pytestmark = pytest.mark.torch_releases
+
 FULL_WEIGHT = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
 FULL_BIAS = torch.tensor([0.5, -1.0, 2.0])
 
