@@ -14,7 +14,8 @@ import compat.groups as cgroups
 from compat import topology as ctopology
 from compat.mpu import MeshMPU, mesh_from_mpu
 from fakepg import fake_world, record_new_groups
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from megatron_mpu import MegatronMPU
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
 pytestmark = [
     pytest.mark.deepspeed,
@@ -150,31 +151,12 @@ def test_mesh_mpu_rejects_non_meshes():
 
 
 # --- mpu -> mesh -------------------------------------------------------------------------------
-class MegatronStyleMPU:
-    """A user's mpu built from explicit rank lists (order pp, dp, tp, like Megatron-LM)."""
-
-    def __init__(self, pp, dp, tp, *, tp_lists=None):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        spec = MeshSpec.build(world, pp=pp, dp=dp, tp=tp)
-        from mesh_core import MeshLayout
-
-        layout = MeshLayout(spec)
-        self._groups = {}
-        lists = {"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"), "pp": layout.groups("pp")}
-        for dim, rank_lists in lists.items():
-            for ranks in rank_lists:
-                group = dist.new_group(ranks=ranks)
-                if rank in ranks:
-                    self._groups[dim] = group
-
-    def get_data_parallel_group(self):
-        return self._groups["dp"]
-
-    def get_tensor_model_parallel_group(self):
-        return self._groups["tp"]
-
-    def get_pipeline_model_parallel_group(self):
-        return self._groups["pp"]
+def megatron_style_mpu(pp, dp, tp, *, tp_lists=None):
+    """A user's mpu built from explicit rank lists (order pp, dp, tp, like Megatron-LM): its dp, tp
+    and pp group getters."""
+    layout = MeshLayout(MeshSpec.build(dist.get_world_size(), pp=pp, dp=dp, tp=tp))
+    return MegatronMPU.of_rank_lists({"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"),
+                                      "pp": layout.groups("pp")})
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,14 +165,14 @@ def test_mesh_from_megatron_style_mpu_adopts_its_groups(pp, dp, tp, data):
     world = pp * dp * tp
     rank = data.draw(st.integers(0, world - 1))
     with fake_world(rank, world):
-        user = MegatronStyleMPU(pp, dp, tp)
+        user = megatron_style_mpu(pp, dp, tp)
         with record_new_groups() as calls:
             mesh = mesh_from_mpu(user)
         assert (mesh.size("pp"), mesh.size("dp"), mesh.size("tp")) == (pp, dp, tp)
         assert calls == []  # the mpu's communicators are adopted, none created
         for dim in ("dp", "tp", "pp"):
-            assert mesh.get_group(dim) is user._groups[dim] or mesh.size(dim) == 1
-            assert sorted(mesh.get_group_ranks(dim)) == ranks_of(user._groups[dim])
+            assert mesh.get_group(dim) is user.groups[dim] or mesh.size(dim) == 1
+            assert sorted(mesh.get_group_ranks(dim)) == ranks_of(user.groups[dim])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -234,7 +216,7 @@ def test_mesh_from_grids_and_mesh_mpu_round_trip(pp, tp, dp, legacy, data):
 def test_mesh_from_mpu_errors_are_clear():
     with fake_world(1, 4, deepspeed_comm=True):
         # tp groups [0, 3] / [1, 2] with dp groups [0, 1] / [2, 3]: not the groups of any row-major mesh
-        bad = MegatronStyleMPU(1, 2, 2, tp_lists=[[0, 3], [1, 2]])
+        bad = megatron_style_mpu(1, 2, 2, tp_lists=[[0, 3], [1, 2]])
         with pytest.raises(MeshSpecError, match="not evenly strided|not a row-major mesh"):
             mesh_from_mpu(bad)
         from deepspeed.runtime.sequence_parallel import parallel_state_sp
@@ -244,12 +226,10 @@ def test_mesh_from_mpu_errors_are_clear():
         with pytest.raises(MeshSpecError, match="not a Megatron-style mpu"):
             mesh_from_mpu(object())
 
-        class Overlapping(MegatronStyleMPU):  # dp claims the whole world while tp is 2: 4 * 2 != 4
-            def get_data_parallel_group(self):
-                return dist.GroupMember.WORLD
-
+        overlapping = megatron_style_mpu(1, 2, 2)
+        overlapping.groups["dp"] = dist.GroupMember.WORLD  # dp claims the whole world while tp is 2: 4 * 2 != 4
         with pytest.raises(MeshSpecError, match="do not form a mesh"):
-            mesh_from_mpu(Overlapping(1, 2, 2))
+            mesh_from_mpu(overlapping)
 
 
 def test_mesh_from_mesh_mpu_with_sequence_parallel():
@@ -282,7 +262,7 @@ def test_mesh_mpu_and_mesh_from_mpu_are_collective_safe():
 
     def calls_on(rank):
         with fake_world(rank, 12):
-            user = MegatronStyleMPU(3, 2, 2)  # the user's own (world-collective) groups
+            user = megatron_style_mpu(3, 2, 2)  # the user's own (world-collective) groups
             with record_new_groups() as calls:
                 mesh = mesh_from_mpu(user)
                 MeshMPU(mesh)

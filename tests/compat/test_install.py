@@ -20,6 +20,7 @@ import torch.distributed as dist
 import wrapt
 
 from fakepg import FAKE_RANK, FAKE_WORLD, fake_world, group_count
+from megatron_mpu import ALL_GETTERS, MegatronMPU
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import compat.install as installer
@@ -493,42 +494,14 @@ def test_the_engine_mesh_runs_on_the_default_groups_device(shim, world, monkeypa
     assert engine.mesh_device.device_mesh.device_type == "meta"
 
 
-class _TensorOuterMPU:
+def _tensor_outer_mpu() -> MegatronMPU:
     """A Megatron-style mpu whose dp groups are consecutive ranks ([0, 1], [2, 3]) and whose tp
     groups are strided ([0, 2], [1, 3]): a valid layout, just not the mesh's default order."""
-
-    def __init__(self) -> None:
-        rank = dist.get_rank()
-        for name, partition in (("tp", ([0, 2], [1, 3])), ("dp", ([0, 1], [2, 3]))):
-            for members in partition:
-                group = dist.new_group(members)
-                if rank in members:
-                    setattr(self, f"_{name}", (group, members))
-
-    def get_data_parallel_group(self):
-        return self._dp[0]
-
-    def get_data_parallel_world_size(self):
-        return len(self._dp[1])
-
-    def get_data_parallel_rank(self):
-        return self._dp[1].index(dist.get_rank())
-
-    def get_data_parallel_group_ranks(self):
-        return self._dp[1]
-
-    def get_tensor_model_parallel_group(self):
-        return self._tp[0]
-
-    def get_tensor_model_parallel_world_size(self):
-        return len(self._tp[1])
-
-    def get_tensor_model_parallel_rank(self):
-        return self._tp[1].index(dist.get_rank())
-
-    get_model_parallel_group = get_tensor_model_parallel_group
-    get_model_parallel_world_size = get_tensor_model_parallel_world_size
-    get_model_parallel_rank = get_tensor_model_parallel_rank
+    return MegatronMPU.of_rank_lists(
+        {"tp": ([0, 2], [1, 3]), "dp": ([0, 1], [2, 3])},
+        names={"data_parallel": "dp", "tensor_model_parallel": "tp", "model_parallel": "tp"},
+        getters={"data_parallel": ALL_GETTERS, "tensor_model_parallel": ("group", "world_size", "rank"),
+                 "model_parallel": ("group", "world_size", "rank")})
 
 
 @pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")
@@ -537,13 +510,13 @@ def test_an_mpu_or_mesh_in_its_own_rank_order_is_taken_as_is_unless_the_config_s
 
     from mesh_core import DeepSpeedDeviceMesh
 
-    mpu = _TensorOuterMPU()
+    mpu = _tensor_outer_mpu()
     engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mpu=mpu)[0]
     assert engine.data_parallel_group is mpu.get_data_parallel_group()  # as without the shim
     assert engine.mesh_device.get_group_ranks("dp") == [0, 1] and engine.mesh_device.get_group_ranks("tp") == [1, 3]
     given = DeepSpeedDeviceMesh.build(order=("tp", "dp"), tp=2, dp=2)
     assert deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh=given)[0].mesh_device is given
-    with pytest.raises(MeshSpecError, match="the config.*mpu=_TensorOuterMPU"):
+    with pytest.raises(MeshSpecError, match="the config.*mpu=MegatronMPU"):
         deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"order": ["dp", "tp"]}), mpu=mpu)
 
 
