@@ -94,7 +94,7 @@ def test_mesh_mpu_serves_every_engine_method_from_the_mesh(case):
             group = getattr(mpu, f"get_{kind}_group")()
             assert ranks_of(group) == sorted(mesh.get_group_ranks(dims))
             assert getattr(mpu, f"get_{kind}_world_size")() == mesh.size(dims) == dist.get_world_size(group)
-            assert getattr(mpu, f"get_{kind}_rank")() == mesh.get_rank(dims) == dist.get_rank(group)
+            assert getattr(mpu, f"get_{kind}_rank")() == mesh.get_local_rank(dims) == dist.get_rank(group)
         assert mpu.get_data_parallel_group_ranks() == mesh.get_group_ranks("dp")
         assert mpu.get_tensor_model_parallel_src_rank() == min(mesh.get_group_ranks("tp"))
         assert mpu.get_model_parallel_world_size() == sizes["pp"] * sizes["tp"]
@@ -132,7 +132,7 @@ def test_deepspeed_reads_a_mesh_mpu_correctly():
         mesh = DeepSpeedDeviceMesh(MeshSpec.build(16, pp=2, dp=2, sp=2, tp=2), flatten=[("dp", "sp")])
         mpu = MeshMPU(mesh)
         assert bwc.bwc_tensor_model_parallel_group(mpu) is mesh.get_group("tp")
-        assert bwc.bwc_tensor_model_parallel_rank(mpu) == mesh.get_rank("tp") == 1
+        assert bwc.bwc_tensor_model_parallel_rank(mpu) == mesh.get_local_rank("tp") == 1
         assert bwc.bwc_pipeline_parallel_group(mpu) is mesh.get_group("pp")
         assert bwc.bwc_pipeline_parallel_world_size(mpu) == 2
         legacy_groups.mpu = mpu

@@ -131,7 +131,7 @@ def test_the_world_mesh_has_sp_of_one_and_no_sp_group():
     with fake_world(2, 8):
         mesh = current_mesh()
         assert isinstance(mesh, DeepSpeedDeviceMesh)
-        assert (mesh.size("sp"), mesh.get_rank("sp"), mesh.size("dp")) == (1, 0, 8)
+        assert (mesh.size("sp"), mesh.get_local_rank("sp"), mesh.size("dp")) == (1, 0, 8)
         assert sorted(dist.get_process_group_ranks(mesh.get_group("dp"))) == list(range(8))
         assert sorted(dist.get_process_group_ranks(mesh.get_group(("dp", "sp")))) == list(range(8))
         for dims in ("sp", ("sp",)):
@@ -179,7 +179,7 @@ def test_bwc_helpers_plain_shim_and_migrated(rank, world, with_mpu):
             err = outcome(lambda: mesh_of(mpu).get_group("pp"))[1]
             assert isinstance(err, AssertionError) and isinstance(err, AttributeError)
             assert "does not support a pipeline parallel group" in str(err)
-            assert mesh_of(mpu).get_rank("pp") == 0
+            assert mesh_of(mpu).get_local_rank("pp") == 0
 
 
 def _engine_mpu_pipeline_answers(rank, world, monkeypatch, *, shim_installed):
