@@ -2,8 +2,10 @@
 
 Checks the installed torch / deepspeed / libcst against the supported ranges, the ``DS_MESH``
 start-up hook and variable, the accelerator and communication backend a job would use (NCCL's
-version where present), and DeepSpeed's shared-memory op on CPU (built, building, or a stale lock
-with the command that clears it); then one verdict line. ``--json`` prints the same as JSON. The exit
+version where present; whether ``nccl`` would be torch's nccl2 engine, which ds-mesh refuses), and
+DeepSpeed's shared-memory op on CPU (built, absent, built but rebuilt by the next run, building, or
+a stale lock with the command that clears it; the lock read as the installed torch's JIT build uses
+it); then one verdict line. ``--json`` prints the same as JSON. The exit
 code is 1 when something would stop a job.
 
 A top-level module beside ``_ds_mesh_startup`` (the layers' packages import torch; this must answer
@@ -168,18 +170,35 @@ def visible_gpus() -> int:
         return 0
 
 
-def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None) -> dict[str, Any]:
+def nccl_engine(torch_version: Optional[str], environ) -> str:
+    """What ``init_process_group("nccl")`` builds on ``torch_version`` with ``TORCH_DIST_USE_NCCL2`` as set:
+    ``"nccl2"`` (torch 2.15 unless it is ``0``; 2.14 when it is ``1``) or ``"nccl"`` (stock ProcessGroupNCCL)."""
+    release, setting = _release(torch_version or ""), environ.get("TORCH_DIST_USE_NCCL2")
+    if release is not None and release >= (2, 15, 0):
+        return "nccl" if setting == "0" else "nccl2"
+    return "nccl2" if release is not None and release >= (2, 14, 0) and setting == "1" else "nccl"
+
+
+def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None,
+                      torch_version: Optional[str] = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     chosen = environ.get("DS_ACCELERATOR")
     accelerator = chosen or ("cuda" if build.get("cuda") and gpus else "cpu")
     backend = {"cuda": "nccl", "cpu": "gloo"}.get(accelerator, "the accelerator's")
     nccl = next(filter(None, (installed_version(f"nvidia-nccl-cu{v}") for v in (13, 12, 11))), None)
     torch_kind = f"CUDA {build['cuda']}" if build.get("cuda") else f"ROCm {build['hip']}" if build.get("hip") else "CPU"
-    detail = (f"torch is a {torch_kind} build; {gpus} NVIDIA GPU(s) visible; accelerator {accelerator}"
+    gpu_count = f"{gpus or 'no'} NVIDIA GPU{'' if gpus == 1 else 's'}"
+    detail = (f"torch is a {torch_kind} build; {gpu_count} visible; accelerator {accelerator}"
               f"{' (DS_ACCELERATOR)' if chosen else ''}, backend {backend}" + (f"; NCCL {nccl}" if nccl else ""))
     status = OK
+    engine = nccl_engine(installed_version("torch") if torch_version is None else torch_version, environ)
     if accelerator == "cuda" and not build.get("cuda"):
         status, detail = FAIL, detail + ": DS_ACCELERATOR=cuda needs a CUDA build of torch"
+    elif backend == "nccl" and engine == "nccl2":
+        status, detail = FAIL, detail + (
+            ": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
+            f"{environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 "
+            "(docs/nccl.md)")
     elif accelerator == "cpu" and build.get("cuda") and gpus and not chosen:
         status = WARN
     return {"check": "accelerator", "status": status, "accelerator": accelerator, "backend": backend,
@@ -215,20 +234,121 @@ def live_builders(directory: str) -> list[int]:
     return pids
 
 
-def shm_op_state(directory: str, now: Optional[float] = None) -> dict[str, Any]:
-    """``state``: ``built``, ``absent`` (the next run builds it), ``building`` or ``stale`` (a lock
-    no live process holds: every run waits on it forever)."""
+FILELOCK, BATON = "filelock", "baton"
+
+
+def lock_rule(torch_version: Optional[str]) -> str:
+    """How ``torch.utils.cpp_extension`` of ``torch_version`` marks a JIT build in progress in the
+    build directory's ``lock``: :data:`FILELOCK` from torch 2.14 (``filelock.FileLock``: a build runs
+    while a process holds the file's flock; the empty file stays after every build, and a killed
+    builder's flock goes with it) or :data:`BATON` up to 2.13 (``FileBaton``: the file exists exactly
+    while a build runs, so a killed build leaves it behind, and every later run waits on it forever)."""
+    release = _release(torch_version or "")
+    return FILELOCK if release is not None and release >= (2, 14, 0) else BATON
+
+
+def lock_held(lock: str) -> Optional[bool]:
+    """Whether some process holds ``lock``'s flock (tried without waiting, released at once);
+    None when the file cannot be opened."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _package_dir(name: str) -> Optional[str]:
+    """Where package ``name`` would be imported from (found, not imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.realpath(locations[0]) if locations else None
+
+
+def _under(path: str, directory: str) -> bool:
+    return os.path.realpath(path).startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def rebuild_reason(directory: str) -> Optional[str]:
+    """Why the next JIT build redoes the op although its library is there (its ``build.ninja`` names
+    another torch or DeepSpeed than this environment's, or a source or torch's headers are newer than
+    the library: ninja rebuilds then; a cache shared by several venvs or releases), or None."""
+    library = os.path.join(directory, f"{SHM_OP}.so")
+    try:
+        with open(os.path.join(directory, "build.ninja"), encoding="utf-8") as fh:
+            text = fh.read()
+        built_at = os.stat(library).st_mtime
+    except OSError:
+        return None
+    torch_dir, deepspeed_dir = _package_dir("torch"), _package_dir("deepspeed")
+    includes = re.findall(r"-isystem\s+(\S+)", text)
+    built_torch = next((os.path.dirname(i) for i in includes if i.rstrip("/").endswith(os.path.join("torch", "include"))),
+                       None)
+    if torch_dir and built_torch and os.path.realpath(built_torch) != torch_dir:
+        return f"built against the torch in {os.path.dirname(built_torch)}, this environment's is in " \
+               f"{os.path.dirname(torch_dir)}"
+    sources = re.findall(r"^build \S+: compile (\S+)$", text, flags=re.MULTILINE)
+    for source in sources:
+        if deepspeed_dir and not _under(source, deepspeed_dir):
+            return f"built from DeepSpeed's sources in {source.split(os.sep + 'deepspeed' + os.sep)[0]}, this " \
+                   f"environment's DeepSpeed is in {os.path.dirname(deepspeed_dir)}"
+        try:
+            if os.stat(source).st_mtime > built_at:
+                return f"its source {source} changed after the build"
+        except OSError:
+            return f"its source {source} is gone"
+    if torch_dir:
+        try:
+            if os.stat(os.path.join(torch_dir, "include", "torch", "extension.h")).st_mtime > built_at:
+                return f"the torch in {os.path.dirname(torch_dir)} was installed after the build"
+        except OSError:
+            pass
+    return None
+
+
+def shm_op_state(directory: str, now: Optional[float] = None, torch_version: Optional[str] = None) -> dict[str, Any]:
+    """``state``: ``built``, ``absent`` (the next run builds it), ``rebuild`` (built, but the next run
+    builds it again: ``rebuild_reason``), ``building`` or ``stale`` (a :data:`BATON` lock no live
+    process holds: every run waits on it forever). ``lock_rule`` is the installed torch's
+    (``torch_version``, default the installed one's): under :data:`FILELOCK` a ``lock`` means a
+    build only while its flock is held, and never goes stale."""
     lock = os.path.join(directory, "lock")
     library = os.path.join(directory, f"{SHM_OP}.so")
-    state: dict[str, Any] = {"directory": directory, "lock": lock, "built": os.path.isfile(library)}
+    rule = lock_rule(installed_version("torch") if torch_version is None else torch_version)
+    state: dict[str, Any] = {"directory": directory, "lock": lock, "lock_rule": rule, "built": os.path.isfile(library)}
     try:
         age = (time.time() if now is None else now) - os.stat(lock).st_mtime
     except OSError:
-        state["state"] = "built" if state["built"] else "absent"
-        return state
-    builders = live_builders(directory)
-    state.update(lock_age_s=round(age, 1), builders=builders)
-    state["state"] = "building" if builders or age < LIVE_BUILD_GRACE_S else "stale"
+        age = None
+    if age is not None and rule == FILELOCK and lock_held(lock):
+        state.update(lock_age_s=round(age, 1), builders=live_builders(directory), state="building")
+    elif age is not None and rule == BATON:
+        builders = live_builders(directory)
+        state.update(lock_age_s=round(age, 1), builders=builders)
+        state["state"] = "building" if builders or age < LIVE_BUILD_GRACE_S else "stale"
+    elif not state["built"]:
+        state["state"] = "absent"
+    else:
+        reason = rebuild_reason(directory)
+        state["state"] = "built" if reason is None else "rebuild"
+        if reason is not None:
+            state["rebuild_reason"] = reason
     return state
 
 
@@ -248,6 +368,8 @@ def check_shm_op(accelerator: str, environ=None) -> dict[str, Any]:
         "built": f"{SHM_OP} built ({state['directory']})",
         "absent": f"{SHM_OP} not built yet: the first DeepSpeed run on CPU builds it ({SHM_BUILD_TIME}) into "
                   f"{state['directory']}",
+        "rebuild": f"{SHM_OP} is built in {state['directory']} but the next DeepSpeed run on CPU builds it again "
+                   f"({SHM_BUILD_TIME}): {state.get('rebuild_reason')}",
         "building": f"{SHM_OP} is being built now (lock {state['lock']}, processes {state.get('builders')})",
         "stale": stale_lock_message(state),
     }[state["state"]]
@@ -303,12 +425,14 @@ def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
     parser.add_argument("--deep", action="store_true", help="also import torch and deepspeed and report what they say")
     args = parser.parse_args(argv)
     result = report(deep=args.deep, hook_ran=hook_ran)
-    if args.json:
-        json.dump(result, out, indent=1)
-        out.write("\n")
-    else:
-        out.write(format_report(result) + "\n")
-    return 0 if result["ok"] else 1
+    code = 0 if result["ok"] else 1
+    try:
+        out.write(json.dumps(result, indent=1) + "\n" if args.json else format_report(result) + "\n")
+        out.flush()
+    except BrokenPipeError:  # the reader stopped early (``mesh doctor --json | head -1``): the verdict stands
+        if out is sys.stdout:  # so that the flush at exit cannot fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 if __name__ == "__main__":

@@ -26,6 +26,19 @@ PTH_LINE = (
 )
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _warned = set()  # (name, value) pairs already reported by switch_on
+# the launchers' rank variables (torchrun / deepspeed, Open MPI, MPICH / Intel MPI, Slurm)
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def launcher_rank(names=RANK_VARS, environ=None):
+    """This process's rank (``LOCAL_RANK_VARS``: its rank on its node) as its launcher set it; 0 outside a job."""
+    environ = os.environ if environ is None else environ
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 # --- the one parser of ds-mesh's on/off environment variables (DS_MESH, DS_MESH_STRICT) -----------
@@ -44,7 +57,7 @@ def switch_on(name, purpose, environ=None):
         value = (os.environ if environ is None else environ).get(name)
         if (name, value) not in _warned:
             _warned.add((name, value))
-            _warn(
+            _warn_once_per_job(
                 f"{name}={value!r} is not understood and is ignored ({name} stays off); use {name}=1 "
                 f"(also true/yes/on) to {purpose}, or {name}=0 to leave it off"
             )
@@ -69,7 +82,7 @@ def main():
         elif not any(isinstance(f, _IgnoredMeshFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _IgnoredMeshFinder())
     except Exception as err:  # a start-up hook must never stop the interpreter
-        _warn(f"{ENV_VAR} start-up hook failed: {err!r}; deepspeed runs without the mesh")
+        _warn_once_per_node(f"{ENV_VAR} start-up hook failed: {err!r}; deepspeed runs without the mesh")
 
 
 class _DeepSpeedFinder:
@@ -83,7 +96,9 @@ class _DeepSpeedFinder:
         try:
             _install()
         except Exception as err:
-            _warn(f"{ENV_VAR}=1 but the shim could not be installed ({type(err).__name__}: {err}); deepspeed runs without the mesh")
+            # once per node (its local rank 0): an unsupported release is a property of the node's install
+            _warn_once_per_node(f"{ENV_VAR}=1 but the shim could not be installed ({type(err).__name__}: {err}); "
+                                "deepspeed runs without the mesh")
             return None
         import importlib.util
 
@@ -184,9 +199,7 @@ def _warn_if_mesh_ignored(original, args, kwargs):
     if section is None:
         return
     _mesh_warned.append(True)
-    if os.environ.get("RANK", "0") not in ("0", ""):
-        return  # one warning per job: rank 0 speaks
-    _warn(
+    _warn_once_per_job(
         f'the config\'s "mesh" section {section!r} is ignored: the ds-mesh shim is off ({ENV_VAR} is not 1), so plain DeepSpeed '
         f"builds its own groups (data parallel over every rank); run with {ENV_VAR}=1 to train on the mesh, "
         'or drop the "mesh" section'
@@ -255,6 +268,18 @@ def _same_file(a, b):
         return os.path.samefile(a, b)
     except OSError:
         return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def _warn_once_per_job(message):
+    """:func:`_warn` on rank 0 of the job only (the other ranks would repeat it word for word)."""
+    if launcher_rank() == 0:
+        _warn(message)
+
+
+def _warn_once_per_node(message):
+    """:func:`_warn` on each node's local rank 0 only."""
+    if launcher_rank(LOCAL_RANK_VARS) == 0:
+        _warn(message)
 
 
 def _warn(message):

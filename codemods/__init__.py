@@ -1,7 +1,7 @@
 """libcst codemods that rewrite legacy DeepSpeed process-group call sites to the mesh API.
 
 Run ``ds-migrate PATH...`` (``python -m codemods.migrate``), or :func:`migrate_code` on one file's
-source. The package is split by role, as libcst's own ``codemod`` package is: this module and
+source (a :class:`~codemods._engine.pipeline.Migration`: the new code and its counts). The package is split by role, as libcst's own ``codemod`` package is: this module and
 :mod:`codemods.migrate` (the CLI) are the faces; ``codemods/_engine/`` is private; the rules are
 ``codemods/rules/``, one module per codemod command (each usable alone with ``python -m
 libcst.tool codemod -x codemods.rules.<rule>.<Command>``), a rule's helpers underscore modules

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from ._engine.cache import FixedPoints
 from ._engine.files import discover
@@ -79,7 +79,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _progress_bar(enabled: bool):
+def _progress_bar(enabled: bool) -> Optional[Callable[[Iterable[FileReport], int], Iterator[FileReport]]]:
     if not enabled:
         return None
     try:
@@ -104,7 +104,7 @@ def format_summary(summary: Summary, seconds: float, wrote: bool) -> str:
     return "\n".join(lines)
 
 
-def todo_list(summary: Summary) -> list[dict]:
+def todo_list(summary: Summary) -> list[dict[str, Any]]:
     """Each TODOV1 comment the run wrote (or would write): path, line, the comment, its full advice
     and the ``ds-migrate --explain`` command it names."""
     out = []

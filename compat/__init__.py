@@ -8,6 +8,8 @@
   :func:`~compat.mpu.mesh_from_mpu` (a mesh from a user's mpu);
 - :mod:`compat.deprecation` — the ``TODOV1:`` :class:`LegacyAPIDeprecationWarning` (its advice is the
   catalog's, :mod:`ds_mesh_advice`: what to write, and the ``ds-migrate --explain`` code);
+- :func:`mesh_topology` — a ``PipelineModule``'s ``topology=`` on a sub-world mesh (a
+  :class:`MeshTopology`; :mod:`compat.subworld_pipe`);
 - :func:`use_engine` — serve the legacy global getters from one engine when several exist
   (outside any engine's step they raise :class:`WrongGridError`; see :mod:`compat.engine_scope`).
 
@@ -22,25 +24,22 @@ from types import ModuleType
 from typing import Any
 
 from . import deprecation, groups, mpu, topology
-from .deprecation import LegacyAPIDeprecationWarning, warn_legacy
+from .deprecation import LegacyAPIDeprecationWarning
 from .engine_scope import WrongGridError, use_engine
-from .mpu import MeshMPU, mesh_from_mpu
 from .subworld_pipe import MeshTopology, mesh_topology  # sub-world pipelines
 
 __all__ = [
     "LegacyAPIDeprecationWarning",
-    "MeshMPU",
     "MeshTopology",
     "WrongGridError",
     "deprecation",
     "groups",
     "install",
-    "mesh_from_mpu",
     "mesh_topology",
     "mpu",
     "topology",
     "uninstall",
-    "warn_legacy",
+    "use_engine",
 ]
 
 

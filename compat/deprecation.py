@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Optional
 
 import ds_mesh_advice
+from _ds_mesh_startup import LOCAL_RANK_VARS, RANK_VARS
 
 __all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "end_probing",
            "job_ranks", "legacy_entry", "speaks_here", "warn_legacy"]
@@ -160,9 +161,7 @@ class LegacyEntry:
 
 
 # --- one warning per job, not one per rank -------------------------------------------------------
-# the launchers' rank variables (torchrun / deepspeed, Open MPI, MPICH / Intel MPI, Slurm)
-RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+# RANK_VARS / LOCAL_RANK_VARS: the launchers' rank variables (one list, the start-up hook's)
 LOUD_ACTIONS = ("error", "always")  # filters that ask every occurrence, so every rank obeys them
 
 

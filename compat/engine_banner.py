@@ -26,9 +26,10 @@ def describe(spec: MeshSpec) -> str:
         text += (f"; HSDP: ZeRO partitions over dp_shard ({spec.dim_size('dp_shard')} ranks) and averages "
                  f"gradients across dp_replicate ({spec.dim_size('dp_replicate')} replicas)")
     if len(spec.ranks) == spec.world_size:
-        text += f"; all {spec.world_size} ranks"
+        text += f"; all {spec.world_size} ranks" if spec.world_size > 1 else "; the world's one rank"
     else:
-        text += f"; ranks {_span(spec.ranks)} of {spec.world_size} (a sub-world engine)"
+        noun = "ranks" if len(spec.ranks) > 1 else "rank"
+        text += f"; {noun} {_span(spec.ranks)} of {spec.world_size} (a sub-world engine)"
     return text + "; engine.mesh_device holds it"
 
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import wrapt
 
 from mesh_core import torch_compat
-from mesh_core.runtime_hooks import add_hint, remove_hint
+from mesh_core.runtime_hooks import add_hint, remove_hint, set_quiet_bound
 
 from . import group_trace, mixed_world, releases
 from .install_patches import ImportRoutes, PatchSet
@@ -85,6 +85,7 @@ def install() -> None:
             group_trace.enable()
             group_trace.set_shim_active(True)
             add_hint(mixed_world.hint)  # ranks that never join: say DS_MESH is likely unset there
+            set_quiet_bound(mixed_world.agree_bound)  # and name them within DS_MESH_AGREE_TIMEOUT
             _routes.activate()
             from . import process_experts
 
@@ -115,6 +116,7 @@ def uninstall() -> None:
         group_trace.set_shim_active(False)
         group_trace.disable()
         remove_hint(mixed_world.hint)
+        set_quiet_bound(None)
         logger.debug("compat uninstalled")
 
 

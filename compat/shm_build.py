@@ -7,9 +7,14 @@ build that was killed leaves a ``lock`` every later run waits on forever. Wrappe
 
 - rank 0 says what is building, where it is cached and how long it takes, before the build, and
   how long it took after (``deepspeed.mesh`` logger, WARNING: quiet through the ``"logging"`` section);
-- a stale lock (no process builds in the directory, older than a starting build's grace) is an
-  error naming the lock and the command that clears it, on every rank, instead of the wait; a
-  build that dies while this rank waits gets the same words logged once.
+  a rebuild of a cached op (another venv or DeepSpeed release sharing the cache) is said the same way,
+  with why it is rebuilt;
+- up to torch 2.13 (``FileBaton``), a stale lock (no process builds in the directory, older than a
+  starting build's grace) is an error naming the lock and the command that clears it, on every rank,
+  instead of the wait; a build that dies while this rank waits gets the same words logged once. From
+  torch 2.14 (``filelock``) the ``lock`` every build leaves means nothing unless its flock is held,
+  and a killed build releases it: no lock goes stale. The rule is ``_ds_mesh_doctor.shm_op_state``'s,
+  which ``mesh doctor`` reports.
 """
 from __future__ import annotations
 
@@ -36,11 +41,15 @@ def build_shm_op_wrapper(wrapped: Callable[[], Any]) -> Callable[[], Any]:
         directory = _jit_directory()
         if directory is None:
             return wrapped()
-        state = shm_op_state(directory)
+        state = shm_op_state(directory, torch_version=_torch_version())
         if state["state"] == "stale":
             raise StaleLockError(stale_lock_message(state))
-        speak = os.environ.get("RANK", "0") in ("0", "") and not state["built"]
-        if speak:
+        speak = os.environ.get("RANK", "0") in ("0", "") and (not state["built"] or state["state"] == "rebuild")
+        if speak and state["state"] == "rebuild":
+            logger.warning("ds-mesh: rebuilding DeepSpeed's shared-memory op %s in %s (%s; every rank waits for it): "
+                           "%s; one more line says when it is ready", SHM_OP, directory, SHM_BUILD_TIME,
+                           state["rebuild_reason"])
+        elif speak:
             logger.warning("ds-mesh: building DeepSpeed's shared-memory op %s for this machine (first CPU run only, "
                            "%s; every rank waits for it), cached in %s for later runs; one more line says when it "
                            "is ready", SHM_OP, SHM_BUILD_TIME, directory)
@@ -57,6 +66,13 @@ def build_shm_op_wrapper(wrapped: Callable[[], Any]) -> Callable[[], Any]:
 
     build_shm_op.__wrapped__ = wrapped  # type: ignore[attr-defined]
     return build_shm_op
+
+
+def _torch_version() -> str:
+    """The running torch's release (its JIT build's lock rule follows it)."""
+    import torch
+
+    return str(torch.__version__)
 
 
 def _jit_directory() -> "str | None":
@@ -80,8 +96,9 @@ def _jit_directory() -> "str | None":
 
 def _watch(directory: str, done: threading.Event) -> None:
     """While this rank waits: name a lock that turned stale (its builder died), once."""
+    version = _torch_version()
     while not done.wait(POLL_S):
-        state = shm_op_state(directory)
+        state = shm_op_state(directory, torch_version=version)
         if state["state"] == "stale":
             logger.error("ds-mesh: %s", stale_lock_message(state))
             return

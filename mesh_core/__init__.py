@@ -4,6 +4,7 @@
 - :class:`MeshLayout` — rank ↔ coordinate and group math over a spec, no torch.distributed;
 - :class:`DeepSpeedDeviceMesh` — the process groups, on top of ``torch.distributed.DeviceMesh``;
 - :func:`spec_from_config` — a spec from a DeepSpeed config (``"mesh"`` section or legacy keys);
+- :class:`ExpertGroups` — one expert-parallel size's groups (``DeepSpeedDeviceMesh.expert_groups``);
 - :func:`transfer_weights` — move a model's weights between two layouts;
 - the current / default mesh (:func:`current_mesh`, :func:`model_mesh`, :func:`default_mesh`,
   :func:`set_default_mesh`, :func:`use_mesh`), :func:`mesh_of` (the mesh of an mpu or grid) and
@@ -18,7 +19,21 @@ the legacy names for them) in :mod:`mesh_core.axis_names`; the supported torch r
 :mod:`mesh_core.row_major`, the spec's constants in :mod:`mesh_core.spec`, ...).
 """
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker reads: the names _HOME loads on first use (a test holds the two equal)
+    from . import axis_names as axis_names, runtime_hooks as runtime_hooks, torch_compat as torch_compat
+    from .absence import AbsentRanksError
+    from .config import spec_from_config
+    from .device_mesh import DeepSpeedDeviceMesh
+    from .expert_table import ExpertGroups
+    from .layout import MeshLayout
+    from .roles.current import current_mesh, model_mesh
+    from .roles.default import default_mesh, set_default_mesh, use_mesh
+    from .roles.mpu_mesh import mesh_of
+    from .roles.pipe_topology import pipeline_topology
+    from .spec import MeshSpec, MeshSpecError
+    from .transfer_engines import transfer_weights
 
 # public name -> the module defining it; each loads on first use (PEP 562), so `import mesh_core`
 # (and `mesh --help`, `mesh show`) imports no torch until a name that needs it is used

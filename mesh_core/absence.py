@@ -9,6 +9,12 @@ not a rank that builds another mesh or is merely late. Each process announces it
 knows it will (the shim, when ``deepspeed.initialize`` starts); the members of a failed check wait,
 bounded, for the announced ones to read the verdict (:func:`builders`).
 
+A layer above that knows every one of its ranks announces itself early (the shim: when the world is
+up) can bound the wait for the others with :func:`set_quiet_bound`: a check whose missing members
+include one that has announced nothing within that bound gives up then, on every waiting member,
+instead of at the process-group timeout (a member that announced itself is still waited for up to
+the timeout: it is late, not absent).
+
 A layer above ``mesh_core`` that knows why ranks may be missing adds its explanation with
 :func:`add_hint` (a callable ``hint(error) -> str | None``, consulted when the error is raised);
 :func:`remove_hint` takes it back. A hint that fails is logged and left out: it never replaces the
@@ -29,8 +35,10 @@ logger = logging.getLogger(__name__)
 BUILDERS_KEY = "mesh_core/builders"  # every rank that has checked a mesh in this world, as "r,"
 
 Hint = Callable[["AbsentRanksError"], Optional[str]]
+QuietBound = Callable[[], Optional[timedelta]]
 
 _hints: list[Hint] = []
+_quiet_bound: Optional[QuietBound] = None
 _lock = threading.Lock()
 _announced: "weakref.WeakSet[Any]" = weakref.WeakSet()  # worlds (default groups) this process announced itself in
 
@@ -67,6 +75,22 @@ def remove_hint(hint: Hint) -> None:
     with _lock:
         if hint in _hints:
             _hints.remove(hint)
+
+
+def set_quiet_bound(bound: Optional[QuietBound]) -> None:
+    """Bound the wait of every later mesh check for members that have not announced themselves:
+    ``bound()`` (asked at each check) is the bound, ``None`` (or a ``bound()`` of ``None``) none of its
+    own, the check's timeout then."""
+    global _quiet_bound
+    with _lock:
+        _quiet_bound = bound
+
+
+def quiet_bound() -> Optional[timedelta]:
+    """The bound :func:`set_quiet_bound` set for this check (``None``: the check's own timeout)."""
+    with _lock:
+        bound = _quiet_bound
+    return None if bound is None else bound()
 
 
 def announce(store: Any, world: Any, rank: int) -> None:

@@ -8,6 +8,14 @@ The legacy vocabularies map onto it here and nowhere else: DeepSpeed's pipeline-
 (``fsdp`` → ``dp_shard``, :data:`ALIASES`, for suggestions). (The codemods, which never import
 ``mesh_core``, keep a copy of :data:`AXIS_TO_DIM` in ``codemods.rules._grid_api``; a test holds the two
 equal.)
+
+Exported, each for its users outside ``mesh_core`` (tests/test_structure.py holds the count; the other
+tables here are ``mesh_core``'s own, read by ``mesh_core.spec`` and ``mesh_core.config``):
+
+- ``MeshDim`` — users naming a dim (docs/API.md)
+- ``AXIS_TO_DIM`` — compat.topology, compat.engine_spec (a grid's axes as dims)
+- ``DIM_TO_AXIS`` — compat.topology (dims as a grid's axes)
+- ``LEGACY_DIMS`` — compat.engine_spec, .initialize, .mpu (what an mpu or ``mesh_param`` can state)
 """
 from __future__ import annotations
 
@@ -58,5 +66,4 @@ ALIASES: dict[str, str] = {
 EXPERT_ALIASES: dict[str, str] = {"expert": "ep", "experts": "ep", "moe": "ep", "expert_parallel": "ep",
                                   "ep_size": "ep"}
 
-__all__ = ["ALIASES", "AXIS_TO_DIM", "EXPERT_ALIASES", "DEFAULT_ORDER", "DIM_TO_AXIS", "EXPERT_DIMS", "HSDP_DIMS", "LEGACY_DIMS",
-           "MESH_DIMS", "MeshDim"]
+__all__ = ["AXIS_TO_DIM", "DIM_TO_AXIS", "LEGACY_DIMS", "MeshDim"]

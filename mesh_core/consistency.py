@@ -8,8 +8,9 @@ error and no collective another thread could interleave with):
 
 - each member publishes its description and its digest, counts itself under its digest, and meets
   the others in one :func:`mesh_core.rendezvous.arrive` (O(1) store operations per member; the wait
-  is the process-group timeout by default): a late member either completes the check for everyone
-  or learns it was given up — never half of each;
+  is the process-group timeout by default, shorter for members that announced nothing where a layer
+  above set :func:`mesh_core.absence.set_quiet_bound`): a late member either completes the check for
+  everyone or learns it was given up — never half of each;
 - a timed-out check raises :class:`~mesh_core.absence.AbsentRanksError` on every waiting member,
   naming the mesh, the ranks that arrived and the missing ones, and which of those have built no mesh
   at all in this world (plus the hints a layer above registered); a member arriving after that raises
@@ -163,9 +164,18 @@ def _run_check(
         store.add(f"{prefix}/digest/{mine}", 1)
     except (RuntimeError, dist.DistError) as err:  # the store is gone: its process ended
         raise _absent_error(store, spec, members, [rank], None, timeout) from err
-    arrive(store, prefix, members, timeout,
-           lambda arrived, missing: _absent_error(store, spec, members, arrived, missing, timeout),
-           expected=lambda: (absence.builders(store) or set()) & set(members))  # they get the verdict too
+    bound = absence.quiet_bound()
+    bound = bound if bound is not None and bound < timeout else None
+
+    def absent_error(arrived: list[int], missing: Optional[list[int]]) -> AbsentRanksError:
+        return _absent_error(store, spec, members, arrived, missing, timeout, bound)
+
+    def any_quiet(arrived: set[int]) -> bool:  # a missing member that never announced itself
+        return bool(absence.quiet_ranks(store, sorted(set(members) - arrived)))
+
+    arrive(store, prefix, members, timeout, absent_error,
+           expected=lambda: (absence.builders(store) or set()) & set(members),  # they get the verdict too
+           give_up=None if bound is None else (bound, any_quiet))
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")
@@ -185,32 +195,40 @@ def _run_check(
 
 
 def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[int], missing: Optional[list[int]],
-                  timeout: timedelta) -> AbsentRanksError:
+                  timeout: timedelta, bound: Optional[timedelta] = None) -> AbsentRanksError:
+    """The error of a check given up (``bound``: the shorter wait for ranks that announced nothing)."""
     rank = dist.get_rank()
     quiet = absence.quiet_ranks(store, missing) if missing else ([] if missing == [] else None)
+    waited = bound if bound is not None and quiet else timeout  # a quiet rank missing: the bound gave up
     if missing is None:
         message = (
             f"rank {rank} could not finish the check of {spec.describe()}: the store went away (the process that "
             "held it ended, most likely with the error of this check: see that rank's message, which names the "
             "missing ranks); some members did not start checking the mesh within "
-            f"{timeout}, or the store's process failed for another reason"
+            f"{timeout if bound is None else f'{bound} (ranks that had built no mesh) or {timeout} (the others)'}, "
+            "or the store's process failed for another reason"
         )
     elif missing:
-        never = f"; of those, {ranks_text(quiet, 'rank')} built no mesh at all in this world" if quiet else ""
+        of_those = "of those, " if quiet != missing else ""
+        never = f"; {of_those}{ranks_text(quiet, 'rank')} built no mesh at all in this world" if quiet else ""
+        one = len(missing) == 1
+        they = "the missing rank builds" if one else "the missing ranks build"
+        late = (f"or {'is' if one else 'are'} later than the process-group timeout" if waited == timeout else
+                f"or {'has' if one else 'have'} started no mesh within {waited} (the wait for ranks that have built "
+                f"none; ranks that have are waited for up to the process-group timeout, {timeout})")
         message = (
             f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
-            f"{timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}{never}); "
-            "the missing ranks build a different mesh (or none), or are later than the process-group timeout: "
-            "every member must build the same mesh in the same order"
+            f"{waited} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}{never}); "
+            f"{they} a different mesh (or none), {late}: every member must build the same mesh in the same order"
         )
     else:
+        gave_up = f"{timeout}" if bound is None else f"{bound} for a rank that announced nothing, {timeout} otherwise"
         message = (
             f"rank {rank} reached the check of {spec.describe()} after the other ranks gave up waiting for it "
-            f"({timeout}); it was later than the process-group timeout: every member must build the same mesh "
-            "in the same order"
+            f"({gave_up}); it was later than that: every member must build the same mesh in the same order"
         )
     return AbsentRanksError(message, mesh=spec.describe(), rank=rank, arrived=arrived, missing=missing, quiet=quiet,
-                            timeout=timeout)
+                            timeout=waited)
 
 
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:

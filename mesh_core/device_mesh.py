@@ -76,7 +76,9 @@ class DeepSpeedDeviceMesh(TorchGetRank):
     same order. Hence:
 
     - meshes over different rank sets (e.g. a pair mesh in one thread, a column mesh in another)
-      can be built and destroyed concurrently; a rank set both request is created once and shared;
+      can be built and destroyed concurrently; a rank set both request is created once and shared
+      (a whole-world build's split children excepted: they are never shared with member-only
+      requests, so thread timing cannot decide which kind a rank set gets);
     - one thread at a time builds a mesh over a given rank set (the whole world included): a second
       thread that tries meanwhile gets :class:`~mesh_core.consistency.ConcurrentCheckError` at once;
       built one after the other from different threads, their order must be the same on every rank
@@ -148,6 +150,8 @@ class DeepSpeedDeviceMesh(TorchGetRank):
             self._in_lockstep = False
         if p2p_groups and spec.dim_size("pp") > 1:
             self._build_p2p_groups()
+        if spec.size == spec.world_size:  # every world rank is here, in the same order: a connect point
+            self.registry.connect(self._keys)
         logger.debug("built %s on rank %d", spec.describe(), self.rank)
 
     @classmethod

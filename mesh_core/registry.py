@@ -51,17 +51,23 @@ than one rank) makes torch build *every* ``new_group`` by splitting the world's 
 (``ncclCommSplit``), a collective of every world rank, which non-members of a member-only creation
 never join. So a member-only creation hides the default group's bound device *from the creating
 thread* for its one ``new_group`` call (:func:`mesh_core.torch_compat.unbound_default_group`; every
-other thread keeps seeing it) and passes it as ``device_id``: torch then creates the communicator
-among the members alone, binds the group to the rank's device and connects it at once (NCCL:
-``ncclCommInitRank`` through the store, during the creation), as a split would have been — no
-communicator is left to be made at a first collective. docs/nccl.md lists which path each kind of
-group takes, bound and unbound.
+other thread keeps seeing it): torch then creates the communicator among the members alone, and the
+registry binds the group to the rank's device. docs/nccl.md lists which path each kind of group
+takes, bound and unbound.
 
-Invariants the callers keep: identical rank sets share one communicator (the cache below); every
+The connect plan (docs/nccl.md): creating never waits for the members; the communicator is connected
+(``ncclCommInitRank``) by :meth:`GroupRegistry.connect` at a connect point — the end of a whole-world
+build, a resume, an explicit call — one rank set after the other in ascending order on every rank,
+each after a bounded store arrival of its members that names the absent ones; or else by torch at its
+first collective. Blocking creation in each rank's own request order could wait in a cycle across
+ranks (ring-ordered pair meshes) and would initialise NCCL wherever a handle is first fetched, in
+flight work or not. Host backends (gloo) connect inside the creation: there the arrival runs first.
+
+Invariants the callers keep: identical rank sets share one communicator (the cache below; a split
+child is kept under its own key, :data:`SPLIT_CHILD`, apart from member-only requests); every
 member of a rank set issues its requests for it in the same order (meshes are built, and lazy
-groups requested, in the same program order on all their members), which also rules out the
-deadlock torch warns about for overlapping local groups. Each creation or reuse is logged at DEBUG
-with the rank set, the requester and its dims.
+groups requested, in the same program order on all their members). Each creation, reuse or connect
+is logged at DEBUG with the rank set, the requester and its dims.
 
 Registries are kept per default process group (the "world"); a destroyed and re-initialised world
 gets a fresh one.
@@ -96,18 +102,32 @@ import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from . import torch_compat
+from . import consistency, torch_compat
+from .absence import AbsentRanksError
+from .rendezvous import arrive
 
 logger = logging.getLogger(__name__)
 
 RankKey = tuple[int, ...]
 Key = tuple[Optional[str], RankKey]
+
+#: ``key[0]`` of a ``split_group`` child: split children have their own keys (and names), never shared
+#: with member-only requests of the same rank set, so which one a rank set gets does not depend on which
+#: thread of a rank reaches it first (a whole-world build splitting while another thread's sub-world
+#: mesh asks for one of its rank sets)
+SPLIT_CHILD = "split_group"
+
+
+def _backend_of(key: Key) -> Optional[str]:
+    """The backend a key's communicator is created with (None: the world's)."""
+    return None if key[0] == SPLIT_CHILD else key[0]
 
 
 class GroupNamingError(RuntimeError):
@@ -207,18 +227,66 @@ def _binds_to(backend: Optional[str], device: torch.device) -> bool:
     return backend is None or torch_compat.home_device_type(str(backend).lower()) == device.type
 
 
-def new_member_group(ranks: Sequence[int], name: str, backend: Optional[str] = None) -> ProcessGroup:
-    """Create the communicator for ``ranks`` (this rank among them) with only its members calling.
+def new_member_group(
+    ranks: Sequence[int], name: str, backend: Optional[str] = None
+) -> tuple[ProcessGroup, Optional[torch.device]]:
+    """Create the communicator for ``ranks`` (this rank among them) with only its members calling,
+    without waiting for them (see "The connect plan"). Returns the group and the device it is to be
+    connected on by :meth:`GroupRegistry.connect` (None: nothing to connect — an unbound world, whose
+    communicators torch makes at their first collective, a host backend, which connected during the
+    creation, or torchcomms, which connects at creation).
 
     On a bound world the bound device is hidden from this thread for this one call (no split of the
-    world's communicator, which non-members would have to join) and passed as ``device_id``: torch
-    then binds the new group to the rank's device and connects it at once among its members
-    (NCCL: ``ncclCommInitRank`` now, not at the group's first collective)."""
+    world's communicator, which non-members would have to join) and the group is bound to the
+    rank's device (its barrier and first collective run there), but not connected."""
     with _named(name), torch_compat.unbound_default_group() as bound:
         device = bound if bound is not None and _binds_to(backend, bound) else None
-        group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True, device_id=device)
+        # torchcomms (2.14) builds a member-only new_comm on device_id and needs its index
+        eager = device if device is not None and torch_compat.torchcomms_enabled() else None
+        group = dist.new_group(ranks=list(ranks), backend=backend, use_local_synchronization=True, device_id=eager)
     _check_name(group, ranks, name)
-    return group
+    if device is None or eager is not None:
+        return group, None
+    group.bound_device_id = device
+    return group, device
+
+
+def _blocks_at_creation(backend: Optional[str]) -> bool:
+    """Whether a member-only creation with ``backend`` (None: the world's) waits for its members
+    (gloo connects its full mesh in the constructor; NCCL connects later)."""
+    name = str(backend if backend is not None else dist.get_backend()).lower()
+    return "gloo" in name or "mpi" in name
+
+
+def _key_order(key: Key) -> tuple[RankKey, str]:
+    """The one order every rank connects rank sets in (ascending rank set, then backend)."""
+    return key[1], key[0] or ""
+
+
+def _arrive(what: str, name: str, ranks: RankKey, timeout: Optional[timedelta]) -> None:
+    """Wait (bounded) until every member of ``ranks`` reaches ``what`` of group ``name``; raise
+    :class:`~mesh_core.absence.AbsentRanksError` naming the missing members on every member that
+    came. Skipped where the store holds nothing (the backends the mesh check skips)."""
+    if len(ranks) < 2 or dist.get_backend() in consistency.SKIPPED_BACKENDS:
+        return
+    limit = timeout if timeout is not None else consistency.world_timeout()
+    rank = dist.get_rank()
+    members = list(ranks)
+
+    def absent(arrived: list[int], missing: Optional[list[int]]) -> BaseException:
+        shown = f"ranks {members}" if len(members) <= 16 else f"{len(members)} ranks {members[:8]}.."
+        if missing:
+            text = (f"the group of {shown} ({name}): only ranks {arrived} reached its {what} within {limit}; "
+                    f"ranks {missing} never asked for it: every member must ask for a group (a mesh's dim, a "
+                    "flattened dim, expert groups, a legacy getter) that any member asks for")
+        else:
+            text = (f"the group of {shown} ({name}): rank {rank} reached its {what} after the other members "
+                    f"gave up waiting ({limit})" if missing == [] else
+                    f"the group of {shown} ({name}): the store went away during its {what}")
+        return AbsentRanksError(text, mesh=f"group {members}", rank=rank, arrived=arrived, missing=missing,
+                                quiet=None, timeout=limit)
+
+    arrive(torch_compat.default_store(), f"mesh_core/{what}/{name}", members, limit, absent)
 
 
 def _check_name(group: Any, ranks: Sequence[int], name: str) -> None:
@@ -240,6 +308,9 @@ class GroupRegistry:
     """
 
     _not_a_holder = True  # bookkeeping: mesh_core.rebind's walk does not enter it
+    #: how long a connect (or a gloo creation) waits for the group's members before naming the
+    #: absent ones; None: the world's timeout
+    arrival_timeout: Optional[timedelta] = None
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -249,6 +320,8 @@ class GroupRegistry:
         self._generation: Counter = Counter()
         self._split_known: set[Key] = set()  # sets of every split partition (same on all ranks)
         self._aside: dict[Key, "weakref.ref[ProcessGroup]"] = {}  # set aside (destroyed), not yet back
+        self._unconnected: dict[Key, torch.device] = {}  # created, to be connected on that device
+        self._aliases: dict[Key, list[str]] = {}  # earlier names torch resolves to the group now held
         self.created = 0  # creation calls this rank issued (new_group / split_group)
         self.reused = 0  # requests served from the cache
         self.world_size = dist.get_world_size()
@@ -274,6 +347,11 @@ class GroupRegistry:
             return None
         return self._acquire(key, asker)
 
+    def split_key(self, ranks: Iterable[int]) -> Key:
+        """The key of ``ranks``' ``split_group`` child (the world's key where ``ranks`` is the world)."""
+        plain = self.key(ranks)
+        return plain if self.is_world(plain) else (SPLIT_CHILD, plain[1])
+
     def partition(
         self, rank_lists: Sequence[Sequence[int]], backend: Optional[str] = None, *, asker: str = ""
     ) -> tuple[Optional[ProcessGroup], list[Key]]:
@@ -297,7 +375,7 @@ class GroupRegistry:
         Each split group is named by the registry as a member-only group is (``torch``'s namer is
         not called, so its group counter stays equal on every rank, whichever ranks a release names).
         """
-        keys = [self.key(r) for r in rank_lists]
+        keys = [self.split_key(r) for r in rank_lists]
         with self._lock:
             new = [k for k in keys if k not in self._split_known and not self.is_world(k)]
             self._split_known.update(new)
@@ -308,7 +386,7 @@ class GroupRegistry:
         fresh: Optional[ProcessGroup] = None
         if new:
             try:
-                with _named(lambda ranks: names.get(self.key(ranks), "mesh_core.unused")):
+                with _named(lambda ranks: names.get(self.split_key(ranks), "mesh_core.unused")):
                     fresh = torch_compat.split_group([list(k[1]) for k in new])
                 if fresh is not None:
                     _check_name(fresh, mine[1] if mine else (), names.get(mine, "?"))  # type: ignore[index]
@@ -360,6 +438,8 @@ class GroupRegistry:
                     continue
                 del self._refs[key]
                 self._aside.pop(key, None)
+                self._unconnected.pop(key, None)
+                self._drop_aliases(key)
                 group = self._groups.pop(key, None)
                 if group is not None and group is not dist.GroupMember.WORLD:
                     doomed.append(group)
@@ -376,11 +456,35 @@ class GroupRegistry:
         (kept weakly), else None; for a key never held: (None, False)."""
         with self._lock:
             group = self._groups.pop(key, None)
+            self._unconnected.pop(key, None)
+            self._drop_aliases(key)
             if group is not None:
                 self._aside[key] = weakref.ref(group)
                 return group, True
             ref = self._aside.get(key)
             return (ref() if ref is not None else None), False
+
+    def alias(self, key: Key, name: str) -> bool:
+        """Make torch resolve ``name`` (an earlier generation's group name of ``key``) to the group held
+        now, until it is released: a torch ``DeviceMesh`` (and DTensors on it) built before a release
+        finds the re-created group. False where torch cannot (nothing held, or no name registry)."""
+        with self._lock:
+            group = self._groups.get(key)
+            if name in self._aliases.get(key, ()):  # a second mesh sharing the rank set resumed it too
+                return True
+            try:
+                if group is None or not torch_compat.alias_group_name(name, group):
+                    return False
+            except RuntimeError:  # the name is registered to another group: leave torch's entry as it is
+                logger.warning("group name %s is taken; a DeviceMesh built before the release will not find %s",
+                               name, list(key[1]))
+                return False
+            self._aliases.setdefault(key, []).append(name)
+            return True
+
+    def _drop_aliases(self, key: Key) -> None:
+        for name in self._aliases.pop(key, ()):
+            torch_compat.drop_group_alias(name)
 
     def is_aside(self, key: Key) -> bool:
         """Whether ``key``'s communicator is set aside and not brought back yet."""
@@ -404,7 +508,44 @@ class GroupRegistry:
             for key in keys:
                 del self._groups[key]
                 self._refs.pop(key, None)
+                self._unconnected.pop(key, None)
         return len(keys)
+
+    def connect(self, keys: Optional[Iterable[Key]] = None, *, timeout: Optional[timedelta] = None) -> int:
+        """Connect the communicators of ``keys`` (default: every one this rank holds) that are not
+        connected yet, one after the other in ascending order of rank sets — one order on every
+        rank, so connections of overlapping rank sets cannot wait on each other in a cycle. A
+        collective of each group's members: each first waits (``timeout``, default the world's) for
+        all of them and raises :class:`~mesh_core.absence.AbsentRanksError` naming those that never
+        came. Returns how many this call connected."""
+        with self._lock:
+            wanted = set(self._unconnected) if keys is None else {k for k in keys if k in self._unconnected}
+        connected = 0
+        for key in sorted(wanted, key=_key_order):
+            with self._lock:
+                device = self._unconnected.pop(key, None)
+                group = self._groups.get(key)
+            if device is None or group is None:
+                continue  # connected (or released) meanwhile by another thread
+            if torch_compat.backend_initialised(group, device):
+                continue  # made by its first collective already (on every member: that init was collective)
+            try:
+                _arrive("connect", group.group_name, key[1], timeout or self.arrival_timeout)
+                torch_compat.connect_backend(group, device)
+            except BaseException:
+                with self._lock:
+                    if self._groups.get(key) is group:
+                        self._unconnected[key] = device
+                raise
+            connected += 1
+            self._log("connected", key, "")
+        return connected
+
+    def is_connected(self, key: Key) -> bool:
+        """Whether ``key``'s communicator is held and needs no :meth:`connect` (it was connected,
+        or is connected by torch at its first collective / was at its creation)."""
+        with self._lock:
+            return key in self._groups and key not in self._unconnected
 
     def cached(self, key: Key) -> Optional[ProcessGroup]:
         """The communicator held for ``key``, without creating one (None when none is held)."""
@@ -452,10 +593,14 @@ class GroupRegistry:
 
     def _create_member_group(self, key: Key, name: str, done: threading.Event, asker: str) -> ProcessGroup:
         try:
-            group = new_member_group(key[1], name, key[0])
+            if _blocks_at_creation(_backend_of(key)):  # a bounded wait naming absent members, before gloo's own
+                _arrive("create", name, key[1], self.arrival_timeout)
+            group, device = new_member_group(key[1], name, _backend_of(key))
             with self._lock:
                 self._groups[key] = group
                 self._refs[key] += 1
+                if device is not None:
+                    self._unconnected[key] = device
         finally:
             with self._lock:
                 del self._pending[key]
@@ -485,5 +630,6 @@ def registry_for_world() -> GroupRegistry:
     world = torch_compat.default_group()
     registry = _REGISTRIES.get(world)
     if registry is None:
+        torch_compat.check_settings()  # every creation path goes through here: none on a refused engine (nccl2)
         registry = _REGISTRIES[world] = GroupRegistry()
     return registry

@@ -8,7 +8,9 @@ message could speak:
   the slow path", and *marking*: a second, independent yes/no); the last member to arrive marks the
   round done, with the numbers that flagged and marked;
 - a member whose wait runs out marks the round abandoned instead, atomically (``compare_set``), so
-  a late member either completes the round for everyone or learns that it was given up;
+  a late member either completes the round for everyone or learns that it was given up; a caller
+  may also give up earlier (``give_up``: after a shorter wait, when the arrivals so far say the round
+  cannot complete, e.g. a missing member that never announced itself);
 - either way every member that gives up or comes late raises, naming the ranks that arrived and the
   missing ones (the caller words the message); before raising, those members wait for each other
   (:data:`LEAVE_WAIT_S` at most) so that the member whose process holds the store does not end it
@@ -34,6 +36,8 @@ ROUND_KEYS = ("who", "arrived", "state", "left")
 LEAVE_WAIT_S = 10.0  # how long the members of a failed round wait for each other before raising (at most)
 _POLL_S = 0.05
 
+# (wait, predicate): after ``wait``, give the round up when ``predicate(arrived so far)`` is true
+GiveUp = tuple[timedelta, Callable[[set[int]], bool]]
 # (arrived, missing) -> the message or the exception to raise; ``missing`` is empty when this rank came
 # after the others gave up, None when the store went away before this rank could read the arrivals
 # (``arrived`` is then this rank alone)
@@ -51,14 +55,15 @@ class Arrival:
 
 def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
            *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None,
-           rank: Optional[int] = None, mark: bool = False) -> Arrival:
+           rank: Optional[int] = None, mark: bool = False, give_up: Optional[GiveUp] = None) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
     Returns how many members passed ``flag`` (and ``mark``); raises :class:`~mesh_core.MeshSpecError` with
     ``absent(arrived, missing)`` when not all arrived within ``timeout``. ``expected()``: the members
     known to be on their way; before raising, this rank also waits (bounded) until those have the
     verdict. ``rank``: this member's number among ``members`` (default: its rank in the default
-    group)."""
+    group). ``give_up=(wait, predicate)``: after ``wait`` (shorter than ``timeout``), the round is given
+    up at once if ``predicate(arrived)`` is true, else waited for until ``timeout``."""
     n = len(members)
     rank = dist.get_rank() if rank is None else rank
     try:
@@ -71,7 +76,7 @@ def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, 
             flags, marks = coord_along(value, n + 1, n + 1), value // (n + 1) ** 2  # the counter's digits base n+1
             state = store.compare_set(state_key, "", f"{DONE}:{flags}" + (f":{marks}" if marks else "")).decode()
         else:
-            state = _await(store, state_key, timeout)
+            state = _await_or_give_up(store, prefix, timeout, give_up)
         if state.startswith(DONE):
             _, flags_text, marks_text = (state.split(":") + ["0", "0"])[:3]
             return Arrival(int(flags_text or 0), last, int(marks_text or 0))
@@ -109,6 +114,21 @@ def _leave_together(store: Any, prefix: str, expected: Optional[Callable[[], Col
 
 def _arrived(store: Any, prefix: str) -> set[int]:
     return {int(r) for r in store.get(f"{prefix}/who").decode().split(",") if r}
+
+
+def _await_or_give_up(store: Any, prefix: str, timeout: timedelta, give_up: Optional[GiveUp]) -> str:
+    """:func:`_await` of the round's state, cut short by ``give_up`` (see :func:`arrive`)."""
+    key = f"{prefix}/state"
+    if give_up is None or give_up[0] >= timeout:
+        return _await(store, key, timeout)
+    wait, predicate = give_up
+    try:
+        store.wait([key], wait)
+        return store.get(key).decode()
+    except (RuntimeError, dist.DistError):
+        if not store.check([key]) and predicate(_arrived(store, prefix)):
+            return store.compare_set(key, "", ABANDONED).decode()  # a last arrival in between wins
+    return _await(store, key, timeout - wait)
 
 
 def _await(store: Any, key: str, timeout: timedelta) -> str:

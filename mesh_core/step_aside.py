@@ -8,7 +8,8 @@ over the same ranks in the same order). :func:`holds` reports what a mesh holds.
 
 How a communicator steps aside depends on the backend:
 
-- **suspend** — an NCCL group when the NCCL torch runs is 2.29.7 or newer: its backend's
+- **suspend** — an NCCL group when the NCCL torch runs is 2.29.7 or newer and torch's backend object
+  has ``suspend()``/``resume()`` (torch 2.13+; a backend that refuses is destroyed instead): its backend's
   ``suspend()`` (``ncclCommSuspend``) releases the communicator's device memory and ``resume()``
   restores it. The ``ProcessGroup`` objects stay, so nothing that holds them changes.
 - **destroy** — every other backend (gloo, older NCCL): the group is destroyed
@@ -17,8 +18,11 @@ How a communicator steps aside depends on the backend:
   keeps it alive and a use while released raises naming the remedy. Resume creates a new group
   for the same rank set, named ``mesh_core.<sha1 of the rank set>.<next generation>`` (a fresh
   store prefix: the old one still holds the first rendezvous' keys), and puts it where the stand-in
-  is. The mesh's torch ``DeviceMesh`` (which keeps its groups alive) is dropped while released and
-  rebuilt over the new groups. :mod:`compat.engine_step_aside` names a DeepSpeed engine's holders.
+  is. torch's name registry resolves the old group names to the new groups until they are released
+  (:meth:`GroupRegistry.alias`), so a ``DeviceMesh`` built before the release — and the DTensors /
+  FSDP2 state on it — resolves its dims again after resume; the mesh's own ``DeviceMesh`` is dropped
+  while released (its group table pointing at the stand-ins) and, if still held, is the mesh's again.
+  FSDP2's cached ``ProcessGroup`` objects are module state: name the module as a holder. :mod:`compat.engine_step_aside` names a DeepSpeed engine's holders.
 
 The world (default) group is never released. Release and resume are explicit and collective over
 each group's members: every rank of the mesh calls them at the same program point (a colocated loop
@@ -30,6 +34,7 @@ both: release and resume both meshes (the second finds the rank set already set 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import types
@@ -41,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from . import torch_compat
 from .rebind import held_under, rebind_references
 from .registry import Key
 from .spec import MeshSpecError
@@ -125,6 +131,8 @@ class ReleaseRecord:
     suspended: dict[Key, ProcessGroup] = field(default_factory=dict)
     standins: dict[Key, ReleasedCommunicator] = field(default_factory=dict)
     old: dict[Key, "weakref.ref[ProcessGroup]"] = field(default_factory=dict)  # destroyed groups, weakly
+    old_names: dict[Key, str] = field(default_factory=dict)  # their names (resolved to the new groups on resume)
+    device_mesh: Optional["weakref.ref[Any]"] = None  # the torch DeviceMesh dropped at release, weakly
     rebound: list[str] = field(default_factory=list)  # where the stand-ins were put
     dim_entries: list[tuple[str, ...]] = field(default_factory=list)  # DeviceMesh dims served by stand-ins
     device_mesh_layout: Optional[tuple[Any, tuple[str, ...], str]] = None  # (mesh tensor, dim names, device type)
@@ -152,6 +160,13 @@ def _mesh_keys(mesh: Any) -> list[Key]:
     return seen
 
 
+def _held_key(mesh: Any, ranks: Iterable[int]) -> Key:
+    """The key under which ``mesh`` holds ``ranks``' communicator: its split child's where the mesh
+    split it, else the member-only one."""
+    split = mesh.registry.split_key(ranks)
+    return split if split in mesh._communicators().keys else mesh.registry.key(ranks, mesh.backend)
+
+
 def _owned_keys(mesh: Any, owners: list[Any]) -> list[Key]:
     """Rank sets of the world registry's groups, outside the mesh, that ``owners`` hold (e.g. an
     engine's ZeRO++ hpZ groups)."""
@@ -169,15 +184,36 @@ def _keys_to_release(mesh: Any, owners: list[Any]) -> list[Key]:
 
 
 def _suspendable(group: ProcessGroup) -> Any:
-    """The NCCL backend of ``group`` when it can suspend (NCCL >= 2.29), else None."""
+    """The NCCL backend of ``group`` when it can suspend, else None: the loaded NCCL is 2.29.7 or newer
+    *and* torch's backend object has ``suspend()`` / ``resume()`` (torch 2.6–2.10's have not, whatever
+    NCCL is loaded)."""
     if not torch.cuda.is_available():
         return None
     try:
         if group._get_backend_name() != "nccl" or tuple(torch.cuda.nccl.version()[:3]) < SUSPEND_MIN_NCCL:
             return None
-        return group._get_backend(torch.device("cuda"))
+        backend = group._get_backend(torch.device("cuda"))
     except (RuntimeError, AttributeError):
         return None
+    if not (callable(getattr(backend, "suspend", None)) and callable(getattr(backend, "resume", None))):
+        return None
+    return backend
+
+
+def _check_releasable(suspending: bool) -> None:
+    """Refuse, before anything is released, what a release would break half-way."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        raise MeshSpecError(
+            "release_communicators during CUDA-graph capture: a captured graph would replay collectives on "
+            "communicators that are released; release outside capture, and recapture graphs that hold the "
+            "mesh's collectives after a resume on the destroy path"
+        )
+    if suspending and os.environ.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1":
+        raise MeshSpecError(
+            "release_communicators would suspend NCCL communicators with NCCL_COMM_SPLIT_SHARE_RESOURCES=1: "
+            "NCCL refuses ncclCommSuspend for split children that share resources; unset it, or release with "
+            "suspend=False (destroy and re-create)"
+        )
 
 
 def _device_free() -> Optional[int]:
@@ -200,7 +236,15 @@ def release_communicators(
         mesh._communicators().check_alive()
         if getattr(mesh, ATTR, None) is not None:
             raise MeshSpecError(f"{mesh!r}: its communicators are already released; resume them first")
-        record = ReleaseRecord(keys=_keys_to_release(mesh, owners), mode={})
+        keys = _keys_to_release(mesh, owners)
+        suspenders = {}
+        for key in keys if suspend else ():
+            cached = mesh.registry.cached(key)
+            backend = _suspendable(cached) if cached is not None else None
+            if backend is not None:
+                suspenders[key] = backend
+        _check_releasable(bool(suspenders))
+        record = ReleaseRecord(keys=keys, mode={})
         setattr(mesh, ATTR, record)
     before = _device_free()
     registry, label = mesh.registry, mesh.spec.describe()
@@ -209,11 +253,15 @@ def release_communicators(
     group: Optional[ProcessGroup] = None
     for key in record.keys:
         group = registry.cached(key)
-        backend = _suspendable(group) if suspend and group is not None else None
+        backend = suspenders.get(key)
         if backend is not None:
-            backend.suspend()
-            record.mode[key], record.suspended[key] = "suspend", group
-            continue
+            try:
+                backend.suspend()
+            except RuntimeError as err:  # refused by this backend (on every member alike): destroy it instead
+                logger.warning("%r: suspend of ranks %s refused (%s); destroying it instead", mesh, list(key[1]), err)
+            else:
+                record.mode[key], record.suspended[key] = "suspend", group
+                continue
         group, taken = registry.set_aside(key)
         if group is None and not registry.is_aside(key):
             continue  # never created (a lazily requested group nobody asked for)
@@ -221,6 +269,7 @@ def release_communicators(
         record.standins[key] = standin = ReleasedCommunicator(key[1], label)
         if group is not None:  # None: set aside by another mesh and held by nothing any more
             record.old[key] = weakref.ref(group)
+            record.old_names[key] = group.group_name
             replacements[id(group)] = (group, standin)
         if taken:
             doomed.append(group)  # type: ignore[arg-type]
@@ -259,6 +308,9 @@ def resume_communicators(mesh: Any, *, holders: Iterable[Any] = ()) -> list[str]
             replacements[id(standin)] = (standin, new)
             if old is not None:
                 replacements[id(old)] = (old, new)
+            if key in record.old_names and record.old_names[key] != new.group_name:
+                registry.alias(key, record.old_names[key])  # DeviceMeshes / DTensors resolve the old name
+    registry.connect([k for k in record.keys if record.mode.get(k) == "destroy"])  # a connect point: ascending
     rebound: list[str] = []
     view = mesh._communicators()
     for dims in record.dim_entries:  # the rebuilt DeviceMesh serves them again
@@ -277,10 +329,13 @@ def _serve_dims_from_standins(mesh: Any, record: ReleaseRecord) -> None:
     if device_mesh is None or not record.standins:
         return
     record.device_mesh_layout = (device_mesh.mesh, tuple(device_mesh.mesh_dim_names), device_mesh.device_type)
+    record.device_mesh = weakref.ref(device_mesh)
+    torch_compat.retarget_device_mesh(device_mesh, {  # its own table lets the released groups go
+        record.old_names[k]: record.standins[k] for k in record.standins if k in record.old_names})
     mesh.device_mesh = None
     view = mesh._communicators()
     for name in record.device_mesh_layout[1]:
-        key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        key = _held_key(mesh, mesh.layout.group_ranks((name,), mesh.rank))
         if key in record.standins and view.serve((name,), record.standins[key]):
             record.dim_entries.append((name,))
 
@@ -294,8 +349,14 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
     tensor, names, device_type = record.device_mesh_layout
     groups = []
     for name in names:
-        key = mesh.registry.key(mesh.layout.group_ranks((name,), mesh.rank), mesh.backend)
+        key = _held_key(mesh, mesh.layout.group_ranks((name,), mesh.rank))
         groups.append(dist.GroupMember.WORLD if mesh.registry.is_world(key) else mesh.registry.cached(key))
+    held = record.device_mesh() if record.device_mesh is not None else None
+    if held is not None:  # someone (a DTensor, FSDP2, the caller) still holds it: it works again, by the old names
+        torch_compat.retarget_device_mesh(held, {
+            record.old_names[k]: mesh.registry.cached(k) for k in record.old_names if mesh.registry.cached(k) is not None})
+        mesh.device_mesh = held
+        return
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
 
 
@@ -307,7 +368,7 @@ def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
     uses: dict[Key, list[str]] = {}
 
     def note(ranks: Iterable[int], what: str) -> None:
-        key = registry.key(ranks, mesh.backend)
+        key = _held_key(mesh, ranks)
         if key in uses and what not in uses[key]:
             uses[key].append(what)
 

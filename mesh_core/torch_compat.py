@@ -1,17 +1,18 @@
 """The torch releases ds-mesh supports, every private torch name it uses, and the device of a mesh.
 
-Supported: torch **2.6.0 through 2.14.1** (:data:`SUPPORTED`). Outside the range
+Supported: torch **2.6.0 through 2.15.0** (:data:`SUPPORTED`, the one place that declares it:
+pyproject's ``torch`` extra, the README, ``mesh doctor`` and CI follow it). Outside the range
 :func:`check_torch` raises :class:`UnsupportedTorchError` naming the installed release and the range;
 ``DeepSpeedDeviceMesh`` and ``compat.install()`` call it before anything else. torch 2.5 and older
 lack ``torch.accelerator`` and ``distributed_c10d._get_object_coll_device``; releases newer than
-2.14.1 have not been checked, so they are refused rather than guessed (their private naming changed
+2.15.0 have not been checked, so they are refused rather than guessed (their private naming changed
 in 2.14 already).
 
 Private torch names, one function each, with what each supported release does (read from the
-sources of 2.6.0, 2.8.0, 2.10.0, 2.11.0, 2.13.0 and 2.14.1):
+sources of 2.6.0, 2.8.0, 2.10.0, 2.11.0, 2.13.0, 2.14.1 and 2.15.0):
 
 ================================================ =====================================================
-name                                             2.6 … 2.14.1
+name                                             2.6 … 2.15.0
 ================================================ =====================================================
 ``c10d.GroupName``                               absent before 2.10 (a name is a plain ``str``);
                                                  ``NewType(str)`` from 2.10 → :func:`group_name`
@@ -37,8 +38,12 @@ name                                             2.6 … 2.14.1
                                                  raises; 2.14: member-only ``new_comm``; absent
                                                  before) → :func:`torchcomms_enabled`,
                                                  :func:`check_settings`
-``"nccl2"``, ``"nccl-lazy"``                      backends of 2.14 (``TORCH_DIST_USE_NCCL2=1`` makes
-                                                 ``nccl`` one) → refused by :func:`check_settings`
+``ProcessGroupNCCL2``, ``ProcessGroupNCCLLazy``  the backend classes of ``"nccl2"`` / ``"nccl-lazy"``
+                                                 (2.14: ``nccl`` is nccl2 with
+                                                 ``TORCH_DIST_USE_NCCL2=1``; 2.15: by default,
+                                                 ``TORCH_DIST_USE_NCCL2=0`` or ``"nccl-legacy"`` for
+                                                 ``ProcessGroupNCCL``; absent before 2.14) →
+                                                 :func:`nccl_engine`, refused by :func:`check_settings`
 ``ProcessGroup._get_backend(device)``            present; raises RuntimeError for an unregistered
                                                  device type → :func:`backend_supports_splitting`,
                                                  :func:`backend_timeout`
@@ -67,6 +72,12 @@ reports it (``"cuda:nccl"`` → cuda; a host backend — gloo, fake, mpi — →
 never ``"cpu"`` on a world whose backend runs on an accelerator. On an unbound accelerator world the
 index is the rank's own (:func:`own_device_index`: ``LOCAL_RANK`` until the process selects a device),
 not the current device every process starts on.
+
+Also exported: :data:`OLDEST` / :data:`NEWEST` (the range's ends; tests/compat/test_releases.py),
+:data:`SPLIT_GROUP_ENTRY` (wrapped by compat.group_trace, as :data:`NEW_GROUP_ENTRY` is),
+:class:`UnsupportedSettingError` (what :func:`check_settings` raises), :func:`is_non_member` (a
+creation's "not in the group" answer, mesh_core.registry) and :func:`torch_release` (the installed
+release, tests/gpu). tests/test_structure.py holds the count of this face's names.
 """
 from __future__ import annotations
 
@@ -103,7 +114,7 @@ __all__ = [
     "flatten_dense_tensors",
     "group_name",
     "is_non_member",
-    "launcher_local_rank",
+    "nccl_engine",
     "own_device_index",
     "split_group",
     "torch_release",
@@ -113,8 +124,8 @@ __all__ = [
 ]
 
 OLDEST = (2, 6, 0)
-NEWEST = (2, 14, 1)
-SUPPORTED = ">=2.6.0,<=2.14.1"  # the same constraint as pyproject.toml's "torch" extra
+NEWEST = (2, 15, 0)
+SUPPORTED = ">=2.6.0,<=2.15.0"  # the same constraint as pyproject.toml's "torch" extra
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?")
 
 #: backends whose collectives run on host memory: a world of these has device type "cpu"
@@ -165,13 +176,34 @@ class UnsupportedSettingError(UnsupportedTorchError):
     """A torch.distributed setting under which ds-mesh cannot create its groups safely."""
 
 
-#: backends of torch 2.14 that ds-mesh refuses as the world's backend, and why
+#: NCCL engines of torch >= 2.14 that ds-mesh refuses (by their backend class, :func:`nccl_engine`), and why
 REFUSED_BACKENDS = {
-    "nccl2": "its communicators come from the torchcomms engine, whose split and eager connect of a group "
-    "created among its members only are not verified",
+    "nccl2": "its communicators come from the torchcomms engine (ProcessGroupNCCL2), which binds every world to "
+    "a device and on which ds-mesh's creation of a group among its members only (no split of the world) is not "
+    "verified",
     "nccl-lazy": "it creates each point-to-point pair's communicator lazily, at the pair's first message "
     "(a communicator init that can deadlock against NCCL work in flight)",
 }
+#: the backend class (``distributed_c10d``'s name) of each refused engine; absent before torch 2.14
+_ENGINE_CLASSES = {"nccl2": "ProcessGroupNCCL2", "nccl-lazy": "ProcessGroupNCCLLazy"}
+
+
+def nccl_engine(group: Optional[dist.ProcessGroup] = None) -> Optional[str]:
+    """``"nccl2"`` or ``"nccl-lazy"`` when ``group``'s (default: the world's) backend for an accelerator is
+    that engine's class, whatever name it was asked by (``"nccl"`` on 2.15 by default and on 2.14 with
+    ``TORCH_DIST_USE_NCCL2=1``, ``"nccl2"``, ``"nccl-lazy"``); None otherwise (stock ``ProcessGroupNCCL``,
+    gloo, or a torch without these engines)."""
+    group = default_group() if group is None else group
+    for device in sorted(set(backend_devices(group)) - {"cpu"}):
+        try:
+            backend = _backend(group, torch.device(device))
+        except (RuntimeError, ValueError):
+            continue
+        for engine, name in _ENGINE_CLASSES.items():
+            engine_class = getattr(c10d, name, None)
+            if isinstance(engine_class, type) and isinstance(backend, engine_class):
+                return engine
+    return None
 
 
 def torchcomms_enabled() -> bool:
@@ -182,12 +214,14 @@ def torchcomms_enabled() -> bool:
 
 
 def check_settings() -> None:
-    """Refuse, with one :class:`UnsupportedSettingError` naming the setting, the torch.distributed
-    settings under which a group cannot be created among its members only (docs/nccl.md):
+    """Refuse, with one :class:`UnsupportedSettingError` naming the setting and the way back, the
+    torch.distributed settings under which a group cannot be created among its members only
+    (docs/nccl.md):
 
     - TorchComms before torch 2.14 (``new_group(use_local_synchronization=True)`` raises there);
-    - ``TORCH_DIST_USE_NCCL2=1`` (torch ≥ 2.14: the ``nccl`` backend becomes ``nccl2``) and a world
-      whose backend is ``nccl2`` or ``nccl-lazy``.
+    - a world whose NCCL backend is the ``nccl2`` or ``nccl-lazy`` engine (:func:`nccl_engine`: by the
+      backend object, so torch 2.15's default ``nccl`` and 2.14's ``TORCH_DIST_USE_NCCL2=1`` are the
+      same case). Before the world exists nothing is refused: a gloo job is not concerned.
     """
     release = torch_release()
     if torchcomms_enabled() and release is not None and release < (2, 14, 0):
@@ -197,17 +231,23 @@ def check_settings() -> None:
             "NotImplementedError, and ds-mesh creates groups among their members only. Unset "
             "TORCH_DISTRIBUTED_USE_TORCHCOMMS, or use torch 2.14.1."
         )
-    if os.environ.get("TORCH_DIST_USE_NCCL2") == "1" and release is not None and release >= (2, 14, 0):
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    engine = nccl_engine()
+    if engine == "nccl2":
+        way_back = ("set TORCH_DIST_USE_NCCL2=0 before the job starts (torch >= 2.15: nccl is nccl2 by default) "
+                    "or init_process_group(backend='nccl-legacy')" if release is not None and release >= (2, 15, 0)
+                    else "unset TORCH_DIST_USE_NCCL2 (or set it to 0) and use backend='nccl'")
         raise UnsupportedSettingError(
-            "TORCH_DIST_USE_NCCL2=1 is not supported by ds-mesh: it makes the nccl backend nccl2, and "
-            f"{REFUSED_BACKENDS['nccl2']}. Unset TORCH_DIST_USE_NCCL2."
+            f"the world's NCCL backend is nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
+            f"{os.environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}, torch {torch.__version__}), which ds-mesh does not "
+            f"support: {REFUSED_BACKENDS['nccl2']}. To run on torch's stock ProcessGroupNCCL, {way_back}."
         )
-    if dist.is_available() and dist.is_initialized():
-        for backend in sorted(set(backend_devices().values()) & set(REFUSED_BACKENDS)):
-            raise UnsupportedSettingError(
-                f"the {backend!r} backend (init_process_group(backend={backend!r})) is not supported by ds-mesh: "
-                f"{REFUSED_BACKENDS[backend]}. Use backend='nccl'."
-            )
+    if engine == "nccl-lazy":
+        raise UnsupportedSettingError(
+            f"the 'nccl-lazy' backend (init_process_group(backend='nccl-lazy')) is not supported by ds-mesh: "
+            f"{REFUSED_BACKENDS['nccl-lazy']}. Use backend='nccl' (with TORCH_DIST_USE_NCCL2=0 on torch >= 2.15)."
+        )
 
 
 # --- names ----------------------------------------------------------------------------------------
@@ -218,12 +258,12 @@ def group_name(name: str) -> str:
 
 def process_group_namer() -> Callable[..., str]:
     """torch's current ``distributed_c10d._process_group_name`` (what names every new group)."""
-    return c10d._process_group_name  # type: ignore[attr-defined]
+    return c10d._process_group_name  # type: ignore[attr-defined, unused-ignore]
 
 
 def set_process_group_namer(namer: Callable[..., str]) -> None:
     """Replace ``distributed_c10d._process_group_name`` (looked up by ``_new_group_with_tag`` per call)."""
-    c10d._process_group_name = namer  # type: ignore[attr-defined]
+    c10d._process_group_name = namer  # type: ignore[attr-defined, assignment, unused-ignore]
 
 
 # --- the default group ----------------------------------------------------------------------------
@@ -232,7 +272,7 @@ def default_group() -> dist.ProcessGroup:
     return c10d._get_default_group()
 
 
-def default_store() -> dist.Store:
+def default_store() -> c10d.Store:
     """The default group's store."""
     return c10d._get_default_store()
 
@@ -267,7 +307,8 @@ _THREAD_VIEW = _ThreadBoundDevice()
 
 def _real_bound_device(group: dist.ProcessGroup) -> Optional[torch.device]:
     if _REAL_BOUND_DEVICE is not None and isinstance(group, dist.ProcessGroup):
-        return _REAL_BOUND_DEVICE.__get__(group, type(group))
+        device: Optional[torch.device] = _REAL_BOUND_DEVICE.__get__(group, type(group))
+        return device
     return getattr(group, "bound_device_id", None)
 
 
@@ -296,7 +337,7 @@ def unbound_default_group() -> Iterator[Optional[torch.device]]:
         return
     with _HIDING_LOCK:
         if _hiders == 0:
-            dist.ProcessGroup.bound_device_id = _THREAD_VIEW  # type: ignore[misc]
+            dist.ProcessGroup.bound_device_id = _THREAD_VIEW  # type: ignore[method-assign, assignment, misc, unused-ignore]
         _hiders += 1
     _hiding.world = world
     try:
@@ -306,7 +347,7 @@ def unbound_default_group() -> Iterator[Optional[torch.device]]:
         with _HIDING_LOCK:
             _hiders -= 1
             if _hiders == 0:
-                dist.ProcessGroup.bound_device_id = _REAL_BOUND_DEVICE  # type: ignore[misc]
+                dist.ProcessGroup.bound_device_id = _REAL_BOUND_DEVICE  # type: ignore[method-assign, misc, unused-ignore]
 
 
 def _backend(group: dist.ProcessGroup, device: torch.device) -> Any:
@@ -323,7 +364,8 @@ def backend_supports_splitting(group: dist.ProcessGroup, device: torch.device) -
 
 def backend_timeout(group: dist.ProcessGroup, device: torch.device) -> timedelta:
     """The timeout of ``group``'s backend for ``device`` (AttributeError/RuntimeError where it has none)."""
-    return _backend(group, device).options._timeout
+    timeout: timedelta = _backend(group, device).options._timeout
+    return timeout
 
 
 def backend_initialised(group: dist.ProcessGroup, device: torch.device) -> Optional[bool]:
@@ -480,21 +522,56 @@ def flatten_dense_tensors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``torch._utils._flatten_dense_tensors``: one contiguous 1-D tensor of ``tensors``."""
     from torch._utils import _flatten_dense_tensors
 
-    return _flatten_dense_tensors(tensors)
+    flat: torch.Tensor = _flatten_dense_tensors(tensors)  # type: ignore[no-untyped-call, unused-ignore]
+    return flat
 
 
 def unflatten_dense_tensors(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
     """``torch._utils._unflatten_dense_tensors``: views of ``flat`` shaped like ``tensors``."""
     from torch._utils import _unflatten_dense_tensors
 
-    return _unflatten_dense_tensors(flat, tensors)
+    views: Sequence[torch.Tensor] = _unflatten_dense_tensors(flat, tensors)  # type: ignore[no-untyped-call, unused-ignore]
+    return views
 
 
 def foreach_copy_(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
     """``targets[i].copy_(sources[i])``: in one ``torch._foreach_copy_`` call when every tensor is on one
     device, else (a GPU region staged through host memory) one synchronous ``copy_`` each."""
     if targets and all(t.device == targets[0].device for t in (*targets, *sources)):
-        torch._foreach_copy_(targets, sources)
+        torch._foreach_copy_(list(targets), list(sources))
         return
     for target, source in zip(targets, sources):
         target.copy_(source)
+
+
+def connect_backend(group: dist.ProcessGroup, device: torch.device) -> None:
+    """Connect ``group``'s communicator for ``device`` now (NCCL: ``ncclCommInitRank`` among its
+    members, as torch does at creation when given ``device_id``) instead of at its first collective."""
+    _backend(group, device).eager_connect_single_device(device)
+
+
+def alias_group_name(name: str, group: dist.ProcessGroup) -> bool:
+    """Make torch resolve the group name ``name`` to ``group`` (its process-group registry, through
+    which ``DeviceMesh`` and DTensor find their groups by name); False where torch has no such registry."""
+    register = getattr(c10d, "_register_process_group", None)
+    if register is None:
+        return False
+    register(name, group)
+    return True
+
+
+def drop_group_alias(name: str) -> None:
+    """Undo :func:`alias_group_name`."""
+    unregister = getattr(c10d, "_unregister_process_group", None)
+    if unregister is not None:
+        unregister(name)
+
+
+def retarget_device_mesh(device_mesh: Any, groups: dict[str, Any]) -> None:
+    """Point a torch ``DeviceMesh``'s own name -> group table (kept for ``torch.compile``) at ``groups``
+    for the names it holds."""
+    table = getattr(device_mesh, "_pg_registry", None)
+    if isinstance(table, dict):
+        for name, group in groups.items():
+            if name in table:
+                table[name] = group

@@ -47,6 +47,18 @@ What else a GPU world does and the harness models (each a hazard the tests play)
 - ``init_barrier=True`` (``TORCH_DIST_INIT_BARRIER=1``): a member-only creation ends in a barrier
   among its members that takes ``creation_s`` (counted in :attr:`RankLog.max_concurrent_barriers`).
 
+- **the NCCL engine** (``engine=``: ``"nccl"``, stock ProcessGroupNCCL, by default, the one ds-mesh
+  runs on, which 2.15 builds with ``TORCH_DIST_USE_NCCL2=0``; ``"auto"``: what ``init_process_group
+  ("nccl")`` builds on the release with this process's ``TORCH_DIST_USE_NCCL2``: nccl2 on 2.15 unless
+  it is ``0``, on 2.14 only when it is ``1``, never before): on
+  ``"nccl2"`` the world's backend object is what ``distributed_c10d.ProcessGroupNCCL2`` names (the
+  class ds-mesh recognises it by) and the world is bound whatever ``bound`` says, to
+  ``cuda:LOCAL_RANK % device_count`` (``_nccl2_device``); ``"nccl-lazy"`` likewise with
+  ``ProcessGroupNCCLLazy``; ``"nccl"`` is stock ProcessGroupNCCL;
+- **``ProcessGroupNCCL.Options.lazy_init``** (:class:`NcclOptions`, ``release >= 2.15``): a creation
+  with it is no split (non-members do nothing), and on nccl2 its communicator is made at its first
+  collective, among its members; stock NCCL ignores the field (connected at creation given a device).
+
 Use :func:`run_ranks` to play a scenario on every rank (one after the other, each in a fresh world)
 and check the contract. ``creation_s`` makes each creation take that long (thread tests).
 ``split_non_member`` overrides what ``split_group`` returns to a rank in none of the splits (by
@@ -82,6 +94,8 @@ class NcclOptions:
     """What ``ProcessGroupNCCL.Options`` offers the project (deep-copyable, like the real one)."""
 
     _timeout: timedelta = timedelta(minutes=10)
+    simulate_uniform_ranks: bool = False  # read by torch 2.15's fake backend at every subgroup creation
+    lazy_init: bool = False  # torch 2.15: not created by a split; nccl2 connects it at its first collective
 
 
 @dataclasses.dataclass
@@ -107,6 +121,7 @@ class RankLog:
     names: list = dataclasses.field(default_factory=list)  # (ranks, group name) of every group this rank made
     lazy_inits: list = dataclasses.field(default_factory=list)  # (group name, ranks, device) made at a first collective
     hazards: list = dataclasses.field(default_factory=list)  # lazy inits while another collective was in flight
+    waits: list = dataclasses.field(default_factory=list)  # blocking steps, in order: (kind, group name, ranks)
     collectives: list = dataclasses.field(default_factory=list)  # (op, group name, device)
     group_count: int = 0  # torch's _world.group_count when the scenario ended
     parent_options: Any = None
@@ -169,6 +184,7 @@ def nccl_world(
     release: Optional[str] = None,
     torchcomms: bool = False,
     init_barrier: bool = False,
+    engine: str = "nccl",
 ) -> Iterator[RankLog]:
     """Rank ``rank`` of a fake world of ``world_size`` that torch reports as NCCL (module docstring).
     ``release`` ("2.6", "2.10", "2.14", …): the torch release whose naming, split and version the
@@ -190,6 +206,13 @@ def nccl_world(
 
         if release is not None:
             patch(torch, "__version__", torch.torch_version.TorchVersion(f"{release}.0" if release.count(".") == 1 else release))
+        engine = default_engine(rel) if engine == "auto" else engine
+        for kind, class_name in (("nccl2", "ProcessGroupNCCL2"), ("nccl-lazy", "ProcessGroupNCCLLazy")):
+            # the class torch's engine has (absent before 2.14): the world's backend is one when it plays it
+            patch(c10d, class_name, backend_type if engine == kind else type(f"Real{class_name}", (), {}))
+        if engine in ("nccl2", "nccl-lazy"):  # _nccl2_device: every world bound, to LOCAL_RANK % device_count
+            bound = True
+            local = local % max(world_size, 1)  # ``local_rank`` plays the launcher's LOCAL_RANK (default: the rank)
         # torch's answers on an NCCL world
         for module in (dist, c10d):
             patch(module, "get_backend", lambda group=None: "nccl")
@@ -198,7 +221,8 @@ def nccl_world(
         patch(backend_type, "supports_splitting", property(lambda self: True))
         patch(backend_type, "options", property(lambda self: options))
         patch(backend_type, "perform_nocolor_split", lambda self, device: None)  # a non-member's part of a split
-        patch(backend_type, "eager_connect_single_device", lambda self, device: None)  # recorded per group below
+        patch(backend_type, "eager_connect_single_device",
+              lambda self, device: _record_connect(log, self, device, outstanding))  # at creation: recorded below
         # the store-based mesh check is backend-independent (the gloo tests run it); the fake
         # backend's store holds nothing, so it stays skipped as on any fake world
         import mesh_core.consistency as consistency
@@ -255,7 +279,6 @@ def nccl_world(
         # creations: what each costs on NCCL
         real_new = c10d._new_group_with_tag
         real_new_group = c10d.new_group
-        real_barrier = c10d._store_based_barrier
         in_flight = [0, 0]  # creations, barriers
         inside_split = threading.local()
         lock = threading.Lock()
@@ -278,14 +301,22 @@ def nccl_world(
             world_bound = world.bound_device_id  # as this thread sees it
             backend = call.get("backend")
             nccl = backend in (None, "nccl", dist.Backend.NCCL) or str(backend).endswith(":nccl")
-            split = world_bound is not None and nccl and not torchcomms
+            # 2.15 (_new_process_group_helper): options with lazy_init never look for a split source
+            options_key = "backend_options" if "backend_options" in call else "pg_options"
+            options = call.get(options_key)
+            lazy_init = rel >= (2, 15) and bool(getattr(options, "lazy_init", False))
+            split = world_bound is not None and nccl and not torchcomms and not lazy_init
             count(0, +1)
             try:
                 if split and (rank in ranks or not local_sync):
                     log.world.append(("comm_split", tuple(ranks)))  # ncclCommSplit of the world: all must join
+                    log.waits.append(("world", f"world collective #{len(log.world)}", tuple(range(world_size))))
                 if creation_s:
                     time.sleep(creation_s)  # widens the window in which another thread could interleave
-                group = real_new(*args, **kwargs)
+                if isinstance(options, NcclOptions):  # modelled above; the fake backend takes its own
+                    group = real_new(**{**call, options_key: None})
+                else:
+                    group = real_new(*args, **kwargs)
             finally:
                 count(0, -1)
             if group in (None, NON_GROUP_MEMBER):
@@ -293,8 +324,10 @@ def nccl_world(
             device = device_id or world_bound
             if torchcomms and (device is None or device.index is None):
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
-            eager = nccl and device is not None
+            eager = nccl and device is not None and not (lazy_init and engine == "nccl2")  # "nccl2 only" lazy
             log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
+            if eager and not split:  # ncclCommInitRank during the creation
+                _record_wait(log, "connect", group.group_name, tuple(ranks), outstanding)
             log.names.append((tuple(ranks), group.group_name))
             if not split and nccl:
                 log.members.append((group.group_name, tuple(ranks)))
@@ -322,6 +355,7 @@ def nccl_world(
                 raise RuntimeError("No device associated with the default pg, not safe to split any process groups")
             splits = tuple(tuple(sorted(r)) for r in split_ranks)
             log.world.append(("split_group", splits))
+            log.waits.append(("world", f"world collective #{len(log.world)}", tuple(range(world_size))))
             log.split_options.append(pg_options)
             mine = next((s for s in splits if rank in s), None)
             non_member = split_non_member if split_non_member is not None else (
@@ -350,6 +384,7 @@ def nccl_world(
             comm = log.comms.get(group_name)
             ranks = comm.ranks if comm is not None else ()
             log.events.append(("barrier", group_name, ranks))
+            log.waits.append(("barrier", group_name, ranks))
             count(1, +1)
             try:
                 if creation_s:
@@ -363,6 +398,8 @@ def nccl_world(
                 comm = log.comms.pop(name, None)
                 if comm is not None:
                     log.events.append(("destroy", name, comm.ranks))
+                    if comm.device is not None:  # ncclCommDestroy of a made communicator: intra-node collective
+                        log.waits.append(("destroy", name, comm.ranks))
             return real_destroy(group)
 
         real_destroy = c10d.destroy_process_group
@@ -379,8 +416,9 @@ def nccl_world(
                 devices = {tensor_device(t) for t in tensors} - {None}
                 device = next(iter(devices), None)
                 if op == "barrier" and device is None:
-                    device = comm.device if comm is not None and comm.bound else torch.device(
-                        "cuda", torch.accelerator.current_device_index())
+                    device = comm.device if comm is not None and comm.bound else (
+                        getattr(group, "bound_device_id", None)  # torch's barrier: the group's bound device
+                        or torch.device("cuda", torch.accelerator.current_device_index()))
                 if comm is not None:
                     if comm.bound and device is not None and device != comm.device:
                         raise RuntimeError(f"{op} on group {name} bound to {comm.device} with a tensor on {device}")
@@ -388,6 +426,7 @@ def nccl_world(
                         comm.device = device or torch.device("cuda", torch.accelerator.current_device_index())
                         log.lazy_inits.append((name, comm.ranks, comm.device))
                         log.events.append(("init", name, comm.ranks))
+                        log.waits.append(("init", name, comm.ranks))
                         busy = sorted(k for k, v in outstanding.items() if v and k != name)
                         if busy:
                             log.hazards.append(f"lazy init of group {name} {list(comm.ranks)} while collectives on {busy} are in flight")
@@ -420,6 +459,14 @@ def nccl_world(
             yield log
         finally:
             log.group_count = c10d._world.group_count
+
+
+def default_engine(release: tuple[int, int]) -> str:
+    """What ``init_process_group("nccl")`` builds on ``release`` with this process's ``TORCH_DIST_USE_NCCL2``."""
+    setting = os.environ.get("TORCH_DIST_USE_NCCL2")
+    if release >= (2, 15):
+        return "nccl" if setting == "0" else "nccl2"
+    return "nccl2" if release >= (2, 14) and setting == "1" else "nccl"
 
 
 @contextlib.contextmanager
@@ -457,7 +504,7 @@ def check_contract(logs: list[RankLog]) -> None:
         for ranks, name in log.names:
             named.setdefault(ranks, {}).setdefault(log.rank, []).append(name)
     for ranks, by_rank in named.items():
-        if len({tuple(v) for v in by_rank.values()}) > 1:
+        if len({tuple(sorted(v)) for v in by_rank.values()}) > 1:  # distinct communicators: any order
             raise ContractViolation(
                 f"the groups of ranks {list(ranks)} have different names on different ranks ({by_rank}): their "
                 "store rendezvous (NCCL's unique id, gloo's full mesh, p2p communicators) use different prefixes"
@@ -488,6 +535,7 @@ def check_contract(logs: list[RankLog]) -> None:
                     f"destroys in different orders: {[(k, list(r)) for k, _, r in common_a]} vs "
                     f"{[(k, list(r)) for k, _, r in common_b]}"
                 )
+    check_waits(logs)
     devices: dict[str, dict[torch.device, int]] = {}
     for log in logs:
         for comm in log.comms.values():
@@ -503,6 +551,72 @@ def check_contract(logs: list[RankLog]) -> None:
         if len(set(counts.values())) > 1:
             raise ContractViolation(f"torch's group counter differs across ranks: {counts} — the next "
                                     "counter-named group gets different names (store rendezvous hangs)")
+
+
+def _record_wait(log: RankLog, kind: str, name: str, ranks: tuple, outstanding: dict) -> None:
+    """A blocking step of this rank (an ``ncclCommInitRank``): recorded for :func:`check_waits`, and
+    a hazard when this rank has collectives in flight on other communicators (the init deadlock)."""
+    log.waits.append((kind, name, ranks))
+    busy = sorted(k for k, v in outstanding.items() if v and k != name)
+    if busy:
+        log.hazards.append(f"init of group {name} {list(ranks)} at its {kind} while collectives on {busy} are in flight")
+
+
+def _record_connect(log: RankLog, backend: Any, device: Any, outstanding: dict) -> None:
+    """``eager_connect_single_device`` of a group's backend: made now, bound to ``device``. At a
+    creation given ``device_id`` the group is not registered yet (the creation records it)."""
+    for group in list(c10d._world.pg_map):
+        try:
+            mine = group._get_backend(torch.device("cuda")) is backend
+        except RuntimeError:
+            continue
+        comm = log.comms.get(group.group_name) if mine else None
+        if comm is not None and comm.device is None:
+            comm.device, comm.bound, comm.lazy = torch.device(device), True, False
+            _record_wait(log, "connect", comm.name, comm.ranks, outstanding)
+            return
+
+
+def check_waits(logs: list[RankLog]) -> None:
+    """Replay every rank's blocking steps (connects at creation or later, lazy inits, destroys of made
+    communicators, barriers, world collectives) as NCCL runs them: a step ends when every member is at
+    the same step. Raise :class:`ContractViolation` when the replay sticks: a cycle of waits across
+    ranks (on GPUs a hang that no pairwise order check sees) or members that never reach a step."""
+    played = {log.rank for log in logs}
+    queues = {log.rank: list(log.waits) for log in logs}
+    at = dict.fromkeys(queues, 0)
+    progress = True
+    while progress:
+        progress = False
+        for rank, queue in queues.items():
+            if at[rank] >= len(queue):
+                continue
+            step = queue[at[rank]]
+            members = (set(step[2]) & played) or {rank}  # a barrier of a group not recorded yet: its own
+            if all(at[m] < len(queues[m]) and queues[m][at[m]] == step for m in members):
+                for m in members:
+                    at[m] += 1
+                progress = True
+    stuck = {r: queues[r][at[r]] for r in queues if at[r] < len(queues[r])}
+    if not stuck:
+        return
+
+    def text(step: tuple) -> str:
+        return f"{step[0]} of {step[1]} {list(step[2])}"
+
+    for rank, step in sorted(stuck.items()):
+        gone = sorted(m for m in set(step[2]) & played if m not in stuck)
+        if gone:
+            raise ContractViolation(f"rank {rank} waits in the {text(step)}, which members {gone} never reach "
+                                    "(they finished without it) — on GPUs this hangs")
+    rank, chain = min(stuck), []
+    while rank not in chain:
+        chain.append(rank)
+        step = stuck[rank]
+        rank = min(m for m in set(step[2]) & played if queues[m][at[m]] != step)
+    cycle = chain[chain.index(rank):]
+    raise ContractViolation("a cycle of waits across ranks (on GPUs this hangs): " + "; ".join(
+        f"rank {r} waits in the {text(stuck[r])} for rank {cycle[(i + 1) % len(cycle)]}" for i, r in enumerate(cycle)))
 
 
 def run_ranks(

@@ -144,7 +144,6 @@ def test_every_warning_says_what_to_write_in_lines_of_100_and_its_code_explains(
 
 def test_the_shim_and_the_codemod_say_the_same_for_each_api():
     """The shim's warning and the codemod's comment for one legacy API carry its catalog row's next step."""
-    import re
 
     import compat.groups  # noqa: F401 (registers its legacy entries)
     import compat.topology  # noqa: F401

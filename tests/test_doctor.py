@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -65,20 +64,144 @@ def test_a_healthy_environment_is_ready(tmp_path, site_dir):
     assert "IMPORTED []" in proc.stdout  # nothing heavy: it answers at once
 
 
-def test_a_stale_lock_is_named_with_the_command_that_clears_it(tmp_path, site_dir):
-    lock = built(tmp_path) / "lock"
+INSTALLED_RULE = doctor.lock_rule(doctor.installed_version("torch"))
+
+
+def left_lock(directory, minutes: float):
+    """The ``lock`` a build left ``minutes`` ago: empty and unheld (FileBaton's killed build; FileLock's every build)."""
+    lock = directory / "lock"
     lock.touch()
-    os.utime(lock, (time.time() - 3600,) * 2)
+    os.utime(lock, (time.time() - 60 * minutes,) * 2)
+    return lock
+
+
+@pytest.mark.skipif(INSTALLED_RULE != doctor.BATON, reason="torch <= 2.13: FileBaton (from 2.14 a lock never goes stale)")
+def test_a_stale_lock_is_named_with_the_command_that_clears_it(tmp_path, site_dir):
+    lock = left_lock(built(tmp_path), 60)
     proc = mesh_doctor(tmp_path, site_dir=site_dir, DS_MESH="1")
     assert proc.returncode == 1
     assert f"[FAIL] shm op: {lock} is a stale lock" in proc.stdout and f"rm {lock}" in proc.stdout
     assert "verdict: NOT READY: fix shm op" in proc.stdout
 
 
+@pytest.mark.skipif(INSTALLED_RULE != doctor.BATON, reason="torch <= 2.13: FileBaton")
 def test_a_lock_of_a_build_that_just_started_is_building(tmp_path, site_dir):
     (built(tmp_path) / "lock").touch()
     proc = mesh_doctor(tmp_path, site_dir=site_dir)
     assert proc.returncode == 0 and "being built now" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(INSTALLED_RULE != doctor.FILELOCK, reason="torch >= 2.14: filelock")
+def test_the_lock_every_build_leaves_is_ready_on_this_torch(tmp_path, site_dir):
+    left_lock(built(tmp_path), 10)
+    proc = mesh_doctor(tmp_path, site_dir=site_dir, DS_MESH="1")
+    assert proc.returncode == 0 and "[OK  ] shm op: deepspeed_shm_comm built" in proc.stdout, proc.stdout
+
+
+def doctor_on(monkeypatch, tmp_path, torch_version: str) -> tuple[int, str]:
+    """``mesh doctor`` in this process, as it runs beside ``torch_version``."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    real = doctor.installed_version
+    monkeypatch.setattr(doctor, "installed_version", lambda name: torch_version if name == "torch" else real(name))
+    out = io.StringIO()
+    return doctor.main([], out=out), out.getvalue()
+
+
+@pytest.mark.parametrize("torch_version", ["2.14.1", "2.15.0+cu132"])
+def test_filelock_leftover_beside_a_built_op_is_ready(monkeypatch, tmp_path, torch_version):
+    """torch >= 2.14 builds under filelock.FileLock, which leaves the empty ``lock`` after every build."""
+    left_lock(built(tmp_path), 10)
+    code, text = doctor_on(monkeypatch, tmp_path, torch_version)
+    assert code == 0 and "[OK  ] shm op: deepspeed_shm_comm built" in text and "stale" not in text, text
+
+
+@pytest.mark.parametrize("torch_version", ["2.14.1", "2.15.0"])
+def test_a_held_filelock_is_building_however_old(monkeypatch, tmp_path, torch_version):
+    from filelock import FileLock  # what torch >= 2.14's _jit_compile holds around the build
+
+    lock = left_lock(built(tmp_path), 60)
+    with FileLock(str(lock)):
+        code, text = doctor_on(monkeypatch, tmp_path, torch_version)
+    assert code == 0 and f"[OK  ] shm op: deepspeed_shm_comm is being built now (lock {lock}" in text, text
+    state = doctor.shm_op_state(str(lock.parent), torch_version=torch_version)
+    assert state["state"] == "built" and state["lock_rule"] == doctor.FILELOCK  # released: a lock file, no build
+
+
+def test_a_killed_filebaton_build_is_still_named(monkeypatch, tmp_path):
+    """torch <= 2.13: FileBaton's lock exists only while a build runs, so an old one with no builder is stale."""
+    lock = left_lock(built(tmp_path), 10)
+    code, text = doctor_on(monkeypatch, tmp_path, "2.13.0")
+    assert code == 1 and f"[FAIL] shm op: {lock} is a stale lock" in text and f"rm {lock}" in text, text
+
+
+@pytest.mark.parametrize("version,rule", [("2.6.0", "baton"), ("2.13.0+cpu", "baton"), ("2.14.0", "filelock"),
+                                          ("2.14.1+cu130", "filelock"), ("2.15.0", "filelock"), (None, "baton")])
+def test_lock_rule(version, rule):
+    assert doctor.lock_rule(version) == rule
+
+
+def ninja_file(directory, torch_dir: str, deepspeed_dir: str) -> None:
+    """The ``build.ninja`` torch's JIT build writes for the op (its lines that name torch and the sources)."""
+    (directory / "build.ninja").write_text(
+        f"cflags = -DTORCH_EXTENSION_NAME=deepspeed_shm_comm -I{deepspeed_dir}/ops/csrc/cpu/includes "
+        f"-isystem {torch_dir}/include -isystem {torch_dir}/include/torch/csrc/api/include -fPIC\n"
+        f"build shm_interface.o: compile {deepspeed_dir}/ops/csrc/cpu/comm/shm_interface.cpp\n"
+        f"build shm.o: compile {deepspeed_dir}/ops/csrc/cpu/comm/shm.cpp\n"
+        "build deepspeed_shm_comm.so: link shm_interface.o shm.o\n")
+
+
+def test_a_build_the_next_run_redoes_is_named(monkeypatch, tmp_path):
+    """A cache shared with another venv: its build names another torch, so the next run rebuilds."""
+    import deepspeed  # the sources this environment's build compiles
+    import torch
+
+    here_torch, here_ds = (os.path.dirname(m.__file__) for m in (torch, deepspeed))
+    directory = built(tmp_path)
+    ninja_file(directory, here_torch, here_ds)
+    os.utime(directory / f"{doctor.SHM_OP}.so")  # built after the sources and torch's headers
+    assert doctor.shm_op_state(str(directory))["state"] == "built"
+    ninja_file(directory, "/other/venv/lib/python3.11/site-packages/torch", here_ds)
+    code, text = doctor_on(monkeypatch, tmp_path, "2.15.0")
+    assert code == 0, text
+    assert (f"[OK  ] shm op: deepspeed_shm_comm is built in {directory} but the next DeepSpeed run on CPU builds it "
+            "again") in text
+    assert "built against the torch in /other/venv/lib/python3.11/site-packages" in text
+    ninja_file(directory, here_torch, "/other/venv/lib/python3.11/site-packages/deepspeed")
+    state = doctor.shm_op_state(str(directory))
+    assert state["state"] == "rebuild" and "DeepSpeed's sources in /other/venv" in state["rebuild_reason"]
+    ninja_file(directory, here_torch, here_ds)
+    os.utime(directory / f"{doctor.SHM_OP}.so", (time.time() - 10 ** 9,) * 2)  # older than the sources
+    state = doctor.shm_op_state(str(directory))
+    assert state["state"] == "rebuild" and "changed after the build" in state["rebuild_reason"]
+
+
+@pytest.mark.parametrize("version,setting,refused", [
+    ("2.15.0+cu132", None, True), ("2.15.0+cu132", "1", True), ("2.15.0+cu132", "0", False),
+    ("2.14.1+cu130", None, False), ("2.14.1+cu130", "1", True), ("2.13.0", "1", False),
+])
+def test_a_cuda_job_that_would_get_nccl2_is_named(version, setting, refused):
+    environ = {"DS_ACCELERATOR": "cuda"} if setting is None else {"DS_ACCELERATOR": "cuda", "TORCH_DIST_USE_NCCL2": setting}
+    check = doctor.check_accelerator({"cuda": "13.2"}, 1, environ, torch_version=version)
+    assert (check["status"] == doctor.FAIL) is refused, check
+    assert ("set TORCH_DIST_USE_NCCL2=0" in check["detail"]) is refused
+    cpu = doctor.check_accelerator({"cuda": "13.2"}, 0, {"DS_ACCELERATOR": "cpu"}, torch_version=version)
+    assert cpu["status"] == doctor.OK  # gloo: not concerned
+
+
+def test_json_read_by_a_reader_that_stops_early(tmp_path, site_dir):
+    """``mesh doctor --json | head -1``: the reader is gone before the report is written."""
+    built(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails (EPIPE)
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "TORCH_EXTENSIONS_DIR")}
+    env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mesh_core", "doctor", "--json"], stdout=write,
+                              stderr=subprocess.PIPE, env=env, cwd=str(tmp_path), text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode in (0, 1), proc.stderr
 
 
 def test_a_missing_hook_is_named(tmp_path):
@@ -136,3 +259,10 @@ def test_deep_asks_torch_and_deepspeed(monkeypatch):
     check = doctor.check_deep()
     assert check["status"] == doctor.OK and check["deepspeed_accelerator"] == "cpu"
     assert check["deepspeed_backend"] in ("gloo", "ccl") and check["torch_cuda_available"] in (True, False)
+
+
+@pytest.mark.parametrize("gpus, text", [(0, "no NVIDIA GPUs visible"), (1, "1 NVIDIA GPU visible"),
+                                        (8, "8 NVIDIA GPUs visible")])
+def test_the_accelerator_line_counts_gpus_in_words(gpus, text):
+    line = doctor.check_accelerator({"cuda": "12.8", "hip": None}, gpus, environ={})["detail"]
+    assert text in line and "(s)" not in line, line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("mesh_core", "compat", "codemods", "examples", "tools", "bench")
@@ -72,7 +73,8 @@ def test_one_row_major_math():
     for folder in ("mesh_core", "compat"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             text = path.read_text(encoding="utf-8")
-            if path.name != "row_major.py" and ("strides[i + 1] *" in text or "math.prod(dims[i + 1:])" in text):
+            # either spelling of the slice (ruff format writes `[i + 1 :]`)
+            if path.name != "row_major.py" and ("strides[i + 1] *" in text or re.search(r"math\.prod\(\w+\[i \+ 1 ?:\]\)", text)):
                 computing.append(str(path.relative_to(ROOT)))
     assert not computing, f"row-major strides computed outside mesh_core/row_major.py: {computing}"
     topo = PipelineTopology(["pipe", "data", "model"], [2, 3, 2])
@@ -309,3 +311,41 @@ def test_one_list_of_dim_names():
     assert not written, f"dim names spelled outside mesh_core/axis_names.py: {written}"
     assert MESH_DIMS == tuple(d.value for d in axis_names.MeshDim) and axis_names.MeshDim.TP == "tp"
     assert set(axis_names.ALIASES.values()) <= set(MESH_DIMS) and axis_names.ALIASES["fsdp"] == "dp_shard"
+
+
+# Each face's size, held: a name joins a face deliberately, with its line in the face's docstring
+# (who uses it outside the package), and its number here raised in the same change; a name with no
+# user outside is imported from its home module instead.
+FACE_SIZES = {
+    "mesh_core": 15,
+    "mesh_core.runtime_hooks": 52,
+    "mesh_core.axis_names": 4,
+    "mesh_core.torch_compat": 27,
+    "compat": 11,
+    "codemods": 8,
+}
+
+
+def test_each_face_holds_its_size_and_says_who_uses_each_name():
+    """The faces' ``__all__`` sizes are the numbers above, and every name a face exports is named in
+    its docstring (``runtime_hooks`` and ``axis_names``: one ``- ``name`` — who uses it`` line each)."""
+    import importlib
+
+    sizes, unexplained = {}, {}
+    for face, size in FACE_SIZES.items():
+        module = importlib.import_module(face)
+        sizes[face] = len(module.__all__)
+        if face in ("mesh_core.runtime_hooks", "mesh_core.axis_names"):
+            lines = re.findall(r"^- ``(\w+)`` — \S", module.__doc__, re.M)
+            assert len(lines) == len(set(lines)), f"{face}: a name has two lines in the docstring"
+            missing = set(module.__all__) ^ set(lines)
+        else:
+            missing = {n for n in module.__all__ if not re.search(rf"[`.~]{n}`", module.__doc__)}
+        if missing:
+            unexplained[face] = sorted(missing)
+    changed = {face: f"{sizes[face]} names, held at {size}" for face, size in FACE_SIZES.items() if sizes[face] != size}
+    assert not changed, (
+        f"a face changed size: {changed}. Adding a name: give it a line in the face's docstring saying who "
+        "outside the package uses it, and change its number in FACE_SIZES (tests/test_structure.py) in the "
+        "same commit; a name only the package itself uses is imported from its home module, not the face.")
+    assert not unexplained, f"names a face exports without a word in its docstring on who uses them: {unexplained}"

@@ -18,7 +18,7 @@ from . import _autotp as autotp, _expert_process as expert_process, _hpz as hpz
 from . import _legacy_state as ls
 from .._engine import legacy_names as ln
 from . import _mpu_exact as mpu_exact
-from .._engine.base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args, last_name
+from .._engine.base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args
 
 KIND = "groups getter"
 

@@ -263,7 +263,10 @@ class InitializeCommand(MigrationCommand):
         value = updated_node.value
         if plan[0] == "ifexp":
             assert isinstance(value, cst.IfExp)
-            wrap = lambda b: b if isinstance(b, cst.Name) and b.value == "None" else cst.parse_expression(f"{mesh_class}.from_mpu({code(b)})")  # noqa: E731
+
+            def wrap(b: cst.BaseExpression) -> cst.BaseExpression:
+                return b if isinstance(b, cst.Name) and b.value == "None" else cst.parse_expression(f"{mesh_class}.from_mpu({code(b)})")
+
             new = value.with_changes(body=wrap(value.body), orelse=wrap(value.orelse))
         elif plan[0] == "guard":
             new = cst.parse_expression(f"None if {code(value)} is None else {mesh_class}.from_mpu({code(value)})")

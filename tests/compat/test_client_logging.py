@@ -74,7 +74,6 @@ def test_client_set_level_shows_and_reports_what_plain_deepspeed_does(level):
 
 def test_client_level_does_not_override_v1_levels(monkeypatch):
     import deepspeed  # noqa: F401
-    from deepspeed.utils import logger as ds_logger
 
     monkeypatch.setenv("DS_LOG_LEVELS", "deepspeed=info")
     installer.install()

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.torch_releases
      ["dp_replicate=2 x dp_shard=2", "HSDP: ZeRO partitions over dp_shard (2 ranks)", "across dp_replicate (2"]),
     (MeshSpec.build(8, pp=2, tp=2, ep=2), ["pp=2 x dp=2 x tp=2", "ep=2"]),
     (MeshSpec.build(8, ranks=[4, 5, 6, 7], tp=2), ["dp=2 x tp=2", "ranks 4..7 of 8 (a sub-world engine)"]),
+    (MeshSpec.build(1), ["the mesh dp=1", "; the world's one rank;"]),  # not "all 1 ranks"
+    (MeshSpec.build(8, ranks=[3], dp=1), ["; rank 3 of 8 (a sub-world engine)"]),
 ])
 def test_the_line_says_the_mesh(spec, parts):
     line = describe(spec)

@@ -96,6 +96,9 @@ def test_unknown_value_warns_in_one_line(site_dir, tmp_path):
     proc = python(PROBE.format(site=site_dir), env_extra={"DS_MESH": "yes-please"}, cwd=str(tmp_path))
     assert proc.returncode == 0
     lines = proc.stderr.splitlines()
+    quiet = python(PROBE.format(site=site_dir), env_extra={"DS_MESH": "yes-please", "OMPI_COMM_WORLD_RANK": "2"},
+                   cwd=str(tmp_path))
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr  # once per job: rank 0 says it
     assert len(lines) == 1, proc.stderr
     assert "DS_MESH='yes-please' is not understood" in lines[0] and "DS_MESH=1" in lines[0]
     assert "LOADED []" in proc.stdout
@@ -195,3 +198,14 @@ def test_the_shim_takes_the_place_of_the_hooks_watcher_and_uninstall_puts_it_bac
     assert module.initialize.__wrapped__ is initialize
     patches.restore()
     assert module.initialize is watcher
+
+
+@pytest.mark.parametrize("environ, rank, local", [
+    ({}, 0, 0), ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1),
+    ({"RANK": " ", "SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),
+    ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 7, 0), ({"PMI_RANK": "x"}, 0, 0),
+])
+def test_the_hooks_warnings_know_the_rank_from_every_launchers_variables(environ, rank, local):
+    import _ds_mesh_startup as hook
+
+    assert (hook.launcher_rank(environ=environ), hook.launcher_rank(hook.LOCAL_RANK_VARS, environ)) == (rank, local)

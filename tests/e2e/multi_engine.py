@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from common import params_of, ranks, run_parts
+from common import ranks, run_parts
 
 import compat  # noqa: E402
 

@@ -9,7 +9,6 @@ dp=2 (the grid is the mpu), ZeRO stage 1. Usage: ``torchrun --nproc_per_node 4 t
 import sys
 
 import torch
-import torch.distributed as dist
 
 import common
 from simple_mpu import DSTestMPU

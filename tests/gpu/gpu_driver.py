@@ -4,8 +4,12 @@ so a hang names its part and the later parts still run.
 
 Per part: its world (bound where DeepSpeed binds, or unbound), the timeout of its world and groups
 inside its bound, ``NCCL_ALGO=Ring NCCL_NVLS_ENABLE=0`` where it compares plain DeepSpeed with the
-shim bit for bit. A part that outlives its bound is killed (its whole process group) and reported
-``"ok": false`` with ``"hung": true``, the tail of its log and the ranks that had not finished.
+shim bit for bit. A part that outlives its bound is killed and reported ``"ok": false`` with
+``"hung": true``, the tail of its log and the ranks that had not finished. Killed means torchrun's
+process group *and* every rank's: torch elastic starts each rank in a session of its own
+(``start_new_session=True``), so a signal to torchrun's group leaves the ranks running, holding their
+GPU memory and communicators while the next parts run; the ranks are found by their command line
+(the part's directory) and ``"left_alive"`` lists any that outlived the kill.
 
 usage: gpu_driver.py OUT_DIR WORLD [--dry] [PART ...]   (default: every part but the self-test)
 Prints one JSON line per part, then a summary table; exits 1 when a part failed.
@@ -26,6 +30,56 @@ sys.path.insert(0, HERE)
 import gpu_world  # noqa: E402
 
 LOG_TAIL = 3000
+KILL_WAIT_S = 30.0
+
+
+def part_processes(part_dir: str) -> list[int]:
+    """Processes of a part: those whose command line names its directory (torchrun and every rank)."""
+    marker = os.path.abspath(part_dir).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if marker in argv:
+                pids.append(int(entry))
+    return sorted(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def kill_part(proc: subprocess.Popen, part_dir: str) -> list[int]:
+    """SIGKILL torchrun's process group and each rank's own (their sessions), scanning again until a
+    scan finds none alive (a rank torchrun was starting when it died appears after the first scan);
+    the pids still alive after :data:`KILL_WAIT_S` (none when the kill worked)."""
+    def kill(pid: int) -> None:
+        for signal_to in (lambda p: os.killpg(os.getpgid(p), signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
+            try:
+                signal_to(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    kill(proc.pid)
+    proc.wait()
+    deadline = time.monotonic() + KILL_WAIT_S
+    quiet_scans = 0
+    while True:
+        left = [pid for pid in part_processes(part_dir) if _alive(pid)]
+        for pid in left:
+            kill(pid)
+        quiet_scans = 0 if left else quiet_scans + 1
+        if quiet_scans == 3 or time.monotonic() > deadline:
+            return [pid for pid in left if _alive(pid)]
+        time.sleep(0.2)  # a SIGKILLed rank is reaped, or a rank being started shows up
 
 
 def default_parts() -> list[str]:
@@ -62,8 +116,7 @@ def run_part(name: str, out_dir: str, world: int, dry: bool, python: str = sys.e
             rc: Optional[int] = proc.wait(timeout=spec.bound_s)
         except subprocess.TimeoutExpired:
             rc = None
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank it started
-            proc.wait()
+            left_alive = kill_part(proc, part_dir)  # torchrun and every rank it started
     seconds = round(time.monotonic() - start, 1)
     line: dict = {"part": name, "bound_s": spec.bound_s, "seconds": seconds, "world_kind": spec.world}
     if spec.compares and not dry:
@@ -78,7 +131,8 @@ def run_part(name: str, out_dir: str, world: int, dry: bool, python: str = sys.e
         tail = fh.read()[-LOG_TAIL:]
     if rc is None:
         line.update(ok=False, hung=True, error=f"no result within its {spec.bound_s} s bound (killed): it hung or "
-                    "was too slow", unfinished_ranks=sorted(set(range(world)) - set(ranks)), log_tail=tail)
+                    "was too slow", unfinished_ranks=sorted(set(range(world)) - set(ranks)), left_alive=left_alive,
+                    log_tail=tail)
         return line
     if len(ranks) < world or rc != 0:
         line.update(ok=False, error=f"torchrun exit {rc}; ranks without a result: {sorted(set(range(world)) - set(ranks))}",

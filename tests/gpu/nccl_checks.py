@@ -12,9 +12,11 @@ inside the part's bound:
 - member_only: a mesh with ``backend="nccl"`` over ranks [0, 1] built by its members only (world 1:
   over [0]); an all_reduce over it;
 - not_split: on the bound world, a one-rank mesh per rank is not made by splitting the world's
-  communicator (the world backend's ``comm_split_count()`` is unchanged; a ``split_group`` right after
-  adds one, which shows the count works) and is bound to the rank's own GPU; catches on one GPU what
-  hangs only on several;
+  communicator: torch found no split source for its creation (recorded per thread, on every engine;
+  a world-collective ``new_group`` right after finds one, which shows the signal works) and, where the
+  world backend has ``comm_split_count()`` (stock NCCL, not nccl2), that count is unchanged (a
+  ``split_group`` adds one); and it is bound to the rank's own GPU; catches on one GPU what hangs only
+  on several;
 - split: a whole-world mesh on the ``split_group`` path (world 1: ``dist.split_group`` called
   directly, since a one-rank mesh has no group to split); all_reduces over its groups;
 - sharing: two meshes whose dims have the same rank set share one communicator;
@@ -25,7 +27,10 @@ inside the part's bound:
   mpu, ``deepspeed.initialize(mpu=...)`` under the shim then plain, the same losses, every rank on its
   own GPU;
 - then the parts of tests/gpu/acceptance_parts.py: zero_bf16, hf_trainer, pipelines, transfer, weight_link,
-  link_reads, member_only_bound.
+  link_reads, member_only_bound;
+- step_aside: release and resume a whole-world mesh (suspend or destroy, whichever this torch and NCCL
+  take), a DeviceMesh slice and a DTensor made before the release used after it; a pair mesh connected
+  at the registry's connect point.
 
 usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each rank writes
 ``OUT_DIR/<part>.rank<r>.json``; MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script
@@ -47,6 +52,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 import functools  # noqa: E402
+import threading  # noqa: E402
+from typing import Optional  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -215,53 +222,110 @@ def _world_is_bound() -> bool:
     return getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None) is not None
 
 
+class SplitSources:
+    """Per thread, how many of torch's group creations found a *split source* (``_get_split_source`` of
+    ``distributed_c10d`` returned the world's backend: the creation is an ``ncclCommSplit`` every world
+    rank must join). Read in Python on every engine: stock NCCL, nccl2 (which has no
+    ``comm_split_count()``) and gloo."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._c10d = dist.distributed_c10d
+        self._real = getattr(self._c10d, "_get_split_source", None)
+
+    def __enter__(self) -> "SplitSources":
+        real, local = self._real, self._local
+        if real is not None:
+            def recording(*args, **kwargs):
+                found = real(*args, **kwargs)
+                if found is not None:
+                    local.found = getattr(local, "found", 0) + 1
+                return found
+
+            self._c10d._get_split_source = recording
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._real is not None:
+            self._c10d._get_split_source = self._real
+
+    def found(self) -> Optional[int]:
+        """Creations in this thread that found one so far (None: this torch has no such function)."""
+        return None if self._real is None else getattr(self._local, "found", 0)
+
+
 def part_not_split(rank: int, world: int) -> dict:
-    """A member-only group is not a split of the world's communicator, and is bound to this rank's GPU."""
+    """A member-only group is not a split of the world's communicator, and is bound to this rank's GPU.
+    Two signals: whether torch found a split source for the creation (:class:`SplitSources`, every
+    engine) and the world backend's ``comm_split_count()`` where it has one (stock NCCL; not nccl2)."""
     from mesh_core import DeepSpeedDeviceMesh, torch_compat
 
     if DRY:
-        return {"ok": True, "skipped": "dry run (gloo has no communicator split count)"}
+        with SplitSources() as sources:  # the signal on gloo: nothing is bound, so nothing finds a source
+            alone = DeepSpeedDeviceMesh.build(ranks=[rank], dp=1, backend=BACKEND)
+            member_found = sources.found()
+            alone.destroy()
+            everyone = dist.new_group(list(range(world)))
+            control_found = sources.found() - member_found
+            dist.destroy_process_group(everyone)
+        return {"ok": True, "skipped": "dry run (gloo has no communicator split count; an unbound world has no split "
+                "source)", "member_only": {"split_source_found": member_found},
+                "world_new_group_control": {"split_source_found": control_found}}
     if not _world_is_bound():
         return {"ok": True, "skipped": gpu_world.not_binding_reason(torch.__version__)}
     device = torch.device("cuda", _local())
     world_backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    splits = getattr(world_backend, "comm_split_count", None)
-    if splits is None:
-        return {"ok": False, "error": "the world's NCCL backend has no comm_split_count() in this torch"}
-    before = splits()
-    alone = DeepSpeedDeviceMesh.build(ranks=[rank], dp=1, backend=BACKEND)  # every rank its own: members only
-    group = alone.get_group("dp")
-    out: dict = {}
-    out["member_only"] = member = {
-        "world_splits_made": splits() - before,  # 0: not a split of the world's communicator
-        "initialised_right_after_creation": torch_compat.backend_initialised(group, device),  # eager or lazy
-        "bound_device_id": str(getattr(group, "bound_device_id", None)),  # cuda:LOCAL_RANK when bound
-        "sum": _sum_over(group, rank),
-        "initialised_after_a_collective": torch_compat.backend_initialised(group, device),
-    }
-    member["path"] = alone.creation_path.name
-    alone.destroy()
-    members = list(range(world // 2))
-    if rank in members:  # world >= 2: a sub-world mesh as the mesh builds it (no backend given)
-        mark = splits()
-        sub = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members))
-        out["sub_world"] = {"members": members, "path": sub.creation_path.name,
-                            "world_splits_made": splits() - mark,
-                            "bound_device_id": str(getattr(sub.get_group("tp"), "bound_device_id", None)),
-                            "sum": _sum_over(sub.get_group("tp"), rank)}
-        sub.destroy()
+    counter = getattr(world_backend, "comm_split_count", None)
+
+    def splits() -> Optional[int]:
+        return None if counter is None else counter()
+
+    def made(mark: Optional[int]) -> Optional[int]:
+        return None if mark is None else splits() - mark
+
+    out: dict = {"comm_split_count": counter is not None, "engine": type(world_backend).__name__}
+    with SplitSources() as sources:
+        before, found = splits(), sources.found()
+        alone = DeepSpeedDeviceMesh.build(ranks=[rank], dp=1, backend=BACKEND)  # every rank its own: members only
+        group = alone.get_group("dp")
+        out["member_only"] = member = {
+            "split_source_found": sources.found() - found,  # 0: torch found nothing to split from
+            "world_splits_made": made(before),  # 0: not a split of the world's communicator (None: no counter)
+            "initialised_right_after_creation": torch_compat.backend_initialised(group, device),  # eager or lazy
+            "bound_device_id": str(getattr(group, "bound_device_id", None)),  # cuda:LOCAL_RANK when bound
+            "sum": _sum_over(group, rank),
+            "initialised_after_a_collective": torch_compat.backend_initialised(group, device),
+        }
+        member["path"] = alone.creation_path.name
+        alone.destroy()
+        members = list(range(world // 2))
+        if rank in members:  # world >= 2: a sub-world mesh as the mesh builds it (no backend given)
+            mark, found = splits(), sources.found()
+            sub = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members))
+            out["sub_world"] = {"members": members, "path": sub.creation_path.name,
+                                "split_source_found": sources.found() - found, "world_splits_made": made(mark),
+                                "bound_device_id": str(getattr(sub.get_group("tp"), "bound_device_id", None)),
+                                "sum": _sum_over(sub.get_group("tp"), rank)}
+            sub.destroy()
+        found = sources.found()
+        everyone = dist.new_group(list(range(world)))  # every world rank joins: torch splits the bound world
+        out["world_new_group_control"] = {"split_source_found": sources.found() - found}
+        dist.destroy_process_group(everyone)
     before = splits()
     control = torch_compat.split_group([[r] for r in range(world)])  # every world rank joins
     out["split_control"] = {
-        "world_splits_made": splits() - before,
+        "world_splits_made": made(before),
         "initialised_right_after_creation": torch_compat.backend_initialised(control, device),
     }
     dist.destroy_process_group(control)
     sub = out.get("sub_world")
-    out["ok"] = (member["world_splits_made"] == 0 and out["split_control"]["world_splits_made"] == 1
+    counted = counter is not None
+    out["ok"] = (member["split_source_found"] == 0 and out["world_new_group_control"]["split_source_found"] >= 1
+                 and (not counted or (member["world_splits_made"] == 0
+                                      and out["split_control"]["world_splits_made"] == 1))
                  and member["bound_device_id"] == str(device) and member["sum"] == float(rank + 1)
-                 and (sub is None or (sub["world_splits_made"] == 0 and sub["bound_device_id"] == str(device)
-                                      and sub["sum"] == _expect(members))))
+                 and (sub is None or (sub["split_source_found"] == 0 and (not counted or sub["world_splits_made"] == 0)
+                                      and sub["bound_device_id"] == str(device) and sub["sum"] == _expect(members))))
     return out
 
 
@@ -335,6 +399,43 @@ def part_unbound_engine(rank: int, world: int) -> dict:
     }
 
 
+def part_step_aside(rank: int, world: int) -> dict:
+    """Release and resume on the world's own path: suspend (NCCL >= 2.29.7 and a torch whose backend has
+    ``suspend()``) or destroy and re-create; a torch DeviceMesh slice and a DTensor built before the
+    release work after it, and a sub-world mesh's groups are connected at the registry's connect point."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from mesh_core import DeepSpeedDeviceMesh
+    from mesh_core.step_aside import holds, release_communicators, resume_communicators
+
+    # backend named: its groups are its own, not the world group (which is never released)
+    mesh = DeepSpeedDeviceMesh.build(tp=world, backend=BACKEND, device_type=DEVICE)
+    dim = mesh.mesh_dim_names[0]  # "tp" (a world of one: the mesh's one dim of size 1)
+    held = mesh[dim]
+    tensor = DTensor.from_local(torch.full((2,), float(rank + 1), device=DEVICE), held, [Shard(0)])
+    before = _sum_over(mesh.get_group(dim), rank)
+    record = release_communicators(mesh, holders=[held])
+    states = [c.state for c in holds(mesh).communicators]
+    resume_communicators(mesh, holders=[held])
+    after = _sum_over(mesh.get_group(dim), rank)
+    gathered = tensor.redistribute(held, [Replicate()]).to_local().tolist()
+    resolves = held.get_group() is mesh.get_group(dim)
+    members = [0, 1] if world >= 2 else [0]
+    connected = None
+    if rank in members:  # created unconnected, connected at the connect point, then used
+        pair = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members), device_type=DEVICE)
+        connected = pair.registry.connect()
+        pair_sum = _sum_over(pair.get_group("tp"), rank)
+        pair.destroy()
+    mesh.destroy()
+    want = [float(r + 1) for r in range(world) for _ in range(2)]
+    return {"ok": before == after == _expect(range(world)) and gathered == want and resolves
+            and (connected is None or pair_sum == _expect(members)) and bool(record.mode),
+            "modes": sorted(set(record.mode.values())), "states_while_released": states,
+            "device_free_bytes": record.device_free_bytes, "sums": [before, after], "dtensor_gathered": gathered,
+            "old_device_mesh_resolves_new_group": resolves, "connected_at_connect_point": connected}
+
+
 def part_hang_selftest(rank: int, world: int) -> dict:
     """Never returns: checks that the driver bounds a part and names it (run only when named)."""
     while True:
@@ -343,7 +444,7 @@ def part_hang_selftest(rank: int, world: int) -> dict:
 
 PARTS = {"probe": part_probe, "member_only": part_member_only, "not_split": part_not_split, "split": part_split,
          "sharing": part_sharing, "subworld_engine": part_subworld_engine, "zero3": part_zero3,
-         "unbound_engine": part_unbound_engine, "hang_selftest": part_hang_selftest}
+         "unbound_engine": part_unbound_engine, "step_aside": part_step_aside, "hang_selftest": part_hang_selftest}
 for _name, _part in acceptance_parts.PARTS.items():
     PARTS[_name] = functools.partial(_part, env=acceptance_parts.Env(DRY))
 assert set(PARTS) == set(gpu_world.SPECS), sorted(set(PARTS) ^ set(gpu_world.SPECS))

@@ -17,7 +17,7 @@ import gpu_world  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "link_reads", "member_only_bound",
-             "unbound_engine"]
+             "unbound_engine", "step_aside"]
 NEEDS_PEERS = ["subworld_engine", "pipelines", "transfer"]
 NCCL_ONLY = ["probe", "not_split", "split"]
 
@@ -87,6 +87,13 @@ def test_parts_needing_peers_say_so_in_a_world_of_one(run, part):
 def test_nccl_only_parts_say_dry_run(run, part):
     _, lines, _ = run
     assert lines[part]["ok"] and lines[part]["skipped"].startswith("dry run")
+
+
+def test_the_not_split_part_shows_its_split_source_signal(run):
+    _, lines, _ = run
+    signal = lines["not_split"]["ranks"]["0"]
+    assert signal["member_only"] == {"split_source_found": 0}  # gloo: nothing bound, nothing to split from
+    assert signal["world_new_group_control"] == {"split_source_found": 0}
 
 
 def test_wheels_lists_what_to_bring():

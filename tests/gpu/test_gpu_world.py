@@ -22,7 +22,7 @@ import gpu_world  # noqa: E402
 
 
 @pytest.mark.parametrize("version", ["2.6.0", "2.6.0+cu124", "2.6.1", "2.7.0", "2.7.0+cu126", "2.7.1", "2.8.0+cu128",
-                                     "2.13.0", "2.14.1+cu130"])
+                                     "2.13.0", "2.14.1+cu130", "2.15.0+cu132"])
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_the_run_binds_exactly_where_deepspeed_binds(monkeypatch, version, world_size):
     import deepspeed  # noqa: F401
@@ -77,3 +77,24 @@ def test_a_hung_part_is_killed_at_its_bound_named_and_the_next_part_still_runs(t
     assert bound <= hung["seconds"] < bound + 20 and hung["unfinished_ranks"] == [0]
     assert by_part["member_only"]["ok"] is True
     assert proc.returncode == 1 and "hang_selftest      HUNG" in proc.stdout
+    # its ranks are gone too, not only torchrun (each rank runs in a session of its own)
+    assert hung["left_alive"] == []
+    assert gpu_driver.part_processes(os.path.join(hung_dir(tmp_path), "hang_selftest")) == [], "a rank outlived the kill"
+    leftovers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                 if pid != os.getpid() and str(tmp_path).encode() in _cmdline(pid) and b"nccl_checks.py" in _cmdline(pid)]
+    assert leftovers == [], leftovers
+
+
+def hung_dir(tmp_path) -> str:
+    """The out dir gpu_check.sh made under TMPDIR."""
+    found = [os.path.join(root, d) for root, dirs, _ in os.walk(tmp_path) for d in dirs if d == "hang_selftest"]
+    assert len(found) == 1, found
+    return os.path.dirname(found[0])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""

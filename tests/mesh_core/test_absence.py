@@ -111,3 +111,59 @@ def test_members_of_a_failed_round_count_themselves_out_before_raising():
         with pytest.raises(MeshSpecError, match=r"^\[0, 1\] \[2\]$"):
             arrive(store, "r", [0, 1, 2], SHORT, lambda arrived, missing: f"{arrived} {missing}")
     assert store.add("r/left", 0) == 2
+
+
+@pytest.fixture
+def quiet_bound():
+    """Set a shorter wait for ranks that announced nothing (as the shim does); unset after the test."""
+    yield absence.set_quiet_bound
+    absence.set_quiet_bound(None)
+
+
+def test_a_quiet_bound_gives_up_on_a_rank_that_announced_nothing_before_the_timeout(store, quiet_bound):
+    """Rank 0 never announced itself (it runs no mesh code): the check gives up after the quiet bound,
+    not the 10-minute timeout, and says which wait ran out."""
+    bound = timedelta(seconds=0.2)
+    quiet_bound(lambda: bound)
+    with fake_world(1, 2):
+        with pytest.raises(AbsentRanksError) as caught:
+            spec = MeshSpec.build(2, tp=2)
+            consistency._check_over_store(spec, mesh_fields(spec), timedelta(minutes=10))
+    err = caught.value
+    assert (err.missing, err.quiet, err.timeout) == ([0], [0], bound)
+    assert ("started checking it within 0:00:00.200000 (arrived: rank 1; missing: rank 0; rank 0 built no mesh at "
+            "all in this world); the missing rank builds a different mesh (or none), or has started no mesh within "
+            "0:00:00.200000") in str(err)
+    assert "up to the process-group timeout, 0:10:00" in str(err)
+
+
+def test_a_quiet_bound_still_waits_the_timeout_for_a_rank_that_announced_itself(store, quiet_bound):
+    """Rank 0 said it builds meshes (a shim rank, merely late): the bound does not apply to it."""
+    quiet_bound(lambda: timedelta(seconds=0.1))
+    store.append(absence.BUILDERS_KEY, "0,")
+    with fake_world(1, 2):
+        with pytest.raises(AbsentRanksError) as caught:
+            spec = MeshSpec.build(2, tp=2)
+            consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=0.5))
+    err = caught.value
+    assert (err.missing, err.quiet, err.timeout) == ([0], [], timedelta(seconds=0.5))
+    assert "the missing rank builds a different mesh (or none), or is later than the process-group timeout" in str(err)
+
+
+def test_a_quiet_bound_of_none_or_longer_than_the_timeout_leaves_the_timeout(store, quiet_bound):
+    for bound in (lambda: None, lambda: timedelta(hours=1)):
+        quiet_bound(bound)
+        with fake_world(1, 2):
+            with pytest.raises(AbsentRanksError) as caught:
+                _check(MeshSpec.build(2, tp=2))
+        assert caught.value.timeout == SHORT and "later than the process-group timeout" in str(caught.value)
+
+
+def test_a_store_that_went_away_under_a_quiet_bound_names_both_waits(monkeypatch, quiet_bound):
+    gone = _GoneAfterWait(dist.HashStore())
+    monkeypatch.setattr(c10d, "_get_default_store", lambda: gone)
+    quiet_bound(lambda: timedelta(seconds=0.1))
+    with fake_world(1, 2):
+        with pytest.raises(AbsentRanksError, match="the store went away") as caught:
+            _check(MeshSpec.build(2, tp=2))
+    assert "within 0:00:00.100000 (ranks that had built no mesh) or 0:00:00.200000 (the others)" in str(caught.value)

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakepg import fake_world
 from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, current_mesh, use_mesh
+from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, current_mesh, use_mesh
 
 pytestmark = pytest.mark.torch_releases
 

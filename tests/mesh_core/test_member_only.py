@@ -15,7 +15,6 @@ from torch.distributed import distributed_c10d as c10d
 import mesh_core.registry as registry_mod
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec
-from mesh_core.runtime_hooks import registry_for_world
 from mesh_core.registry import (
     CreationInputs,
     CreationPath,
@@ -213,8 +212,8 @@ def test_fake_and_cpu_worlds_take_the_local_path():
 
 
 def test_split_path_bookkeeping(monkeypatch):
-    """The SPLIT path's registry logic (one call per partition with new sets, sharing with groups
-    already held). ``split_group`` itself needs an accelerator; here it is replaced by a stand-in
+    """The SPLIT path's registry logic (one call per partition with new sets, split children kept
+    apart from member-only groups of the same rank sets). ``split_group`` itself needs an accelerator; here it is replaced by a stand-in
     that creates this rank's group member-only, so only the bookkeeping is under test."""
     splits = []
 
@@ -239,4 +238,7 @@ def test_split_path_bookkeeping(monkeypatch):
         assert len(splits) == 4 and a.get_group("tp") is b.get_group("tp")
         sub = DeepSpeedDeviceMesh.build(ranks=[0, 1, 2, 3], tp=2)  # sub-world: member-only
         assert sub.creation_path is CreationPath.LOCAL and len(splits) == 4
-        assert sub.get_group("tp") is a.get_group("tp")
+        # split children have keys of their own: a member-only request never shares one (which kind a
+        # rank set got would depend on which thread of each rank reached it first)
+        assert sub.get_group("tp") is not a.get_group("tp")
+        assert sub.get_group("tp").group_name != a.get_group("tp").group_name

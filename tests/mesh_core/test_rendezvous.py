@@ -122,3 +122,24 @@ def test_with_the_store_timeout_a_waiter_reads_the_outcome_in_one_blocking_get_a
         _other_arrives(store, "s", 0, members, flag=True)
         store.set("s/state", "done:1")  # as the last arrival will have written it (rank 1 reads it, waiting)
         assert arrive(store, "s", members, store.timeout, _absent) == Arrival(1, False)
+
+
+def test_give_up_cuts_the_wait_short_only_when_its_predicate_says_so():
+    """``give_up=(wait, predicate)``: after ``wait`` the round is abandoned if the predicate, given the
+    arrivals so far, is true; otherwise the member waits on to the timeout (and a round given up either
+    way is abandoned for everyone)."""
+    seen = []
+
+    def never(arrived):
+        seen.append(set(arrived))
+        return False
+
+    store = dist.HashStore()
+    with fake_world(1, 2):
+        with pytest.raises(MeshSpecError, match=r"arrived \[1\] missing \[0\]"):
+            arrive(store, "a", [0, 1], timedelta(seconds=0.4), _absent, give_up=(timedelta(seconds=0.1), never))
+        assert seen == [{1}] and store.get("a/state") == b"abandoned"
+        with pytest.raises(MeshSpecError, match=r"arrived \[1\] missing \[0\]"):
+            arrive(store, "b", [0, 1], timedelta(minutes=10), _absent,
+                   give_up=(timedelta(seconds=0.1), lambda arrived: arrived == {1}))
+        assert store.get("b/state") == b"abandoned"

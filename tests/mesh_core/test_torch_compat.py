@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # --- the supported range ------------------------------------------------------------------------
 @pytest.mark.parametrize("version,ok", [
     ("2.5.1", False), ("2.6.0", True), ("2.6.0+cu124", True), ("2.8.0+cu128", True), ("2.13.0+cpu", True),
-    ("2.14.1", True), ("2.14.1+cu130", True), ("2.14.2", False), ("2.15.0", False), ("2.15.0a0+git1234", False),
+    ("2.14.1", True), ("2.14.1+cu130", True), ("2.14.2", True), ("2.15.0", True), ("2.15.0+cu132", True),
+    ("2.15.0a0+git1234", True), ("2.15.1", False), ("2.16.0", False),
     ("1.13.1", False), ("nightly", False),
 ])
 def test_range(version, ok):
@@ -42,7 +43,7 @@ def test_declared_range_is_the_same_everywhere():
     assert torch_compat.SUPPORTED == ">={},<={}".format(*(".".join(map(str, r)) for r in (torch_compat.OLDEST, torch_compat.NEWEST)))
 
 
-@pytest.mark.parametrize("version", ["2.5.1", "2.15.0"])
+@pytest.mark.parametrize("version", ["2.5.1", "2.15.1"])
 def test_build_refuses_an_unsupported_torch_before_any_group(monkeypatch, version):
     with fake_world(0, 4):
         before = group_count()
@@ -51,7 +52,7 @@ def test_build_refuses_an_unsupported_torch_before_any_group(monkeypatch, versio
                       lambda: DeepSpeedDeviceMesh.from_config({"mesh": {"tp": 2}})):
             with pytest.raises(UnsupportedTorchError) as err:
                 build()
-            assert str(err.value).startswith(f"ds-mesh supports torch {torch_compat.SUPPORTED} (2.6.0 through 2.14.1); "
+            assert str(err.value).startswith(f"ds-mesh supports torch {torch_compat.SUPPORTED} (2.6.0 through 2.15.0); "
                                              f"the installed torch is {version}.")
         assert group_count() == before and registry_for_world().created == 0
 

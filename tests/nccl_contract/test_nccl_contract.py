@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fakenccl import ContractViolation, check_contract, nccl_world, run_ranks
+from fakenccl import ContractViolation, nccl_world, run_ranks
 
 pytestmark = pytest.mark.torch_releases
 

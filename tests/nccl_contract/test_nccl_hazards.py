@@ -147,9 +147,12 @@ def test_member_only_creations_under_the_init_barrier_do_not_serialise():
     assert all(log.max_concurrent_barriers == 2 for log in logs)
 
 
-# --- no lazy communicator: groups are connected and bound at creation ----------------------------
-def test_hpz_qgz_p2p_and_sub_world_groups_are_connected_at_creation():
-    """Their first collectives, issued while a world all_reduce is in flight, initialise nothing."""
+# --- no lazy communicator once connected: groups are bound at creation, connected at a connect point
+def test_hpz_qgz_p2p_and_sub_world_groups_are_connected_at_their_connect_points():
+    """A whole-world build connects its groups (p2p pairs included); a sub-world mesh's groups and
+    the legacy-getter groups (hpZ, qgZ) connect at the registry's ``connect()``. Their
+    first collectives, issued while a world all_reduce is in flight, then initialise nothing."""
+    from mesh_core.registry import registry_for_world
     from mesh_core.roles.hpz import create_hpz_group, release_hpz_groups
     from mesh_core.roles.node_groups import local_all_to_all_groups
 
@@ -162,6 +165,7 @@ def test_hpz_qgz_p2p_and_sub_world_groups_are_connected_at_creation():
         sub = _mesh(ranks=[0, 1], tp=2) if rank < 2 else None
         if sub is not None:
             groups.append(sub.get_group("tp"))
+        registry_for_world().connect()
         work = dist.all_reduce(_cuda(rank), async_op=True)
         for group in groups:
             dist.all_reduce(_cuda(rank), group=group)
@@ -255,19 +259,18 @@ def test_torchcomms_on_2_14_creates_member_only_groups_on_the_ranks_device():
     assert all(log.world == [] and log.lazy_inits == [] for log in logs)
 
 
-@pytest.mark.parametrize("config", ["cuda:nccl2", "cuda:nccl-lazy"])
-def test_the_nccl2_and_nccl_lazy_backends_are_refused(monkeypatch, config):
-
-    with nccl_world(0, WORLD), monkeypatch.context() as patch:
-        patch.setattr(dist, "get_backend_config", lambda group=None: config)
-        with pytest.raises(RuntimeError, match=config.split(":")[1]):
+@pytest.mark.parametrize("engine", ["nccl2", "nccl-lazy"])
+def test_the_nccl2_and_nccl_lazy_backends_are_refused(engine):
+    """Recognised by the world's backend object (tests/nccl_contract/test_nccl2.py: every path)."""
+    with nccl_world(0, WORLD, engine=engine):
+        with pytest.raises(RuntimeError, match=engine):
             _mesh(tp=2, dp=2)
 
 
 def test_torch_dist_use_nccl2_is_refused_on_2_14(monkeypatch):
 
-    with nccl_world(0, WORLD, release="2.14"), monkeypatch.context() as patch:
-        patch.setenv("TORCH_DIST_USE_NCCL2", "1")
+    monkeypatch.setenv("TORCH_DIST_USE_NCCL2", "1")  # read when torch registers its backends, before the world
+    with nccl_world(0, WORLD, release="2.14", engine="auto"):
         with pytest.raises(RuntimeError, match="TORCH_DIST_USE_NCCL2"):
             _mesh(tp=2, dp=2)
 
