@@ -6,6 +6,7 @@ device DeepSpeed's engine selects). Modelled on CPU by tests/fakenccl.py (the NC
 tests/fakedevice.py (the process's current device)."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
