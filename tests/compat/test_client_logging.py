@@ -18,7 +18,7 @@ import pytest
 import compat.install as installer
 from compat import logging_tree
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.releases]
+pytestmark = [pytest.mark.deepspeed, pytest.mark.releases, pytest.mark.torch_releases]
 LEVELS = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
 
 

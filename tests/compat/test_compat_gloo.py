@@ -11,6 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from megatron_mpu import MegatronMPU
+
+pytestmark = pytest.mark.torch_releases
+
 WORLD = 4
 
 
@@ -18,24 +22,6 @@ def _sum_over(group, rank):
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value, group=group)
     return value.item(), float(sum(r + 1 for r in dist.get_process_group_ranks(group)))
-
-
-class _UserMPU:
-    """A Megatron-style mpu of the user's own: tp=2 consecutive, dp strided."""
-
-    def __init__(self):
-        rank = dist.get_rank()
-        for name, lists in (("dp", [[0, 2], [1, 3]]), ("tp", [[0, 1], [2, 3]])):
-            for ranks in lists:
-                group = dist.new_group(ranks=ranks)
-                if rank in ranks:
-                    setattr(self, f"_{name}", group)
-
-    def get_data_parallel_group(self):
-        return self._dp
-
-    def get_tensor_model_parallel_group(self):
-        return self._tp
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -96,7 +82,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     check("_get_data_parallel_group", groups._get_data_parallel_group())
 
     # a user's mpu joins the mesh world; MeshMPU serves the engine from that mesh
-    user = _UserMPU()
+    user = MegatronMPU.of_rank_lists({"dp": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]})  # tp consecutive, dp strided
     from torch.distributed import distributed_c10d
 
     before = distributed_c10d._world.group_count

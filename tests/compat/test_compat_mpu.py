@@ -14,11 +14,13 @@ import compat.groups as cgroups
 from compat import topology as ctopology
 from compat.mpu import MeshMPU, mesh_from_mpu
 from fakepg import fake_world, record_new_groups
-from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
+from megatron_mpu import MegatronMPU
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 # what DeepSpeed 0.19.8's engine, ZeRO, pipe engine, checkpointing, MoE and bwc helpers call or probe
@@ -92,7 +94,7 @@ def test_mesh_mpu_serves_every_engine_method_from_the_mesh(case):
             group = getattr(mpu, f"get_{kind}_group")()
             assert ranks_of(group) == sorted(mesh.get_group_ranks(dims))
             assert getattr(mpu, f"get_{kind}_world_size")() == mesh.size(dims) == dist.get_world_size(group)
-            assert getattr(mpu, f"get_{kind}_rank")() == mesh.get_rank(dims) == dist.get_rank(group)
+            assert getattr(mpu, f"get_{kind}_rank")() == mesh.get_local_rank(dims) == dist.get_rank(group)
         assert mpu.get_data_parallel_group_ranks() == mesh.get_group_ranks("dp")
         assert mpu.get_tensor_model_parallel_src_rank() == min(mesh.get_group_ranks("tp"))
         assert mpu.get_model_parallel_world_size() == sizes["pp"] * sizes["tp"]
@@ -130,7 +132,7 @@ def test_deepspeed_reads_a_mesh_mpu_correctly():
         mesh = DeepSpeedDeviceMesh(MeshSpec.build(16, pp=2, dp=2, sp=2, tp=2), flatten=[("dp", "sp")])
         mpu = MeshMPU(mesh)
         assert bwc.bwc_tensor_model_parallel_group(mpu) is mesh.get_group("tp")
-        assert bwc.bwc_tensor_model_parallel_rank(mpu) == mesh.get_rank("tp") == 1
+        assert bwc.bwc_tensor_model_parallel_rank(mpu) == mesh.get_local_rank("tp") == 1
         assert bwc.bwc_pipeline_parallel_group(mpu) is mesh.get_group("pp")
         assert bwc.bwc_pipeline_parallel_world_size(mpu) == 2
         legacy_groups.mpu = mpu
@@ -149,31 +151,12 @@ def test_mesh_mpu_rejects_non_meshes():
 
 
 # --- mpu -> mesh -------------------------------------------------------------------------------
-class MegatronStyleMPU:
-    """A user's mpu built from explicit rank lists (order pp, dp, tp, like Megatron-LM)."""
-
-    def __init__(self, pp, dp, tp, *, tp_lists=None):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        spec = MeshSpec.build(world, pp=pp, dp=dp, tp=tp)
-        from mesh_core import MeshLayout
-
-        layout = MeshLayout(spec)
-        self._groups = {}
-        lists = {"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"), "pp": layout.groups("pp")}
-        for dim, rank_lists in lists.items():
-            for ranks in rank_lists:
-                group = dist.new_group(ranks=ranks)
-                if rank in ranks:
-                    self._groups[dim] = group
-
-    def get_data_parallel_group(self):
-        return self._groups["dp"]
-
-    def get_tensor_model_parallel_group(self):
-        return self._groups["tp"]
-
-    def get_pipeline_model_parallel_group(self):
-        return self._groups["pp"]
+def megatron_style_mpu(pp, dp, tp, *, tp_lists=None):
+    """A user's mpu built from explicit rank lists (order pp, dp, tp, like Megatron-LM): its dp, tp
+    and pp group getters."""
+    layout = MeshLayout(MeshSpec.build(dist.get_world_size(), pp=pp, dp=dp, tp=tp))
+    return MegatronMPU.of_rank_lists({"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"),
+                                      "pp": layout.groups("pp")})
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,14 +165,14 @@ def test_mesh_from_megatron_style_mpu_adopts_its_groups(pp, dp, tp, data):
     world = pp * dp * tp
     rank = data.draw(st.integers(0, world - 1))
     with fake_world(rank, world):
-        user = MegatronStyleMPU(pp, dp, tp)
+        user = megatron_style_mpu(pp, dp, tp)
         with record_new_groups() as calls:
             mesh = mesh_from_mpu(user)
         assert (mesh.size("pp"), mesh.size("dp"), mesh.size("tp")) == (pp, dp, tp)
         assert calls == []  # the mpu's communicators are adopted, none created
         for dim in ("dp", "tp", "pp"):
-            assert mesh.get_group(dim) is user._groups[dim] or mesh.size(dim) == 1
-            assert sorted(mesh.get_group_ranks(dim)) == ranks_of(user._groups[dim])
+            assert mesh.get_group(dim) is user.groups[dim] or mesh.size(dim) == 1
+            assert sorted(mesh.get_group_ranks(dim)) == ranks_of(user.groups[dim])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -233,7 +216,7 @@ def test_mesh_from_grids_and_mesh_mpu_round_trip(pp, tp, dp, legacy, data):
 def test_mesh_from_mpu_errors_are_clear():
     with fake_world(1, 4, deepspeed_comm=True):
         # tp groups [0, 3] / [1, 2] with dp groups [0, 1] / [2, 3]: not the groups of any row-major mesh
-        bad = MegatronStyleMPU(1, 2, 2, tp_lists=[[0, 3], [1, 2]])
+        bad = megatron_style_mpu(1, 2, 2, tp_lists=[[0, 3], [1, 2]])
         with pytest.raises(MeshSpecError, match="not evenly strided|not a row-major mesh"):
             mesh_from_mpu(bad)
         from deepspeed.runtime.sequence_parallel import parallel_state_sp
@@ -243,12 +226,10 @@ def test_mesh_from_mpu_errors_are_clear():
         with pytest.raises(MeshSpecError, match="not a Megatron-style mpu"):
             mesh_from_mpu(object())
 
-        class Overlapping(MegatronStyleMPU):  # dp claims the whole world while tp is 2: 4 * 2 != 4
-            def get_data_parallel_group(self):
-                return dist.GroupMember.WORLD
-
+        overlapping = megatron_style_mpu(1, 2, 2)
+        overlapping.groups["dp"] = dist.GroupMember.WORLD  # dp claims the whole world while tp is 2: 4 * 2 != 4
         with pytest.raises(MeshSpecError, match="do not form a mesh"):
-            mesh_from_mpu(Overlapping(1, 2, 2))
+            mesh_from_mpu(overlapping)
 
 
 def test_mesh_from_mesh_mpu_with_sequence_parallel():
@@ -281,7 +262,7 @@ def test_mesh_mpu_and_mesh_from_mpu_are_collective_safe():
 
     def calls_on(rank):
         with fake_world(rank, 12):
-            user = MegatronStyleMPU(3, 2, 2)  # the user's own (world-collective) groups
+            user = megatron_style_mpu(3, 2, 2)  # the user's own (world-collective) groups
             with record_new_groups() as calls:
                 mesh = mesh_from_mpu(user)
                 MeshMPU(mesh)

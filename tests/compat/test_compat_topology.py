@@ -21,6 +21,7 @@ from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 

@@ -9,6 +9,8 @@ import pytest
 from compat.engine_banner import announce, describe
 from mesh_core import MeshSpec
 
+pytestmark = pytest.mark.torch_releases
+
 
 @pytest.mark.parametrize("spec,parts", [
     (MeshSpec.build(4), ["the mesh dp=4", "all 4 ranks", "engine.mesh_device"]),

@@ -1,9 +1,12 @@
 """The engine's mesh says what it is when printed."""
 from __future__ import annotations
 
+import pytest
 from compat.engine_mesh import as_engine_mesh
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec
+
+pytestmark = pytest.mark.torch_releases
 
 
 def test_engine_mesh_repr_names_the_documented_type_and_its_role():

@@ -17,6 +17,8 @@ from compat.engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, captur
 from mesh_core import DeepSpeedDeviceMesh
 from mesh_core.roles.default import live_default_mesh, set_default_mesh, use_mesh
 
+pytestmark = pytest.mark.torch_releases
+
 
 class _Engine:
     """Stands in for an engine: ``step`` records what the legacy state looks like inside it."""

@@ -1,9 +1,12 @@
 """Which default mesh the HSDP wrappers act on (fake backend, no DeepSpeed engine)."""
 from __future__ import annotations
 
+import pytest
 from fakepg import fake_world
 from compat import hsdp
 from mesh_core import DeepSpeedDeviceMesh, use_mesh
+
+pytestmark = pytest.mark.torch_releases
 
 
 def test_the_hsdp_mesh_is_a_live_hsdp_default_mesh_this_rank_is_in():

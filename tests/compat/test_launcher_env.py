@@ -18,7 +18,7 @@ import pytest
 
 from compat import launcher_env, startup
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.releases]
+pytestmark = [pytest.mark.deepspeed, pytest.mark.releases, pytest.mark.torch_releases]
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("launcher_driver.py")

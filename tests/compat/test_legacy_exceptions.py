@@ -17,10 +17,12 @@ import pytest
 import torch.distributed as dist
 
 from fakepg import fake_world
+from megatron_mpu import MegatronMPU
 
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 WORLDS = [(1, 4), (7, 8)]
@@ -129,7 +131,7 @@ def test_the_world_mesh_has_sp_of_one_and_no_sp_group():
     with fake_world(2, 8):
         mesh = current_mesh()
         assert isinstance(mesh, DeepSpeedDeviceMesh)
-        assert (mesh.size("sp"), mesh.get_rank("sp"), mesh.size("dp")) == (1, 0, 8)
+        assert (mesh.size("sp"), mesh.get_local_rank("sp"), mesh.size("dp")) == (1, 0, 8)
         assert sorted(dist.get_process_group_ranks(mesh.get_group("dp"))) == list(range(8))
         assert sorted(dist.get_process_group_ranks(mesh.get_group(("dp", "sp")))) == list(range(8))
         for dims in ("sp", ("sp",)):
@@ -145,38 +147,13 @@ def test_the_world_mesh_has_sp_of_one_and_no_sp_group():
 
 
 # --- bwc helpers and an mpu without pipeline getters ----------------------------------------------
-class TensorDataMPU:
-    """A Megatron-style mpu with data and tensor groups only (tp=2 consecutive, dp strided)."""
-
-    def __init__(self, world):
-        rank = dist.get_rank()
-        for name, lists in (("dp", [list(range(t, world, 2)) for t in range(2)]),
-                            ("tp", [[b, b + 1] for b in range(0, world, 2)])):
-            for ranks in lists:
-                if rank in ranks:
-                    setattr(self, f"_{name}", dist.new_group(ranks=ranks))
-
-    def get_data_parallel_group(self):
-        return self._dp
-
-    def get_data_parallel_world_size(self):
-        return dist.get_world_size(self._dp)
-
-    def get_data_parallel_rank(self):
-        return dist.get_rank(self._dp)
-
-    def get_tensor_model_parallel_group(self):
-        return self._tp
-
-    def get_tensor_model_parallel_world_size(self):
-        return dist.get_world_size(self._tp)
-
-    def get_tensor_model_parallel_rank(self):
-        return dist.get_rank(self._tp)
-
-    get_model_parallel_group = get_tensor_model_parallel_group
-    get_model_parallel_world_size = get_tensor_model_parallel_world_size
-    get_model_parallel_rank = get_tensor_model_parallel_rank
+def tensor_data_mpu(world: int) -> MegatronMPU:
+    """A Megatron-style mpu with data and tensor groups only (tp=2 consecutive, dp strided; each rank
+    creates its own two groups), tp also under get_model_parallel_*."""
+    return MegatronMPU.of_rank_lists(
+        {"dp": [list(range(t, world, 2)) for t in range(2)], "tp": [[b, b + 1] for b in range(0, world, 2)]},
+        member_only=True, names={"data_parallel": "dp", "tensor_model_parallel": "tp", "model_parallel": "tp"},
+        getters=("group", "world_size", "rank"))
 
 
 @pytest.mark.parametrize("rank,world", WORLDS)
@@ -189,7 +166,7 @@ def test_bwc_helpers_plain_shim_and_migrated(rank, world, with_mpu):
     from mesh_core.roles.mpu_mesh import mesh_of
 
     with fake_world(rank, world):
-        mpu = TensorDataMPU(world) if with_mpu else None
+        mpu = tensor_data_mpu(world) if with_mpu else None
         for name, (query, absent) in BWC.items():
             legacy = outcome(lambda: getattr(legacy_bwc, name)(mpu))
             ours = outcome(lambda: getattr(compat_bwc, name)(mpu))
@@ -202,7 +179,7 @@ def test_bwc_helpers_plain_shim_and_migrated(rank, world, with_mpu):
             err = outcome(lambda: mesh_of(mpu).get_group("pp"))[1]
             assert isinstance(err, AssertionError) and isinstance(err, AttributeError)
             assert "does not support a pipeline parallel group" in str(err)
-            assert mesh_of(mpu).get_rank("pp") == 0
+            assert mesh_of(mpu).get_local_rank("pp") == 0
 
 
 def _engine_mpu_pipeline_answers(rank, world, monkeypatch, *, shim_installed):
@@ -218,7 +195,7 @@ def _engine_mpu_pipeline_answers(rank, world, monkeypatch, *, shim_installed):
     config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
               "steps_per_print": 10**6}
     with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
-        mpu = TensorDataMPU(world)
+        mpu = tensor_data_mpu(world)
         engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config, mpu=mpu)
         assert (type(engine.mpu).__name__ == "MeshMPU") == shim_installed
         out = {

@@ -16,7 +16,7 @@ import compat.install as installer
 from compat import logging_tree
 from compat.deprecation import LegacyAPIDeprecationWarning
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 BASE = {"train_batch_size": 2, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
 

@@ -11,6 +11,8 @@ import pytest
 from compat import mixed_world
 from mesh_core import AbsentRanksError, absence
 
+pytestmark = pytest.mark.torch_releases
+
 
 def _error(missing, quiet, timeout=timedelta(seconds=60)):
     return AbsentRanksError("only some started", mesh="m", rank=0, arrived=[0], missing=missing, quiet=quiet,

@@ -22,7 +22,7 @@ from compat import logging_tree, releases, startup
 
 from test_install import differences, snapshot_deepspeed
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.releases]
+pytestmark = [pytest.mark.deepspeed, pytest.mark.releases, pytest.mark.torch_releases]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

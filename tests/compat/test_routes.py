@@ -25,7 +25,7 @@ from compat.config_loading import DeepSpeedConfigFileError, load_deepspeed_confi
 from mesh_core import MeshSpecError, spec_from_config
 from mesh_core.runtime_hooks import registry_for_world
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture
 
 

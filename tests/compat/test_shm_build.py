@@ -17,7 +17,7 @@ import _ds_mesh_doctor as doctor
 from compat import shm_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 # one rank of a world of one, deepspeed on the shim, as a DS_MESH=1 job's first init_distributed
 FIRST_RUN = """

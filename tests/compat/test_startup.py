@@ -11,6 +11,8 @@ import pytest
 
 from compat import startup
 
+pytestmark = pytest.mark.torch_releases
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

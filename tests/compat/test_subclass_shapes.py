@@ -19,11 +19,13 @@ import pytest
 import torch.distributed as dist
 
 from fakepg import fake_world
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from test_compat_topology import GRID_ATTRS, GRID_GROUPS, GRID_METHODS, ranks_of
 
 pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
 ]
 
 
@@ -283,32 +285,15 @@ def _tiny_config():
             "steps_per_print": 10**6}
 
 
-class _ParityMPU:
-    """A Megatron-style mpu: tp=2 consecutive, dp strided (made with torch's new_group)."""
-
-    def __init__(self, world):
-        rank = dist.get_rank()
-        self.dp_ranks = list(range(rank % 2, world, 2))
-        self.tp_ranks = [rank - rank % 2, rank - rank % 2 + 1]
-        self.dp, self.tp = _own_group(self.dp_ranks), _own_group(self.tp_ranks)
-
-    def get_data_parallel_group(self):
-        return self.dp
-
-    def get_data_parallel_world_size(self):
-        return len(self.dp_ranks)
-
-    def get_data_parallel_rank(self):
-        return self.dp_ranks.index(dist.get_rank())
-
-    def get_model_parallel_group(self):
-        return self.tp
-
-    def get_model_parallel_world_size(self):
-        return 2
-
-    def get_model_parallel_rank(self):
-        return self.tp_ranks.index(dist.get_rank())
+def _parity_mpu(world):
+    """A Megatron-style mpu: tp=2 consecutive, dp strided (made with torch's new_group), DeepSpeed's
+    test-mpu getters."""
+    rank = dist.get_rank()
+    dp_ranks = list(range(rank % 2, world, 2))
+    tp_ranks = [rank - rank % 2, rank - rank % 2 + 1]
+    groups = {"dp": _own_group(dp_ranks), "tp": _own_group(tp_ranks)}
+    return MegatronMPU(groups, {"dp": dp_ranks, "tp": tp_ranks}, names=DEEPSPEED_TEST,
+                       getters=("group", "world_size", "rank"))
 
 
 def engine_shapes(engine_module):
@@ -336,6 +321,11 @@ def engine_shapes(engine_module):
     return {"OwnDataGroupEngine": OwnDataGroupEngine, "CountingEngine": CountingEngine}
 
 
+def _mpu_dp(mpu, otherwise):
+    """The dp group of the test's own mpu; ``otherwise`` for any other object (or none)."""
+    return mpu.groups["dp"] if isinstance(mpu, MegatronMPU) else otherwise
+
+
 def _engine_view(engine, groups):
     import torch
 
@@ -347,11 +337,11 @@ def _engine_view(engine, groups):
         "dp": ranks_of(engine.data_parallel_group),
         "seq_dp": ranks_of(engine.seq_data_parallel_group),
         "dp_is_own": engine.data_parallel_group is getattr(engine, "own_dp", None)
-        or engine.data_parallel_group is getattr(engine.mpu, "dp", None),
+        or engine.data_parallel_group is _mpu_dp(engine.mpu, None),
         "dp_world_size": engine.dp_world_size,
         "mp_world_size": engine.mp_world_size,
         "groups_dp": ranks_of(groups._get_data_parallel_group()),
-        "groups_dp_is_mpus": groups._get_data_parallel_group() is getattr(groups.mpu, "dp", object()),
+        "groups_dp_is_mpus": groups._get_data_parallel_group() is _mpu_dp(groups.mpu, object()),
         "calls": (getattr(engine, "forwards", None), getattr(engine, "steps", None)),
         "param": [p.detach().clone().tolist() for p in engine.module.parameters()],
     }
@@ -377,7 +367,7 @@ def _build_engines(rank, world, *, shim_installed, monkeypatch):
         for name, mpu in (("OwnDataGroupEngine", None), ("CountingEngine", None), ("CountingEngine", "mpu")):
             torch.manual_seed(0)
             model = torch.nn.Linear(4, 4)
-            the_mpu = _ParityMPU(world) if mpu else None
+            the_mpu = _parity_mpu(world) if mpu else None
             engine = classes[name](args=None, model=model, model_parameters=model.parameters(), mpu=the_mpu,
                                    config=_tiny_config(), config_class=DeepSpeedConfig(_tiny_config(), the_mpu))
             views[f"{name} mpu={mpu}"] = _engine_view(engine, groups)

@@ -13,6 +13,8 @@ import pytest
 from compat import deprecation
 from compat.deprecation import LegacyAPIDeprecationWarning, ThirdPartyLegacyWarning, warn_legacy
 
+pytestmark = pytest.mark.torch_releases
+
 
 def old_api() -> None:
     warn_legacy("deepspeed.initialize(mpu=...)", "the config 'mesh' section (or mesh=)")

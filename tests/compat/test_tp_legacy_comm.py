@@ -18,7 +18,11 @@ from fakepg import FAKE_RANK, FAKE_WORLD
 from compat import group_trace
 from mesh_core.runtime_hooks import registry_for_world
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+    pytest.mark.torch_releases,
+]
 SPLIT_ERROR = "No backend for the parent process group or its backend does not support splitting"
 
 

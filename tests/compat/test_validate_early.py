@@ -24,6 +24,8 @@ from compat import group_trace, logging_tree
 from compat.engine_spec import check_before_world
 from mesh_core import MeshSpecError
 
+pytestmark = pytest.mark.torch_releases
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
 from runner import assert_bit_identical, torchrun  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 
 @pytest.fixture(scope="module")

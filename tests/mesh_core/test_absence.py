@@ -15,6 +15,8 @@ from fakepg import fake_world
 from mesh_core import AbsentRanksError, MeshSpec, MeshSpecError, absence
 from mesh_core.consistency import mesh_fields
 
+pytestmark = pytest.mark.torch_releases
+
 SHORT = timedelta(seconds=0.2)
 
 

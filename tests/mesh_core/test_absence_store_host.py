@@ -16,6 +16,8 @@ from torch.distributed import distributed_c10d as c10d
 from mesh_core import AbsentRanksError, MeshSpec, absence, consistency, rendezvous
 from mesh_core.consistency import mesh_fields
 
+pytestmark = pytest.mark.torch_releases
+
 TIMEOUT = timedelta(seconds=1)
 SPEC = MeshSpec.build(4, tp=2)  # ranks 2..3 never come (they run without ds-mesh)
 

@@ -16,6 +16,8 @@ from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec
 from mesh_core.__main__ import main
 
+pytestmark = pytest.mark.torch_releases
+
 
 def run(argv, capsys):
     code = main(argv)

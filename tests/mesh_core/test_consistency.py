@@ -14,6 +14,8 @@ from fakepg import fake_world
 from mesh_core import AbsentRanksError, DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.consistency import check_same_mesh, describe_disagreement, digest, mesh_fields
 
+pytestmark = pytest.mark.torch_releases
+
 WORLD = 4
 TIMEOUT_S = 120
 

@@ -6,6 +6,8 @@ import pytest
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError, current_mesh, default_mesh, set_default_mesh
 
+pytestmark = pytest.mark.torch_releases
+
 
 def test_a_default_mesh_of_a_destroyed_world_is_not_served_to_the_next_world():
     with fake_world(1, 4):

@@ -14,6 +14,8 @@ from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 from mesh_core.runtime_hooks import registry_for_world
 from test_layout import dim_sets, specs
 
+pytestmark = pytest.mark.torch_releases
+
 
 def ranks_of(group) -> list[int]:
     return dist.get_process_group_ranks(group)

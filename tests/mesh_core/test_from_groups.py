@@ -6,23 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakepg import fake_world
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, current_mesh, use_mesh
 
-
-class _Mpu:
-    """A Megatron-style mpu over the groups of ``mesh`` (what parallel_state would hold)."""
-
-    def __init__(self, mesh):
-        self.mesh = mesh
-
-    def get_data_parallel_group(self):
-        return self.mesh.get_group("dp")
-
-    def get_tensor_model_parallel_group(self):
-        return self.mesh.get_group("tp")
-
-    def get_pipeline_model_parallel_group(self):
-        return self.mesh.get_group("pp")
+pytestmark = pytest.mark.torch_releases
 
 
 @settings(max_examples=20, deadline=None)
@@ -35,7 +22,7 @@ def test_from_mpu_reproduces_the_mpus_groups(sizes, order, rank):
     pp, dp, tp = sizes
     with fake_world(rank, 8):
         source = DeepSpeedDeviceMesh(MeshSpec.build(8, order=list(order), pp=pp, dp=dp, tp=tp))
-        mesh = DeepSpeedDeviceMesh.from_mpu(_Mpu(source))
+        mesh = DeepSpeedDeviceMesh.from_mpu(MegatronMPU.of_mesh(source))  # parallel_state's groups
         for dim in ("pp", "dp", "tp"):
             assert mesh.get_group_ranks(dim) == source.get_group_ranks(dim), dim
             assert mesh.size(dim) == source.size(dim)
@@ -78,20 +65,11 @@ def test_current_mesh_is_the_default_else_the_world_data_parallel_mesh():
         current_mesh()
 
 
-class _ModelParallelOnlyMpu:
-    """DeepSpeed's own test MPU (tests/unit/...): only get_model_parallel_* and the dp getters."""
-
-    def __init__(self, mesh):
-        self.mesh = mesh
-
-    def get_data_parallel_group(self):
-        return self.mesh.get_group("dp")
-
-    def get_model_parallel_group(self):
-        return self.mesh.get_group("tp")
-
-    def get_model_parallel_world_size(self):
-        return self.mesh.size("tp")
+def _model_parallel_only(mesh):
+    """DeepSpeed's own test MPU (tests/unit/...): only the dp getters and get_model_parallel_* (group,
+    world size)."""
+    return MegatronMPU.of_mesh(mesh, ("dp", "tp"), names=DEEPSPEED_TEST,
+                               getters={"data_parallel": ["group"], "model_parallel": ["group", "world_size"]})
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -99,7 +77,7 @@ def test_from_mpu_reads_tp_from_the_model_parallel_getters_last(tp):
     """bwc order ends with get_model_parallel_*: without it the test MPU's dp=2 over 4 ranks raised."""
     with fake_world(1, 4):
         source = DeepSpeedDeviceMesh(MeshSpec.build(4, order=["dp", "tp"], dp=4 // tp, tp=tp))
-        mesh = DeepSpeedDeviceMesh.from_mpu(_ModelParallelOnlyMpu(source))
+        mesh = DeepSpeedDeviceMesh.from_mpu(_model_parallel_only(source))
         assert mesh.size("tp") == tp and mesh.get_group_ranks("dp") == source.get_group_ranks("dp")
         mesh.destroy()
         source.destroy()

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from mesh_core import MeshLayout, MeshSpec, MeshSpecError
 
+pytestmark = pytest.mark.torch_releases
+
 SIZES = [1, 2, 3, 4, 8]
 
 

@@ -18,7 +18,7 @@ from mesh_core.cli.legacy_counts import (
     sequence_count,
 )
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 
 def _memberships(calls: list[list[int]], rank: int) -> int:

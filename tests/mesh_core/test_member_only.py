@@ -23,6 +23,8 @@ from mesh_core.registry import (
     group_name_for,
 )
 
+pytestmark = pytest.mark.torch_releases
+
 DIMS = ("pp", "dp", "sp", "tp")
 
 

@@ -21,7 +21,7 @@ from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, mesh_of
 from mesh_core.runtime_hooks import MpuMesh
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 MODULE = "deepspeed.runtime.fake_site"  # a module of the deepspeed package: the codemod applies
 

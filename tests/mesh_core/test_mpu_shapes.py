@@ -7,48 +7,26 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakepg import fake_world, record_new_groups
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 
-class DataModelMPU:
-    """An mpu with only DeepSpeed's data- and model-parallel getters over ``spec``'s dp and tp."""
-
-    def __init__(self, spec: MeshSpec, *, pipe: bool = False) -> None:
-        layout, rank = MeshLayout(spec), dist.get_rank()
-        self.ranks, self.groups = {}, {}
-        for dim in ("dp", "tp", "pp"):
-            for ranks in layout.groups(dim):
-                group = dist.new_group(ranks=ranks)
-                if rank in ranks:
-                    self.ranks[dim], self.groups[dim] = sorted(ranks), group
-        if pipe:
-            self.get_pipe_parallel_group = lambda: self.groups["pp"]
-            self.get_pipe_parallel_world_size = lambda: len(self.ranks["pp"])
-
-    def get_data_parallel_group(self):
-        return self.groups["dp"]
-
-    def get_data_parallel_world_size(self):
-        return len(self.ranks["dp"])
-
-    def get_data_parallel_rank(self):
-        return self.ranks["dp"].index(dist.get_rank())
-
-    def get_model_parallel_group(self):
-        return self.groups["tp"]
-
-    def get_model_parallel_world_size(self):
-        return len(self.ranks["tp"])
-
-    def get_model_parallel_rank(self):
-        return self.ranks["tp"].index(dist.get_rank())
+def data_model_mpu(spec: MeshSpec, *, pipe: bool = False) -> MegatronMPU:
+    """An mpu with only DeepSpeed's data- and model-parallel getters over ``spec``'s dp and tp (and,
+    with ``pipe``, get_pipe_parallel_group / _world_size over pp); every dim's groups are created."""
+    layout = MeshLayout(spec)
+    families = {**DEEPSPEED_TEST, "pipe_parallel": "pp"} if pipe else DEEPSPEED_TEST
+    getters = {family: ("group", "world_size", "rank") for family in DEEPSPEED_TEST}
+    if pipe:
+        getters["pipe_parallel"] = ("group", "world_size")
+    return MegatronMPU.of_rank_lists({dim: layout.groups(dim) for dim in ("dp", "tp", "pp")},
+                                     names=families, getters=getters)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,7 +39,7 @@ def test_from_mpu_infers_the_pipeline_an_mpu_leaves_unstated(pp, dp, tp, order, 
     with fake_world(rank, world, deepspeed_comm=True):
         from deepspeed.utils import bwc
 
-        mpu = DataModelMPU(truth, pipe=pipe)
+        mpu = data_model_mpu(truth, pipe=pipe)
         with record_new_groups() as calls:
             mesh = DeepSpeedDeviceMesh.from_mpu(mpu)
         # the mpu's communicators are adopted; only a pp group the mpu does not have is created
@@ -81,13 +59,13 @@ def test_the_shim_reads_the_unstated_pipeline_from_the_mpu():
     from compat.engine_spec import engine_spec, mpu_sizes
 
     with fake_world(5, 8):
-        mpu = DataModelMPU(MeshSpec.build(8, pp=2, dp=2, tp=2))
+        mpu = data_model_mpu(MeshSpec.build(8, pp=2, dp=2, tp=2))
         assert mpu_sizes(mpu) == {"pp": 2, "dp": 2, "tp": 2}
         spec = engine_spec({}, 8, mpu=mpu)
         assert (spec.dim_size("pp"), spec.dim_size("dp"), spec.dim_size("tp")) == (2, 2, 2)
         # the config's "mesh" section may state it too; a different pp is a disagreement naming both
         engine_spec({"mesh": {"pp": 2, "dp": 2, "tp": 2}}, 8, mpu=mpu)
-        with pytest.raises(MeshSpecError, match="pp=4.*mpu=DataModelMPU sets pp=2"):
+        with pytest.raises(MeshSpecError, match="pp=4.*mpu=MegatronMPU sets pp=2"):
             engine_spec({"mesh": {"pp": 4}}, 16, mpu=mpu)
 
 
@@ -95,7 +73,7 @@ def test_two_unstated_runs_say_what_to_write():
     # order pp, dp, tp, sp: an mpu stating dp and tp leaves sp (innermost) and pp (outermost) unstated
     with fake_world(3, 16):
         truth = MeshSpec.build(16, pp=2, dp=2, tp=2, sp=2, order=["pp", "dp", "tp", "sp"])
-        mpu = DataModelMPU(truth)
+        mpu = data_model_mpu(truth)
         with pytest.raises(MeshSpecError) as err:
             DeepSpeedDeviceMesh.from_mpu(mpu, check_agreement=False)
         text = str(err.value)

@@ -13,7 +13,7 @@ import pytest
 from codemods import migrate_code
 from fakepg import fake_world, plain, record_new_groups
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::Warning")]
+pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::Warning"), pytest.mark.torch_releases]
 
 PROBE = """
 from deepspeed.accelerator import get_accelerator

@@ -14,7 +14,7 @@ from codemods import migrate_code
 from fakepg import fake_world, record_new_groups
 from mesh_core import pipeline_topology
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.torch_releases]
 
 
 def _answers(topo) -> dict:

@@ -11,6 +11,8 @@ from fakepg import fake_world
 from mesh_core import MeshSpecError
 from mesh_core.rendezvous import Arrival, arrive, differing_fields, forget, ranks_text
 
+pytestmark = pytest.mark.torch_releases
+
 
 def _absent(arrived, missing):
     return f"arrived {arrived} missing {missing}"

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from fakepg import fake_world, group_count
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, spec_from_config
 
+pytestmark = pytest.mark.torch_releases
+
 
 @pytest.mark.parametrize(
     "kwargs, message",

@@ -12,6 +12,8 @@ from mesh_core import MeshSpecError
 from mesh_core.rebind import find_references, rebind_references
 from mesh_core.step_aside import ReleasedCommunicator
 
+pytestmark = pytest.mark.torch_releases
+
 
 class Group:  # stands for a ProcessGroup: the walk matches by identity only
     pass

@@ -15,6 +15,8 @@ from fakepg import fake_world
 from mesh_core import MeshSpec, MeshSpecError
 from mesh_core.consistency import ConcurrentCheckError, mesh_fields
 
+pytestmark = pytest.mark.torch_releases
+
 JOIN_S = 30
 
 
@@ -62,9 +64,18 @@ def test_a_rank_set_two_threads_request_at_once_is_created_once(monkeypatch):
         first = threading.Thread(target=lambda: got.setdefault("a", registry.get([0, 1], asker="a")), daemon=True)
         first.start()
         assert started.wait(JOIN_S)
+        pending = registry._pending[registry.key([0, 1])]  # the first thread's creation in flight
+        waiting = threading.Event()
+        pending_wait = pending.wait
+
+        def wait(timeout=None):
+            waiting.set()
+            return pending_wait(timeout)
+
+        pending.wait = wait
         second = threading.Thread(target=lambda: got.setdefault("b", registry.get([0, 1], asker="b")), daemon=True)
         second.start()
-        time.sleep(0.2)  # let it reach the wait (an ordering aid, not asserted)
+        assert waiting.wait(JOIN_S)  # the second thread waits on the first one's creation
         release.set()
         first.join(JOIN_S)
         second.join(JOIN_S)

@@ -15,6 +15,8 @@ from mesh_core import DeepSpeedDeviceMesh, torch_compat
 from mesh_core.torch_compat import UnsupportedTorchError
 from mesh_core.registry import registry_for_world
 
+pytestmark = pytest.mark.torch_releases
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from mesh_core import MeshSpec, MeshSpecError
 from mesh_core.transfer import ParamLayout, plan_transfer
 
+pytestmark = pytest.mark.torch_releases
+
 WORLD = 8
 
 

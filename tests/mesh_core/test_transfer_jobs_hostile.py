@@ -18,6 +18,8 @@ from mesh_core.transfer import WeightLink
 from mesh_core.transfer import _jobs
 from mesh_core.transfer import _memory
 
+pytestmark = pytest.mark.torch_releases
+
 SECRET = "test-secret"
 FULL = torch.arange(16 * 8, dtype=torch.float32).view(16, 8)
 

@@ -14,6 +14,8 @@ from mesh_core.transfer._buckets import is_contiguous_in, schedule
 from mesh_core.transfer._jobs_plan import (flat_boxes, name_of, plan_sync, receiver_param, record, sender_param,
                                           verdict)
 
+pytestmark = pytest.mark.torch_releases
+
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 5), min_size=0, max_size=4), st.data())

@@ -14,6 +14,8 @@ from mesh_core import MeshSpec
 from mesh_core.transfer._engines import AUTOTP_META
 from mesh_core.transfer import WeightLink
 
+pytestmark = pytest.mark.torch_releases
+
 SECRET = "test-secret"  # the links' shared secret
 FULL_WEIGHT = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
 FULL_BIAS = torch.tensor([0.5, -1.0, 2.0])

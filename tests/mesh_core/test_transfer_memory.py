@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from mesh_core.transfer import _memory as transfer_memory
 from mesh_core.transfer._memory import Endpoint, Read, Reads, Token, probe, runs
 
+pytestmark = pytest.mark.torch_releases
+
 needs_reads = pytest.mark.skipif(not transfer_memory.available(), reason="this kernel does not let a process read its own memory "
                                                          "through process_vm_readv here")
 

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from fakenccl import ContractViolation, RankLog, check_waits, run_ranks
 
+pytestmark = pytest.mark.torch_releases
+
 
 def _mesh(**kwargs):
     from mesh_core import DeepSpeedDeviceMesh

@@ -12,6 +12,8 @@ import torch.distributed as dist
 from fakenccl import nccl_world, run_ranks
 from fakepg import fake_world, group_count
 
+pytestmark = pytest.mark.torch_releases
+
 WORLD = 4
 
 

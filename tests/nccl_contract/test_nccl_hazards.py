@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from fakenccl import ContractViolation, nccl_world, run_ranks
 
+pytestmark = pytest.mark.torch_releases
+
 WORLD = 4
 
 

@@ -10,6 +10,8 @@ from torch._C._distributed_c10d import Backend
 
 from fakenccl import run_ranks
 
+pytestmark = pytest.mark.torch_releases
+
 
 def _cuda(rank):
     return torch.ones(1, device=torch.device("cuda", rank))

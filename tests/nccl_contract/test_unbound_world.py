@@ -6,11 +6,14 @@ device DeepSpeed's engine selects). Modelled on CPU by tests/fakenccl.py (the NC
 tests/fakedevice.py (the process's current device)."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from fakedevice import current_device
 from fakenccl import nccl_world, run_ranks
+
+pytestmark = pytest.mark.torch_releases
 
 WORLD = 4
 
