@@ -15,10 +15,11 @@ from libcst.codemod.visitors import AddImportsVisitor
 import ds_mesh_advice
 
 from . import _autotp as autotp, _expert_process as expert_process, _hpz as hpz
-from . import _legacy_state as ls
+from . import _expert_grid as expert_grid, _legacy_state as ls
 from .._engine import legacy_names as ln
 from . import _mpu_exact as mpu_exact
 from .._engine.base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args
+from ._expert_grid import expert_size
 
 KIND = "groups getter"
 
@@ -152,29 +153,6 @@ def _star_exports(module: str) -> frozenset:
     return frozenset()
 
 
-def expert_size(call: cst.Call) -> Optional[cst.BaseExpression]:
-    """N of a literal ``"ep_size_N"`` or ``f"ep_size_{N}"`` group-name argument, else None."""
-    arg = arg_by(call, 0, "group_name")
-    if arg is None or len(call.args) != 1:
-        return None
-    value = arg.value
-    if isinstance(value, cst.SimpleString):
-        text = value.evaluated_value
-        if isinstance(text, str) and text.startswith("ep_size_") and text[8:].isdigit():
-            return cst.Integer(str(int(text[8:])))
-    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
-        head, expr = value.parts
-        if (
-            isinstance(head, cst.FormattedStringText)
-            and head.value == "ep_size_"
-            and isinstance(expr, cst.FormattedStringExpression)
-            and expr.conversion is None
-            and expr.format_spec is None
-        ):
-            return expr.expression
-    return None
-
-
 def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
@@ -204,11 +182,26 @@ class GroupsGettersCommand(MigrationCommand):
         all_calls = find_all(node, cst.Call)
         self._calls = [c for c in all_calls if self.could_be(c.func, _PLANNING_NAMES)]
         self._reader_calls = [c for c in all_calls if self.could_be(c.func, _READER_NAMES)]
+        self._deferred = self._defers_experts()
+        self._expert_grid = expert_grid.ExpertGrid(self, EXPERT, NAMED_EXPERT, NAMED_NO_ARGS, EXPERT_MANUAL)
         self._experts_blocked = self._expert_blocker(node)
         self._builds_autotp = any(self._sets_tp_mesh(c) for c in self._calls)
         self._mpu_assigned = self._groups_mpu_assignment(node)
         self._held = {} if in_deepspeed(self.context.full_module_name) else self._held_states(node)
         return result
+
+    def _defers_experts(self) -> bool:
+        """This file's expert sites move onto the grid's mesh together, or stay together
+        (codemods/rules/_expert_grid.py): outside DeepSpeed, a file that calls the expert-TP builder
+        (``_create_expert_data_and_model_parallel``)."""
+        if in_deepspeed(self.context.full_module_name):
+            return False
+        return any(self.function_of(c.func) == "_create_expert_data_and_model_parallel" for c in self._calls)
+
+    def _held_here(self, fname: str) -> bool:
+        """``groups.<fname>`` belongs to a legacy state this file keeps whole (flagged as such below)."""
+        holding = self._held.get(ls.state_of_reader(fname))
+        return ls.state_of_builder(fname) in self._held or (holding is not None and holding.holds(fname))
 
     def may_keep_alone(self, call: cst.Call) -> bool:
         fname = self.function_of(call.func)
@@ -243,6 +236,8 @@ class GroupsGettersCommand(MigrationCommand):
 
     def _builder_stuck(self, call: cst.Call, fname: str) -> str:
         """Why this builder call has no mesh rewrite ("": it has one)."""
+        if self._deferred and fname == expert_grid.BUILDER:
+            return expert_grid.builder_stuck(self, call)
         if not isinstance(self.parent(call), cst.Expr):
             return "its result is used"
         if has_star_args(call):
@@ -275,7 +270,10 @@ class GroupsGettersCommand(MigrationCommand):
         after a legacy builder, or the reverse, would read groups nobody built). And a builder
         called without ``mp_size`` ignores TP and SP (consecutive EP ranks over the world, per pipe
         stage): the mesh's ``expert_groups(N)`` agrees only while the mesh the file runs on has no
-        TP / SP, which a file that builds AutoTP groups or an engine cannot promise."""
+        TP / SP, which a file that builds AutoTP groups or an engine cannot promise. A file with
+        expert-TP builders over a grid: :meth:`codemods.rules._expert_grid.ExpertGrid.blocker`."""
+        if self._deferred:
+            return self._expert_grid.blocker(module, EXPERT_RELATED)
         calls = [c for c in self._calls if self.could_be(c.func, EXPERT_RELATED)]
         served_by_name = expert_process.named_reads_here(self.context.full_module_name)
         for call in calls:
@@ -330,6 +328,12 @@ class GroupsGettersCommand(MigrationCommand):
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
+        if self._deferred and fname in EXPERT_RELATED and not self._held_here(fname):
+            if self._experts_blocked:  # all kept together (codemods/rules/_expert_grid.py)
+                self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
+                          f"to move them together: {expert_grid.NEXT_STEP}")
+                return updated_node
+            return self._expert_grid.moved(original_node, updated_node, fname)
         if has_star_args(original_node):
             self.flag(KIND, f"groups.{fname}(*args) cannot be rewritten safely; spell the arguments out, then rerun")
             return updated_node

@@ -8,15 +8,14 @@ literal axes) is dropped when nothing else uses it. Anything else is left with a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import libcst as cst
 
 from . import _grid_api as grid_api
-from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
-from .._engine.base import MigrationCommand, arg_by, find_all, has_star_args
+from .._engine.base import MigrationCommand, has_star_args
+from ._grid_plan import GridPlan, code, topology_layout
 
 KIND_GRID = "grid construction"
 KIND_PIPE_TOPOLOGY = "pipeline topology"
@@ -56,66 +55,7 @@ def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
         f"not a mesh; hand it {target}; the same axes and answers, unless the callee isinstance-checks "
         "ProcessTopology"
     )
-DEFAULT_ORDER = ("pp", "dp", "tp")
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
-
-
-@dataclass
-class Layout:
-    """Mesh dim sizes (as code) in topology axis order."""
-
-    dims: list[tuple[str, str]] = field(default_factory=list)
-
-    def build_args(self) -> list[str]:
-        names = [d for d, _ in self.dims]
-        args = [f"{d}={size}" for d, size in self.dims]
-        if names != [d for d in DEFAULT_ORDER if d in names]:
-            args.append("order=[" + ", ".join(f'"{d}"' for d in names) + "]")
-        return args
-
-
-def code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
-def _is_pure(node: cst.BaseExpression) -> bool:
-    """Re-evaluating ``node`` has no side effects (a literal or a dotted name)."""
-    if isinstance(node, (cst.Integer, cst.Name)):
-        return True
-    return isinstance(node, cst.Attribute) and _is_pure(node.value)
-
-
-def topology_layout(kind: str, call: cst.Call) -> Optional[Layout]:
-    """The layout a topology construction describes, or None if it cannot be read statically."""
-    if has_star_args(call):
-        return None
-    if kind == ln.PIPE_MODEL_DATA_TOPOLOGY:
-        pp, mp, dp = (arg_by(call, i, k) for i, k in enumerate(("num_pp", "num_mp", "num_dp")))
-        if None in (pp, mp, dp) or len(call.args) != 3:
-            return None
-        return Layout([("pp", code(pp.value)), ("dp", code(dp.value)), ("tp", code(mp.value))])
-    if kind == ln.PIPE_DATA_TOPOLOGY:
-        pp, dp = arg_by(call, 0, "num_pp"), arg_by(call, 1, "num_dp")
-        if None in (pp, dp) or len(call.args) != 2:
-            return None
-        return Layout([("pp", code(pp.value)), ("dp", code(dp.value))])
-    if kind == ln.PROCESS_TOPOLOGY:
-        axes, dims = arg_by(call, 0, "axes"), arg_by(call, 1, "dims")
-        if axes is None or dims is None or len(call.args) != 2:
-            return None
-        if not isinstance(axes.value, cst.List) or not isinstance(dims.value, cst.List):
-            return None
-        names = []
-        for element in axes.value.elements:
-            value = element.value
-            if not isinstance(value, cst.SimpleString) or value.evaluated_value not in grid_api.AXIS_TO_DIM:
-                return None
-            names.append(grid_api.AXIS_TO_DIM[value.evaluated_value])
-        sizes = [e.value for e in dims.value.elements]
-        if len(sizes) != len(names) or any(isinstance(e, cst.StarredElement) for e in dims.value.elements):
-            return None
-        return Layout([(n, code(s)) for n, s in zip(names, sizes)])
-    return None
 
 
 class TopologyCommand(MigrationCommand):
@@ -135,139 +75,11 @@ class TopologyCommand(MigrationCommand):
     # --- planning -----------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
-        self._wrappers = mpu_class.module_wrappers(node)
-        for assign in find_all(node, cst.Assign):
-            if (
-                isinstance(assign.value, cst.Call)
-                and self.could_be(assign.value.func, {"PipelineParallelGrid"})
-                and self.legacy_name(assign.value.func, {ln.GRID})
-            ):
-                reason = self._plan_grid(assign)
-                if reason is not None:
-                    self._kept_grids[id(assign.value)] = reason
+        plan = GridPlan(self).plan(node)
+        self._replacements, self._converted_grids, self._kept_grids = plan.replacements, plan.converted_grids, plan.kept_grids
+        self._used_topologies, self._kept_topologies = plan.used_topologies, plan.kept_topologies
+        self._removed_statements, self._wrappers = plan.removed_statements, plan.wrappers
         return True
-
-    def _plan_grid(self, assign: cst.Assign) -> Optional[str]:
-        """Plan the conversion of ``<name> = PipelineParallelGrid(...)``; the reason it cannot be, or None."""
-        call: cst.Call = assign.value  # type: ignore[assignment]
-        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
-            return "the grid is not bound to a single local name"
-        target: cst.Name = assign.targets[0].target
-        scope = self.scope_of(target)
-        if scope is None or self.top_level_assign(target, scope) is not assign:
-            return "the grid is not assigned at the top level of its scope"
-        bindings = scope.assignments[target.value]
-        if len(bindings) != 1:
-            return f"{target.value} is assigned more than once"
-        topo_arg = arg_by(call, 0, "topology")
-        if topo_arg is None or has_star_args(call):
-            return "the grid has no explicit topology (the default deals the world's prime factors to pp and dp)"
-        layout, topo_statement, topo_call = self._resolve_topology(topo_arg.value, scope)
-        if layout is None:
-            return "its topology cannot be read statically"
-        mesh = target.value
-        uses: dict[int, str] = {}
-        needs_pp_tp = mpu_use = False
-        references = sorted(next(iter(bindings)).references, key=lambda a: self.position(a.node))
-        for access in references:
-            if self._handed_to_mpu_class(access.node):
-                continue  # the class queries it through mesh_of (codemods.rules.grid_users): a mesh answers alike
-            planned = self._plan_use(mesh, access.node)
-            if planned is None:
-                parent = self.parent(access.node)
-                if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
-                    return f"mpu={mesh} needs a config dict the initialize codemod can add the layout to"
-                use = parent if isinstance(parent, cst.Attribute) else access.node
-                return f"{code(use)} has no mesh equivalent"
-            key, replacement, pp_tp = planned
-            needs_pp_tp |= pp_tp
-            mpu_use |= key is None
-            if key is not None:
-                uses[key] = replacement
-        if mpu_use and not all(_is_pure(cst.parse_expression(size)) for _, size in layout.dims):
-            return "the grid is passed as mpu= but its sizes are not plain names or literals"
-        args = layout.build_args()
-        if needs_pp_tp:
-            args.append('flatten=[("pp", "tp")]')
-        self._replacements[id(call)] = ", ".join(args)  # of DeepSpeedDeviceMesh.build
-        self._replacements.update(uses)
-        self._converted_grids.add(id(call))
-        if topo_statement is not None:
-            self._removed_statements.add(id(topo_statement))
-        elif isinstance(topo_arg.value, cst.Name):
-            self._kept_topologies.add(id(topo_call))  # still used elsewhere: flagged like in a rerun
-        return None
-
-    def _handed_to_mpu_class(self, name: cst.CSTNode) -> bool:
-        """``name`` is the grid argument of ``C(...)``, ``C`` a hand-written mpu class over a grid
-        (:mod:`codemods.rules._mpu_class`) whose every instance gets a local grid."""
-        arg = self.parent(name)
-        call = self.parent(arg) if isinstance(arg, cst.Arg) else None
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in self._wrappers):
-            return False
-        wrapper = self._wrappers[call.func.value]
-        if not any(mpu_class.grid_argument(wrapper, call, attr) is name for attr in wrapper.params):
-            return False
-        return mpu_class.instances_get_grids(self, wrapper, self._local_grid)
-
-    def _local_grid(self, name: cst.Name) -> bool:
-        value = self.bound_value(name)
-        return isinstance(value, cst.Call) and ln.GRID in self.legacy_names(value.func)
-
-    def _resolve_topology(self, value: cst.BaseExpression, scope):
-        """(layout, the topology's statement to drop or None, the topology call) of a grid's
-        topology argument."""
-        if isinstance(value, cst.Call):
-            kind = self.legacy_name(value.func, ln.TOPOLOGY_CLASSES)
-            layout = topology_layout(kind, value) if kind else None
-            if layout is not None:
-                self._used_topologies.add(id(value))
-            return layout, None, value
-        if not isinstance(value, cst.Name):
-            return None, None, None
-        bindings = scope.assignments[value.value]
-        if len(bindings) != 1:
-            return None, None, None
-        binding = next(iter(bindings))
-        target = getattr(binding, "node", None)
-        if not isinstance(target, cst.Name):
-            return None, None, None
-        assign = self.top_level_assign(target, scope)
-        if assign is None or not isinstance(assign.value, cst.Call) or len(assign.targets) != 1:
-            return None, None, None
-        if assign.targets[0].target is not target or self.line_of(assign) >= self.line_of(value):
-            return None, None, None
-        kind = self.legacy_name(assign.value.func, ln.TOPOLOGY_CLASSES)
-        layout = topology_layout(kind, assign.value) if kind else None
-        if layout is None:
-            return None, None, None
-        self._used_topologies.add(id(assign.value))
-        line = self.parent(assign)
-        if len(binding.references) == 1 and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-            return layout, line, assign.value
-        if not all(_is_pure(cst.parse_expression(size)) for _, size in layout.dims):
-            return None, None, None
-        return layout, None, assign.value
-
-    def _plan_use(self, mesh: str, name: cst.CSTNode):
-        """(id of the node to replace or None, replacement, needs ("pp","tp")) for one use, or None."""
-        parent = self.parent(name)
-        if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
-            call = self.parent(parent)
-            # the initialize codemod moves the layout into the config, which it must be able to find
-            if isinstance(call, cst.Call) and ln.INITIALIZE in self.legacy_names(call.func):
-                if self.config_dict(call) is not None:
-                    return None, "", False
-            return None
-        if not isinstance(parent, cst.Attribute) or parent.value is not name:
-            return None
-        holder = self.parent(parent)
-        if isinstance(holder, (cst.AssignTarget, cst.AugAssign, cst.Del)):
-            return None
-        call = holder if isinstance(holder, cst.Call) and holder.func is parent else None
-        if grid_api.rewrite_use(mesh, parent, call) is None:
-            return None
-        return id(call or parent), mesh, parent.attr.value in grid_api.NEEDS_PP_TP
 
     # --- rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
