@@ -13,7 +13,7 @@ from codemod_scripts import run_fake, run_fake_shim
 from codemods import migrate_code
 from todo_lines import inline
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
 
 WORLDS = [4, 8]
 

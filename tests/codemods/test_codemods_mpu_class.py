@@ -14,7 +14,7 @@ from codemods import migrate_code
 from codemods._engine.runner import written_todos
 from todo_lines import inline
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "codemods" / "outside" / "grid_mpu_class.py"
 READS_MPU = (

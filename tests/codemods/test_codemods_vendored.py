@@ -24,7 +24,7 @@ from codemods._engine.cache import content_hash
 from codemods._engine.runner import run
 from codemods._engine.vendored import vendored_copy
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
 
 VENDORED_LAYER = '''"""This tree's own MoE layer (a modified copy of DeepSpeed's)."""
 import torch.distributed as dist
