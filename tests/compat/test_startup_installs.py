@@ -16,7 +16,7 @@ from compat import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
+pytestmark = pytest.mark.deepspeed
 
 # the program: deepspeed first (the hook loads the shim then), its own ``compat`` after
 PROGRAM = """
