@@ -315,19 +315,8 @@ def _engines_main(args, sizes) -> None:
     out = ctx.SimpleQueue()
     ports = tuple(_port() for _ in range(2 + args.engines))
     world = TRAINERS + args.engines * ROLLOUTS
-    procs = [ctx.Process(target=_engines_worker, args=(i, ports, sizes, args.repeat, args.split, args.hidden,
-                                                       args.engines, args.transport, out)) for i in range(world)]
-    for p in procs:
-        p.start()
-    while out.empty():
-        if any(p.exitcode not in (None, 0) for p in procs):
-            for p in procs:
-                p.kill()
-            sys.exit("a bench worker failed (its traceback is above)")
-        time.sleep(0.2)
-    results = out.get()
-    for p in procs:
-        p.join()
+    results = _run_workers(ctx, out, [(_engines_worker, (i, ports, sizes, args.repeat, args.split, args.hidden,
+                                                         args.engines, args.transport, out)) for i in range(world)])
     print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> {args.engines} rollout engines (tp=2 jobs of {ROLLOUTS} "
           f"ranks); transport {args.transport}; {args.split} split; hidden {args.hidden}; {args.repeat} repetitions, "
           f"seconds = slowest rank; load average {os.getloadavg()[0]:.1f}")
@@ -345,6 +334,24 @@ def _expected(shapes, name, box):
     numel = torch.Size(shapes[name]).numel()
     full = (torch.arange(numel, dtype=torch.float32) % 251 + i).view(shapes[name])
     return full[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _run_workers(ctx, out, workers):
+    """Start one process per (target, args), wait for the first result on ``out`` and return it; a
+    worker that failed ends the bench instead of leaving it waiting."""
+    procs = [ctx.Process(target=target, args=worker_args) for target, worker_args in workers]
+    for p in procs:
+        p.start()
+    while out.empty():
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            sys.exit("a bench worker failed (its traceback is above)")
+        time.sleep(0.2)
+    results = out.get()
+    for p in procs:
+        p.join()
+    return results
 
 
 def _port() -> int:
@@ -376,18 +383,8 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     ports = (_port(), _port(), _port(), _port())
-    procs = [ctx.Process(target=_worker, args=(i, ports, sizes, args.repeat, args.split, args.hidden, out)) for i in range(TRAINERS + ROLLOUTS)]
-    for p in procs:
-        p.start()
-    while out.empty():  # a worker that failed ends the bench instead of leaving it waiting
-        if any(p.exitcode not in (None, 0) for p in procs):
-            for p in procs:
-                p.kill()
-            sys.exit("a bench worker failed (its traceback is above)")
-        time.sleep(0.2)
-    results = out.get()
-    for p in procs:
-        p.join()
+    results = _run_workers(ctx, out, [(_worker, (i, ports, sizes, args.repeat, args.split, args.hidden, out))
+                                      for i in range(TRAINERS + ROLLOUTS)])
     print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
           f"{args.split} split; hidden {args.hidden} ({4 * args.hidden * args.hidden * 4 / 2**20:g} MiB weights); "
           f"{args.repeat} repetitions, seconds = slowest rank; "
