@@ -38,6 +38,7 @@ its ranks claim the next round and the process group is built anew.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -637,7 +638,14 @@ def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
     try:
         if serve:
             fd = _listening(host, port)
-            return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd)
+            try:
+                return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False,
+                                     master_listen_fd=fd)
+            except NotImplementedError:  # torch 2.6's libuv store takes no listen fd: the legacy store does
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False,
+                                     master_listen_fd=_listening(host, port), use_libuv=False)
         return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
     except OSError as err:
         raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
