@@ -12,9 +12,6 @@ FOLDERS = ("mesh_core", "compat", "nccl_contract")
 NOT_MARKED = {
     "mesh_core/test_cli_no_torch.py": "runs the CLI where torch cannot be imported",
     "compat/test_upstream_runner.py": "the upstream runner's own logic (reports, logs, env), no torch",
-    "mesh_core/test_transfer_jobs_hostile.py": "the weight link's store: on torch 2.6 its libuv backend takes no"
-    " listen fd, the link falls back to the legacy backend, and these cases time out there (open: issue 54)",
-    "mesh_core/test_transfer_jobs_threads.py": "as test_transfer_jobs_hostile.py (the weight link's store on torch 2.6)",
     "compat/test_startup_installs.py": "installs ds-mesh into a venv and runs it with python -S over that venv's own"
     " site-packages: the release venvs are layered on the main one (.ci/run) and hold only their release",
 }

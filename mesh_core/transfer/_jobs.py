@@ -641,11 +641,15 @@ def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
             try:
                 return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False,
                                      master_listen_fd=fd)
-            except NotImplementedError:  # torch 2.6's libuv store takes no listen fd: the legacy store does
+            except NotImplementedError:
+                # torch 2.6's libuv store takes no listen fd (and the link's rounds time out on the legacy
+                # backend): the store listens on every interface there; records stay authenticated
                 with contextlib.suppress(OSError):
                     os.close(fd)
-                return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False,
-                                     master_listen_fd=_listening(host, port), use_libuv=False)
+                logger.warning("ds-mesh: torch %s's store cannot listen on %s alone: the weight link's store "
+                               "listens on every interface (its records are still signed with the link's secret)",
+                               torch.__version__, host)
+                return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
         return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
     except OSError as err:
         raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
