@@ -12,6 +12,10 @@ FOLDERS = ("mesh_core", "compat", "nccl_contract")
 NOT_MARKED = {
     "mesh_core/test_cli_no_torch.py": "runs the CLI where torch cannot be imported",
     "compat/test_upstream_runner.py": "the upstream runner's own logic (reports, logs, env), no torch",
+    "mesh_core/test_transfer_jobs_hostile.py": "aborts the process on torch 2.6 when run after the rest of the"
+    " torch-release subset (alone it passes there): open under issue 54; runs in the main pytest",
+    "mesh_core/test_transfer_jobs_threads.py": "the weight link's thread cases, left out with"
+    " test_transfer_jobs_hostile.py (torch 2.6); run in the main pytest",
     "compat/test_startup_installs.py": "installs ds-mesh into a venv and runs it with python -S over that venv's own"
     " site-packages: the release venvs are layered on the main one (.ci/run) and hold only their release",
 }
