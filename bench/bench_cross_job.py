@@ -205,15 +205,7 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         for rep in range(repeat):
             order = METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]
             for method in order:
-                everyone.allreduce([torch.zeros(1)]).wait()
-                start = time.perf_counter()
-                runs[method]()
-                elapsed = torch.tensor([time.perf_counter() - start])
-                opts = dist.AllreduceOptions()
-                opts.reduceOp = dist.ReduceOp.MAX
-                if method == "link":
-                    elapsed = torch.tensor([elapsed.item(), data_seconds[-1]])
-                everyone.allreduce([elapsed], opts).wait()
+                elapsed = _slowest(everyone, runs[method], (lambda: [data_seconds[-1]]) if method == "link" else None)
                 times[method].append(elapsed[0].item())
                 if method == "link":
                     times["link data"].append(elapsed[1].item())
@@ -287,14 +279,7 @@ def _engines_worker(index, ports, sizes, repeat, split, hidden, engines, transpo
         times = {m: [] for m in runs}
         for rep in range(repeat):
             for method in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                everyone.allreduce([torch.zeros(1)]).wait()
-                start = time.perf_counter()
-                runs[method]()
-                elapsed = torch.tensor([time.perf_counter() - start])
-                opts = dist.AllreduceOptions()
-                opts.reduceOp = dist.ReduceOp.MAX
-                everyone.allreduce([elapsed], opts).wait()
-                times[method].append(elapsed.item())
+                times[method].append(_slowest(everyone, runs[method])[0].item())
         if not trainer:
             assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
         results[mb] = {"bytes": sum(torch.Size(s).numel() * 4 for s in shapes.values()), "times": times}
@@ -334,6 +319,19 @@ def _expected(shapes, name, box):
     numel = torch.Size(shapes[name]).numel()
     full = (torch.arange(numel, dtype=torch.float32) % 251 + i).view(shapes[name])
     return full[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _slowest(everyone, fn, extra=None) -> torch.Tensor:
+    """Run ``fn`` on every rank of ``everyone`` from a common start; its seconds on the slowest rank
+    (then the largest of each value ``extra()`` gives after it, where given)."""
+    everyone.allreduce([torch.zeros(1)]).wait()
+    start = time.perf_counter()
+    fn()
+    elapsed = torch.tensor([time.perf_counter() - start] + (extra() if extra is not None else []))
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    everyone.allreduce([elapsed], opts).wait()
+    return elapsed
 
 
 def _run_workers(ctx, out, workers):
