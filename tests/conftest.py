@@ -1,8 +1,18 @@
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One extensions directory for the run, as a user's jobs share torch's cache: DeepSpeed's shm op is
+# JIT-built by the first DeepSpeed job that needs it (half a minute and more on 2 cores) and loaded by
+# every later one, whichever test launched it. A test about the build names a directory of its own.
+# Removed at the end of the run; a directory given by the caller (CI sets one) is kept as it is.
+_RUN_EXTENSIONS = None
+if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+    _RUN_EXTENSIONS = tempfile.mkdtemp(prefix="ds_mesh_tests_torch_extensions_")
+    os.environ["TORCH_EXTENSIONS_DIR"] = _RUN_EXTENSIONS
 sys.path.insert(0, os.path.dirname(__file__))
 
 # tests/<package>/ folders: a test may import a test module of another folder (``from test_layout import specs``)
@@ -64,3 +74,8 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if "multiprocess" not in item.keywords]
+
+
+def pytest_unconfigure(config):
+    if _RUN_EXTENSIONS is not None:
+        shutil.rmtree(_RUN_EXTENSIONS, ignore_errors=True)

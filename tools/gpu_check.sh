@@ -86,7 +86,7 @@ fi
 WORLD=$(echo "$PRE" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["world"])')
 
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
-export TORCH_EXTENSIONS_DIR="$OUT/torch_extensions"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$OUT/torch_extensions}"  # a cache given is reused
 echo "world $WORLD, results in $OUT (one JSON line per part, also in $OUT/parts.jsonl)"
 START=$SECONDS
 set +e

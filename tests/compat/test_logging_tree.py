@@ -211,6 +211,10 @@ def test_uninstall_restores_loggers_handlers_and_functions(monkeypatch):
 def test_launcher_defaults_to_warning_and_forwards_its_level(shim, monkeypatch):
     from deepspeed.launcher import runner
 
+    # the launcher sets DS_LOG_LEVELS: recorded here (pytest's delenv records nothing for an unset
+    # variable) so that the test ends with it as it was
+    monkeypatch.setenv("DS_LOG_LEVELS", "")
+    monkeypatch.delenv("DS_LOG_LEVELS")
     with collected() as handler:
         args = runner.parse_args(["train.py"])
         assert args.log_level == "warning" and handler.records == []

@@ -54,7 +54,7 @@ def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, .
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DS_MESH", "DS_LOG"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
                 DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-                TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
+                TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions")))
     if agree_s is not None:
         base["DS_MESH_AGREE_TIMEOUT"] = str(agree_s)
     procs = []
