@@ -14,6 +14,7 @@ in well under 2 s): it imports neither ``mesh_core`` nor ``compat``, nor torch o
 (``mesh_core/torch_compat.py``, ``compat/releases.py``) as text. The shim's first-run line
 (``compat.shm_build``) uses the shm-op inspection here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,25 +69,40 @@ def in_range(version: str, constraint: str) -> bool:
     release = _release(version)
     if release is None:
         return False
-    checks = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-              "<": lambda a, b: a < b, "==": lambda a, b: a == b}
+    checks = {
+        ">=": lambda a, b: a >= b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b,
+        "==": lambda a, b: a == b,
+    }
     for part in filter(None, (p.strip() for p in constraint.split(","))):
         op = next(o for o in (">=", "<=", "==", ">", "<") if part.startswith(o))
-        bound = _release(part[len(op):])
+        bound = _release(part[len(op) :])
         if bound is None or not checks[op](release, bound):
             return False
     return True
 
 
 def check_versions(versions: Optional[dict[str, Optional[str]]] = None) -> list[dict[str, Any]]:
-    versions = versions if versions is not None else {
-        name: installed_version(name) for name in ("torch", "deepspeed", "libcst")
-    }
+    versions = (
+        versions
+        if versions is not None
+        else {name: installed_version(name) for name in ("torch", "deepspeed", "libcst")}
+    )
     ranges = {
-        "torch": (supported_range("mesh_core/torch_compat.py"), FAIL,
-                  "mesh_core and the shim refuse it", "pip install torch==2.13.0"),
-        "deepspeed": (supported_range("compat/releases.py"), FAIL,
-                      "DS_MESH=1 / compat.install() cannot run on it", 'pip install ".[deepspeed]"'),
+        "torch": (
+            supported_range("mesh_core/torch_compat.py"),
+            FAIL,
+            "mesh_core and the shim refuse it",
+            "pip install torch==2.13.0",
+        ),
+        "deepspeed": (
+            supported_range("compat/releases.py"),
+            FAIL,
+            "DS_MESH=1 / compat.install() cannot run on it",
+            'pip install ".[deepspeed]"',
+        ),
         "libcst": (LIBCST, WARN, "ds-migrate (the codemods) may fail", f'pip install "libcst{LIBCST}"'),
     }
     found = []
@@ -126,19 +142,28 @@ def check_hook(hook_ran: bool, environ=None) -> dict[str, Any]:
     check = {"check": "start-up hook", "pth": present, "hook_ran": hook_ran, "DS_MESH": value}
     if not hook_ran:
         fix = "reinstall ds-mesh (pip install -e .) or run python -m compat.install --write-pth"
-        where = (f"{present[0]} is there but did not run" if present
-                 else f"no {startup.PTH_NAME} in {', '.join(os.path.dirname(f) for f in files)}")
+        where = (
+            f"{present[0]} is there but did not run"
+            if present
+            else f"no {startup.PTH_NAME} in {', '.join(os.path.dirname(f) for f in files)}"
+        )
         status = FAIL if mode == "on" else WARN
         outcome = "this job runs plain DeepSpeed" if mode == "on" else "DS_MESH=1 would do nothing"
         check.update(status=status, detail=f"the DS_MESH start-up hook is not installed ({where}): {outcome}; {fix}")
     elif mode == "on":
-        check.update(status=OK, detail=f"start-up hook installed ({present[0] if present else 'ran'}); DS_MESH={value}: "
-                                       "deepspeed runs on the mesh")
+        check.update(
+            status=OK,
+            detail=f"start-up hook installed ({present[0] if present else 'ran'}); DS_MESH={value}: "
+            "deepspeed runs on the mesh",
+        )
     elif mode == "unknown":
         check.update(status=WARN, detail=f"DS_MESH={value!r} is not understood and counts as off; use DS_MESH=1")
     else:
-        check.update(status=OK, detail=f"start-up hook installed ({present[0] if present else 'ran'}); DS_MESH is off: "
-                                       "set DS_MESH=1 to run unchanged deepspeed scripts on the mesh")
+        check.update(
+            status=OK,
+            detail=f"start-up hook installed ({present[0] if present else 'ran'}); DS_MESH is off: "
+            "set DS_MESH=1 to run unchanged deepspeed scripts on the mesh",
+        )
     return check
 
 
@@ -179,8 +204,9 @@ def nccl_engine(torch_version: Optional[str], environ) -> str:
     return "nccl2" if release is not None and release >= (2, 14, 0) and setting == "1" else "nccl"
 
 
-def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None,
-                      torch_version: Optional[str] = None) -> dict[str, Any]:
+def check_accelerator(
+    build: dict[str, Optional[str]], gpus: int, environ=None, torch_version: Optional[str] = None
+) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     chosen = environ.get("DS_ACCELERATOR")
     accelerator = chosen or ("cuda" if build.get("cuda") and gpus else "cpu")
@@ -188,21 +214,36 @@ def check_accelerator(build: dict[str, Optional[str]], gpus: int, environ=None,
     nccl = next(filter(None, (installed_version(f"nvidia-nccl-cu{v}") for v in (13, 12, 11))), None)
     torch_kind = f"CUDA {build['cuda']}" if build.get("cuda") else f"ROCm {build['hip']}" if build.get("hip") else "CPU"
     gpu_count = f"{gpus or 'no'} NVIDIA GPU{'' if gpus == 1 else 's'}"
-    detail = (f"torch is a {torch_kind} build; {gpu_count} visible; accelerator {accelerator}"
-              f"{' (DS_ACCELERATOR)' if chosen else ''}, backend {backend}" + (f"; NCCL {nccl}" if nccl else ""))
+    detail = (
+        f"torch is a {torch_kind} build; {gpu_count} visible; accelerator {accelerator}"
+        f"{' (DS_ACCELERATOR)' if chosen else ''}, backend {backend}" + (f"; NCCL {nccl}" if nccl else "")
+    )
     status = OK
     engine = nccl_engine(installed_version("torch") if torch_version is None else torch_version, environ)
     if accelerator == "cuda" and not build.get("cuda"):
         status, detail = FAIL, detail + ": DS_ACCELERATOR=cuda needs a CUDA build of torch"
     elif backend == "nccl" and engine == "nccl2":
-        status, detail = FAIL, detail + (
-            ": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
-            f"{environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 "
-            "(docs/nccl.md)")
+        status, detail = (
+            FAIL,
+            detail
+            + (
+                ": nccl would be nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
+                f"{environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}), which ds-mesh refuses; set TORCH_DIST_USE_NCCL2=0 "
+                "(docs/nccl.md)"
+            ),
+        )
     elif accelerator == "cpu" and build.get("cuda") and gpus and not chosen:
         status = WARN
-    return {"check": "accelerator", "status": status, "accelerator": accelerator, "backend": backend,
-            "nccl": nccl, "gpus": gpus, "torch_build": torch_kind, "detail": detail}
+    return {
+        "check": "accelerator",
+        "status": status,
+        "accelerator": accelerator,
+        "backend": backend,
+        "nccl": nccl,
+        "gpus": gpus,
+        "torch_build": torch_kind,
+        "detail": detail,
+    }
 
 
 # --- DeepSpeed's shared-memory op (CPU) ---------------------------------------------------------
@@ -213,8 +254,13 @@ def shm_op_directory(build: Optional[dict[str, Optional[str]]] = None, environ=N
     if root is None:
         build = torch_build() if build is None else build
         cache = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        kind = (f"rocm{build['hip'].replace('.', '')}" if build.get("hip") else
-                f"cu{build['cuda'].replace('.', '')}" if build.get("cuda") else "cpu")
+        kind = (
+            f"rocm{build['hip'].replace('.', '')}"
+            if build.get("hip")
+            else f"cu{build['cuda'].replace('.', '')}"
+            if build.get("cuda")
+            else "cpu"
+        )
         python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
         root = os.path.join(os.path.realpath(os.path.join(cache, "torch_extensions")), f"{python}_{kind}")
     return os.path.join(root, SHM_OP)
@@ -298,16 +344,21 @@ def rebuild_reason(directory: str) -> Optional[str]:
         return None
     torch_dir, deepspeed_dir = _package_dir("torch"), _package_dir("deepspeed")
     includes = re.findall(r"-isystem\s+(\S+)", text)
-    built_torch = next((os.path.dirname(i) for i in includes if i.rstrip("/").endswith(os.path.join("torch", "include"))),
-                       None)
+    built_torch = next(
+        (os.path.dirname(i) for i in includes if i.rstrip("/").endswith(os.path.join("torch", "include"))), None
+    )
     if torch_dir and built_torch and os.path.realpath(built_torch) != torch_dir:
-        return f"built against the torch in {os.path.dirname(built_torch)}, this environment's is in " \
-               f"{os.path.dirname(torch_dir)}"
+        return (
+            f"built against the torch in {os.path.dirname(built_torch)}, this environment's is in "
+            f"{os.path.dirname(torch_dir)}"
+        )
     sources = re.findall(r"^build \S+: compile (\S+)$", text, flags=re.MULTILINE)
     for source in sources:
         if deepspeed_dir and not _under(source, deepspeed_dir):
-            return f"built from DeepSpeed's sources in {source.split(os.sep + 'deepspeed' + os.sep)[0]}, this " \
-                   f"environment's DeepSpeed is in {os.path.dirname(deepspeed_dir)}"
+            return (
+                f"built from DeepSpeed's sources in {source.split(os.sep + 'deepspeed' + os.sep)[0]}, this "
+                f"environment's DeepSpeed is in {os.path.dirname(deepspeed_dir)}"
+            )
         try:
             if os.stat(source).st_mtime > built_at:
                 return f"its source {source} changed after the build"
@@ -354,22 +405,28 @@ def shm_op_state(directory: str, now: Optional[float] = None, torch_version: Opt
 
 def stale_lock_message(state: dict[str, Any]) -> str:
     minutes = state.get("lock_age_s", 0) / 60
-    return (f"{state['lock']} is a stale lock of DeepSpeed's {SHM_OP} build (left {minutes:.0f} min ago by a build "
-            f"that was stopped; no process builds in {state['directory']}): every run on CPU waits on it forever. "
-            f"Clear it with: rm {state['lock']}   (unless another machine builds into this directory)")
+    return (
+        f"{state['lock']} is a stale lock of DeepSpeed's {SHM_OP} build (left {minutes:.0f} min ago by a build "
+        f"that was stopped; no process builds in {state['directory']}): every run on CPU waits on it forever. "
+        f"Clear it with: rm {state['lock']}   (unless another machine builds into this directory)"
+    )
 
 
 def check_shm_op(accelerator: str, environ=None) -> dict[str, Any]:
     if accelerator != "cpu":
-        return {"check": "shm op", "status": OK, "state": "not used",
-                "detail": f"DeepSpeed's {SHM_OP} op is for CPU runs; not used with {accelerator}"}
+        return {
+            "check": "shm op",
+            "status": OK,
+            "state": "not used",
+            "detail": f"DeepSpeed's {SHM_OP} op is for CPU runs; not used with {accelerator}",
+        }
     state = shm_op_state(shm_op_directory(environ=environ))
     detail = {
         "built": f"{SHM_OP} built ({state['directory']})",
         "absent": f"{SHM_OP} not built yet: the first DeepSpeed run on CPU builds it ({SHM_BUILD_TIME}) into "
-                  f"{state['directory']}",
+        f"{state['directory']}",
         "rebuild": f"{SHM_OP} is built in {state['directory']} but the next DeepSpeed run on CPU builds it again "
-                   f"({SHM_BUILD_TIME}): {state.get('rebuild_reason')}",
+        f"({SHM_BUILD_TIME}): {state.get('rebuild_reason')}",
         "building": f"{SHM_OP} is being built now (lock {state['lock']}, processes {state.get('builders')})",
         "stale": stale_lock_message(state),
     }[state["state"]]
@@ -387,7 +444,9 @@ def check_deep() -> dict[str, Any]:
         from deepspeed.accelerator import get_accelerator
 
         accelerator = get_accelerator()
-        detail.update(deepspeed_accelerator=accelerator._name, deepspeed_backend=accelerator.communication_backend_name())
+        detail.update(
+            deepspeed_accelerator=accelerator._name, deepspeed_backend=accelerator.communication_backend_name()
+        )
     except Exception as err:  # report, do not fail the doctor
         detail["deepspeed_error"] = repr(err)
     text = ", ".join(f"{k}={v}" for k, v in detail.items())
@@ -406,8 +465,13 @@ def report(*, deep: bool = False, hook_ran: Optional[bool] = None, environ=None)
         checks.append(check_deep())
     failed = [c["check"] for c in checks if c["status"] == FAIL]
     warned = [c["check"] for c in checks if c["status"] == WARN]
-    verdict = (f"NOT READY: fix {', '.join(failed)} (above) before running a job" if failed else
-               f"ready, with warnings about {', '.join(warned)}" if warned else "ready")
+    verdict = (
+        f"NOT READY: fix {', '.join(failed)} (above) before running a job"
+        if failed
+        else f"ready, with warnings about {', '.join(warned)}"
+        if warned
+        else "ready"
+    )
     return {"checks": checks, "verdict": verdict, "ok": not failed}
 
 

@@ -11,6 +11,7 @@ gives the program, whatever the install (editable, wheel, ``PYTHONPATH``, zipapp
 ``import compat`` would find another ``compat`` (a user's own module) is it loaded as
 ``_ds_mesh_compat`` and the user's ``compat`` stays theirs.
 """
+
 import os
 import sys
 
@@ -97,8 +98,10 @@ class _DeepSpeedFinder:
             _install()
         except Exception as err:
             # once per node (its local rank 0): an unsupported release is a property of the node's install
-            _warn_once_per_node(f"{ENV_VAR}=1 but the shim could not be installed ({type(err).__name__}: {err}); "
-                                "deepspeed runs without the mesh")
+            _warn_once_per_node(
+                f"{ENV_VAR}=1 but the shim could not be installed ({type(err).__name__}: {err}); "
+                "deepspeed runs without the mesh"
+            )
             return None
         import importlib.util
 

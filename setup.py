@@ -2,8 +2,10 @@
 top of site-packages, so ``DS_MESH=1`` works right after ``pip install`` and ``pip uninstall``
 removes the hook with the package (see ``compat/startup.py``). Everything else is in pyproject.toml.
 """
-from setuptools import setup  # first: it provides ``distutils`` (Python >= 3.12 has none of its own)
+
 from distutils.command.install_headers import install_headers  # noqa: E402
+
+from setuptools import setup  # first: it provides ``distutils`` (Python >= 3.12 has none of its own)
 
 PTH = "ds_mesh.pth"
 

@@ -10,6 +10,7 @@ whole-file path (what every file took before), for a before / after in one run.
 
     python bench/bench_big_file.py [--mb 1 3.8] [--sites-every 1 50] [--repeat 3] [--paths pieces whole]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,7 +118,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def one(path: Path, what: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(path), what], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(REPO), str(path), what], capture_output=True, text=True, timeout=900
+    )
     if done.returncode:
         raise SystemExit(done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -132,15 +135,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, nargs="+", default=[1.0, 3.8])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--sites-every", type=int, nargs="+", default=[1, 50],
-                        help="one block with sites per N blocks (1: every block; 50: a mostly generated file)")
-    parser.add_argument("--paths", nargs="+", default=["pieces"], choices=["pieces", "whole"],
-                        help="pieces: migrate_code as it is; whole: the whole-file path forced (before)")
+    parser.add_argument(
+        "--sites-every",
+        type=int,
+        nargs="+",
+        default=[1, 50],
+        help="one block with sites per N blocks (1: every block; 50: a mostly generated file)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        default=["pieces"],
+        choices=["pieces", "whole"],
+        help="pieces: migrate_code as it is; whole: the whole-file path forced (before)",
+    )
     args = parser.parse_args()
     base = int(subprocess.run([sys.executable, "-c", BASELINE, str(REPO)], capture_output=True, text=True).stdout)
     print(f"(peak memory of the process before any file is read: {base / 2**20:.0f} MiB; subtracted below)")
-    print("size MB (sites) | path | pieces taken | CPU s/MB min/median/max | floor CPU s/MB median | ratio | "
-          "extra memory x file size min/median/max | floor memory x | sites rewritten / TODOV1", flush=True)
+    print(
+        "size MB (sites) | path | pieces taken | CPU s/MB min/median/max | floor CPU s/MB median | ratio | "
+        "extra memory x file size min/median/max | floor memory x | sites rewritten / TODOV1",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for mb, every in [(mb, every) for every in args.sites_every for mb in args.mb]:
             path = Path(tmp) / f"big_{mb}_{every}.py"
@@ -159,9 +175,12 @@ def main() -> int:
                 memory = [(r["peak"] - base) / size for r in done]
                 last = done[-1]
                 taken = sum(r["pieces"] for r in done)
-                print(f"{per_mb:.2f} (1/{every} blocks) | {what} | {taken}/{len(done)} | {_spread(cpu)} | {floor_cpu:.2f} | "
-                      f"{statistics.median(cpu) / floor_cpu:.1f}x | {_spread(memory, '{:.0f}')} | {floor_mem:.0f} | "
-                      f"{last['sites']} / {last['todos']}", flush=True)
+                print(
+                    f"{per_mb:.2f} (1/{every} blocks) | {what} | {taken}/{len(done)} | {_spread(cpu)} | {floor_cpu:.2f} | "
+                    f"{statistics.median(cpu) / floor_cpu:.1f}x | {_spread(memory, '{:.0f}')} | {floor_mem:.0f} | "
+                    f"{last['sites']} / {last['todos']}",
+                    flush=True,
+                )
     return 0
 
 

@@ -13,6 +13,7 @@ migrated copy (kept in ``--upstream-out``), and prints per test whether the outc
     python bench/bench_codemods.py [--jobs 2] [--idempotent] [--upstream [--moe-tp] [--upstream-out DIR]]
     python bench/bench_codemods.py --migrated out/upstream-migrated/copy --upstream
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,7 +107,10 @@ def family_sites(tree: Path) -> Counter:
             module = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        if any(part in ("groups.py", "topology.py", "bwc.py") for part in (path.name,)) and path.parent.name in ("utils", "pipe"):
+        if any(part in ("groups.py", "topology.py", "bwc.py") for part in (path.name,)) and path.parent.name in (
+            "utils",
+            "pipe",
+        ):
             continue  # the modules that define the legacy APIs (utils/bwc.py defines the bwc_* helpers)
         for node in ast.walk(module):
             if not isinstance(node, ast.Call):
@@ -120,7 +124,11 @@ def family_sites(tree: Path) -> Counter:
                 counts["groups"] += 1
             elif name.startswith("bwc_"):
                 counts["bwc"] += 1
-            elif name.startswith("get_") and isinstance(getattr(func, "value", None), (ast.Name, ast.Attribute)) and _MPU.search(owner):
+            elif (
+                name.startswith("get_")
+                and isinstance(getattr(func, "value", None), (ast.Name, ast.Attribute))
+                and _MPU.search(owner)
+            ):
                 counts["mpu"] += 1
             elif name in grid_api.METHODS and "grid" in owner.lower():
                 counts["grid"] += 1
@@ -151,9 +159,20 @@ def compare_upstream(copy: Path, out: Path, *, moe_tp: bool, timeout: int, log=p
 
     def one(name: str, deepspeed):
         return runner.main_run(
-            files, tree=tree, env_dir=env_dir, out_dir=out / name, jobs=1, timeout=timeout, fp32=False,
-            extras=runner.needs_transformers(tree, files), modes=["shim"], fp32_only=True, prebuild=True,
-            deepspeed=deepspeed, port_offset=UPSTREAM_PORT_OFFSETS[name], log=lambda msg: log(f"[{name}] {msg}"),
+            files,
+            tree=tree,
+            env_dir=env_dir,
+            out_dir=out / name,
+            jobs=1,
+            timeout=timeout,
+            fp32=False,
+            extras=runner.needs_transformers(tree, files),
+            modes=["shim"],
+            fp32_only=True,
+            prebuild=True,
+            deepspeed=deepspeed,
+            port_offset=UPSTREAM_PORT_OFFSETS[name],
+            log=lambda msg: log(f"[{name}] {msg}"),
         )
 
     start = time.perf_counter()
@@ -176,11 +195,15 @@ def compare_upstream(copy: Path, out: Path, *, moe_tp: bool, timeout: int, log=p
         if a != b:
             differ.append(test)
     passed = sum(installed.get(t) == migrated.get(t) == runner.PASSED for t in tests)
-    print(f"upstream: {len(tests)} tests, {len(tests) - len(differ)} equal outcomes ({passed} pass both), "
-          f"{len(differ)} differ; installed {installed_summary.shim_seconds:.0f} s, migrated "
-          f"{migrated_summary.shim_seconds:.0f} s, side by side {seconds:.0f} s")
+    print(
+        f"upstream: {len(tests)} tests, {len(tests) - len(differ)} equal outcomes ({passed} pass both), "
+        f"{len(differ)} differ; installed {installed_summary.shim_seconds:.0f} s, migrated "
+        f"{migrated_summary.shim_seconds:.0f} s, side by side {seconds:.0f} s"
+    )
     for test in differ:
-        print(f"  differs: {test}: installed {installed.get(test, runner.MISSING)}, migrated {migrated.get(test, runner.MISSING)}")
+        print(
+            f"  differs: {test}: installed {installed.get(test, runner.MISSING)}, migrated {migrated.get(test, runner.MISSING)}"
+        )
     return bool(tests) and not differ
 
 
@@ -188,20 +211,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--idempotent", action="store_true", help="run a second time with --check")
-    parser.add_argument("--upstream", action="store_true",
-                        help="compare DeepSpeed's tests (shim) on the installed package and on the migrated copy")
+    parser.add_argument(
+        "--upstream",
+        action="store_true",
+        help="compare DeepSpeed's tests (shim) on the installed package and on the migrated copy",
+    )
     parser.add_argument("--moe-tp", action="store_true", help="with --upstream: add unit/v1/moe/test_moe_tp.py (fp32)")
-    parser.add_argument("--upstream-out", type=Path, default=REPO / "out" / "upstream-migrated",
-                        help="with --upstream: where the migrated copy, logs and junit XML go")
+    parser.add_argument(
+        "--upstream-out",
+        type=Path,
+        default=REPO / "out" / "upstream-migrated",
+        help="with --upstream: where the migrated copy, logs and junit XML go",
+    )
     parser.add_argument("--timeout", type=int, default=1200, help="with --upstream: per-test timeout in seconds")
-    parser.add_argument("--migrated", type=Path, metavar="DIR",
-                        help="only --upstream, on the migrated copy DIR/deepspeed (no migration timed)")
+    parser.add_argument(
+        "--migrated",
+        type=Path,
+        metavar="DIR",
+        help="only --upstream, on the migrated copy DIR/deepspeed (no migration timed)",
+    )
     args = parser.parse_args()
     if args.migrated is not None:
         if not args.upstream:
             parser.error("--migrated only applies with --upstream")
-        return 0 if compare_upstream(args.migrated.resolve() / "deepspeed", args.upstream_out.resolve(),
-                                     moe_tp=args.moe_tp, timeout=args.timeout) else 1
+        return (
+            0
+            if compare_upstream(
+                args.migrated.resolve() / "deepspeed",
+                args.upstream_out.resolve(),
+                moe_tp=args.moe_tp,
+                timeout=args.timeout,
+            )
+            else 1
+        )
 
     with tempfile.TemporaryDirectory(prefix="bench_codemods_") as tmp:
         tree = Path(tmp) / "deepspeed"
@@ -217,35 +259,58 @@ def main() -> int:
         after = family_sites(tree)
         compiled = compileall.compile_dir(str(tree), quiet=2, workers=args.jobs)
         print(f"deepspeed tree: {len(files)} .py files, migrate --jobs {args.jobs}: {seconds:.1f} s (rc={rc})")
-        print(f"floor (libcst parse+print, {args.jobs} processes): {floor:.1f} s; ratio migrate/floor: {seconds / floor:.2f}x")
-        print(f"CPU time (user+sys, all processes): migrate {migrate_cpu:.1f} s, floor {floor_cpu:.1f} s "
-              f"(ratio {migrate_cpu / max(floor_cpu, 1e-9):.2f}x); {load_before} before, {load_after} after the migration")
-        print(f"files scanned: {summary['files_scanned']}, changed: {summary['files_changed']}, parse errors: {summary['parse_errors']}")
+        print(
+            f"floor (libcst parse+print, {args.jobs} processes): {floor:.1f} s; ratio migrate/floor: {seconds / floor:.2f}x"
+        )
+        print(
+            f"CPU time (user+sys, all processes): migrate {migrate_cpu:.1f} s, floor {floor_cpu:.1f} s "
+            f"(ratio {migrate_cpu / max(floor_cpu, 1e-9):.2f}x); {load_before} before, {load_after} after the migration"
+        )
+        print(
+            f"files scanned: {summary['files_scanned']}, changed: {summary['files_changed']}, parse errors: {summary['parse_errors']}"
+        )
         print("sites rewritten: " + ", ".join(f"{k}={v}" for k, v in summary["sites_rewritten"].items()))
         print("sites left with TODOV1: " + ", ".join(f"{k}={v}" for k, v in summary["sites_todo"].items()))
         print(f"compileall of the migrated tree: {'ok' if compiled else 'FAILED'}")
         print("legacy call sites by family (before -> left after migration; rewritten %):")
         for family in sorted(before):
             done = before[family] - after.get(family, 0)
-            print(f"  {family}: {before[family]} -> {after.get(family, 0)} ({100 * done / before[family]:.0f}% rewritten)")
+            print(
+                f"  {family}: {before[family]} -> {after.get(family, 0)} ({100 * done / before[family]:.0f}% rewritten)"
+            )
         total_before, total_after = sum(before.values()), sum(after.values())
-        print(f"  all: {total_before} -> {total_after} ({100 * (total_before - total_after) / max(total_before, 1):.0f}% rewritten)")
-        imported = subprocess.run(
-            [sys.executable, "-c", "import deepspeed, deepspeed.runtime.engine, deepspeed.moe.layer, deepspeed.runtime.pipe.engine; print(deepspeed.__file__)"],
-            capture_output=True, text=True, cwd=tmp, env=dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{REPO}"),
+        print(
+            f"  all: {total_before} -> {total_after} ({100 * (total_before - total_after) / max(total_before, 1):.0f}% rewritten)"
         )
-        print(f"import of the migrated copy: {'ok ' + imported.stdout.strip() if imported.returncode == 0 else 'FAILED ' + imported.stderr[-300:]}")
+        imported = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import deepspeed, deepspeed.runtime.engine, deepspeed.moe.layer, deepspeed.runtime.pipe.engine; print(deepspeed.__file__)",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+            env=dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{REPO}"),
+        )
+        print(
+            f"import of the migrated copy: {'ok ' + imported.stdout.strip() if imported.returncode == 0 else 'FAILED ' + imported.stderr[-300:]}"
+        )
         ok = bool(compiled) and rc == 0
         if args.idempotent:
             again, rc2, second = migrate(tree, args.jobs, "--check")
             again_cpu = LAST_CPU["seconds"]
-            print(f"second run (--check): {again:.1f} s, CPU {again_cpu:.1f} s, would change {second['files_changed']} files "
-                  f"(rc={rc2}); migration/check: {seconds / again:.1f}x wall, {migrate_cpu / max(again_cpu, 1e-9):.1f}x CPU")
+            print(
+                f"second run (--check): {again:.1f} s, CPU {again_cpu:.1f} s, would change {second['files_changed']} files "
+                f"(rc={rc2}); migration/check: {seconds / again:.1f}x wall, {migrate_cpu / max(again_cpu, 1e-9):.1f}x CPU"
+            )
             cold, rc3, third = migrate(tree, args.jobs, "--check", "--no-cache")
             cold_cpu = LAST_CPU["seconds"]
-            print(f"--check --no-cache (parses every file): {cold:.1f} s, CPU {cold_cpu:.1f} s, would change "
-                  f"{third['files_changed']} files (rc={rc3}); migration/check: {seconds / cold:.1f}x wall, "
-                  f"{migrate_cpu / max(cold_cpu, 1e-9):.1f}x CPU ({load()})")
+            print(
+                f"--check --no-cache (parses every file): {cold:.1f} s, CPU {cold_cpu:.1f} s, would change "
+                f"{third['files_changed']} files (rc={rc3}); migration/check: {seconds / cold:.1f}x wall, "
+                f"{migrate_cpu / max(cold_cpu, 1e-9):.1f}x CPU ({load()})"
+            )
             ok = ok and rc3 == 0
             ok = ok and rc2 == 0
         if args.upstream:
@@ -253,8 +318,12 @@ def main() -> int:
             if copy.exists():
                 shutil.rmtree(copy)
             shutil.copytree(tree, copy / "deepspeed", ignore=shutil.ignore_patterns("__pycache__"))
-            ok = compare_upstream(copy / "deepspeed", args.upstream_out.resolve(), moe_tp=args.moe_tp,
-                                  timeout=args.timeout) and ok
+            ok = (
+                compare_upstream(
+                    copy / "deepspeed", args.upstream_out.resolve(), moe_tp=args.moe_tp, timeout=args.timeout
+                )
+                and ok
+            )
     return 0 if ok else 1
 
 

@@ -36,6 +36,7 @@ turn (the workaround before ``jobs=``); both with ``--transport`` (``reads`` or 
 
     python bench/bench_cross_job.py --engines 2 --sizes 16,64 --repeat 5 --transport gloo
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,10 @@ def _layouts(shapes, split):
     from mesh_core.transfer import ParamLayout
 
     down_dim = 1 if split == "megatron" else 0
-    return {n: ParamLayout(s, shard_dim=0 if n.endswith(".up") else down_dim if n.endswith(".down") else None)
-            for n, s in shapes.items()}
+    return {
+        n: ParamLayout(s, shard_dim=0 if n.endswith(".up") else down_dim if n.endswith(".down") else None)
+        for n, s in shapes.items()
+    }
 
 
 def _partitions(shapes, rank):
@@ -90,7 +93,7 @@ def _partitions(shapes, rank):
         flat = torch.zeros(size * TRAINERS)
         flat[:numel] = torch.arange(numel, dtype=torch.float32) % 251 + i
         param = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-        param.ds_tensor = flat[rank * size:(rank + 1) * size].clone()
+        param.ds_tensor = flat[rank * size : (rank + 1) * size].clone()
         param.ds_tensor.ds_numel = size
         param.ds_shape, param.ds_numel, param.ds_process_group = shape, numel, dist.group.WORLD
         params[name] = param
@@ -106,15 +109,34 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
     rank, size = (index, TRAINERS) if trainer else (index - TRAINERS, ROLLOUTS)
     job_store = dist.TCPStore("127.0.0.1", ports[0 if trainer else 1], size, rank == 0, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=job_store, rank=rank, world_size=size)
-    link = WeightLink(f"127.0.0.1:{ports[2]}", "sender" if trainer else "receiver", secret=SECRET,
-                      timeout=timedelta(seconds=120), transport="reads")
-    link_gloo = WeightLink(f"127.0.0.1:{ports[3]}", "sender" if trainer else "receiver",
-                           secret=SECRET, timeout=timedelta(seconds=120), transport="gloo")
-    everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS,
-                                     timedelta(seconds=120))
+    link = WeightLink(
+        f"127.0.0.1:{ports[2]}",
+        "sender" if trainer else "receiver",
+        secret=SECRET,
+        timeout=timedelta(seconds=120),
+        transport="reads",
+    )
+    link_gloo = WeightLink(
+        f"127.0.0.1:{ports[3]}",
+        "sender" if trainer else "receiver",
+        secret=SECRET,
+        timeout=timedelta(seconds=120),
+        transport="gloo",
+    )
+    everyone = dist.ProcessGroupGloo(
+        dist.PrefixStore("bench/all", link.store), index, TRAINERS + ROLLOUTS, timedelta(seconds=120)
+    )
     in_bcast = index == 0 or not trainer
-    bcast = (dist.ProcessGroupGloo(dist.PrefixStore("bench/bcast", link.store), 0 if trainer else 1 + rank,
-                                   1 + ROLLOUTS, timedelta(seconds=120)) if in_bcast else None)
+    bcast = (
+        dist.ProcessGroupGloo(
+            dist.PrefixStore("bench/bcast", link.store),
+            0 if trainer else 1 + rank,
+            1 + ROLLOUTS,
+            timedelta(seconds=120),
+        )
+        if in_bcast
+        else None
+    )
     spec = MeshSpec.build(ROLLOUTS, tp=2)
     results = {}
     for mb in sizes:
@@ -144,7 +166,7 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
                 if trainer:
                     dist.all_gather_into_tensor(gathered[name], params[name].ds_tensor)
                     if rank == 0:
-                        full = gathered[name][:params[name].ds_numel].view(shapes[name])
+                        full = gathered[name][: params[name].ds_numel].view(shapes[name])
                         bcast.broadcast([full], opts).wait()
                 else:
                     bcast.broadcast([whole[name]], opts).wait()
@@ -159,7 +181,9 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         if trainer and rank == 0:
             link.store.set(f"bench/pairs/{mb}", repr(sorted(pairs.items())))
         pairs = dict(ast.literal_eval(link.store.get(f"bench/pairs/{mb}").decode()))
-        mine = [(s, d, b) for (s, d), b in sorted(pairs.items()) if (trainer and s == rank) or (not trainer and d == rank)]
+        mine = [
+            (s, d, b) for (s, d), b in sorted(pairs.items()) if (trainer and s == rank) or (not trainer and d == rank)
+        ]
         # written once: a buffer never written is read from the kernel's shared zero page, which stays in
         # cache (raw sending from it measured ~10% faster than sending memory that holds bytes)
         buffers = [torch.full((b,), 7, dtype=torch.uint8) for _, _, b in mine]
@@ -173,8 +197,10 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
 
         # raw read: each trainer rank's pair buffers, where they are in its memory, read by the rollout ranks
         if trainer:
-            link.store.set(f"bench/at/{mb}/{rank}", repr((os.getpid(), [(d, buf.data_ptr()) for (_, d, _), buf
-                                                                         in zip(mine, buffers)])))
+            link.store.set(
+                f"bench/at/{mb}/{rank}",
+                repr((os.getpid(), [(d, buf.data_ptr()) for (_, d, _), buf in zip(mine, buffers)])),
+            )
         everyone.allreduce([torch.zeros(1)]).wait()
         if not trainer:
             reads = []
@@ -192,18 +218,26 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         bucket_buffers = [torch.full((b.nbytes,), 7, dtype=torch.uint8) for b in my_buckets]
 
         def run_raw_boxes():
-            works = [everyone.send([buffer], b.dst, b.tag) if trainer else everyone.recv([buffer], b.src, b.tag)
-                     for b, buffer in zip(my_buckets, bucket_buffers)]
+            works = [
+                everyone.send([buffer], b.dst, b.tag) if trainer else everyone.recv([buffer], b.src, b.tag)
+                for b, buffer in zip(my_buckets, bucket_buffers)
+            ]
             for w in works:
                 w.wait()
 
-        runs = {"link": run_link, "link gloo": run_link_gloo, "gather+bcast": run_gather_bcast, "raw": run_raw,
-                "raw read": run_raw_read, "raw boxes": run_raw_boxes}
+        runs = {
+            "link": run_link,
+            "link gloo": run_link_gloo,
+            "gather+bcast": run_gather_bcast,
+            "raw": run_raw,
+            "raw read": run_raw_read,
+            "raw boxes": run_raw_boxes,
+        }
         for fn in runs.values():  # warm-up (buffers, connections)
             fn()
         times = {m: [] for m in METHODS + ("link data",)}
         for rep in range(repeat):
-            order = METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]
+            order = METHODS[rep % len(METHODS) :] + METHODS[: rep % len(METHODS)]
             for method in order:
                 elapsed = _slowest(everyone, runs[method], (lambda: [data_seconds[-1]]) if method == "link" else None)
                 times[method].append(elapsed[0].item())
@@ -215,12 +249,19 @@ def _worker(index, ports, sizes, repeat, split, hidden, out):
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         everyone.allreduce([count], opts).wait()
-        whole_read = torch.tensor([1.0 if trainer else float(read_bytes[-1] == sum(t.numel() * 4 for t in shards.values()))])
+        whole_read = torch.tensor(
+            [1.0 if trainer else float(read_bytes[-1] == sum(t.numel() * 4 for t in shards.values()))]
+        )
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
         everyone.allreduce([whole_read], opts).wait()
-        results[mb] = {"bytes": model_bytes, "times": times, "pairs": len(pairs), "messages": int(count.item()),
-                       "all read": whole_read.item() == 1.0}
+        results[mb] = {
+            "bytes": model_bytes,
+            "times": times,
+            "pairs": len(pairs),
+            "messages": int(count.item()),
+            "all read": whole_read.item() == 1.0,
+        }
         everyone.allreduce([torch.zeros(1)]).wait()
         link.close()  # the links' caches hold this size's tensors: let them go before the next size
         link_gloo.close()
@@ -251,10 +292,14 @@ def _engines_worker(index, ports, sizes, repeat, split, hidden, engines, transpo
     common = dict(rank=rank, world_size=size, secret=SECRET, timeout=timedelta(seconds=120), transport=transport)
     launch = {} if trainer else {"launch": f"engine{engine}"}
     one = WeightLink(f"127.0.0.1:{ports[1]}", role, jobs=engines if trainer else 1, **common, **launch)
-    each = ([WeightLink(f"127.0.0.1:{ports[2 + k]}", role, **common) for k in range(engines)] if trainer
-            else [WeightLink(f"127.0.0.1:{ports[2 + engine]}", role, **common, **launch)])
-    everyone = dist.ProcessGroupGloo(dist.PrefixStore("bench/all", one.store), index, TRAINERS + engines * ROLLOUTS,
-                                     timedelta(seconds=120))
+    each = (
+        [WeightLink(f"127.0.0.1:{ports[2 + k]}", role, **common) for k in range(engines)]
+        if trainer
+        else [WeightLink(f"127.0.0.1:{ports[2 + engine]}", role, **common, **launch)]
+    )
+    everyone = dist.ProcessGroupGloo(
+        dist.PrefixStore("bench/all", one.store), index, TRAINERS + engines * ROLLOUTS, timedelta(seconds=120)
+    )
     spec = MeshSpec.build(ROLLOUTS, tp=2)
     results = {}
     for mb in sizes:
@@ -278,7 +323,7 @@ def _engines_worker(index, ports, sizes, repeat, split, hidden, engines, transpo
             fn()
         times = {m: [] for m in runs}
         for rep in range(repeat):
-            for method in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            for method in list(runs) if rep % 2 == 0 else list(runs)[::-1]:
                 times[method].append(_slowest(everyone, runs[method])[0].item())
         if not trainer:
             assert all(torch.equal(shards[n], _expected(shapes, n, boxes[n])) for n in shapes), "wrong weights"
@@ -300,18 +345,31 @@ def _engines_main(args, sizes) -> None:
     out = ctx.SimpleQueue()
     ports = tuple(_port() for _ in range(2 + args.engines))
     world = TRAINERS + args.engines * ROLLOUTS
-    results = _run_workers(ctx, out, [(_engines_worker, (i, ports, sizes, args.repeat, args.split, args.hidden,
-                                                         args.engines, args.transport, out)) for i in range(world)])
-    print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> {args.engines} rollout engines (tp=2 jobs of {ROLLOUTS} "
-          f"ranks); transport {args.transport}; {args.split} split; hidden {args.hidden}; {args.repeat} repetitions, "
-          f"seconds = slowest rank; load average {os.getloadavg()[0]:.1f}")
+    results = _run_workers(
+        ctx,
+        out,
+        [
+            (
+                _engines_worker,
+                (i, ports, sizes, args.repeat, args.split, args.hidden, args.engines, args.transport, out),
+            )
+            for i in range(world)
+        ],
+    )
+    print(
+        f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> {args.engines} rollout engines (tp=2 jobs of {ROLLOUTS} "
+        f"ranks); transport {args.transport}; {args.split} split; hidden {args.hidden}; {args.repeat} repetitions, "
+        f"seconds = slowest rank; load average {os.getloadavg()[0]:.1f}"
+    )
     print("| model | one send s (median) | send per engine s (median) | send per engine ÷ one send |")
     print("|---|---|---|---|")
     for mb, res in results.items():
         t = res["times"]
-        print(f"| {res['bytes'] / 1e6:.1f} MB | {statistics.median(t['one send']):.4f} | "
-              f"{statistics.median(t['send per engine']):.4f} | "
-              f"{_mmm([e / o for e, o in zip(t['send per engine'], t['one send'])])} |")
+        print(
+            f"| {res['bytes'] / 1e6:.1f} MB | {statistics.median(t['one send']):.4f} | "
+            f"{statistics.median(t['send per engine']):.4f} | "
+            f"{_mmm([e / o for e, o in zip(t['send per engine'], t['one send'])])} |"
+        )
 
 
 def _expected(shapes, name, box):
@@ -366,13 +424,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="16,64,256", help="model sizes in MB")
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
-                        help="the rollout's tp split of the down projection: by columns (megatron) or by rows")
-    parser.add_argument("--hidden", type=int, default=HIDDEN,
-                        help="the blocks' hidden size h: each weight is 4h x h fp32 (512: 4 MiB, a ~65M-parameter "
-                             "model's; 2048: 64 MiB, a 7B model's MLP weight in bf16 is 90-140 MB)")
-    parser.add_argument("--engines", type=int, default=0,
-                        help="K >= 2: compare one send() feeding K rollout engines with one send() per engine")
+    parser.add_argument(
+        "--split",
+        choices=("megatron", "rows"),
+        default="megatron",
+        help="the rollout's tp split of the down projection: by columns (megatron) or by rows",
+    )
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=HIDDEN,
+        help="the blocks' hidden size h: each weight is 4h x h fp32 (512: 4 MiB, a ~65M-parameter "
+        "model's; 2048: 64 MiB, a 7B model's MLP weight in bf16 is 90-140 MB)",
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=0,
+        help="K >= 2: compare one send() feeding K rollout engines with one send() per engine",
+    )
     parser.add_argument("--transport", choices=("reads", "gloo"), default="reads", help="with --engines")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -381,15 +451,22 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     ports = (_port(), _port(), _port(), _port())
-    results = _run_workers(ctx, out, [(_worker, (i, ports, sizes, args.repeat, args.split, args.hidden, out))
-                                      for i in range(TRAINERS + ROLLOUTS)])
-    print(f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
-          f"{args.split} split; hidden {args.hidden} ({4 * args.hidden * args.hidden * 4 / 2**20:g} MiB weights); "
-          f"{args.repeat} repetitions, seconds = slowest rank; "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print("| model | link s (median) | link GB/s | link data s | gather+bcast ÷ link | raw ÷ link | raw read ÷ link "
-          "| raw read ÷ link data | link gloo s | raw ÷ link gloo | raw ÷ raw boxes (messages) | gather+bcast s | raw s "
-          "| raw read s |")
+    results = _run_workers(
+        ctx,
+        out,
+        [(_worker, (i, ports, sizes, args.repeat, args.split, args.hidden, out)) for i in range(TRAINERS + ROLLOUTS)],
+    )
+    print(
+        f"ZeRO-3 trainer job ({TRAINERS} gloo ranks) -> tp=2 rollout job ({ROLLOUTS} gloo ranks); "
+        f"{args.split} split; hidden {args.hidden} ({4 * args.hidden * args.hidden * 4 / 2**20:g} MiB weights); "
+        f"{args.repeat} repetitions, seconds = slowest rank; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| model | link s (median) | link GB/s | link data s | gather+bcast ÷ link | raw ÷ link | raw read ÷ link "
+        "| raw read ÷ link data | link gloo s | raw ÷ link gloo | raw ÷ raw boxes (messages) | gather+bcast s | raw s "
+        "| raw read s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def ratio(a, b):
@@ -398,14 +475,18 @@ def main() -> None:
     for mb, res in results.items():
         t = res["times"]
         med = {m: statistics.median(t[m]) for m in METHODS + ("link data",)}
-        print(f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
-              f"{med['link data']:.4f} | {ratio('gather+bcast', 'link')} | {ratio('raw', 'link')} | "
-              f"{ratio('raw read', 'link')} | {ratio('raw read', 'link data')} | {med['link gloo']:.4f} | "
-              f"{ratio('raw', 'link gloo')} | {ratio('raw', 'raw boxes')} ({res['messages']}) | "
-              f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {med['raw read']:.4f} |")
+        print(
+            f"| {res['bytes'] / 1e6:.1f} MB | {med['link']:.4f} | {res['bytes'] / med['link'] / 1e9:.2f} | "
+            f"{med['link data']:.4f} | {ratio('gather+bcast', 'link')} | {ratio('raw', 'link')} | "
+            f"{ratio('raw read', 'link')} | {ratio('raw read', 'link data')} | {med['link gloo']:.4f} | "
+            f"{ratio('raw', 'link gloo')} | {ratio('raw', 'raw boxes')} ({res['messages']}) | "
+            f"{med['gather+bcast']:.4f} | {med['raw']:.4f} | {med['raw read']:.4f} |"
+        )
     if not all(res["all read"] for res in results.values()):
-        print("note: the link read less than a rollout rank's shard here (the kernel refused cross-memory reads, "
-              "or a piece went on gloo): 'link' is then partly or wholly gloo")
+        print(
+            "note: the link read less than a rollout rank's shard here (the kernel refused cross-memory reads, "
+            "or a piece went on gloo): 'link' is then partly or wholly gloo"
+        )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ import argparse
 from typing import Any, Callable
 
 import common  # noqa: F401  (sets the environment and sys.path first)
+
+# isort: split
 from common import MiB, peak_memory, quiet, ratio, table, timed
+
+# isort: split
 
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec

@@ -17,6 +17,7 @@ counted with the parameters, read after backward), and the collective bytes of o
 (all-reduce: the tensor; reduce-scatter: the input; all-gather: the output). Step time: the
 slowest rank's, the three engines alternated, min / median / max over ``--reps`` steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,15 @@ MODES = {
     "hsdp": ({"dp_replicate": 2, "dp_shard": 2}, {}),
 }
 COLLECTIVES = {  # name -> index of the tensor whose size is the collective's buffer
-    "all_reduce": 0, "reduce_scatter_tensor": 1, "all_gather_into_tensor": 0, "broadcast": 0,
-    "_all_gather_base": 0, "_reduce_scatter_base": 1, "all_gather": 0, "reduce_scatter": 1, "all_to_all_single": 0,
+    "all_reduce": 0,
+    "reduce_scatter_tensor": 1,
+    "all_gather_into_tensor": 0,
+    "broadcast": 0,
+    "_all_gather_base": 0,
+    "_reduce_scatter_base": 1,
+    "all_gather": 0,
+    "reduce_scatter": 1,
+    "all_to_all_single": 0,
 }
 KINDS = ("within", "across", "world")
 
@@ -77,8 +85,11 @@ class CommCounter:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             tensor = args[index] if len(args) > index else kwargs[params[index]]
-            group = args[params.index("group")] if "group" in params and len(args) > params.index("group") \
+            group = (
+                args[params.index("group")]
+                if "group" in params and len(args) > params.index("group")
                 else kwargs.get("group")
+            )
             kind, size = self.kind(group), self.size(tensor)
             self.bytes[kind] += size
             tally = self.calls.setdefault((name, kind), [0, 0])
@@ -114,9 +125,8 @@ class CommCounter:
 
 
 def build(mode: str, width: int, layers: int):
-    import torch
-
     import deepspeed
+    import torch
 
     mesh, zero = MODES[mode]
     config = {
@@ -124,9 +134,15 @@ def build(mode: str, width: int, layers: int):
         "steps_per_print": 10**6,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
         # every layer gathered for its forward and again for its backward, as in a model too big to keep
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                              "stage3_model_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
-                              "stage3_prefetch_bucket_size": 0, "stage3_max_live_parameters": 0, **zero},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_model_persistence_threshold": 0,
+            "stage3_max_reuse_distance": 0,
+            "stage3_prefetch_bucket_size": 0,
+            "stage3_max_live_parameters": 0,
+            **zero,
+        },
         "mesh": mesh,
     }
     torch.manual_seed(0)
@@ -148,12 +164,19 @@ def state_bytes(engine) -> dict[str, int]:
     opt = engine.optimizer
     params = list(engine.module.parameters())
     param = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params)
-    secondary = sum(p.ds_secondary_tensor.numel() * p.ds_secondary_tensor.element_size()
-                    for p in params if getattr(p, "ds_secondary_tensor", None) is not None)
+    secondary = sum(
+        p.ds_secondary_tensor.numel() * p.ds_secondary_tensor.element_size()
+        for p in params
+        if getattr(p, "ds_secondary_tensor", None) is not None
+    )
     grad = opt.grad_partitions_flat_buffer.numel() * opt.grad_partitions_flat_buffer.element_size()
     fp32 = list(opt.fp32_partitioned_groups_flat)
-    states = sum(v.numel() * v.element_size() for t in fp32 for v in opt.optimizer.state[t].values()
-                 if hasattr(v, "numel") and v.dim() > 0)
+    states = sum(
+        v.numel() * v.element_size()
+        for t in fp32
+        for v in opt.optimizer.state[t].values()
+        if hasattr(v, "numel") and v.dim() > 0
+    )
     master = sum(t.numel() * t.element_size() for t in fp32)
     return {"param": param + secondary, "grad": grad, "optimizer": master + states}
 
@@ -162,12 +185,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     import io
     import logging
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    import deepspeed
     import torch
     import torch.distributed as dist
-
-    import deepspeed
 
     import compat.install as installer
 
@@ -215,22 +238,29 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 def report(numel: int, state: dict, comm: dict, times: dict, losses: dict, args: argparse.Namespace) -> None:
     kib = 1024
-    print(f"ZeRO-3, {args.layers} x Linear({args.width}, {args.width}) = {numel} fp32 parameters "
-          f"({numel * 4 / kib:.0f} KiB), 4 gloo ranks; per rank (rank 0), KiB")
-    head = (f"{'':6}{'params':>9}{'grads':>9}{'optim':>9} | "
-            f"{'comm/step: within':>18}{'across':>9}{'world':>9}{'total':>9}")
+    print(
+        f"ZeRO-3, {args.layers} x Linear({args.width}, {args.width}) = {numel} fp32 parameters "
+        f"({numel * 4 / kib:.0f} KiB), 4 gloo ranks; per rank (rank 0), KiB"
+    )
+    head = (
+        f"{'':6}{'params':>9}{'grads':>9}{'optim':>9} | {'comm/step: within':>18}{'across':>9}{'world':>9}{'total':>9}"
+    )
     print(head + f" | {'step ms min/median/max':>24}{'x dp':>7}")
     base = statistics.median(times["dp"])
     for mode in MODES:
         s, c, t = state[mode], comm[mode], times[mode]
         total = sum(c.values())
-        print(f"{mode:6}{s['param'] / kib:>9.0f}{s['grad'] / kib:>9.0f}{s['optimizer'] / kib:>9.0f} | "
-              f"{c['within'] / kib:>18.0f}{c['across'] / kib:>9.0f}{c['world'] / kib:>9.0f}{total / kib:>9.0f} | "
-              f"{min(t) * 1e3:>8.1f}/{statistics.median(t) * 1e3:.1f}/{max(t) * 1e3:.1f}"
-              f"{statistics.median(t) / base:>7.2f}")
+        print(
+            f"{mode:6}{s['param'] / kib:>9.0f}{s['grad'] / kib:>9.0f}{s['optimizer'] / kib:>9.0f} | "
+            f"{c['within'] / kib:>18.0f}{c['across'] / kib:>9.0f}{c['world'] / kib:>9.0f}{total / kib:>9.0f} | "
+            f"{min(t) * 1e3:>8.1f}/{statistics.median(t) * 1e3:.1f}/{max(t) * 1e3:.1f}"
+            f"{statistics.median(t) / base:>7.2f}"
+        )
     model = numel * 4 / kib
-    print(f"model = {model:.0f} KiB; losses equal across modes: "
-          f"{all(abs(a - b) < 1e-5 for m in MODES for a, b in zip(losses[m], losses['dp']))}")
+    print(
+        f"model = {model:.0f} KiB; losses equal across modes: "
+        f"{all(abs(a - b) < 1e-5 for m in MODES for a, b in zip(losses[m], losses['dp']))}"
+    )
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ itself, a one-time cost per process, is outside the timed region). The shim's
 meshes are destroyed after each repetition, so every repetition creates its communicators afresh.
 Prints the medians and the ratios shim / legacy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,8 @@ CONFIG = {
 
 
 def build_engine(shim: bool):
-    import torch
-
     import deepspeed
+    import torch
     from deepspeed.pipe import PipelineModule
 
     torch.manual_seed(0)
@@ -68,8 +68,9 @@ def worker(rank: int, world: int, port: int, reps: int) -> None:
     import io
     import logging
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     import deepspeed
 
     import compat.groups

@@ -19,7 +19,11 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import common  # noqa: F401  (sets the environment and sys.path first)
+
+# isort: split
 from common import MiB, peak_memory, quiet, ratio, table, timed
+
+# isort: split
 
 from mesh_core import MeshLayout, MeshSpec
 from mesh_core.cli.legacy_counts import legacy_counts, mesh_count

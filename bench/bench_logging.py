@@ -17,6 +17,8 @@ import timeit
 
 import common  # noqa: F401  (environment and sys.path)
 
+# isort: split
+
 
 def per_call_ns(stmt: str, env: dict, number: int, repeat: int = 5) -> float:
     return min(timeit.repeat(stmt, globals=env, number=number, repeat=repeat)) / number * 1e9

@@ -36,7 +36,11 @@ import tracemalloc
 from typing import Any, Callable, Optional
 
 import common  # noqa: F401  (sets the environment and sys.path first)
+
+# isort: split
 from common import MiB, quiet, table
+
+# isort: split
 
 from fakepg import fake_world, record_new_groups
 
@@ -238,7 +242,7 @@ def main() -> None:
                     f"{wall / ours_wall:.1f}x",
                 ]
             )
-        print(table(HEADERS, rows[-len(names):]), flush=True)  # this layout's rows as they come
+        print(table(HEADERS, rows[-len(names) :]), flush=True)  # this layout's rows as they come
     print()
     print(table(HEADERS, rows))
     for name, reason in skipped.items():

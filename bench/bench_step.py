@@ -30,10 +30,10 @@ warnings-filter change; this bench's re-installs change the filters). ``--probin
 steps of that stage (the shim installed for the shim's steps only) and prints the functions whose
 call count or own time the shim adds.
 """
+
 from __future__ import annotations
 
 import argparse
-import warnings
 import contextlib
 import gc
 import io
@@ -43,6 +43,7 @@ import shutil
 import statistics
 import sys
 import time
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -58,9 +59,13 @@ _SAME_LAYOUT = ["setarch", os.uname().machine, "-R"] if shutil.which("setarch") 
 
 
 def config(stage: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
-            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-            "zero_optimization": {"stage": stage}, "wall_clock_breakdown": False}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "wall_clock_breakdown": False,
+    }
 
 
 KEEP_PROBING = [False]  # --probing
@@ -78,9 +83,8 @@ def set_shim(on: bool) -> None:
 
 
 def build(stage: int, shim: bool):
-    import torch
-
     import deepspeed
+    import torch
 
     set_shim(shim)
     torch.manual_seed(0)
@@ -130,7 +134,7 @@ def interleaved(shim_first: bool, stages: list[int], n: int, blocks: int) -> dic
         pairs = []
         for block in range(blocks):
             timed = {}
-            for mode in (order if block % 2 == 0 else order[::-1]):
+            for mode in order if block % 2 == 0 else order[::-1]:
                 set_shim(mode == "shim")
                 steps(engines[mode], x, 5)  # the first steps after a switch pay for cold caches
                 timed[mode] = steps(engines[mode], x, n)[1]
@@ -149,9 +153,19 @@ def run_interleaved(stages: list[int], children: int, n: int, blocks: int) -> li
 
     runs = []
     for child_index in range(children):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "both-shim-first" if child_index % 2 else "both",
-               "--stages", ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks),
-               *["--probing"] * KEEP_PROBING[0]]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            "both-shim-first" if child_index % 2 else "both",
+            "--stages",
+            ",".join(map(str, stages)),
+            "--steps",
+            str(n),
+            "--blocks",
+            str(blocks),
+            *["--probing"] * KEEP_PROBING[0],
+        ]
         proc = subprocess.run([*_SAME_LAYOUT, *cmd], capture_output=True, text=True, timeout=1800, env=_CHILD_ENV)
         if proc.returncode != 0:
             raise SystemExit(f"interleaved child failed:\n{proc.stderr[-3000:]}")
@@ -160,21 +174,30 @@ def run_interleaved(stages: list[int], children: int, n: int, blocks: int) -> li
 
 
 def report_interleaved(runs: list[dict], stages: list[int], args: argparse.Namespace) -> None:
-    print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.interleave} child processes, each alternating {args.blocks} "
-          f"plain / shim blocks of {args.steps} steps per stage (CPU time of the stepping thread); shim/plain over "
-          "every neighbouring pair of blocks: min / median / max")
+    print(
+        f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.interleave} child processes, each alternating {args.blocks} "
+        f"plain / shim blocks of {args.steps} steps per stage (CPU time of the stepping thread); shim/plain over "
+        "every neighbouring pair of blocks: min / median / max"
+    )
     print("per child: its shim median block / its plain median block, min / median / max over children")
-    print(f"{'stage':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6} "
-          f"{'pairs':>6} {'per child min':>14} {'median':>7} {'max':>6}")
+    print(
+        f"{'stage':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6} "
+        f"{'pairs':>6} {'per child min':>14} {'median':>7} {'max':>6}"
+    )
     for stage in stages:
         pairs = [pair for run in runs for pair in run[str(stage)]]
         ratios = sorted(s / p for p, s in pairs)
-        per_child = sorted(statistics.median(s for _, s in run[str(stage)]) / statistics.median(p for p, _ in run[str(stage)])
-                           for run in runs)
-        print(f"{stage:>6} {statistics.median(p for p, _ in pairs) * 1e6:>14.0f} "
-              f"{statistics.median(s for _, s in pairs) * 1e6:>13.0f} {ratios[0]:>15.3f} "
-              f"{statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f} {len(ratios):>6} {per_child[0]:>14.3f} "
-              f"{statistics.median(per_child):>7.3f} {per_child[-1]:>6.3f}", flush=True)
+        per_child = sorted(
+            statistics.median(s for _, s in run[str(stage)]) / statistics.median(p for p, _ in run[str(stage)])
+            for run in runs
+        )
+        print(
+            f"{stage:>6} {statistics.median(p for p, _ in pairs) * 1e6:>14.0f} "
+            f"{statistics.median(s for _, s in pairs) * 1e6:>13.0f} {ratios[0]:>15.3f} "
+            f"{statistics.median(ratios):>7.3f} {ratios[-1]:>6.3f} {len(ratios):>6} {per_child[0]:>14.3f} "
+            f"{statistics.median(per_child):>7.3f} {per_child[-1]:>6.3f}",
+            flush=True,
+        )
 
 
 def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
@@ -184,10 +207,21 @@ def alternate(stages: list[int], pairs: int, n: int, blocks: int) -> dict:
 
     runs: dict[str, list[dict]] = {"plain": [], "shim": []}
     for pair in range(pairs):
-        for mode in (("plain", "shim") if pair % 2 == 0 else ("shim", "plain")):
-            cmd = [*_SAME_LAYOUT, sys.executable, os.path.abspath(__file__), "--child", mode, "--stages",
-                   ",".join(map(str, stages)), "--steps", str(n), "--blocks", str(blocks),
-                   *["--probing"] * KEEP_PROBING[0]]
+        for mode in ("plain", "shim") if pair % 2 == 0 else ("shim", "plain"):
+            cmd = [
+                *_SAME_LAYOUT,
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                mode,
+                "--stages",
+                ",".join(map(str, stages)),
+                "--steps",
+                str(n),
+                "--blocks",
+                str(blocks),
+                *["--probing"] * KEEP_PROBING[0],
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_CHILD_ENV)
             if proc.returncode != 0:
                 raise SystemExit(f"{mode} child failed:\n{proc.stderr[-3000:]}")
@@ -212,11 +246,15 @@ def profile(stage: int, n: int) -> None:
         steps(engine, x, n)
         prof.disable()
         stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
-        own[mode] = {f"{os.path.relpath(k[0], ROOT) if k[0].startswith(ROOT) else k[0]}:{k[1]}({k[2]})": v
-                     for k, v in stats.items()}
+        own[mode] = {
+            f"{os.path.relpath(k[0], ROOT) if k[0].startswith(ROOT) else k[0]}:{k[1]}({k[2]})": v
+            for k, v in stats.items()
+        }
     set_shim(False)
-    print(f"ZeRO-{stage}: {n} steps, per step: plain {sum(v[2] for v in own['plain'].values()) / n * 1e6:.0f} us, "
-          f"shim {sum(v[2] for v in own['shim'].values()) / n * 1e6:.0f} us (profiled)")
+    print(
+        f"ZeRO-{stage}: {n} steps, per step: plain {sum(v[2] for v in own['plain'].values()) / n * 1e6:.0f} us, "
+        f"shim {sum(v[2] for v in own['shim'].values()) / n * 1e6:.0f} us (profiled)"
+    )
     rows = []
     for key, (cc, nc, tt, ct, _) in own["shim"].items():
         base = own["plain"].get(key)
@@ -236,11 +274,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=7, help="plain / shim child processes alternated")
     parser.add_argument("--blocks", type=int, default=9, help="timed blocks per stage in each child")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed block")
-    parser.add_argument("--interleave", type=int, default=0, metavar="K",
-                        help="K child processes, each alternating plain and shim blocks (see above)")
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K child processes, each alternating plain and shim blocks (see above)",
+    )
     parser.add_argument("--profile", type=int, default=None, metavar="STAGE")
-    parser.add_argument("--probing", action="store_true",
-                        help="keep the hot getters' call-site probing on (a run's first HOT_PROBES calls)")
+    parser.add_argument(
+        "--probing",
+        action="store_true",
+        help="keep the hot getters' call-site probing on (a run's first HOT_PROBES calls)",
+    )
     parser.add_argument("--child", choices=("plain", "shim", "both", "both-shim-first"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     stages = [int(s) for s in args.stages.split(",")]
@@ -275,17 +321,24 @@ def main() -> None:
 
 
 def report(runs: dict, stages: list[int], args: argparse.Namespace) -> None:
-    print(f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.pairs} plain/shim child pairs, {args.blocks} blocks of "
-          f"{args.steps} steps per stage each; us/step: medians over children of each child's median block "
-          "(cpu-min: of its fastest block); shim/plain per pair: min / median / max")
-    print(f"{'stage':>6} {'clock':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6}")
+    print(
+        f"2 x Linear(8, 8), 1 CPU rank (gloo), Adam; {args.pairs} plain/shim child pairs, {args.blocks} blocks of "
+        f"{args.steps} steps per stage each; us/step: medians over children of each child's median block "
+        "(cpu-min: of its fastest block); shim/plain per pair: min / median / max"
+    )
+    print(
+        f"{'stage':>6} {'clock':>6} {'plain us/step':>14} {'shim us/step':>13} {'shim/plain min':>15} {'median':>7} {'max':>6}"
+    )
     for stage in stages:
         for clock, i, pick in (("wall", 0, statistics.median), ("cpu", 1, statistics.median), ("cpu-min", 1, min)):
             per_run = {mode: [pick(block[i] for block in run[str(stage)]) for run in runs[mode]] for mode in runs}
             ratios = sorted(s / p for s, p in zip(per_run["shim"], per_run["plain"]))
-            print(f"{stage:>6} {clock:>6} {statistics.median(per_run['plain']) * 1e6:>14.0f} "
-                  f"{statistics.median(per_run['shim']) * 1e6:>13.0f} {ratios[0]:>15.3f} {statistics.median(ratios):>7.3f} "
-                  f"{ratios[-1]:>6.3f}", flush=True)
+            print(
+                f"{stage:>6} {clock:>6} {statistics.median(per_run['plain']) * 1e6:>14.0f} "
+                f"{statistics.median(per_run['shim']) * 1e6:>13.0f} {ratios[0]:>15.3f} {statistics.median(ratios):>7.3f} "
+                f"{ratios[-1]:>6.3f}",
+                flush=True,
+            )
 
 
 @contextlib.contextmanager

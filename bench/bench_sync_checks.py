@@ -11,6 +11,7 @@ Seconds are each method's median per rank over the repetitions, the slowest rank
 
     python bench/bench_sync_checks.py --repeat 40
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def _worker(rank: int, port: int, repeat: int, out) -> None:
 
     def store_arrival() -> None:
         rounds[0] += 1
-        arrive(store, f"check/{rounds[0]}", list(range(RANKS)), timedelta(seconds=60), lambda a, m: "missing", rank=rank)
+        arrive(
+            store, f"check/{rounds[0]}", list(range(RANKS)), timedelta(seconds=60), lambda a, m: "missing", rank=rank
+        )
 
     def via_rank_0() -> None:
         if rank == 0:
@@ -68,7 +71,7 @@ def _worker(rank: int, port: int, repeat: int, out) -> None:
         fn()
     times = {m: [] for m in METHODS}
     for rep in range(repeat):
-        for method in METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]:
+        for method in METHODS[rep % len(METHODS) :] + METHODS[: rep % len(METHODS)]:
             group.allreduce([torch.zeros(1)]).wait()
             start = time.perf_counter()
             runs[method]()

@@ -20,6 +20,7 @@ beside one bucket; the naive method holds the largest full parameter on every ac
 
     python bench/bench_transfer.py [--sizes 16,64] [--repeat 5] [--bucket-mb 16] [--blocks 4] [--split rows]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,11 @@ import tempfile
 import time
 
 import common  # noqa: F401  (sets the environment and sys.path first)
+
+# isort: split
 from common import MiB, table
+
+# isort: split
 
 import torch
 import torch.distributed as dist
@@ -61,16 +66,18 @@ def layouts(shapes, split: str = "megatron"):
     from mesh_core.transfer import ParamLayout
 
     down_dim = 1 if split == "megatron" else 0
-    src = {n: ParamLayout(s, shard_dim=0 if n.endswith("up") else down_dim if n.endswith("down") else None)
-           for n, s in shapes.items()}
+    src = {
+        n: ParamLayout(s, shard_dim=0 if n.endswith("up") else down_dim if n.endswith("down") else None)
+        for n, s in shapes.items()
+    }
     return src, {n: ParamLayout(s) for n, s in shapes.items()}
 
 
 def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
     from mesh_core import MeshSpec
     from mesh_core.transfer import plan_transfer, transfer
-    from mesh_core.transfer._in_job import _holders
     from mesh_core.transfer._buckets import box_numel, local_index
+    from mesh_core.transfer._in_job import _holders
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     actor, rollout = MeshSpec.build(WORLD, tp=2, ranks=ACTOR), MeshSpec.build(WORLD, dp=2, ranks=ROLLOUT)
@@ -79,14 +86,23 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
     for mb in args.sizes:
         shapes = model_shapes(mb, args.blocks)
         src_l, dst_l = layouts(shapes, args.split)
-        src = {n: torch.randn([hi - lo for lo, hi in box]) for n in shapes
-               for r, box in _holders(actor, src_l[n], n, "s") if r == rank} if rank in ACTOR else None
+        src = (
+            {
+                n: torch.randn([hi - lo for lo, hi in box])
+                for n in shapes
+                for r, box in _holders(actor, src_l[n], n, "s")
+                if r == rank
+            }
+            if rank in ACTOR
+            else None
+        )
         dst = {n: torch.zeros(s) for n, s in shapes.items()} if rank in ROLLOUT else None
         plan = plan_transfer(actor, rollout, src_l, dst_l)
         pair_bytes = {}
         for p in plan:
-            pair_bytes[(p.src, p.dst)] = pair_bytes.get((p.src, p.dst), 0) + 4 * torch.Size(
-                [hi - lo for lo, hi in p.box]).numel()
+            pair_bytes[(p.src, p.dst)] = (
+                pair_bytes.get((p.src, p.dst), 0) + 4 * torch.Size([hi - lo for lo, hi in p.box]).numel()
+            )
         raw = {pair: torch.randn(n // 4) for pair, n in pair_bytes.items() if rank in pair}
         placements = []  # on a rollout rank: (pair, offset, numel, place) of each piece landing strided
         offsets: dict = {}
@@ -100,19 +116,22 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
         model_bytes = sum(4 * torch.Size(s).numel() for s in shapes.values())
 
         def run_transfer():
-            return transfer(actor, rollout, src, dst, src_l, dst_l, bucket_bytes=int(args.bucket_mb * MiB),
-                            window=args.window)
+            return transfer(
+                actor, rollout, src, dst, src_l, dst_l, bucket_bytes=int(args.bucket_mb * MiB), window=args.window
+            )
 
         def run_raw():
-            works = [(dist.isend if pair[0] == rank else dist.irecv)(buf, pair[1] if pair[0] == rank else pair[0])
-                     for pair, buf in sorted(raw.items())]
+            works = [
+                (dist.isend if pair[0] == rank else dist.irecv)(buf, pair[1] if pair[0] == rank else pair[0])
+                for pair, buf in sorted(raw.items())
+            ]
             for w in works:
                 w.wait()
 
         def run_raw_placed():
             run_raw()
             for pair, offset, numel, place in placements:
-                place.copy_(raw[pair][offset:offset + numel].view(place.shape))
+                place.copy_(raw[pair][offset : offset + numel].view(place.shape))
 
         def run_naive():
             for name, shape in sorted(shapes.items()):
@@ -138,7 +157,12 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
         for rep in range(args.repeat):
             order = METHODS if rep % 2 == 0 else METHODS[::-1]
             for method in order:
-                fn = {"transfer": run_transfer, "raw": run_raw, "raw+placement": run_raw_placed, "gather+bcast": run_naive}[method]
+                fn = {
+                    "transfer": run_transfer,
+                    "raw": run_raw,
+                    "raw+placement": run_raw_placed,
+                    "gather+bcast": run_naive,
+                }[method]
                 dist.barrier()
                 start = time.perf_counter()
                 result = fn()
@@ -149,8 +173,13 @@ def worker(rank: int, init: str, args: argparse.Namespace, out: str) -> None:
                     peak = max(peak, result.peak_buffer_bytes)
         peaks = [torch.tensor([peak]) for _ in range(WORLD)]
         dist.all_gather(peaks, torch.tensor([peak]))
-        report[str(mb)] = {"times": times, "model_bytes": model_bytes, "peak": max(int(p) for p in peaks),
-                           "messages": stats.messages, "largest_param": max(4 * torch.Size(s).numel() for s in shapes.values())}
+        report[str(mb)] = {
+            "times": times,
+            "model_bytes": model_bytes,
+            "peak": max(int(p) for p in peaks),
+            "messages": stats.messages,
+            "largest_param": max(4 * torch.Size(s).numel() for s in shapes.values()),
+        }
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(report, fh)
@@ -163,10 +192,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,64", help="model sizes in MB, comma-separated")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=16)
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="buffers in flight (default: the transfer's)")
+    parser.add_argument(
+        "--window", type=int, default=DEFAULT_WINDOW, help="buffers in flight (default: the transfer's)"
+    )
     parser.add_argument("--blocks", type=int, default=BLOCKS, help="model blocks (3 parameters each)")
-    parser.add_argument("--split", choices=("megatron", "rows"), default="megatron",
-                        help="actor layout: down_proj split on dim 1 (megatron) or dim 0 (rows)")
+    parser.add_argument(
+        "--split",
+        choices=("megatron", "rows"),
+        default="megatron",
+        help="actor layout: down_proj split on dim 1 (megatron) or dim 0 (rows)",
+    )
     args = parser.parse_args()
     args.sizes = [float(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,19 +215,37 @@ def main() -> None:
         t = res["times"]
         for method in METHODS:
             gbs = sorted(delivered / x for x in t[method])
-            rows.append([f"{res['model_bytes'] / 1e6:.1f} MB", method, f"{gbs[0]:.2f}", f"{statistics.median(gbs):.2f}",
-                         f"{gbs[-1]:.2f}", f"{statistics.median(t[method]) * 1e3:.1f}"])
+            rows.append(
+                [
+                    f"{res['model_bytes'] / 1e6:.1f} MB",
+                    method,
+                    f"{gbs[0]:.2f}",
+                    f"{statistics.median(gbs):.2f}",
+                    f"{gbs[-1]:.2f}",
+                    f"{statistics.median(t[method]) * 1e3:.1f}",
+                ]
+            )
         ratio_raw = sorted(r / x for x, r in zip(t["transfer"], t["raw"]))
         ratio_placed = sorted(r / x for x, r in zip(t["transfer"], t["raw+placement"]))
         ratio_naive = sorted(n / x for x, n in zip(t["transfer"], t["gather+bcast"]))
         rows.append([f"{res['model_bytes'] / 1e6:.1f} MB", "transfer / raw (bandwidth)", *_mmm(ratio_raw), ""])
         rows.append([f"{res['model_bytes'] / 1e6:.1f} MB", "transfer / raw+placement", *_mmm(ratio_placed), ""])
         rows.append([f"{res['model_bytes'] / 1e6:.1f} MB", "transfer / gather+bcast", *_mmm(ratio_naive), ""])
-        rows.append([f"{res['model_bytes'] / 1e6:.1f} MB",
-                     f"peak bucket memory/rank {res['peak'] / MiB:.1f} MiB (bucket {args.bucket_mb:g} MiB); "
-                     f"naive holds {res['largest_param'] / MiB:.1f} MiB; messages/rank {res['messages']}", "", "", "", ""])
-    print(f"actor tp=2 (ranks 0-1, {args.split} split) -> rollout dp=2 (ranks 2-3), gloo, {3 * args.blocks} parameters, "
-          f"{args.repeat} alternated repetitions")
+        rows.append(
+            [
+                f"{res['model_bytes'] / 1e6:.1f} MB",
+                f"peak bucket memory/rank {res['peak'] / MiB:.1f} MiB (bucket {args.bucket_mb:g} MiB); "
+                f"naive holds {res['largest_param'] / MiB:.1f} MiB; messages/rank {res['messages']}",
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
+    print(
+        f"actor tp=2 (ranks 0-1, {args.split} split) -> rollout dp=2 (ranks 2-3), gloo, {3 * args.blocks} parameters, "
+        f"{args.repeat} alternated repetitions"
+    )
     print(table(["model", "method", "min GB/s", "median", "max", "median ms"], rows))
 
 

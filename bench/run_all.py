@@ -20,6 +20,8 @@ import time
 
 import common  # noqa: F401  (sets the environment and sys.path first)
 
+# isort: split
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OTHER_SCRIPTS = ["bench_compat_getters.py", "bench_initialize.py", "bench_codemods.py", "bench_hsdp.py"]
 OTHER_TIMEOUT_S = 600

@@ -30,6 +30,7 @@ rewrite templates and the ``TODOV1`` advice come from the catalog of legacy APIs
 
 The codemods only write code that references ``mesh_core``; they import neither it nor deepspeed.
 """
+
 from ._engine.pipeline import CODEMODS, Migration, migrate_code
 from .rules.groups_getters import GroupsGettersCommand
 from .rules.initialize import InitializeCommand

@@ -8,6 +8,7 @@ codemods failed on a file (left untouched) or at a site (that statement left as 
 rewritten nor commented, the rest of its file migrated). Each is reported on stderr: ``path:
 error`` or ``path:line: not migrated: why``. 2 wins over 3, and both over 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,6 @@ from ._engine.files import discover
 from ._engine.runner import FileReport, Summary, run
 from ._engine.todo_links import explain_command
 from ._engine.vendored import MODES
-
 
 DESCRIPTION = (
     "Rewrite legacy DeepSpeed process-group call sites (deepspeed.utils.groups, PipelineParallelGrid, "
@@ -52,34 +52,46 @@ def prog_name(argv0: Optional[str] = None) -> str:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog_name(), description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("paths", nargs="*", help="files or directories to migrate")
-    parser.add_argument("--explain", action="append", default=[], metavar="CODE",
-                        help="print what a TODOV1 comment's code means (a legacy API such as "
-                        "_get_expert_parallel_group, or a kind such as groups) and exit")
+    parser.add_argument(
+        "--explain",
+        action="append",
+        default=[],
+        metavar="CODE",
+        help="print what a TODOV1 comment's code means (a legacy API such as "
+        "_get_expert_parallel_group, or a kind such as groups) and exit",
+    )
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when any file would change")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching GLOB")
     parser.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip files matching GLOB")
     parser.add_argument(
-        "--comm-to-torch", action="store_true",
+        "--comm-to-torch",
+        action="store_true",
         help="also rewrite deepspeed.comm thin wrappers to torch.distributed (kill-switch, backend-specific and "
         "different-semantics sites get TODOV1)",
     )
     parser.add_argument(
-        "--no-cache", action="store_true",
+        "--no-cache",
+        action="store_true",
         help="do not skip files already migrated by these codemods (cache in $CODEMODS_CACHE_DIR)",
     )
     parser.add_argument(
-        "--deepspeed-rules", choices=MODES, default="auto",
+        "--deepspeed-rules",
+        choices=MODES,
+        default="auto",
         help="how a 'deepspeed' package among PATHS is migrated: 'internal' as DeepSpeed itself (its reads of the "
         "legacy groups move to the mesh, its builders stay: it must run under compat.install()), 'user' as user code "
         "(a builder and its readers move together or stay). 'auto' (default): internal for the installed deepspeed and "
         "a path at or inside a 'deepspeed' package, user for a copy found below a directory given (a tree that ships "
         "its own deepspeed/)",
     )
-    parser.add_argument("--json", action="store_true",
-                        help="print only JSON on stdout: the summary, each TODOV1 written (path, line, advice) "
-                        "and, with --diff, each file's diff")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print only JSON on stdout: the summary, each TODOV1 written (path, line, advice) "
+        "and, with --diff, each file's diff",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if not args.paths and not args.explain:
@@ -151,10 +163,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     show_bar = not args.no_progress and sys.stderr.isatty() and len(paths) > 20
     start = time.perf_counter()
     summary = run(
-        paths, jobs=args.jobs, write=write, want_diff=args.diff, on_report=on_report, progress=_progress_bar(show_bar),
+        paths,
+        jobs=args.jobs,
+        write=write,
+        want_diff=args.diff,
+        on_report=on_report,
+        progress=_progress_bar(show_bar),
         comm_to_torch=args.comm_to_torch,
         cache=None if args.no_cache else FixedPoints(args.comm_to_torch),
-        roots=[Path(p) for p in args.paths], deepspeed_rules=args.deepspeed_rules,
+        roots=[Path(p) for p in args.paths],
+        deepspeed_rules=args.deepspeed_rules,
     )
     seconds = time.perf_counter() - start
     todos = todo_list(summary)
@@ -165,7 +183,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.write(json.dumps(out) + "\n")
     else:
         for todo in todos:
-            sys.stderr.write(f"{todo['path']}:{todo['line']}: TODOV1: {'; '.join(todo['advice'])} (see {todo['see']})\n")
+            sys.stderr.write(
+                f"{todo['path']}:{todo['line']}: TODOV1: {'; '.join(todo['advice'])} (see {todo['see']})\n"
+            )
     sys.stderr.write(format_summary(summary, seconds, write) + "\n")
     if summary.errors:
         return EXIT_UNREADABLE

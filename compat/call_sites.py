@@ -1,5 +1,6 @@
 """Call sites of the legacy APIs: the first frame outside the shim (where a TODOV1 warning points),
 and which installed third-party distribution it belongs to (a warning the user cannot act on)."""
+
 from __future__ import annotations
 
 import functools

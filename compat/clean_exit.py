@@ -7,6 +7,7 @@ torch's NCCL backend warns at exit for the same reason. The handler does what su
 have done last: ``destroy_process_group()`` on this rank (a local call, no collective). A world the
 script destroyed itself is left alone.
 """
+
 from __future__ import annotations
 
 import atexit

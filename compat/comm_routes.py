@@ -13,6 +13,7 @@ so any caller handed the world group (legacy handed a clone) would spin forever.
 world group's ranks and defers to deepspeed for every other group (same results, same ``[]`` for a
 group this rank is not in or ``None``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -65,7 +66,9 @@ def new_group(ranks: Optional[Iterable[int]] = None) -> Any:
     created = registry.created
     group, _keys = _partition(registry, rank_list, f"deepspeed.comm.new_group at {site}")
     logger.debug(
-        "deepspeed.comm.new_group(%s) at %s: %s", sorted(rank_list), site,
+        "deepspeed.comm.new_group(%s) at %s: %s",
+        sorted(rank_list),
+        site,
         "created by the registry" if registry.created > created else "shared with an existing group",
     )
     return group if group is not None else dist.GroupMember.NON_GROUP_MEMBER

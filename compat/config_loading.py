@@ -7,6 +7,7 @@ other string is decoded as url-safe base64 holding HJSON. :func:`load_deepspeed_
 same loader, so the shim accepts and rejects exactly what deepspeed does, with one addition: an
 error about a file names the file (deepspeed's HJSON / duplicate-key errors do not).
 """
+
 from __future__ import annotations
 
 import os

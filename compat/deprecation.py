@@ -31,8 +31,17 @@ from typing import Optional
 import ds_mesh_advice
 from _ds_mesh_startup import LOCAL_RANK_VARS, RANK_VARS
 
-__all__ = ["HOT_PROBES", "LegacyAPIDeprecationWarning", "LegacyEntry", "ThirdPartyLegacyWarning", "end_probing",
-           "job_ranks", "legacy_entry", "speaks_here", "warn_legacy"]
+__all__ = [
+    "HOT_PROBES",
+    "LegacyAPIDeprecationWarning",
+    "LegacyEntry",
+    "ThirdPartyLegacyWarning",
+    "end_probing",
+    "job_ranks",
+    "legacy_entry",
+    "speaks_here",
+    "warn_legacy",
+]
 
 HOT_PROBES = 1_000  # call-site probes per hot getter and filter change
 
@@ -73,7 +82,8 @@ def third_party_message(legacy_name: str, replacement: str, row: str, dist: str,
         f"change. {dist} uses a deprecated DeepSpeed API (its replacement: {step}; {see}); the warning goes "
         f"away with a {dist} release that stops calling it (upgrade {dist}, or report it to {dist}). Shown once "
         "per package; silence it with warnings.filterwarnings('ignore', "
-        "category=compat.deprecation.ThirdPartyLegacyWarning).")
+        "category=compat.deprecation.ThirdPartyLegacyWarning)."
+    )
 
 
 def message(legacy_name: str, replacement: str, row: str) -> str:
@@ -148,8 +158,13 @@ class LegacyEntry:
             # installed packages (and their versions) can differ between nodes: once per node
             if speaks_here(ThirdPartyLegacyWarning, text, name, frame.f_lineno, per_node=True):
                 warnings.warn_explicit(
-                    text, ThirdPartyLegacyWarning, frame.f_code.co_filename, frame.f_lineno, name,
-                    module_globals.setdefault("__warningregistry__", {}), module_globals,
+                    text,
+                    ThirdPartyLegacyWarning,
+                    frame.f_code.co_filename,
+                    frame.f_lineno,
+                    name,
+                    module_globals.setdefault("__warningregistry__", {}),
+                    module_globals,
                 )
             _third_party_warned.add(dist)  # after warn returned: an "error" filter keeps raising
         return True
@@ -215,8 +230,9 @@ def speaks_here(category: type, text: str, module: str, lineno: int, *, per_node
 _ENTRIES: dict[str, LegacyEntry] = {}
 
 
-def legacy_entry(legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False,
-                 key: Optional[str] = None) -> LegacyEntry:
+def legacy_entry(
+    legacy_name: str, replacement: str, row: Optional[str] = None, *, hot: bool = False, key: Optional[str] = None
+) -> LegacyEntry:
     """The (shared) entry for a legacy API, for shims that inline the fast-path check (``key``: one
     entry per site-specific advice, e.g. the ``"mesh"`` section of each adopted mpu layout)."""
     key = legacy_name if key is None else key

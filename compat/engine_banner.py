@@ -4,13 +4,13 @@ It goes to ``deepspeed.mesh``, a logger of the shim's ``deepspeed`` logging tree
 shows at the default level; the config's ``"logging"`` section or ``DS_LOG_LEVELS`` quiet it like
 every other line (``"logging": {"modules": {"deepspeed.mesh": "error"}}``).
 """
+
 from __future__ import annotations
 
 import logging
 from typing import Sequence
 
 from mesh_core import MeshSpec
-
 from mesh_core.runtime_hooks import is_hsdp
 
 logger = logging.getLogger("deepspeed.mesh")
@@ -23,8 +23,10 @@ def describe(spec: MeshSpec) -> str:
         dims += f" (experts: ep={spec.ep}, edp={spec.dim_size('dp') // spec.ep})"
     text = f"ds-mesh: this engine runs on the mesh {dims}"
     if is_hsdp(spec):
-        text += (f"; HSDP: ZeRO partitions over dp_shard ({spec.dim_size('dp_shard')} ranks) and averages "
-                 f"gradients across dp_replicate ({spec.dim_size('dp_replicate')} replicas)")
+        text += (
+            f"; HSDP: ZeRO partitions over dp_shard ({spec.dim_size('dp_shard')} ranks) and averages "
+            f"gradients across dp_replicate ({spec.dim_size('dp_replicate')} replicas)"
+        )
     if len(spec.ranks) == spec.world_size:
         text += f"; all {spec.world_size} ranks" if spec.world_size > 1 else "; the world's one rank"
     else:

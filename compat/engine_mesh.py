@@ -7,6 +7,7 @@ Legacy DeepSpeed treats ``engine.mesh_device`` (and ``groups.mesh_device``) as a
 answers those calls: the legacy names are aliases of the mesh dims, and the torch-style keyword
 ``mesh_dim`` is accepted next to the mesh API's positional ``dims``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
@@ -65,7 +66,9 @@ class EngineMesh(DeepSpeedDeviceMesh):
         """This rank's index along ``mesh_dim`` (torch ``DeviceMesh.get_local_rank``), legacy names allowed."""
         return super().get_local_rank(None if mesh_dim is None else mesh_dims(None, mesh_dim))
 
-    def get_group_ranks(self, dims: DimsArg = None, rank: Optional[int] = None, *, mesh_dim: DimsArg = None) -> list[int]:  # type: ignore[override]
+    def get_group_ranks(
+        self, dims: DimsArg = None, rank: Optional[int] = None, *, mesh_dim: DimsArg = None
+    ) -> list[int]:  # type: ignore[override]
         return super().get_group_ranks(mesh_dims(dims, mesh_dim), rank)
 
     def get_all_group_ranks(self, dims: DimsArg = None, *, mesh_dim: DimsArg = None) -> list[list[int]]:  # type: ignore[override]

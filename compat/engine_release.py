@@ -9,6 +9,7 @@ module-wide legacy getters (:mod:`compat.groups`) were serving that mesh, they a
 later call gets a destroyed communicator. Only an explicit ``engine.destroy()`` releases: the one
 deepspeed's ``__del__`` makes at garbage collection is left alone (see :func:`_called_from_finalizer`).
 """
+
 from __future__ import annotations
 
 import logging

@@ -14,6 +14,7 @@ Outside every engine's step (wrong-grid protection):
   (``groups.*``, ``groups.mpu``) raises :class:`WrongGridError` naming the engines and how to
   choose (:func:`use_engine`, or the engine's own ``engine.mesh_device``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -152,8 +153,13 @@ def scoped_entry_point(original: Callable[..., Any], label: Optional[str] = None
     (docs/benchmarks.md)."""
     from mesh_core.runtime_hooks import DEFAULT_MESH
 
-    namespace = {"original": original, "marked": _groups().STATE_MARK, "default_mesh": DEFAULT_MESH,
-                 "enter": _enter, "leave": _leave}
+    namespace = {
+        "original": original,
+        "marked": _groups().STATE_MARK,
+        "default_mesh": DEFAULT_MESH,
+        "enter": _enter,
+        "leave": _leave,
+    }
     copied = _forwarding(original, reserved=set(namespace) | {"self", "state", "entered"})
     parameters, call = copied or ("*args, **kwargs", "*args, **kwargs")
     # fast path: the last entry found nothing to change, and neither the groups state (which clears the
@@ -186,8 +192,8 @@ def _forwarding(method: Callable[..., Any], reserved: set) -> Optional[tuple[str
     code = method.__code__
     flags = code.co_flags
     names = code.co_varnames
-    positional = list(names[1:code.co_argcount])
-    keyword_only = list(names[code.co_argcount:code.co_argcount + code.co_kwonlyargcount])
+    positional = list(names[1 : code.co_argcount])
+    keyword_only = list(names[code.co_argcount : code.co_argcount + code.co_kwonlyargcount])
     index = code.co_argcount + code.co_kwonlyargcount
     var_args = names[index] if flags & inspect.CO_VARARGS else None
     var_kwargs = names[index + bool(var_args)] if flags & inspect.CO_VARKEYWORDS else None
@@ -204,8 +210,12 @@ def _forwarding(method: Callable[..., Any], reserved: set) -> Optional[tuple[str
     params += keyword_only
     if var_kwargs:
         params.append(f"**{var_kwargs}")
-    call = [*positional, *(f"*{var_args}",) * bool(var_args), *(f"{k}={k}" for k in keyword_only),
-            *(f"**{var_kwargs}",) * bool(var_kwargs)]
+    call = [
+        *positional,
+        *(f"*{var_args}",) * bool(var_args),
+        *(f"{k}={k}" for k in keyword_only),
+        *(f"**{var_kwargs}",) * bool(var_kwargs),
+    ]
     return ", ".join(params), ", ".join(call)
 
 

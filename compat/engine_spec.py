@@ -8,17 +8,16 @@ A layout may come from the config's ``"mesh"`` section, the legacy config keys
 path) checks that every source agrees and builds the spec. Pure: nothing here touches ``torch.distributed``
 beyond asking an existing ``mpu`` for its sizes, so errors come before any group is created.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
-from mesh_core import MeshSpec, MeshSpecError
+from mesh_core import MeshSpec, MeshSpecError, spec_from_config
 from mesh_core.axis_names import AXIS_TO_DIM, LEGACY_DIMS
-from mesh_core import spec_from_config
 from mesh_core.runtime_hooks import SECTION_SOURCE, layout_sources
 
 __all__ = ["SECTION_SOURCE", "check_before_world", "code_sources", "engine_spec", "mpu_sizes", "topology_sizes"]
-
 
 
 def check_before_world(config: Mapping[str, Any], *, mesh_param: Any = None) -> None:

@@ -15,6 +15,7 @@ stand-ins with the new groups.
 Engines whose meshes share rank sets (an actor and its reference model on one layout share their
 communicators) are released and resumed together: pass them all in one call.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,9 @@ def _mesh_of(engine: Any) -> Any:
 def _roots(engines: tuple[Any, ...]) -> list[Any]:
     from . import groups as compat_groups
 
-    modules = [m for name, m in list(sys.modules.items()) if m is not None and name.split(".", 1)[0] in ("deepspeed", "compat")]
+    modules = [
+        m for name, m in list(sys.modules.items()) if m is not None and name.split(".", 1)[0] in ("deepspeed", "compat")
+    ]
     return [*engines, compat_groups._state, *modules]
 
 

@@ -14,6 +14,7 @@ rank set zero.Init used — ranks that, for a sub-world engine, do not call ``in
 under ``zero.Init(data_parallel_group=<the engine's mesh>.get_group(("dp", "sp")))`` instead (see
 docs/zero3_partitions.md).
 """
+
 from __future__ import annotations
 
 from typing import Any

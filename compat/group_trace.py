@@ -12,6 +12,7 @@ the shim is active — and:
   active) raises :class:`GroupOutsideMeshError` naming the rank set and the calling line, before
   torch creates anything.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,13 @@ def _package_dir(name: str) -> str:
 def _inspect_stack() -> tuple[bool, str]:
     mesh_dir = _package_dir("mesh_core")
     # deepspeed.comm's wrappers are not the asker either: the site is the deepspeed line calling them
-    skip = (_package_dir("torch"), _package_dir("compat"), mesh_dir, os.path.dirname(contextlib.__file__) + os.sep,
-            _package_dir("deepspeed.comm"))
+    skip = (
+        _package_dir("torch"),
+        _package_dir("compat"),
+        mesh_dir,
+        os.path.dirname(contextlib.__file__) + os.sep,
+        _package_dir("deepspeed.comm"),
+    )
     inside, site = False, "?"
     frame = sys._getframe(2)
     while frame is not None:

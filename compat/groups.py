@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+import ds_mesh_advice
 from mesh_core import DeepSpeedDeviceMesh, ExpertGroups, MeshLayout, MeshSpec, MeshSpecError, default_mesh
 from mesh_core import runtime_hooks as _hooks
 from mesh_core.runtime_hooks import (  # noqa: F401 (HPZ_DIMS, hpz_rank_lists, is_hsdp: re-exported)
@@ -53,8 +54,6 @@ from mesh_core.runtime_hooks import (  # noqa: F401 (HPZ_DIMS, hpz_rank_lists, i
     registry_for_world,
     release_hpz_groups,
 )
-
-import ds_mesh_advice
 
 from .deprecation import legacy_entry
 from .device import default_device_type
@@ -116,12 +115,24 @@ class GroupsState:
 
 # one TP state. AutoTPGroups.tp_source is what _init_tp_* set up, kept under a binding:
 # (mesh, (tp dims, dp dims)), or (None, ExplicitTP) when a replaced deepspeed.comm function built the groups.
-_TP_FIELDS = ("tp_group", "dp_group", "tp_size", "tp_rank", "tp_src", "dp_size", "dp_rank",
-              "tp_world_size_override", "tp_rank_override", "tp_source")
+_TP_FIELDS = (
+    "tp_group",
+    "dp_group",
+    "tp_size",
+    "tp_rank",
+    "tp_src",
+    "dp_size",
+    "dp_rank",
+    "tp_world_size_override",
+    "tp_rank_override",
+    "tp_source",
+)
 
 
 def _tp_view(name: str) -> property:
-    return property(lambda self: getattr(autotp_groups(), name), lambda self, value: setattr(autotp_groups(), name, value))
+    return property(
+        lambda self: getattr(autotp_groups(), name), lambda self, value: setattr(autotp_groups(), name, value)
+    )
 
 
 for _name in _TP_FIELDS:
@@ -260,7 +271,8 @@ def bind_mesh(mesh: Optional[DeepSpeedDeviceMesh]) -> None:
     if not mesh.is_member:
         raise MeshSpecError(f"rank {mesh.rank} is not a member of {mesh.spec.describe()}; bind a mesh it belongs to")
     state.bound_groups = {
-        dims: (groups[dims], mesh.size(dims), mesh.get_local_rank(dims), mesh.get_group_ranks(dims)) for dims in BOUND_DIMS
+        dims: (groups[dims], mesh.size(dims), mesh.get_local_rank(dims), mesh.get_group_ranks(dims))
+        for dims in BOUND_DIMS
     }
     state.mesh, state.mesh_is_bound = mesh, True
     _set_tp_groups(mesh, ("tp", "dp"))
@@ -493,8 +505,9 @@ def _tp_groups_by_new_group(tensor_model_parallel_size: int, data_parallel_size:
         )
     new_group = _replaced_comm("new_group")
     if new_group is not None:
-        return _adopt_explicit_tp(_legacy_new_group_layout(new_group, world_size, tensor_model_parallel_size,
-                                                           data_parallel_size))
+        return _adopt_explicit_tp(
+            _legacy_new_group_layout(new_group, world_size, tensor_model_parallel_size, data_parallel_size)
+        )
     return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
 
 
@@ -518,8 +531,9 @@ def _legacy_new_group_layout(new_group: Callable[..., Any], world_size: int, tp:
 
 
 def _explicit_tp(tp_group: Any, dp_group: Any, rank: int, tp: int, dp: int) -> ExplicitTP:
-    return ExplicitTP(tp_group, dp_group, tp_size=tp, tp_rank=rank % tp, tp_src=rank - rank % tp, dp_size=dp,
-                      dp_rank=rank // tp)
+    return ExplicitTP(
+        tp_group, dp_group, tp_size=tp, tp_rank=rank % tp, tp_src=rank - rank % tp, dp_size=dp, dp_rank=rank // tp
+    )
 
 
 def _adopt_tp_mesh(mesh: DeepSpeedDeviceMesh, dims: tuple[Any, Any]):
@@ -557,16 +571,23 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
     if initialize_mesh_device is None:
         return _adopt_tp_mesh(*_tp_mesh(tensor_model_parallel_size, data_parallel_size))
     try:
-        mesh_device = initialize_mesh_device((data_parallel_size, tensor_model_parallel_size),
-                                             ("data_parallel", "tensor_parallel"))
+        mesh_device = initialize_mesh_device(
+            (data_parallel_size, tensor_model_parallel_size), ("data_parallel", "tensor_parallel")
+        )
     except RuntimeError as exc:
         if _DEVICE_MESH_SPLIT_UNSUPPORTED not in str(exc):
             raise
         logger.debug("DeviceMesh splitting unsupported: TP groups by the new_group path")
         return _tp_groups_by_new_group(tensor_model_parallel_size, data_parallel_size)
     return _adopt_explicit_tp(
-        _explicit_tp(mesh_device.get_group(mesh_dim="tensor_parallel"), mesh_device.get_group(mesh_dim="data_parallel"),
-                     _comm_rank(), tensor_model_parallel_size, data_parallel_size))
+        _explicit_tp(
+            mesh_device.get_group(mesh_dim="tensor_parallel"),
+            mesh_device.get_group(mesh_dim="data_parallel"),
+            _comm_rank(),
+            tensor_model_parallel_size,
+            data_parallel_size,
+        )
+    )
 
 
 _W_GET_TP_GROUP = _w("get_tensor_model_parallel_group")
@@ -696,7 +717,7 @@ def _mirror_expert(mesh: DeepSpeedDeviceMesh, name: str) -> None:
     state = _state
     if name not in state.expert_parallel_group or name not in state.expert_data_parallel_group:
         return
-    size = name[len("ep_size_"):]
+    size = name[len("ep_size_") :]
     groups = ExpertGroups(
         ep_size=int(size) if size.isdigit() else 0,
         ep_group=state.expert_parallel_group[name],

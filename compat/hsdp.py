@@ -21,6 +21,7 @@ Checkpoints: the replica whose ``dp_replicate`` coordinate is 0 writes the S ZeR
 
 :data:`WRAPPERS` lists the in-place wrappers :mod:`compat.install` puts on DeepSpeed's classes.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -62,7 +63,7 @@ def hsdp_zero_config(config: dict, spec: MeshSpec) -> dict:
     if not is_hsdp(spec) or stage == 0:
         return config
     layout = f"{spec.describe()} with zero_optimization.stage={stage}"
-    flat = f"{{\"mesh\": {{\"dp\": {spec.dim_size('dp_replicate') * spec.dim_size('dp_shard')}}}}}"
+    flat = f'{{"mesh": {{"dp": {spec.dim_size("dp_replicate") * spec.dim_size("dp_shard")}}}}}'
     shard = spec.dim_size("dp_shard") * spec.dim_size("sp")
     if shard == 1:
         raise MeshSpecError(
@@ -161,7 +162,7 @@ def configure_zero_optimizer_wrapper(wrapped, instance, args, kwargs):
         raise MeshSpecError(
             f"{mesh.spec.describe()} with MoE layers is not supported: ZeRO partitions expert parameters over "
             "their expert-data-parallel group, which spans the replicas; use a flat data-parallel dim, e.g. "
-            f"{{\"mesh\": {{\"dp\": {mesh.size(('dp_replicate', 'dp_shard'))}}}}}, for a model with MoE layers"
+            f'{{"mesh": {{"dp": {mesh.size(("dp_replicate", "dp_shard"))}}}}}, for a model with MoE layers'
         )
     groups = HsdpGroups.of(mesh)
     saved = instance.seq_data_parallel_group
@@ -174,8 +175,12 @@ def configure_zero_optimizer_wrapper(wrapped, instance, args, kwargs):
         instance.seq_data_parallel_group = saved
     _optimizers[optimizer] = groups
     hook_replica_average(optimizer, groups)
-    logger.info("HSDP ZeRO-%d on %s: partitions over %s", instance.zero_optimization_stage(),
-                mesh.spec.describe(), mesh.get_group_ranks(SHARD_DIMS))
+    logger.info(
+        "HSDP ZeRO-%d on %s: partitions over %s",
+        instance.zero_optimization_stage(),
+        mesh.spec.describe(),
+        mesh.get_group_ranks(SHARD_DIMS),
+    )
     return optimizer
 
 

@@ -18,6 +18,7 @@ The engine comes back with ``engine.mesh_device`` set to the mesh, for every eng
 keyword ``mesh=`` (a mesh built beforehand, e.g. to construct the model's layers on it) is also
 accepted; it must agree with the other sources.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,23 +28,20 @@ import logging
 import sys
 from typing import Any, Optional
 
-from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
+from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError, set_default_mesh, use_mesh
 from mesh_core.axis_names import LEGACY_DIMS
 from mesh_core.runtime_hooks import registry_for_world
-from mesh_core import set_default_mesh, use_mesh
-
-from .config_loading import load_deepspeed_config
-from .layout_config import autotp_off, config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
-from .engine_scope import PENDING_MESH, pending_mesh  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 
 from . import mixed_world
+from .config_loading import load_deepspeed_config
 from .device import default_device_type
 from .engine_mesh import EngineMesh, as_engine_mesh
 from .engine_release import mark_owned
-from .engine_scope import ENGINE_STATE_ATTR, GroupsState, activate, capture, register
+from .engine_scope import ENGINE_STATE_ATTR, PENDING_MESH, GroupsState, activate, capture, pending_mesh, register  # noqa: F401 (engine_scope owns the pending mesh; re-exported)
 from .engine_spec import check_before_world, engine_spec
 from .engine_zero3 import check_zero3_partitions
 from .hsdp import hsdp_zero_config, zero_stage  # noqa: F401 (HSDP under ZeRO)
+from .layout_config import autotp_off, config_call_for_mesh, with_autotp_from_mesh, with_tp_model_init
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +74,11 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     config = with_tp_model_init(config, mpu=mpu, mesh_param=mesh_param)  # tp_model_init's tp in the mesh
 
     if mesh_param:
-        _warn_user("deepspeed.initialize(mesh_param=...)", _mesh_param_advice(mesh_param),
-                   row="deepspeed.initialize(mesh_param=(dp, sp))")
+        _warn_user(
+            "deepspeed.initialize(mesh_param=...)",
+            _mesh_param_advice(mesh_param),
+            row="deepspeed.initialize(mesh_param=(dp, sp))",
+        )
 
     check_before_world(config, mesh_param=mesh_param)  # bad values before any process group
     ds_dist.init_distributed(
@@ -91,8 +92,11 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     if _beyond_the_mesh(pipeline, grid, given_mesh, config):
         # a topology a mesh cannot stand for (a 'sequence' axis, rank methods of its own): its grid is
         # DeepSpeed's own, and so is this engine (no engine.mesh_device); the getters serve its grid
-        logger.warning("ds-mesh: the PipelineModule's topology has %s, which no mesh expresses; this engine runs as "
-                       "plain DeepSpeed on its grid (engine.mesh_device is None)", ", ".join(_beyond(topology)))
+        logger.warning(
+            "ds-mesh: the PipelineModule's topology has %s, which no mesh expresses; this engine runs as "
+            "plain DeepSpeed on its grid (engine.mesh_device is None)",
+            ", ".join(_beyond(topology)),
+        )
         return wrapped(*args, **kwargs)
     config = _with_topology_mesh(config, topology)  # a sub-world pipeline states its ranks
     spec = engine_spec(
@@ -110,7 +114,7 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
             f"{spec.describe()} has pp={spec.dim_size('pp')}, but the model is not a PipelineModule; wrap it "
             "in deepspeed.pipe.PipelineModule(layers, num_stages=...), or, for a pipeline the script runs "
             "itself, pass its groups as mpu= (get_pipe_parallel_group / get_data_parallel_group / "
-            "get_model_parallel_group), or drop pp from the config's \"mesh\" section"
+            'get_model_parallel_group), or drop pp from the config\'s "mesh" section'
         )
     if ds_dist.get_rank() not in spec.ranks:
         raise MeshSpecError(
@@ -129,8 +133,10 @@ def initialize_wrapper(wrapped, instance, args, kwargs):  # noqa: ARG001 (wrapt'
     mesh, engine_mpu = _engine_mesh(spec, grid=grid, mpu=mpu, given=given_mesh, order=order, pipeline=pipeline)
     if mpu is not None:  # the "mesh" section equal to the mpu just adopted
         _warn_user("deepspeed.initialize(mpu=...)", mpu_advice(mesh.spec))
-    if engine_mpu is None and not pipeline and (
-        _stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec))
+    if (
+        engine_mpu is None
+        and not pipeline
+        and (_stated_tp(config) > 1 or (zero_stage(config) == 3 and _dp_is_not_world(spec)))
     ):
         # legacy code said tp through an mpu (a grid, Megatron's parallel_state); the engine reads model
         # parallelism only from an mpu, so a config "mesh" with tp > 1 that AutoTP does not own gets one
@@ -248,7 +254,12 @@ def _moe_ep_sizes(model: Any) -> list[int]:
 
 
 def _engine_mesh(
-    spec: MeshSpec, *, grid: Any, mpu: Any, given: Optional[DeepSpeedDeviceMesh], order: bool = True,
+    spec: MeshSpec,
+    *,
+    grid: Any,
+    mpu: Any,
+    given: Optional[DeepSpeedDeviceMesh],
+    order: bool = True,
     pipeline: bool = False,
 ) -> tuple[EngineMesh, Any]:
     """The engine's mesh (reusing the grid's, the mpu's or the given one) and the mpu to pass on."""
@@ -259,8 +270,11 @@ def _engine_mesh(
             return mesh, source  # mesh=from_mpu(mpu) of the script's own pipeline: as mpu=mpu (below)
         # a tensor-parallel mesh still needs an mpu: the engine reads model parallelism only from one
         # (mesh=DeepSpeedDeviceMesh.from_mpu(mpu) is what the codemods make of mpu=mpu)
-        return mesh, (_mesh_mpu(mesh, like=mpu if mpu is not None else source)
-                      if mpu is not None or mesh.spec.dim_size("tp") > 1 else None)
+        return mesh, (
+            _mesh_mpu(mesh, like=mpu if mpu is not None else source)
+            if mpu is not None or mesh.spec.dim_size("tp") > 1
+            else None
+        )
     if grid is not None:
         from .topology import grid_mesh
 
@@ -274,8 +288,9 @@ def _engine_mesh(
             from .mpu import mesh_from_mpu
 
             mesh = as_engine_mesh(mesh_from_mpu(grid))
-            _require_same_layout(spec, mesh.spec, "the config", f"the PipelineModule's grid ({type(grid).__name__})",
-                                 order=order)
+            _require_same_layout(
+                spec, mesh.spec, "the config", f"the PipelineModule's grid ({type(grid).__name__})", order=order
+            )
             return mesh, None
     if mpu is not None:
         if isinstance(getattr(mpu, "mesh", None), DeepSpeedDeviceMesh):  # already mesh-backed
@@ -333,9 +348,7 @@ def _require_same_layout(a: MeshSpec, b: MeshSpec, a_name: str, b_name: str, *, 
     same = a.world_size == b.world_size and sorted(a.ranks) == sorted(b.ranks)
     if order:
         la, lb = MeshLayout(a), MeshLayout(b)
-        same = same and all(
-            sorted(map(tuple, la.groups(d))) == sorted(map(tuple, lb.groups(d))) for d in LAYOUT_DIMS
-        )
+        same = same and all(sorted(map(tuple, la.groups(d))) == sorted(map(tuple, lb.groups(d))) for d in LAYOUT_DIMS)
     else:
         same = same and all(a.dim_size(d) == b.dim_size(d) for d in LAYOUT_DIMS)
     if not same:
@@ -369,7 +382,8 @@ def _warn_user(legacy_name: str, replacement: str, row: Optional[str] = None) ->
 
     frame, hops = first_outside(sys._getframe(1), SHIM)
     legacy_entry(legacy_name, replacement, row, key=f"{legacy_name}: {replacement}").warn(
-        depth=1 + hops if frame is not None else 1)
+        depth=1 + hops if frame is not None else 1
+    )
 
 
 # --- in-place wrappers of deepspeed internals (installed by compat.install) ----------------------

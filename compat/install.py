@@ -23,6 +23,7 @@ Copies made by ``from ... import`` (``deepspeed.utils``'s star import of the gro
 every patched name. Installing twice is harmless. Setting ``DS_MESH=1`` installs at interpreter
 start-up through the ``ds_mesh.pth`` file (see :func:`install_from_env`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,7 +51,12 @@ DEEPSPEED_SITES = r"deepspeed(\.|$)"
 COMM_MODULE = "deepspeed.comm.comm"
 GROUPS_MODULE = "deepspeed.utils.groups"
 TOPOLOGY_MODULE = "deepspeed.runtime.pipe.topology"
-TOPOLOGY_NAMES = ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid")
+TOPOLOGY_NAMES = (
+    "ProcessTopology",
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+    "PipelineParallelGrid",
+)
 # Engine entry points that run with the engine's own groups state (see compat.engine_scope).
 ENGINE_STEP_METHODS = ("forward", "backward", "step")
 # Other engine methods that read ``groups`` (rank getters, checkpoint writers / readers).
@@ -130,8 +136,12 @@ def _abandon(module: types.ModuleType, error: BaseException) -> None:
         if not _active:
             return
         uninstall()
-    logger.warning("ds-mesh: routing %s (deepspeed %s) failed: %r; every patch is undone and deepspeed runs "
-                   "without the mesh", module.__name__, releases.installed_version(), error)
+    logger.warning(
+        "ds-mesh: routing %s (deepspeed %s) failed: %r; every patch is undone and deepspeed runs without the mesh",
+        module.__name__,
+        releases.installed_version(),
+        error,
+    )
 
 
 def patched_names() -> list[str]:
@@ -153,8 +163,13 @@ def _quiet_deepspeed_call_sites(quiet: bool) -> None:
     """Hide the TODOV1 warnings of routed calls made *inside* deepspeed (users cannot migrate those)."""
     from .deprecation import LegacyAPIDeprecationWarning
 
-    present = [f for f in warnings.filters if f[0] == "ignore" and f[2] is LegacyAPIDeprecationWarning
-               and getattr(f[3], "pattern", None) == DEEPSPEED_SITES]
+    present = [
+        f
+        for f in warnings.filters
+        if f[0] == "ignore"
+        and f[2] is LegacyAPIDeprecationWarning
+        and getattr(f[3], "pattern", None) == DEEPSPEED_SITES
+    ]
     if quiet and not present:
         warnings.filterwarnings("ignore", category=LegacyAPIDeprecationWarning, module=DEEPSPEED_SITES)
     elif not quiet:
@@ -235,7 +250,9 @@ def _route_groups(module: types.ModuleType) -> None:
     state = [
         name
         for name, value in vars(module).items()
-        if not name.startswith("__") and not callable(value) and not isinstance(value, types.ModuleType)
+        if not name.startswith("__")
+        and not callable(value)
+        and not isinstance(value, types.ModuleType)
         and hasattr(compat_groups, name)
     ]
     _patches.swap_module_class(module, _forwarding_module_class(compat_groups, state))
@@ -294,8 +311,9 @@ def _route_pipe_engine(module: types.ModuleType) -> None:
 
 def _route_comm_init(module: types.ModuleType) -> None:
     # mixed worlds: this rank says it runs the shim as soon as the world is up (compat.mixed_world)
-    _patches.replace(module, "init_distributed",
-                     wrapt.FunctionWrapper(module.init_distributed, mixed_world.init_distributed_wrapper))
+    _patches.replace(
+        module, "init_distributed", wrapt.FunctionWrapper(module.init_distributed, mixed_world.init_distributed_wrapper)
+    )
 
 
 def _route_shm_build(module: types.ModuleType) -> None:

@@ -5,6 +5,7 @@ module alone leaves stale copies behind. :class:`PatchSet` remembers every ``(ow
 original, replacement)`` it applied and can re-point the copies found in already imported modules
 of a package, in both directions (install and restore).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,11 +53,15 @@ class PatchSet:
         """Undo every patch and module-class swap; re-point copies back at the originals."""
         by_replacement = {id(p.replacement): p for p in self.patches}
         for patch in reversed(self.patches):
-            current = patch.owner.__dict__.get(patch.name) if isinstance(patch.owner, type) else getattr(
-                patch.owner, patch.name, None
+            current = (
+                patch.owner.__dict__.get(patch.name)
+                if isinstance(patch.owner, type)
+                else getattr(patch.owner, patch.name, None)
             )
             if current is not patch.replacement:
-                logger.warning("%s.%s was re-patched by someone else; restoring the original anyway", patch.owner, patch.name)
+                logger.warning(
+                    "%s.%s was re-patched by someone else; restoring the original anyway", patch.owner, patch.name
+                )
             setattr(patch.owner, patch.name, patch.original)
         self._rebind(by_replacement, lambda p: p.replacement, lambda p: p.original)
         for module, cls in reversed(self.module_classes):
@@ -90,7 +95,11 @@ class ImportRoutes:
     while ``is_active()``."""
 
     def __init__(
-        self, patches: PatchSet, appliers: list[tuple[str, Applier]], lock: Any, is_active: Callable[[], bool],
+        self,
+        patches: PatchSet,
+        appliers: list[tuple[str, Applier]],
+        lock: Any,
+        is_active: Callable[[], bool],
         on_error: Optional[Callable[[types.ModuleType, BaseException], None]] = None,
     ) -> None:
         self._patches = patches

@@ -19,6 +19,7 @@ deepspeed=info,deepspeed.runtime.zero=debug``) is left to ``ALL`` instead of bei
 The runner adds its own prefixes' variables and ``.deepspeed_env`` after these, so a user's
 ``.deepspeed_env`` line for one of them wins. Without the shim nothing is added.
 """
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@
   (``compile/custom_ops/sp_dp_registry.py``); the shim consumes that key into the mesh, so it is
   put back into the dict deepspeed's config keeps, with the mesh's sp size.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,11 @@ def with_autotp_from_mesh(
     tensor_parallel = config.get("tensor_parallel")
     if isinstance(tensor_parallel, dict) and tensor_parallel.get("autotp_size") is not None:
         if autotp_off(config):
-            logger.info("config 'mesh.tp'=%s with tensor_parallel.autotp_size=%s: tp groups only, no AutoTP", tp,
-                        tensor_parallel.get("autotp_size"))
+            logger.info(
+                "config 'mesh.tp'=%s with tensor_parallel.autotp_size=%s: tp groups only, no AutoTP",
+                tp,
+                tensor_parallel.get("autotp_size"),
+            )
         return config
     if mpu is not None or given_mesh is not None or pipeline:
         return config

@@ -25,6 +25,7 @@ module can be configured on its own. With :func:`install` (called by ``compat.in
 
 :func:`uninstall` restores the original logger classes, handlers, levels and functions.
 """
+
 from __future__ import annotations
 
 import functools
@@ -104,8 +105,9 @@ def parse_env(text: str) -> dict[str, int]:
                 raise ValueError(f"{ENV_VAR} entry {entry!r}: {name!r} is not a logger name (one name=level per entry)")
             levels[name] = parse_level(value, f"{ENV_VAR} entry {entry!r}")
         except ValueError as err:
-            logger.warning("%s; the entry is ignored (example: %s=deepspeed=warning,deepspeed.runtime.zero=debug)",
-                           err, ENV_VAR)
+            logger.warning(
+                "%s; the entry is ignored (example: %s=deepspeed=warning,deepspeed.runtime.zero=debug)", err, ENV_VAR
+            )
     return levels
 
 
@@ -115,8 +117,10 @@ def levels_from_config(param_dict: Mapping[str, Any]) -> dict[str, int]:
     if section is None:
         return {}
     if not isinstance(section, Mapping):
-        raise ValueError(f'config "logging" must be an object such as {{"level": "warning", "modules": '
-                         f'{{"deepspeed.runtime.engine": "info"}}}}, got {section!r}')
+        raise ValueError(
+            f'config "logging" must be an object such as {{"level": "warning", "modules": '
+            f'{{"deepspeed.runtime.engine": "info"}}}}, got {section!r}'
+        )
     unknown = sorted(set(section) - {"level", "modules"})
     if unknown:
         raise ValueError(f'config "logging" has unknown keys {unknown}; valid keys are "level" and "modules"')
@@ -127,12 +131,15 @@ def levels_from_config(param_dict: Mapping[str, Any]) -> dict[str, int]:
     if modules is None:
         modules = {}
     if not isinstance(modules, Mapping):
-        raise ValueError(f'config "logging.modules" must map logger names to levels, e.g. '
-                         f'{{"deepspeed.runtime.engine": "info"}}, got {modules!r}')
+        raise ValueError(
+            f'config "logging.modules" must map logger names to levels, e.g. '
+            f'{{"deepspeed.runtime.engine": "info"}}, got {modules!r}'
+        )
     for name, value in modules.items():
         if not isinstance(name, str) or not name.strip():
-            raise ValueError(f'config "logging.modules" has a key {name!r}; keys are logger names such as '
-                             '"deepspeed.runtime.engine"')
+            raise ValueError(
+                f'config "logging.modules" has a key {name!r}; keys are logger names such as "deepspeed.runtime.engine"'
+            )
         levels[name.strip()] = parse_level(value, f'config "logging.modules.{name}"')
     return levels
 
@@ -255,8 +262,16 @@ def logger_name_for(module: str) -> str:
     return ROOT
 
 
-def _emit(target: logging.Logger, level: int, msg: Any, args: Any, frame: Optional[types.FrameType],
-          exc_info: Any = None, extra: Any = None, stack_info: bool = False) -> None:
+def _emit(
+    target: logging.Logger,
+    level: int,
+    msg: Any,
+    args: Any,
+    frame: Optional[types.FrameType],
+    exc_info: Any = None,
+    extra: Any = None,
+    stack_info: bool = False,
+) -> None:
     if frame is not None:
         fn, lno, func = frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
     else:
@@ -330,8 +345,9 @@ def _tree_enables(router: logging.Logger, level: int) -> bool:
     loggers = logging.Logger.manager.loggerDict
     if loggers.get(router.name) is not router:
         return True
-    tree = [logging.getLogger(ROOT)] + [lg for name, lg in list(loggers.items())
-                                        if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)]
+    tree = [logging.getLogger(ROOT)] + [
+        lg for name, lg in list(loggers.items()) if name.startswith(ROOT + ".") and isinstance(lg, logging.Logger)
+    ]
     enabled = router._cache[-1 - level] = any(lg.isEnabledFor(level) for lg in tree)
     return enabled
 
@@ -414,9 +430,12 @@ def _warn_config_log_level(value: Any) -> None:
     from .deprecation import legacy_entry
 
     # one entry per value: its advice writes that value (the catalog's row keeps the general text)
-    entry = legacy_entry('ds_config "log_level"', f'"logging": {{"level": {value!r}}} in the config '
-                         f'(or {ENV_VAR}=deepspeed={value})', 'ds_config "log_level"',
-                         key=f'ds_config "log_level": {value!r}')
+    entry = legacy_entry(
+        'ds_config "log_level"',
+        f'"logging": {{"level": {value!r}}} in the config (or {ENV_VAR}=deepspeed={value})',
+        'ds_config "log_level"',
+        key=f'ds_config "log_level": {value!r}',
+    )
     from .call_sites import SHIM, first_outside
 
     frame, _ = first_outside(sys._getframe(1), SHIM | {"deepspeed"})
@@ -445,8 +464,9 @@ def _route_engine(module: types.ModuleType) -> None:
         return result
 
     cls = module.DeepSpeedEngine
-    _patches.replace(cls, "_configure_with_arguments", wrapt.FunctionWrapper(cls.__dict__["_configure_with_arguments"],
-                                                                             configured))
+    _patches.replace(
+        cls, "_configure_with_arguments", wrapt.FunctionWrapper(cls.__dict__["_configure_with_arguments"], configured)
+    )
     _patches.rebind_copies()
 
 
@@ -460,7 +480,10 @@ def _launcher_args(warn: bool):
             logging.getLogger("deepspeed.launcher").warning(
                 "TODOV1: --log_level is deprecated; set %s=deepspeed=%s instead (per module: "
                 "%s=deepspeed=warning,deepspeed.runtime.engine=info; ds-migrate --explain launcher-log_level)",
-                ENV_VAR, namespace.log_level, ENV_VAR)
+                ENV_VAR,
+                namespace.log_level,
+                ENV_VAR,
+            )
         if not explicit:
             namespace.log_level = logging.getLevelName(DEFAULT_LEVEL).lower()
         level = "error" if getattr(namespace, "quiet", False) else namespace.log_level
@@ -489,9 +512,12 @@ def _route_op_builder(module: types.ModuleType) -> None:
 
 def _inject_op_builder_print() -> None:
     for name, module in list(sys.modules.items()):
-        if (name == OP_BUILDER or name.startswith(OP_BUILDER + ".") or name in OP_PRINT_MODULES) \
-                and isinstance(module, types.ModuleType) \
-                and "print" not in vars(module) and module not in _injected:
+        if (
+            (name == OP_BUILDER or name.startswith(OP_BUILDER + ".") or name in OP_PRINT_MODULES)
+            and isinstance(module, types.ModuleType)
+            and "print" not in vars(module)
+            and module not in _injected
+        ):
             module.print = _ops_print  # type: ignore[attr-defined]
             _injected.append(module)
 
@@ -585,5 +611,3 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return _active
-
-

@@ -13,6 +13,7 @@ also lets the ranks that got to a failed check first wait, bounded, until a late
 the verdict, so the rank whose process holds the store does not end it under a shim rank that comes a
 little later.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,9 +66,14 @@ def agree_bound() -> Optional[timedelta]:
         from .deprecation import job_ranks
 
         if job_ranks()[0] == 0:  # one warning per job
-            logger.warning("ds-mesh: %s=%r is not a positive number of seconds and is ignored (the shim waits %g s "
-                           "for a rank that has not said it runs the shim); use a positive number of seconds, or 0 for "
-                           "no bound of the shim's own (the process-group timeout)", AGREE_ENV, raw, AGREE_DEFAULT_S)
+            logger.warning(
+                "ds-mesh: %s=%r is not a positive number of seconds and is ignored (the shim waits %g s "
+                "for a rank that has not said it runs the shim); use a positive number of seconds, or 0 for "
+                "no bound of the shim's own (the process-group timeout)",
+                AGREE_ENV,
+                raw,
+                AGREE_DEFAULT_S,
+            )
     return timedelta(seconds=AGREE_DEFAULT_S)
 
 
@@ -76,26 +82,35 @@ def hint(error: AbsentRanksError) -> Optional[str]:
     if error.missing == []:  # this rank came late itself
         if agree_bound() is None:
             return None
-        return (f"If this rank starts long after the others (a slow node, a long load before "
-                f"deepspeed.init_distributed), raise {AGREE_ENV} (seconds, {AGREE_DEFAULT_S:g} by default) on "
-                "every rank.")
+        return (
+            f"If this rank starts long after the others (a slow node, a long load before "
+            f"deepspeed.init_distributed), raise {AGREE_ENV} (seconds, {AGREE_DEFAULT_S:g} by default) on "
+            "every rank."
+        )
     if error.missing is None:
-        return ("If some node runs DeepSpeed without the shim, its ranks never join the mesh and this "
-                "happens. " + HOW_TO_SET)
+        return (
+            "If some node runs DeepSpeed without the shim, its ranks never join the mesh and this "
+            "happens. " + HOW_TO_SET
+        )
     if not error.quiet:  # every missing rank builds meshes: another layout, or later than the timeout
         return None
     one = len(error.quiet) == 1
-    runs, it, they, its, start = (("runs", "it has", "it", "its", "starts") if one else
-                                  ("run", "they have", "they", "their", "start"))
+    runs, it, they, its, start = (
+        ("runs", "it has", "it", "its", "starts") if one else ("run", "they have", "they", "their", "start")
+    )
     knob = ""
     if agree_bound() == error.timeout:  # the shim's own bound gave up, not the process-group timeout
-        knob = (f"; {AGREE_ENV} sets that wait: raise it if {they} {'does' if one else 'do'} run the shim but {start} "
-                "far later than the others")
-    return (f"Likely cause: {ranks_text(error.quiet, 'rank')} {runs} DeepSpeed without the ds-mesh shim ({it} built no "
-            f"mesh in this world, and did not say within {error.timeout.total_seconds():g} s that {they} {runs} the "
-            f"shim{knob}): DS_MESH=1 is not set "
-            f"in {its} environment, the start-up hook is not installed on {its} node, or the shim could not be "
-            f"installed there (the node's first rank says why). " + HOW_TO_SET)
+        knob = (
+            f"; {AGREE_ENV} sets that wait: raise it if {they} {'does' if one else 'do'} run the shim but {start} "
+            "far later than the others"
+        )
+    return (
+        f"Likely cause: {ranks_text(error.quiet, 'rank')} {runs} DeepSpeed without the ds-mesh shim ({it} built no "
+        f"mesh in this world, and did not say within {error.timeout.total_seconds():g} s that {they} {runs} the "
+        f"shim{knob}): DS_MESH=1 is not set "
+        f"in {its} environment, the start-up hook is not installed on {its} node, or the shim could not be "
+        f"installed there (the node's first rank says why). " + HOW_TO_SET
+    )
 
 
 def announce() -> None:

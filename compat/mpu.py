@@ -94,9 +94,13 @@ SEQUENCE_DATA_DIMS = ("dp", "sp")
 
 
 PIPELINE_GETTERS = (
-    "get_pipe_parallel_group", "get_pipe_parallel_world_size", "get_pipe_parallel_rank",
-    "get_pipeline_model_parallel_group", "get_pipeline_model_parallel_world_size",
-    "get_pipeline_model_parallel_rank", "get_stage_id",
+    "get_pipe_parallel_group",
+    "get_pipe_parallel_world_size",
+    "get_pipe_parallel_rank",
+    "get_pipeline_model_parallel_group",
+    "get_pipeline_model_parallel_world_size",
+    "get_pipeline_model_parallel_rank",
+    "get_stage_id",
 )
 
 
@@ -146,8 +150,10 @@ class MeshMPU:
         if not isinstance(mesh, DeepSpeedDeviceMesh):
             raise TypeError(f"MeshMPU needs a DeepSpeedDeviceMesh, got {type(mesh).__name__}: {mesh!r}")
         if not pipeline_getters and mesh.spec.dim_size("pp") != 1:
-            raise MeshSpecError(f"{mesh.spec.describe()} has pp={mesh.spec.dim_size('pp')}; its mpu needs the "
-                                "pipeline getters (pipeline_getters=False is for pp=1)")
+            raise MeshSpecError(
+                f"{mesh.spec.describe()} has pp={mesh.spec.dim_size('pp')}; its mpu needs the "
+                "pipeline getters (pipeline_getters=False is for pp=1)"
+            )
         self._pipeline_getters = pipeline_getters
         self.mesh = mesh
         self._groups = {  # collective: every rank resolves every group, members or not
@@ -273,7 +279,10 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
             found["tp"] = getattr(mpu, name)()
             break
     else:
-        if hasattr(mpu, "get_model_parallel_group") and int(getattr(mpu, "get_model_parallel_world_size", lambda: 1)()) > 1:
+        if (
+            hasattr(mpu, "get_model_parallel_group")
+            and int(getattr(mpu, "get_model_parallel_world_size", lambda: 1)()) > 1
+        ):
             found["tp"] = mpu.get_model_parallel_group()
     for name in ("get_pipeline_model_parallel_group", "get_pipe_parallel_group"):
         if hasattr(mpu, name):
@@ -286,9 +295,15 @@ def _mpu_groups(mpu: Any) -> dict[str, Any]:
 
 def has_pipeline_getters(mpu: Any) -> bool:
     """``mpu`` has a pipeline getter DeepSpeed's ``bwc`` helpers probe for."""
-    return any(hasattr(mpu, name) for name in ("get_pipeline_model_parallel_group", "get_pipe_parallel_group",
-                                               "get_pipeline_model_parallel_world_size",
-                                               "get_pipe_parallel_world_size"))
+    return any(
+        hasattr(mpu, name)
+        for name in (
+            "get_pipeline_model_parallel_group",
+            "get_pipe_parallel_group",
+            "get_pipeline_model_parallel_world_size",
+            "get_pipe_parallel_world_size",
+        )
+    )
 
 
 def mesh_from_mpu(mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True) -> DeepSpeedDeviceMesh:

@@ -8,6 +8,7 @@ current (an engine's, the default, the world mesh) reads exactly what the legacy
 ``mesh_core.runtime_hooks.expert_tensor_parallel_size()`` is ``_get_expert_model_parallel_world_size()``.
 :func:`compat.install` serves it; :func:`compat.uninstall` stops.
 """
+
 from __future__ import annotations
 
 from typing import Iterator, Mapping
@@ -29,7 +30,7 @@ class _NamedView(Mapping):
         state = self._state()
         if name not in state.expert_parallel_group or name not in state.expert_data_parallel_group:
             raise KeyError(name)
-        size = name[len("ep_size_"):] if isinstance(name, str) else ""
+        size = name[len("ep_size_") :] if isinstance(name, str) else ""
         return ExpertGroups(
             ep_size=int(size) if size.isdigit() else 0,
             ep_group=state.expert_parallel_group[name],

@@ -17,6 +17,7 @@ engine and logging code does (docs/releases.md has the table and the command tha
 Outside the range :func:`check` raises :class:`UnsupportedDeepSpeedError` naming the installed
 version and the range, before anything is patched.
 """
+
 from __future__ import annotations
 
 import re

@@ -16,6 +16,7 @@ build that was killed leaves a ``lock`` every later run waits on forever. Wrappe
   and a killed build releases it: no lock goes stale. The rule is ``_ds_mesh_doctor.shm_op_state``'s,
   which ``mesh doctor`` reports.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,13 +47,23 @@ def build_shm_op_wrapper(wrapped: Callable[[], Any]) -> Callable[[], Any]:
             raise StaleLockError(stale_lock_message(state))
         speak = os.environ.get("RANK", "0") in ("0", "") and (not state["built"] or state["state"] == "rebuild")
         if speak and state["state"] == "rebuild":
-            logger.warning("ds-mesh: rebuilding DeepSpeed's shared-memory op %s in %s (%s; every rank waits for it): "
-                           "%s; one more line says when it is ready", SHM_OP, directory, SHM_BUILD_TIME,
-                           state["rebuild_reason"])
+            logger.warning(
+                "ds-mesh: rebuilding DeepSpeed's shared-memory op %s in %s (%s; every rank waits for it): "
+                "%s; one more line says when it is ready",
+                SHM_OP,
+                directory,
+                SHM_BUILD_TIME,
+                state["rebuild_reason"],
+            )
         elif speak:
-            logger.warning("ds-mesh: building DeepSpeed's shared-memory op %s for this machine (first CPU run only, "
-                           "%s; every rank waits for it), cached in %s for later runs; one more line says when it "
-                           "is ready", SHM_OP, SHM_BUILD_TIME, directory)
+            logger.warning(
+                "ds-mesh: building DeepSpeed's shared-memory op %s for this machine (first CPU run only, "
+                "%s; every rank waits for it), cached in %s for later runs; one more line says when it "
+                "is ready",
+                SHM_OP,
+                SHM_BUILD_TIME,
+                directory,
+            )
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(directory, done), name="ds-mesh shm lock watch", daemon=True)
         watcher.start()

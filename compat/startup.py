@@ -7,6 +7,7 @@ directory after ``pip uninstall`` stays silent), which registers one finder: wit
 installs the shim when the program first imports ``deepspeed``; otherwise it only warns, once, when
 ``deepspeed.initialize`` gets a config whose ``"mesh"`` section nothing will read (see that module).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,20 @@ def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
         "With it, DS_MESH=1 runs unchanged deepspeed scripts on the mesh.",
     )
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write-pth", nargs="?", const="", metavar="SITE_DIR",
-                        help="write ds_mesh.pth (default directory: this environment's site-packages)")
-    action.add_argument("--remove-pth", nargs="?", const="", metavar="SITE_DIR",
-                        help="remove ds_mesh.pth (default directory: this environment's site-packages)")
+    action.add_argument(
+        "--write-pth",
+        nargs="?",
+        const="",
+        metavar="SITE_DIR",
+        help="write ds_mesh.pth (default directory: this environment's site-packages)",
+    )
+    action.add_argument(
+        "--remove-pth",
+        nargs="?",
+        const="",
+        metavar="SITE_DIR",
+        help="remove ds_mesh.pth (default directory: this environment's site-packages)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.write_pth is not None:

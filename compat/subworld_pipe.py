@@ -17,6 +17,7 @@ Usage (ranks 0-1 a 2-stage pipeline, ranks 2-3 another model)::
     model = PipelineModule(layers, topology=topo, loss_fn=...)
     engine, *_ = deepspeed.initialize(model=model, config=cfg)     # cfg needs no "mesh" section
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,11 +28,9 @@ from typing import Any, Iterator, Mapping, Union
 import torch.distributed as torch_dist
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
-from mesh_core.runtime_hooks import registry_for_world
+from mesh_core.runtime_hooks import exact_int, registry_for_world
 
 from .device import default_device_type
-from mesh_core.runtime_hooks import exact_int
-
 from .topology import DIM_TO_AXIS, ProcessTopology
 
 logger = logging.getLogger(__name__)

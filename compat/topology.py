@@ -330,7 +330,9 @@ class PipelineParallelGrid:
             )
         missing = [a for a in ("pipe", "data") if a not in topo.get_axis_names()]
         if missing:
-            raise MeshSpecError(f"topology axes {topo.axes} lack {missing}; PipelineParallelGrid needs 'pipe' and 'data' axes")
+            raise MeshSpecError(
+                f"topology axes {topo.axes} lack {missing}; PipelineParallelGrid needs 'pipe' and 'data' axes"
+            )
         registry = registry_for_world()
 
         def mine(rank_lists: list[list[int]]) -> tuple[Any, list[int]]:

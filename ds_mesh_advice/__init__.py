@@ -11,6 +11,7 @@ codemods' templates and ``TODOV1`` comments, MIGRATION.md's tables
 (``tools/migration_tables.py`` writes them; a test holds them equal) and ``ds-migrate --explain``.
 A data package of its own: ``compat`` and ``codemods`` both read it and neither imports the other.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,14 +21,46 @@ import textwrap
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-__all__ = ["ACTIONS", "NEXT_VERBS", "WIDTH", "wrap", "Kind", "Row", "explain", "find", "kinds", "plain", "replacement", "row", "rows", "table"]
+__all__ = [
+    "ACTIONS",
+    "NEXT_VERBS",
+    "WIDTH",
+    "wrap",
+    "Kind",
+    "Row",
+    "explain",
+    "find",
+    "kinds",
+    "plain",
+    "replacement",
+    "row",
+    "rows",
+    "table",
+]
 
 _NAME = "catalog.json"
 ACTIONS = ("rewrite", "flag", "keep")
 WIDTH = 100  # the longest line of advice text
 # the words a next step starts with (a TODOV1 comment's or warning's "what to write")
-NEXT_VERBS = ("use", "write", "put", "pass", "hand", "build", "call", "add", "bind", "import", "remove", "describe",
-              "keep", "move", "filter", "drop", "set")
+NEXT_VERBS = (
+    "use",
+    "write",
+    "put",
+    "pass",
+    "hand",
+    "build",
+    "call",
+    "add",
+    "bind",
+    "import",
+    "remove",
+    "describe",
+    "keep",
+    "move",
+    "filter",
+    "drop",
+    "set",
+)
 
 
 @dataclass(frozen=True)
@@ -101,8 +134,10 @@ def rows() -> tuple[Row, ...]:
     """Every row of the catalog, in MIGRATION.md's order."""
     cells = [(section, cell) for section in sections() for cell in section["rows"]]
     codes = _codes([cell for _, cell in cells])
-    return tuple(Row(section=section["id"], anchor=section["anchor"],
-                     **{"code": codes[cell["api"].replace("`", "")], **cell}) for section, cell in cells)
+    return tuple(
+        Row(section=section["id"], anchor=section["anchor"], **{"code": codes[cell["api"].replace("`", "")], **cell})
+        for section, cell in cells
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,8 +179,10 @@ def row(legacy_name: str) -> Row:
     try:
         return _by_name()[legacy_name]
     except KeyError:
-        raise KeyError(f"{legacy_name!r} has no row in {__name__}/{_NAME}; add it there "
-                       "(then python tools/migration_tables.py --write)") from None
+        raise KeyError(
+            f"{legacy_name!r} has no row in {__name__}/{_NAME}; add it there "
+            "(then python tools/migration_tables.py --write)"
+        ) from None
 
 
 def replacement(legacy_name: str) -> str:
@@ -176,17 +213,28 @@ def explain(code: str) -> str:
     line naming what is valid when nothing matches."""
     found = find(code)
     if not found:
-        return (f"no legacy API or TODOV1 kind is called {code!r}; give a kind ("
-                + ", ".join(k.id for k in kinds()) + ") or an API name such as _get_data_parallel_group")
+        return (
+            f"no legacy API or TODOV1 kind is called {code!r}; give a kind ("
+            + ", ".join(k.id for k in kinds())
+            + ") or an API name such as _get_data_parallel_group"
+        )
     parts = []
     for item in found:
         if isinstance(item, Kind):
-            parts.append(_wrap(f"{item.code} ({item.kind}): {item.short}.", "") + "\n" + _wrap(_unmark(item.text), "  ")
-                         + _kind_table(item) + "\n  (ds-migrate --explain <function or method> prints its row)")
+            parts.append(
+                _wrap(f"{item.code} ({item.kind}): {item.short}.", "")
+                + "\n"
+                + _wrap(_unmark(item.text), "  ")
+                + _kind_table(item)
+                + "\n  (ds-migrate --explain <function or method> prints its row)"
+            )
             continue
-        lines = [_wrap(f"{item.name} (code {item.code})", ""), _wrap(f"next step: {item.next_step}", "  "), _wrap(f"replacement: {item.advice}", "  "),
-                 _wrap(f"codemod: {item.action}"
-                       + (f" ({_unmark(item.codemod)})" if item.codemod else ""), "  ")]
+        lines = [
+            _wrap(f"{item.name} (code {item.code})", ""),
+            _wrap(f"next step: {item.next_step}", "  "),
+            _wrap(f"replacement: {item.advice}", "  "),
+            _wrap(f"codemod: {item.action}" + (f" ({_unmark(item.codemod)})" if item.codemod else ""), "  "),
+        ]
         if item.mesh:
             lines.append(_wrap(f"mesh expression: {item.mesh}", "  "))
         if item.notes:
@@ -197,8 +245,12 @@ def explain(code: str) -> str:
 
 
 # the kinds whose text points at a table "below" -> that table's section (printed under the kind)
-_KIND_TABLES = {"todov1-groups": "groups", "todov1-grid-use": "grid", "todov1-comm": "comm",
-                "todov1-mpu-internal": "mpu-internal"}
+_KIND_TABLES = {
+    "todov1-groups": "groups",
+    "todov1-grid-use": "grid",
+    "todov1-comm": "comm",
+    "todov1-mpu-internal": "mpu-internal",
+}
 
 
 def _kind_table(kind: Kind) -> str:
@@ -213,8 +265,14 @@ def _kind_table(kind: Kind) -> str:
 
 def wrap(text: str, indent: str = "") -> str:
     """``text`` in lines of at most :data:`WIDTH` characters (continuation lines indented two more)."""
-    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 _wrap = wrap

@@ -1,4 +1,5 @@
 """``python -m ds_mesh_advice <code>...``: print the catalog row (or TODOV1 kind) of each code."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Shared set-up for the examples: CPU/gloo defaults and rank-0 printing."""
+
 from __future__ import annotations
 
 import gc

@@ -5,6 +5,7 @@
 The config's "mesh" section says ep=2 (it must match the MoE layers' ep_size); the expert and
 expert-data groups the layers use are ``engine.mesh_device.expert_groups(2)``.
 """
+
 import argparse
 
 import torch
@@ -18,6 +19,8 @@ from deepspeed.moe.layer import MoE  # noqa: E402
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
 
 from common import init_gloo, ranks, say, say0, shutdown  # noqa: E402
+
+# isort: split
 
 CONFIG = {"mesh": {"ep": 2}, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6}
 
@@ -41,13 +44,17 @@ def main() -> None:
     rank = init_gloo()
     torch.manual_seed(0)
     model = MoEModel()
-    param_groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "p"})
+    param_groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "p"}
+    )
     optimizer = torch.optim.Adam(param_groups, lr=1e-2)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=CONFIG)
     experts = engine.mesh_device.expert_groups(2)
     say0(f"mesh: {engine.mesh_device}")
-    say(f"ep group {experts.ep_ranks}, expert-data group {experts.edp_ranks},"
-        f" engine ep group {ranks(engine.expert_parallel_group['ep_size_2'])}")
+    say(
+        f"ep group {experts.ep_ranks}, expert-data group {experts.edp_ranks},"
+        f" engine ep group {ranks(engine.expert_parallel_group['ep_size_2'])}"
+    )
     gen = torch.Generator().manual_seed(rank)
     for step in range(steps):
         x = torch.randn(8, 8, generator=gen)

@@ -8,6 +8,7 @@ the mesh: start it the way you start your job, on every node, to check that ever
 Each rank prints one line: ``rank 3 of 8 on host-b: DS_MESH=1, shim on, mesh MeshSpec(dp=8; ...)``.
 A rank without the shim prints ``shim off`` (if the job gets that far: see docs/multinode.md).
 """
+
 import os
 import socket
 import sys
@@ -15,6 +16,8 @@ import sys
 import torch
 
 from common import init_gloo, shutdown
+
+# isort: split
 
 import deepspeed  # noqa: E402  (after common: it sets the CPU defaults)
 
@@ -39,8 +42,10 @@ def main() -> None:
     spec = getattr(mesh, "spec", None)  # the shim's engine mesh; plain DeepSpeed has none here
     state = f"shim on, mesh {spec.describe()}" if spec is not None else "shim off"
     # one write per line: the ranks of a node share its stdout (unbuffered under the launchers' python -u)
-    sys.stdout.write(f"rank {rank} of {torch.distributed.get_world_size()} on {socket.gethostname()}: "
-                     f"DS_MESH={os.environ.get('DS_MESH', '')}, {state}\n")
+    sys.stdout.write(
+        f"rank {rank} of {torch.distributed.get_world_size()} on {socket.gethostname()}: "
+        f"DS_MESH={os.environ.get('DS_MESH', '')}, {state}\n"
+    )
     sys.stdout.flush()
 
 

@@ -5,6 +5,7 @@
 The layout is stated once, in the config's "mesh" section; the PipelineModule's stages must agree
 with it. ``engine.mesh_device`` is the mesh the pipeline grid, the engine and ZeRO all use.
 """
+
 import argparse
 
 import torch
@@ -17,6 +18,8 @@ import deepspeed  # noqa: E402
 from deepspeed.pipe import PipelineModule  # noqa: E402
 
 from common import init_gloo, ranks, say, say0, shutdown  # noqa: E402
+
+# isort: split
 
 CONFIG = {
     "mesh": {"pp": 2, "dp": 2},
@@ -45,8 +48,10 @@ def main() -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CONFIG)
     mesh = engine.mesh_device
     say0(f"mesh: {mesh}")
-    say(f"stage {engine.stage_id}: pp group {mesh.get_group_ranks('pp')}, dp group {mesh.get_group_ranks('dp')},"
-        f" engine dp group {ranks(engine.data_parallel_group)}")
+    say(
+        f"stage {engine.stage_id}: pp group {mesh.get_group_ranks('pp')}, dp group {mesh.get_group_ranks('dp')},"
+        f" engine dp group {ranks(engine.data_parallel_group)}"
+    )
     data = batches(mesh.get_local_rank("dp"))
     for step in range(steps):
         loss = engine.train_batch(data_iter=data)

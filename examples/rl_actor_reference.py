@@ -8,6 +8,7 @@ actor mesh is built first and handed to ``deepspeed.initialize(..., mesh=actor_m
 reference engine gets its own mesh from its own config. Rank sets the two meshes have in common
 share one communicator, and each engine's steps run with its own groups.
 """
+
 import argparse
 
 import torch
@@ -21,6 +22,8 @@ compat.install()  # or leave this out and run with DS_MESH=1
 import deepspeed  # noqa: E402
 
 from common import check_replicas, init_gloo, ranks, say, say0, shutdown  # noqa: E402
+
+# isort: split
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
 from mesh_core.runtime_hooks import registry_for_world  # noqa: E402
 
@@ -66,8 +69,9 @@ def main() -> None:
     actor_mesh = DeepSpeedDeviceMesh.from_config(ACTOR_CONFIG)
     torch.manual_seed(100 + actor_mesh.get_local_rank("tp"))  # each tp rank owns different weights
     policy = TensorParallelPolicy(actor_mesh.get_group("tp"), actor_mesh.size("tp"))
-    actor, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG,
-                                     mesh=actor_mesh)
+    actor, *_ = deepspeed.initialize(
+        model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG, mesh=actor_mesh
+    )
     before = registry_for_world().created
     torch.manual_seed(0)
     reference_net = torch.nn.Sequential(torch.nn.Linear(OBS, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, ACTIONS))
@@ -75,8 +79,10 @@ def main() -> None:
     reference.eval()
     say0(f"actor mesh: {actor.mesh_device}\nreference mesh: {reference.mesh_device}")
     say0(f"communicators created for the reference model: {registry_for_world().created - before}")
-    say(f"actor tp {ranks(actor.mesh_device.get_group('tp'))} dp {ranks(actor.data_parallel_group)};"
-        f" reference dp {ranks(reference.data_parallel_group)}")
+    say(
+        f"actor tp {ranks(actor.mesh_device.get_group('tp'))} dp {ranks(actor.data_parallel_group)};"
+        f" reference dp {ranks(reference.data_parallel_group)}"
+    )
 
     gen = torch.Generator().manual_seed(actor_mesh.get_local_rank("dp"))  # tp peers see the same batch
     for step in range(steps):

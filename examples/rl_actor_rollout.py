@@ -14,6 +14,7 @@ checked bit for bit against the actor's weights gathered another way (all-gather
 tp group, sent by plain point-to-point). The rollout samples actions, the reference scores them,
 and the experience goes back to the actor, which trains on it (policy gradient + KL to the reference).
 """
+
 import argparse
 
 import torch
@@ -27,14 +28,21 @@ compat.install()  # or leave this out and run with DS_MESH=1
 import deepspeed  # noqa: E402
 
 from common import init_gloo, say, say0, shutdown  # noqa: E402
+
+# isort: split
+from rl_actor_reference import ACTIONS, HIDDEN, KL_COEF, OBS, TensorParallelPolicy  # noqa: E402
+
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
 from mesh_core.transfer import ParamLayout, transfer_weights  # noqa: E402
-from rl_actor_reference import ACTIONS, HIDDEN, KL_COEF, OBS, TensorParallelPolicy  # noqa: E402
 
 ACTOR_RANKS, ROLLOUT_RANKS = [0, 1], [2, 3]
 BASE = {"train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6}
-ACTOR_CONFIG = {**BASE, "mesh": {"tp": 2, "ranks": ACTOR_RANKS}, "zero_optimization": {"stage": 1},
-                "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+ACTOR_CONFIG = {
+    **BASE,
+    "mesh": {"tp": 2, "ranks": ACTOR_RANKS},
+    "zero_optimization": {"stage": 1},
+    "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+}
 ROLLOUT_CONFIG = {**BASE, "mesh": {"ranks": ROLLOUT_RANKS}}
 REFERENCE_CONFIG = {**BASE, "mesh": {"dp": 4}}
 BATCH = 8
@@ -97,17 +105,20 @@ def main() -> None:
         actor_mesh = DeepSpeedDeviceMesh.build(tp=2, ranks=ACTOR_RANKS)
         torch.manual_seed(100 + actor_mesh.get_local_rank("tp"))
         policy = TensorParallelPolicy(actor_mesh.get_group("tp"), actor_mesh.size("tp"))
-        actor, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG,
-                                         mesh=actor_mesh)
+        actor, *_ = deepspeed.initialize(
+            model=policy, model_parameters=policy.parameters(), config=ACTOR_CONFIG, mesh=actor_mesh
+        )
     else:  # ranks 0-1 never enter the rollout's
         rollout, *_ = deepspeed.initialize(model=Policy(), config=ROLLOUT_CONFIG)
         rollout.eval()
     torch.manual_seed(0)
     reference, *_ = deepspeed.initialize(model=Policy(), config=REFERENCE_CONFIG)  # every rank
     reference.eval()
-    say(f"actor {None if actor is None else actor.mesh_device.spec.describe()}; "
+    say(
+        f"actor {None if actor is None else actor.mesh_device.spec.describe()}; "
         f"rollout {None if rollout is None else rollout.mesh_device.spec.describe()}; "
-        f"reference {reference.mesh_device.spec.describe()}")
+        f"reference {reference.mesh_device.spec.describe()}"
+    )
 
     actor_spec, rollout_spec = spec_of(ACTOR_CONFIG), spec_of(ROLLOUT_CONFIG)
     gen = torch.Generator().manual_seed(rank)
@@ -118,9 +129,11 @@ def main() -> None:
         same = check_transfer(actor, rollout, actor_mesh)
         if rank in ROLLOUT_RANKS:
             changed = any(not torch.equal(a, b.detach()) for a, b in zip(before, rollout.module.parameters()))
-            say(f"step {step}: received {stats.received} elements in {stats.messages} messages; weights "
+            say(
+                f"step {step}: received {stats.received} elements in {stats.messages} messages; weights "
                 f"{'changed' if changed else 'unchanged'}; rollout weights {'identical' if same else 'DIFFERENT'} "
-                "to the actor's (bit for bit)")
+                "to the actor's (bit for bit)"
+            )
             if not same:
                 raise RuntimeError("the transferred weights differ from the actor's")
             # roll out: sample actions with the fresh weights, score them with the reference
@@ -138,7 +151,7 @@ def main() -> None:
                 dist.recv(buffer, src=peer)
                 batches.append(buffer)
             experience = torch.cat(batches)
-            obs, actions, ref_logp = experience[:, :OBS], experience[:, OBS].long(), experience[:, OBS + 1:]
+            obs, actions, ref_logp = experience[:, :OBS], experience[:, OBS].long(), experience[:, OBS + 1 :]
             logp = F.log_softmax(actor(obs), dim=-1)
             reward = (actions == obs.argmax(dim=-1) % ACTIONS).float()  # a toy task
             advantage = reward - reward.mean()
@@ -146,8 +159,10 @@ def main() -> None:
             kl = (logp.exp() * (logp - ref_logp)).sum(dim=-1).mean()
             actor.backward(pg_loss + KL_COEF * kl)
             actor.step()
-            say0(f"step {step}: actor trained on {len(obs)} rollouts, reward {reward.mean().item():.3f} "
-                 f"kl {kl.item():.4f}")
+            say0(
+                f"step {step}: actor trained on {len(obs)} rollouts, reward {reward.mean().item():.3f} "
+                f"kl {kl.item():.4f}"
+            )
 
 
 def spec_of(config: dict):

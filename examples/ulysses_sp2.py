@@ -7,6 +7,7 @@ group at construction; ``deepspeed.initialize(..., mesh=mesh)`` then uses that v
 rank of an sp group holds one half of the sequence; ``DistributedAttention`` swaps sequence and
 head sharding around the local attention. Gradients are averaged over dp x sp.
 """
+
 import argparse
 
 import torch
@@ -20,6 +21,8 @@ import deepspeed  # noqa: E402
 from deepspeed.sequence.layer import DistributedAttention  # noqa: E402
 
 from common import check_replicas, init_gloo, ranks, say, say0, shutdown  # noqa: E402
+
+# isort: split
 from mesh_core import DeepSpeedDeviceMesh  # noqa: E402
 
 CONFIG = {
@@ -64,8 +67,10 @@ def main() -> None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CONFIG, mesh=mesh)
     assert engine.mesh_device is mesh
     say0(f"mesh: {mesh}")
-    say(f"sp group {ranks(engine.seq_parallel_group)}, dp group {ranks(engine.data_parallel_group)},"
-        f" gradient group {ranks(engine.seq_data_parallel_group)}")
+    say(
+        f"sp group {ranks(engine.seq_parallel_group)}, dp group {ranks(engine.data_parallel_group)},"
+        f" gradient group {ranks(engine.seq_data_parallel_group)}"
+    )
     gen = torch.Generator().manual_seed(mesh.get_local_rank("dp"))  # sp peers see the same samples
     shard = slice(mesh.get_local_rank("sp") * SEQ // 2, (mesh.get_local_rank("sp") + 1) * SEQ // 2)
     for step in range(steps):

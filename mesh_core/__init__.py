@@ -18,11 +18,14 @@ the legacy names for them) in :mod:`mesh_core.axis_names`; the supported torch r
 (docs/architecture.md); the rest is implementation (the rank ↔ coordinate equation in
 :mod:`mesh_core.row_major`, the spec's constants in :mod:`mesh_core.spec`, ...).
 """
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker reads: the names _HOME loads on first use (a test holds the two equal)
-    from . import axis_names as axis_names, runtime_hooks as runtime_hooks, torch_compat as torch_compat
+    from . import axis_names as axis_names
+    from . import runtime_hooks as runtime_hooks
+    from . import torch_compat as torch_compat
     from .absence import AbsentRanksError
     from .config import spec_from_config
     from .device_mesh import DeepSpeedDeviceMesh

@@ -20,6 +20,7 @@ A layer above ``mesh_core`` that knows why ranks may be missing adds its explana
 :func:`remove_hint` takes it back. A hint that fails is logged and left out: it never replaces the
 error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,17 @@ class AbsentRanksError(MeshSpecError):
     this rank could read the arrivals); ``quiet``: the missing ranks that have built no mesh at all in
     this world; ``hints``: what the layers above added (also the message's tail)."""
 
-    def __init__(self, message: str, *, mesh: str, rank: int, arrived: Sequence[int],
-                 missing: Optional[Sequence[int]], quiet: Optional[Sequence[int]], timeout: timedelta) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        mesh: str,
+        rank: int,
+        arrived: Sequence[int],
+        missing: Optional[Sequence[int]],
+        quiet: Optional[Sequence[int]],
+        timeout: timedelta,
+    ) -> None:
         self.mesh = mesh
         self.rank = rank
         self.arrived = list(arrived)

@@ -17,6 +17,7 @@ tables here are ``mesh_core``'s own, read by ``mesh_core.spec`` and ``mesh_core.
 - ``DIM_TO_AXIS`` — compat.topology (dims as a grid's axes)
 - ``LEGACY_DIMS`` — compat.engine_spec, .initialize, .mpu (what an mpu or ``mesh_param`` can state)
 """
+
 from __future__ import annotations
 
 import enum
@@ -53,17 +54,42 @@ DIM_TO_AXIS: dict[str, str] = {dim: axis for axis, dim in AXIS_TO_DIM.items()}
 # mesh dim; for suggestions ("hsdp", which is two dims, is answered in mesh_core.config.suggest_key)
 ALIASES: dict[str, str] = {
     **AXIS_TO_DIM,
-    "fsdp": "dp_shard", "shard": "dp_shard", "sharded": "dp_shard", "zero": "dp_shard",
-    "ddp": "dp_replicate", "replicate": "dp_replicate", "replica": "dp_replicate", "replicas": "dp_replicate",
-    "data_parallel": "dp", "data_parallel_size": "dp", "dp_size": "dp",
-    "tensor": "tp", "tensor_parallel": "tp", "model_parallel": "tp", "mp": "tp", "tp_size": "tp",
-    "autotp": "tp", "autotp_size": "tp",
-    "pipeline": "pp", "pipeline_parallel": "pp", "pp_size": "pp", "num_stages": "pp",
-    "sequence": "sp", "sequence_parallel": "sp", "sequence_parallel_size": "sp", "ulysses": "sp",
-    "cp": "sp", "context_parallel": "sp",
+    "fsdp": "dp_shard",
+    "shard": "dp_shard",
+    "sharded": "dp_shard",
+    "zero": "dp_shard",
+    "ddp": "dp_replicate",
+    "replicate": "dp_replicate",
+    "replica": "dp_replicate",
+    "replicas": "dp_replicate",
+    "data_parallel": "dp",
+    "data_parallel_size": "dp",
+    "dp_size": "dp",
+    "tensor": "tp",
+    "tensor_parallel": "tp",
+    "model_parallel": "tp",
+    "mp": "tp",
+    "tp_size": "tp",
+    "autotp": "tp",
+    "autotp_size": "tp",
+    "pipeline": "pp",
+    "pipeline_parallel": "pp",
+    "pp_size": "pp",
+    "num_stages": "pp",
+    "sequence": "sp",
+    "sequence_parallel": "sp",
+    "sequence_parallel_size": "sp",
+    "ulysses": "sp",
+    "cp": "sp",
+    "context_parallel": "sp",
 }
 # not a mesh dim: what MoE users may write for the expert split of the data ranks
-EXPERT_ALIASES: dict[str, str] = {"expert": "ep", "experts": "ep", "moe": "ep", "expert_parallel": "ep",
-                                  "ep_size": "ep"}
+EXPERT_ALIASES: dict[str, str] = {
+    "expert": "ep",
+    "experts": "ep",
+    "moe": "ep",
+    "expert_parallel": "ep",
+    "ep_size": "ep",
+}
 
 __all__ = ["AXIS_TO_DIM", "DIM_TO_AXIS", "LEGACY_DIMS", "MeshDim"]

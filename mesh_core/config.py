@@ -11,6 +11,7 @@ an mpu's sizes). Every source that states a dim must agree; a disagreement raise
 :class:`MeshSpecError` naming both sources. This is the one config → spec path: the mesh API and
 the shim (``compat.engine_spec``) both use it.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -101,16 +102,16 @@ def check_section_values(section: Mapping[str, Any]) -> None:
         if key in MESH_DIMS or key == "ep":
             if isinstance(value, int) and not isinstance(value, bool) and value < 1:
                 raise MeshSpecError(
-                    f"{where} is not valid; a size is a positive integer — write \"auto\" to infer this dim"
+                    f'{where} is not valid; a size is a positive integer — write "auto" to infer this dim'
                 )
             if is_auto(value):
                 continue
             if isinstance(value, str) and value.strip().lower() == "auto":
                 raise MeshSpecError(auto_message(where))
             if isinstance(value, bool):
-                raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\"), not a boolean")
+                raise MeshSpecError(f'{where} is not valid; a size is a positive integer (or "auto"), not a boolean')
             if isinstance(value, float):
-                raise MeshSpecError(f"{where} is not valid; a size is a positive integer (or \"auto\")")
+                raise MeshSpecError(f'{where} is not valid; a size is a positive integer (or "auto")')
             if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
                 raise MeshSpecError(f"{where} is a string; write the number {value.strip()} without quotes")
         elif key == "data_before_expert":
@@ -124,10 +125,10 @@ def check_section_values(section: Mapping[str, Any]) -> None:
                 raise MeshSpecError(f"{where} holds {bad[:4]}; every rank is an integer, e.g. [0, 1, 2, 3]")
         elif key == "order":
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise MeshSpecError(f"{where} is not valid; write a list of dim names, e.g. [\"pp\", \"dp\", \"tp\"]")
+                raise MeshSpecError(f'{where} is not valid; write a list of dim names, e.g. ["pp", "dp", "tp"]')
             bad = [d for d in value if not isinstance(d, str)]
             if bad:
-                raise MeshSpecError(f"{where} holds {bad[:4]}; every entry is a dim name such as \"dp\"")
+                raise MeshSpecError(f'{where} holds {bad[:4]}; every entry is a dim name such as "dp"')
 
 
 AUTOTP_OFF = (0, 1)  # tensor_parallel.autotp_size values that leave AutoTP off

@@ -38,6 +38,7 @@ from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch.distributed as dist
+
 from . import absence, torch_compat
 from .absence import AbsentRanksError
 from .rendezvous import arrive, differing_fields, ranks_text
@@ -56,6 +57,8 @@ def announce_builder() -> None:
     if not dist.is_initialized() or dist.get_backend() in SKIPPED_BACKENDS:
         return
     absence.announce(torch_compat.default_store(), torch_compat.default_group(), dist.get_rank())
+
+
 STORE_PREFIX = "mesh_core/check"
 # per world: how many checks each rank set has run (the same on every member)
 _CHECKS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
@@ -173,9 +176,15 @@ def _run_check(
     def any_quiet(arrived: set[int]) -> bool:  # a missing member that never announced itself
         return bool(absence.quiet_ranks(store, sorted(set(members) - arrived)))
 
-    arrive(store, prefix, members, timeout, absent_error,
-           expected=lambda: (absence.builders(store) or set()) & set(members),  # they get the verdict too
-           give_up=None if bound is None else (bound, any_quiet))
+    arrive(
+        store,
+        prefix,
+        members,
+        timeout,
+        absent_error,
+        expected=lambda: (absence.builders(store) or set()) & set(members),  # they get the verdict too
+        give_up=None if bound is None else (bound, any_quiet),
+    )
     if store.add(f"{prefix}/digest/{mine}", 0) == len(members):  # agreed: nobody reads descriptions
         store.delete_key(f"{prefix}/fields/{rank}")
         store.delete_key(f"{prefix}/digest_of/{rank}")
@@ -194,8 +203,15 @@ def _run_check(
     raise MeshSpecError(message)
 
 
-def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[int], missing: Optional[list[int]],
-                  timeout: timedelta, bound: Optional[timedelta] = None) -> AbsentRanksError:
+def _absent_error(
+    store: Any,
+    spec: MeshSpec,
+    members: list[int],
+    arrived: list[int],
+    missing: Optional[list[int]],
+    timeout: timedelta,
+    bound: Optional[timedelta] = None,
+) -> AbsentRanksError:
     """The error of a check given up (``bound``: the shorter wait for ranks that announced nothing)."""
     rank = dist.get_rank()
     quiet = absence.quiet_ranks(store, missing) if missing else ([] if missing == [] else None)
@@ -213,9 +229,12 @@ def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[
         never = f"; {of_those}{ranks_text(quiet, 'rank')} built no mesh at all in this world" if quiet else ""
         one = len(missing) == 1
         they = "the missing rank builds" if one else "the missing ranks build"
-        late = (f"or {'is' if one else 'are'} later than the process-group timeout" if waited == timeout else
-                f"or {'has' if one else 'have'} started no mesh within {waited} (the wait for ranks that have built "
-                f"none; ranks that have are waited for up to the process-group timeout, {timeout})")
+        late = (
+            f"or {'is' if one else 'are'} later than the process-group timeout"
+            if waited == timeout
+            else f"or {'has' if one else 'have'} started no mesh within {waited} (the wait for ranks that have built "
+            f"none; ranks that have are waited for up to the process-group timeout, {timeout})"
+        )
         message = (
             f"only {len(arrived)} of the {len(members)} ranks of {spec.describe()} started checking it within "
             f"{waited} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}{never}); "
@@ -227,8 +246,9 @@ def _absent_error(store: Any, spec: MeshSpec, members: list[int], arrived: list[
             f"rank {rank} reached the check of {spec.describe()} after the other ranks gave up waiting for it "
             f"({gave_up}); it was later than that: every member must build the same mesh in the same order"
         )
-    return AbsentRanksError(message, mesh=spec.describe(), rank=rank, arrived=arrived, missing=missing, quiet=quiet,
-                            timeout=waited)
+    return AbsentRanksError(
+        message, mesh=spec.describe(), rank=rank, arrived=arrived, missing=missing, quiet=quiet, timeout=waited
+    )
 
 
 def describe_disagreement(per_rank: Sequence[Mapping[str, str]], ranks: Optional[Sequence[int]] = None) -> str:

@@ -32,6 +32,7 @@ inside the constructor only, where every world rank is. Groups requested afterwa
 dim, a dim of size 1, expert groups of a new size), and partitions into one-rank groups, are
 member-only on every world, so a request made by some ranks only never needs the others.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,13 +44,13 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
+from . import torch_compat
 from .consistency import check_same_mesh, rank_set_slot
 from .expert_table import ExpertGroups, ExpertGroupsNotBuilt, ExpertTable, expert_groups_name  # noqa: F401 (re-exported)
 from .layout import Dims, MeshLayout
-from .renamed import TorchGetRank, warn_renamed
 from .registry import CreationInputs, CreationPath, GroupRegistry, Key, choose_creation_path, registry_for_world
+from .renamed import TorchGetRank, warn_renamed
 from .spec import MeshSpec, MeshSpecError
-from . import torch_compat
 
 logger = logging.getLogger(__name__)
 
@@ -353,9 +354,7 @@ class DeepSpeedDeviceMesh(TorchGetRank):
             flat = torch.arange(ranks.start, ranks.stop, dtype=torch.int)
         else:
             flat = torch.tensor(ranks, dtype=torch.int)
-        mesh_tensor = flat.reshape(
-            [self.spec.dim_size(n) for n in names]
-        )
+        mesh_tensor = flat.reshape([self.spec.dim_size(n) for n in names])
         return DeviceMesh.from_group(groups, self.device_type, mesh=mesh_tensor, mesh_dim_names=names)
 
     def _ensure_group(self, key: tuple[str, ...]) -> Optional[ProcessGroup]:
@@ -418,9 +417,7 @@ class DeepSpeedDeviceMesh(TorchGetRank):
         """Dims named as torch's ``mesh_dim`` may be: a name, a tuple, an index, or None for a 1-D mesh."""
         if mesh_dim is None:
             if len(self.mesh_dim_names) != 1:
-                raise MeshSpecError(
-                    f"name the mesh dim: {self.spec.describe()} has dims {list(self.mesh_dim_names)}"
-                )
+                raise MeshSpecError(f"name the mesh dim: {self.spec.describe()} has dims {list(self.mesh_dim_names)}")
             return self.mesh_dim_names[0]
         if isinstance(mesh_dim, int) and not isinstance(mesh_dim, bool):
             if not 0 <= mesh_dim < len(self.mesh_dim_names):

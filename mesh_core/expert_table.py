@@ -5,6 +5,7 @@ builds under that name, and a runtime may register more names (the first registr
 wins, as DeepSpeed's builders skip a name that exists). The table is the mesh's own state: read it
 through these methods (or the name-keyed functions of :mod:`mesh_core.runtime_hooks`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -48,7 +49,9 @@ class ExpertGroups:
 
     def _layout(self) -> MeshLayout:
         if self.layout is None:
-            raise MeshSpecError(f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout")
+            raise MeshSpecError(
+                f"expert groups of ep_size={self.ep_size} were registered as rank lists, without a layout"
+            )
         return self.layout
 
 

@@ -13,6 +13,7 @@ dp×sp) of size n into ``ep`` × ``edp = n/ep``:
 - data before expert (``data_before_expert``, DeepSpeed's ``use_data_before_expert_parallel_``):
   EDP groups are consecutive chunks of n/ep ranks, EP groups take the same position in each.
 """
+
 from __future__ import annotations
 
 import math

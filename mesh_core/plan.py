@@ -7,6 +7,7 @@ rank set it belongs to among the eager groups, except the whole world (served by
 group); rank sets that coincide across dims (e.g. a pp=2 p2p pair and the pp group) are one
 communicator. ``mesh show`` prints this plan before anything runs.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -3,6 +3,7 @@
 Used to rebind process groups (:mod:`mesh_core.step_aside`): a released group's holders (a mesh, a
 DeepSpeed engine, its optimizer, ZeRO-3 parameters) get a stand-in, then the resumed group.
 """
+
 from __future__ import annotations
 
 import types
@@ -104,7 +105,10 @@ class _Walk:
 
 
 def rebind_references(
-    roots: Iterable[Any], replacements: Mapping[int, tuple[Any, Any]], *, descend: Callable[[Any], bool] = default_descend
+    roots: Iterable[Any],
+    replacements: Mapping[int, tuple[Any, Any]],
+    *,
+    descend: Callable[[Any], bool] = default_descend,
 ) -> list[str]:
     """Put each new group wherever its old one is held under ``roots`` (see :class:`_Walk`);
     returns the paths rebound (e.g. ``DeepSpeedEngine.optimizer.dp_process_group``)."""

@@ -92,6 +92,7 @@ or not: a creation waits for its members (gloo's full mesh, NCCL's connect, the
 ``TORCH_DIST_INIT_BARRIER=1`` barrier), and serializing would deadlock two threads whose peers are
 in each other's creation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -276,15 +277,21 @@ def _arrive(what: str, name: str, ranks: RankKey, timeout: Optional[timedelta]) 
     def absent(arrived: list[int], missing: Optional[list[int]]) -> BaseException:
         shown = f"ranks {members}" if len(members) <= 16 else f"{len(members)} ranks {members[:8]}.."
         if missing:
-            text = (f"the group of {shown} ({name}): only ranks {arrived} reached its {what} within {limit}; "
-                    f"ranks {missing} never asked for it: every member must ask for a group (a mesh's dim, a "
-                    "flattened dim, expert groups, a legacy getter) that any member asks for")
+            text = (
+                f"the group of {shown} ({name}): only ranks {arrived} reached its {what} within {limit}; "
+                f"ranks {missing} never asked for it: every member must ask for a group (a mesh's dim, a "
+                "flattened dim, expert groups, a legacy getter) that any member asks for"
+            )
         else:
-            text = (f"the group of {shown} ({name}): rank {rank} reached its {what} after the other members "
-                    f"gave up waiting ({limit})" if missing == [] else
-                    f"the group of {shown} ({name}): the store went away during its {what}")
-        return AbsentRanksError(text, mesh=f"group {members}", rank=rank, arrived=arrived, missing=missing,
-                                quiet=None, timeout=limit)
+            text = (
+                f"the group of {shown} ({name}): rank {rank} reached its {what} after the other members "
+                f"gave up waiting ({limit})"
+                if missing == []
+                else f"the group of {shown} ({name}): the store went away during its {what}"
+            )
+        return AbsentRanksError(
+            text, mesh=f"group {members}", rank=rank, arrived=arrived, missing=missing, quiet=None, timeout=limit
+        )
 
     arrive(torch_compat.default_store(), f"mesh_core/{what}/{name}", members, limit, absent)
 
@@ -476,8 +483,9 @@ class GroupRegistry:
                 if group is None or not torch_compat.alias_group_name(name, group):
                     return False
             except RuntimeError:  # the name is registered to another group: leave torch's entry as it is
-                logger.warning("group name %s is taken; a DeviceMesh built before the release will not find %s",
-                               name, list(key[1]))
+                logger.warning(
+                    "group name %s is taken; a DeviceMesh built before the release will not find %s", name, list(key[1])
+                )
                 return False
             self._aliases.setdefault(key, []).append(name)
             return True

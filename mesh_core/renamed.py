@@ -4,6 +4,7 @@ Each old spelling warns once per process with a :class:`MeshAPIDeprecationWarnin
 starts with ``TODOV1:`` and names what to write instead; it keeps working. Standard ``warnings``
 filters silence it or turn it into an error.
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,8 +14,11 @@ from typing import Any, Optional
 __all__ = ["MeshAPIDeprecationWarning", "RENAMED_GET_RANK", "TorchGetRank", "warn_renamed"]
 
 # a mesh's get_rank(dims) (a coordinate) is get_local_rank(dims), torch's name; get_rank() is the global rank
-RENAMED_GET_RANK = ("<mesh>.get_rank(dims)", "<mesh>.get_local_rank(dims)",
-                    "get_rank() is the global rank, as in torch's DeviceMesh")
+RENAMED_GET_RANK = (
+    "<mesh>.get_rank(dims)",
+    "<mesh>.get_local_rank(dims)",
+    "get_rank() is the global rank, as in torch's DeviceMesh",
+)
 
 
 class MeshAPIDeprecationWarning(DeprecationWarning):
@@ -34,8 +38,7 @@ def warn_renamed(old: str, new: str, why: str = "", *, stacklevel: int = 3) -> N
             return
         _warned.add(old)
     reason = f" ({why})" if why else ""
-    warnings.warn(f"TODOV1: {old} is deprecated{reason}; use {new}", MeshAPIDeprecationWarning,
-                  stacklevel=stacklevel)
+    warnings.warn(f"TODOV1: {old} is deprecated{reason}; use {new}", MeshAPIDeprecationWarning, stacklevel=stacklevel)
 
 
 class TorchGetRank:

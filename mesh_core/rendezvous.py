@@ -19,6 +19,7 @@ message could speak:
   its way, e.g. a rank that runs the same library) has arrived and counted itself out;
 - a store that went away (its process ended) is an error of the same kind, not a raw backend error.
 """
+
 from __future__ import annotations
 
 import time
@@ -53,9 +54,19 @@ class Arrival:
     marked: int = 0
 
 
-def arrive(store: Any, prefix: str, members: Sequence[int], timeout: timedelta, absent: AbsentMessage,
-           *, flag: bool = False, expected: Optional[Callable[[], Collection[int]]] = None,
-           rank: Optional[int] = None, mark: bool = False, give_up: Optional[GiveUp] = None) -> Arrival:
+def arrive(
+    store: Any,
+    prefix: str,
+    members: Sequence[int],
+    timeout: timedelta,
+    absent: AbsentMessage,
+    *,
+    flag: bool = False,
+    expected: Optional[Callable[[], Collection[int]]] = None,
+    rank: Optional[int] = None,
+    mark: bool = False,
+    give_up: Optional[GiveUp] = None,
+) -> Arrival:
     """Count this rank in at ``prefix`` and wait for every one of ``members``.
 
     Returns how many members passed ``flag`` (and ``mark``); raises :class:`~mesh_core.MeshSpecError` with
@@ -95,8 +106,7 @@ def _as_error(outcome: "str | BaseException") -> BaseException:
     return outcome if isinstance(outcome, BaseException) else MeshSpecError(outcome)
 
 
-def _leave_together(store: Any, prefix: str, expected: Optional[Callable[[], Collection[int]]],
-                    wait_s: float) -> None:
+def _leave_together(store: Any, prefix: str, expected: Optional[Callable[[], Collection[int]]], wait_s: float) -> None:
     """Count this member out of a failed round and wait (``wait_s`` at most) until every member that
     has arrived (re-read: a late one counts) has counted itself out, and every ``expected()`` member has
     arrived."""
@@ -152,8 +162,13 @@ def forget(store: Any, prefix: str, keys: Sequence[str] = ROUND_KEYS) -> None:
             return
 
 
-def differing_fields(rows: Sequence[Mapping[str, str]], ranks: Sequence[int], *, absent: str = "<missing>",
-                     show: Callable[[str], str] = str) -> list[str]:
+def differing_fields(
+    rows: Sequence[Mapping[str, str]],
+    ranks: Sequence[int],
+    *,
+    absent: str = "<missing>",
+    show: Callable[[str], str] = str,
+) -> list[str]:
     """``"field: value on ranks …; other on rank …"`` for each field whose value differs between
     ``rows`` (``rows[i]`` belongs to ``ranks[i]``), fields in first-seen order."""
     fields = list(dict.fromkeys(name for row in rows for name in row))

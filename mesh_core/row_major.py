@@ -2,6 +2,7 @@
 :class:`~mesh_core.MeshLayout`, the pipeline topologies, the shim's ``ProcessTopology``, the layout a
 set of legacy groups implies and ``mesh show``'s picture (``tests/test_structure.py`` holds every
 ``(i // stride) % size`` to this module)."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ __all__ = ["coord_along", "coords", "flat_index", "rank_grid", "strides"]
 
 def strides(sizes: Sequence[int]) -> tuple[int, ...]:
     """How far apart (in flat index) neighbours along each dim are: ``prod(sizes[i+1:])``."""
-    return tuple(math.prod(sizes[i + 1:]) for i in range(len(sizes)))
+    return tuple(math.prod(sizes[i + 1 :]) for i in range(len(sizes)))
 
 
 def coord_along(index, step: int, size: int):

@@ -64,16 +64,16 @@ its line:
 
 Users build and query meshes through :mod:`mesh_core`'s own names; these are for the runtime.
 """
+
 from __future__ import annotations
 
 from .absence import add_hint, remove_hint, set_quiet_bound
 from .config import SECTION_SOURCE, autotp_off, layout_sources
 from .consistency import announce_builder
 from .expert_table import ExpertGroupsNotBuilt, expert_groups_name
-from .registry import GroupRegistry, registry_for_world
 from .rebind import find_references
+from .registry import GroupRegistry, registry_for_world
 from .rendezvous import ranks_text
-from .step_aside import ATTR as STEP_ASIDE_ATTR, ReleaseRecord, release_communicators, resume_communicators
 from .roles.default import DEFAULT_MESH, enter_default_mesh, leave_default_mesh
 from .roles.from_groups import mpu_spec
 from .roles.hpz import (
@@ -103,6 +103,8 @@ from .roles.pipe_topology import PipelineTopology, exact_int
 from .roles.process_experts import expert_tensor_parallel_size, process_experts, serve_process_experts
 from .roles.state import ProcessExperts
 from .roles.tensor_parallel import AutoTPGroups, autotp_groups, init_autotp
+from .step_aside import ATTR as STEP_ASIDE_ATTR
+from .step_aside import ReleaseRecord, release_communicators, resume_communicators
 
 __all__ = [
     "ReleaseRecord",

@@ -5,6 +5,7 @@ fastest), their sizes, the global ranks the mesh covers (the whole world or a su
 expert parallelism splits the data-parallel ranks. It is pure data: building one never touches
 ``torch.distributed``, so every validation error is raised before any process group exists.
 """
+
 from __future__ import annotations
 
 import math
@@ -236,7 +237,9 @@ def _resolve_sizes(
             raise MeshSpecError(f"{desc} = {known} does not divide {where}; {inferred[0]} cannot be inferred")
         resolved[inferred[0]] = n_ranks // known
     elif known != n_ranks:
-        raise MeshSpecError(f"{desc} = {known} ranks, but the mesh covers {where}; the sizes must multiply to {n_ranks}")
+        raise MeshSpecError(
+            f"{desc} = {known} ranks, but the mesh covers {where}; the sizes must multiply to {n_ranks}"
+        )
     return resolved
 
 

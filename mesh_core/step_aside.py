@@ -31,6 +31,7 @@ next forward). Nothing resumes lazily at a first collective: a rank would create
 a group its peers are not creating at that moment. A rank set another mesh shares is released for
 both: release and resume both meshes (the second finds the rank set already set aside / back).
 """
+
 from __future__ import annotations
 
 import logging
@@ -116,8 +117,10 @@ class ReleasedCommunicator:
 
     def __repr__(self) -> str:
         # torch's collectives put the repr into their own error ("Process group ... is not initialized")
-        return (f"ReleasedCommunicator(ranks={list(self._ranks)} of {self._mesh}: released by "
-                "release_communicators; call resume_communicators() on every member first)")
+        return (
+            f"ReleasedCommunicator(ranks={list(self._ranks)} of {self._mesh}: released by "
+            "release_communicators; call resume_communicators() on every member first)"
+        )
 
 
 @dataclass
@@ -330,8 +333,12 @@ def _serve_dims_from_standins(mesh: Any, record: ReleaseRecord) -> None:
         return
     record.device_mesh_layout = (device_mesh.mesh, tuple(device_mesh.mesh_dim_names), device_mesh.device_type)
     record.device_mesh = weakref.ref(device_mesh)
-    torch_compat.retarget_device_mesh(device_mesh, {  # its own table lets the released groups go
-        record.old_names[k]: record.standins[k] for k in record.standins if k in record.old_names})
+    torch_compat.retarget_device_mesh(
+        device_mesh,
+        {  # its own table lets the released groups go
+            record.old_names[k]: record.standins[k] for k in record.standins if k in record.old_names
+        },
+    )
     mesh.device_mesh = None
     view = mesh._communicators()
     for name in record.device_mesh_layout[1]:
@@ -353,8 +360,14 @@ def _rebuild_device_mesh(mesh: Any, record: ReleaseRecord) -> None:
         groups.append(dist.GroupMember.WORLD if mesh.registry.is_world(key) else mesh.registry.cached(key))
     held = record.device_mesh() if record.device_mesh is not None else None
     if held is not None:  # someone (a DTensor, FSDP2, the caller) still holds it: it works again, by the old names
-        torch_compat.retarget_device_mesh(held, {
-            record.old_names[k]: mesh.registry.cached(k) for k in record.old_names if mesh.registry.cached(k) is not None})
+        torch_compat.retarget_device_mesh(
+            held,
+            {
+                record.old_names[k]: mesh.registry.cached(k)
+                for k in record.old_names
+                if mesh.registry.cached(k) is not None
+            },
+        )
         mesh.device_mesh = held
         return
     mesh.device_mesh = DeviceMesh.from_group(groups, device_type, mesh=tensor, mesh_dim_names=names)
@@ -401,9 +414,11 @@ def holds(mesh: Any, *, owners: Iterable[Any] = ()) -> MeshHoldings:
             out.append(HeldCommunicator(tuple(uses[key]), key[1], "", "", "released"))
             continue
         state = "suspended" if mode == "suspend" else "alive"
-        out.append(HeldCommunicator(
-            tuple(uses[key]), key[1], group._get_backend_name(), group.group_name, state, _memory_stats(group)
-        ))
+        out.append(
+            HeldCommunicator(
+                tuple(uses[key]), key[1], group._get_backend_name(), group.group_name, state, _memory_stats(group)
+            )
+        )
     return MeshHoldings(tuple(out))
 
 

@@ -79,6 +79,7 @@ Also exported: :data:`OLDEST` / :data:`NEWEST` (the range's ends; tests/compat/t
 creation's "not in the group" answer, mesh_core.registry) and :func:`torch_release` (the installed
 release, tests/gpu). tests/test_structure.py holds the count of this face's names.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -235,9 +236,12 @@ def check_settings() -> None:
         return
     engine = nccl_engine()
     if engine == "nccl2":
-        way_back = ("set TORCH_DIST_USE_NCCL2=0 before the job starts (torch >= 2.15: nccl is nccl2 by default) "
-                    "or init_process_group(backend='nccl-legacy')" if release is not None and release >= (2, 15, 0)
-                    else "unset TORCH_DIST_USE_NCCL2 (or set it to 0) and use backend='nccl'")
+        way_back = (
+            "set TORCH_DIST_USE_NCCL2=0 before the job starts (torch >= 2.15: nccl is nccl2 by default) "
+            "or init_process_group(backend='nccl-legacy')"
+            if release is not None and release >= (2, 15, 0)
+            else "unset TORCH_DIST_USE_NCCL2 (or set it to 0) and use backend='nccl'"
+        )
         raise UnsupportedSettingError(
             f"the world's NCCL backend is nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
             f"{os.environ.get('TORCH_DIST_USE_NCCL2', '<unset>')}, torch {torch.__version__}), which ds-mesh does not "

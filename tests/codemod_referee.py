@@ -7,6 +7,7 @@ imported by it (served from memory). :func:`programs` is the hypothesis strategy
 from the families (builders and readers in one module or two; mpu kinds: none, a grid, an old and a
 new Megatron-style mpu, the Ulysses module; import styles; guards); :func:`disagreements` runs one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +41,7 @@ _INIT_IMPORT = {
     "as": ("import deepspeed as ds", "ds.initialize"),
 }
 
-HELPERS = '''
+HELPERS = """
 import torch.distributed as tdist
 
 
@@ -58,7 +59,7 @@ def show(label, thunk):
         print("OUT", label, value)
     except Exception as err:  # what a read raises is part of the output
         print("OUT", label, "raised", type(err).__name__)
-'''
+"""
 
 MPUS = {
     "none": "mpu = None\n",
@@ -231,19 +232,23 @@ def build(spec: Spec) -> dict:
             readers.append(f'show("sp size", lambda: {g}._get_sequence_parallel_world_size())\n')
             readers.append(f'show("sdp", lambda: {g}._get_sequence_data_parallel_group())\n')
         elif family == "bwc":
-            imports.add("from deepspeed.utils.bwc import bwc_pipeline_parallel_world_size, "
-                        "bwc_tensor_model_parallel_world_size")
+            imports.add(
+                "from deepspeed.utils.bwc import bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size"
+            )
             readers.append('show("bwc pp", lambda: bwc_pipeline_parallel_world_size(mpu))\n')
             readers.append('show("bwc tp", lambda: bwc_tensor_model_parallel_world_size(mpu))\n')
         elif family == "initialize":
             imports.add(init_import)
             readers.append(
-                "import torch\n" + CONFIG
+                "import torch\n"
+                + CONFIG
                 + f"engine, *_ = {init}(model=torch.nn.Linear(4, 4), config=config, mpu=mpu)\n"
                 + 'show("engine dp", lambda: engine.dp_world_size)\n'
                 + f'show("engine dp group", lambda: {g}._get_data_parallel_group())\n'
             )
-    header = "import torch.distributed as tdist\n" + _guarded("".join(f"{line}\n" for line in sorted(imports)), spec.guard)
+    header = "import torch.distributed as tdist\n" + _guarded(
+        "".join(f"{line}\n" for line in sorted(imports)), spec.guard
+    )
     if spec.two_modules and builders:
         helper = header + "\n" + mpu_code + "".join(builders)
         main = header + "from state_helper import mpu\n" + HELPERS + "".join(readers)
@@ -335,8 +340,12 @@ class Disagreement:
 
 
 def installs_runtime(program: dict) -> bool:
-    return any("compat.install()" in line and not line.lstrip().startswith("#")
-               for code in program.values() for line in code.splitlines() if "TODOV1" not in line.split("#")[0])
+    return any(
+        "compat.install()" in line and not line.lstrip().startswith("#")
+        for code in program.values()
+        for line in code.splitlines()
+        if "TODOV1" not in line.split("#")[0]
+    )
 
 
 def disagreements(legacy: dict, migrated: dict, world: int, ranks) -> list[Disagreement]:

@@ -1,5 +1,6 @@
 """Run a realistic legacy script with the real deepspeed 0.19.8 and its migrated version with the
 mesh runtime, as one rank of a fake-backend world, and collect the ``OUT`` lines each prints."""
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,9 @@ def without_runtime(code: str) -> str:
     """A migrated script without the ``import compat`` / ``compat.install()`` lines the migration
     adds (codemods._engine.runtime), so that it runs without the mesh runtime."""
     lines = code.splitlines(keepends=True)
-    return "".join(line for line in lines if line.strip() != "import compat" and not line.lstrip().startswith("compat.install()"))
+    return "".join(
+        line for line in lines if line.strip() != "import compat" and not line.lstrip().startswith("compat.install()")
+    )
 
 
 def run_fake_shim(source: str, rank: int, world: int, *, shim: bool) -> list[str]:
@@ -88,7 +91,8 @@ def _reset_legacy_groups() -> None:
     module = sys.modules.get("deepspeed.utils.groups")
     if module is not None:
         functions = {
-            name: value for name, value in vars(module).items()
+            name: value
+            for name, value in vars(module).items()
             if isinstance(value, types.FunctionType) and value.__module__ == module.__name__
         }
         importlib.reload(module)

@@ -62,7 +62,8 @@ def _forget_engines():
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--fast", action="store_true",
+        "--fast",
+        action="store_true",
         help="leave out the multi-process runs (gloo worlds under torchrun or spawn): unit and property tests only",
     )
 

@@ -15,6 +15,7 @@ state inside a :func:`fakenccl.nccl_world` (enter it inside the world, whose rec
 - an allocation asked for ``"cuda"`` without an index lands on the current device, as on a GPU, and
   reaches the world's recorder (:attr:`fakenccl.RankLog.allocations`) with that index.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ def current_device(*, device_count: int = 8) -> Iterator[DeviceState]:
     """Model this process's current CUDA device (module docstring); yields its state."""
     state = DeviceState()
     with contextlib.ExitStack() as undo:
+
         def patch(owner: Any, name: str, value: Any) -> None:
             had = name in vars(owner)
             old = vars(owner).get(name)
@@ -57,6 +59,7 @@ def current_device(*, device_count: int = 8) -> Iterator[DeviceState]:
                     raise RuntimeError(f"CUDA error: invalid device ordinal {index} ({device_count} devices)")
                 state.index = index
                 state.selected.append((who, index))
+
             return set_device
 
         patch(torch.accelerator, "current_device_index", lambda: state.index)

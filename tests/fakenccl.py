@@ -64,6 +64,7 @@ and check the contract. ``creation_s`` makes each creation take that long (threa
 ``split_non_member`` overrides what ``split_group`` returns to a rank in none of the splits (by
 default the release's: None up to 2.13, ``GroupMember.NON_GROUP_MEMBER`` (-100) from 2.14).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -112,7 +113,9 @@ class Comm:
 @dataclasses.dataclass
 class RankLog:
     rank: int
-    world: list = dataclasses.field(default_factory=list)  # world collectives: ("comm_split", ranks) / ("split_group", splits)
+    world: list = dataclasses.field(
+        default_factory=list
+    )  # world collectives: ("comm_split", ranks) / ("split_group", splits)
     members: list = dataclasses.field(default_factory=list)  # fresh communicators: (group name, ranks)
     events: list = dataclasses.field(default_factory=list)  # member events: (kind, group name, ranks)
     allocations: list = dataclasses.field(default_factory=list)  # cuda devices tensors were asked for
@@ -131,8 +134,16 @@ class RankLog:
 
 
 _FACTORIES = ("tensor", "zeros", "empty", "ones", "full")
-_COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather_into_tensor", "reduce_scatter_tensor",
-                "all_gather", "all_to_all_single", "reduce")
+_COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "barrier",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_gather",
+    "all_to_all_single",
+    "reduce",
+)
 _DEVICE_ATTR = "_fakenccl_device"
 
 
@@ -205,7 +216,11 @@ def nccl_world(
             undo.callback(lambda: setattr(owner, name, old) if had else delattr(owner, name))
 
         if release is not None:
-            patch(torch, "__version__", torch.torch_version.TorchVersion(f"{release}.0" if release.count(".") == 1 else release))
+            patch(
+                torch,
+                "__version__",
+                torch.torch_version.TorchVersion(f"{release}.0" if release.count(".") == 1 else release),
+            )
         engine = default_engine(rel) if engine == "auto" else engine
         for kind, class_name in (("nccl2", "ProcessGroupNCCL2"), ("nccl-lazy", "ProcessGroupNCCLLazy")):
             # the class torch's engine has (absent before 2.14): the world's backend is one when it plays it
@@ -221,8 +236,11 @@ def nccl_world(
         patch(backend_type, "supports_splitting", property(lambda self: True))
         patch(backend_type, "options", property(lambda self: options))
         patch(backend_type, "perform_nocolor_split", lambda self, device: None)  # a non-member's part of a split
-        patch(backend_type, "eager_connect_single_device",
-              lambda self, device: _record_connect(log, self, device, outstanding))  # at creation: recorded below
+        patch(
+            backend_type,
+            "eager_connect_single_device",
+            lambda self, device: _record_connect(log, self, device, outstanding),
+        )  # at creation: recorded below
         # the store-based mesh check is backend-independent (the gloo tests run it); the fake
         # backend's store holds nothing, so it stays skipped as on any fake world
         import mesh_core.consistency as consistency
@@ -238,8 +256,9 @@ def nccl_world(
         if bound:
             world.bound_device_id = torch.device("cuda", local)
             undo.callback(lambda: setattr(world, "bound_device_id", None))
-        log.comms[world.group_name] = Comm(world.group_name, tuple(range(world_size)),
-                                           torch.device("cuda", local) if bound else None, bound, not bound)
+        log.comms[world.group_name] = Comm(
+            world.group_name, tuple(range(world_size)), torch.device("cuda", local) if bound else None, bound, not bound
+        )
 
         # cuda allocations land on the CPU, recorded (and remembered on the tensor)
         for name in _FACTORIES:
@@ -325,7 +344,9 @@ def nccl_world(
             if torchcomms and (device is None or device.index is None):
                 log.hazards.append(f"group {group.group_name} of ranks {ranks}: torchcomms comm with no device index")
             eager = nccl and device is not None and not (lazy_init and engine == "nccl2")  # "nccl2 only" lazy
-            log.comms[group.group_name] = Comm(group.group_name, tuple(ranks), device if eager else None, eager, not eager)
+            log.comms[group.group_name] = Comm(
+                group.group_name, tuple(ranks), device if eager else None, eager, not eager
+            )
             if eager and not split:  # ncclCommInitRank during the creation
                 _record_wait(log, "connect", group.group_name, tuple(ranks), outstanding)
             log.names.append((tuple(ranks), group.group_name))
@@ -345,12 +366,22 @@ def nccl_world(
                 )
             call.setdefault("ranks", None)
             return c10d._new_group_with_tag(
-                call.pop("ranks"), call.pop("timeout", None), call.pop("backend", None), call.pop("pg_options", None),
-                None, **{k: v for k, v in call.items() if k in ("use_local_synchronization", "group_desc", "device_id")},
+                call.pop("ranks"),
+                call.pop("timeout", None),
+                call.pop("backend", None),
+                call.pop("pg_options", None),
+                None,
+                **{k: v for k, v in call.items() if k in ("use_local_synchronization", "group_desc", "device_id")},
             )
 
-        def split_group(parent_pg: Any = None, split_ranks: Any = None, timeout: Any = None,
-                        pg_options: Any = None, group_desc: Any = None, **rest: Any) -> Any:
+        def split_group(
+            parent_pg: Any = None,
+            split_ranks: Any = None,
+            timeout: Any = None,
+            pg_options: Any = None,
+            group_desc: Any = None,
+            **rest: Any,
+        ) -> Any:
             if world.bound_device_id is None and not torchcomms:  # as torch: a split needs the bound device
                 raise RuntimeError("No device associated with the default pg, not safe to split any process groups")
             splits = tuple(tuple(sorted(r)) for r in split_ranks)
@@ -358,8 +389,9 @@ def nccl_world(
             log.waits.append(("world", f"world collective #{len(log.world)}", tuple(range(world_size))))
             log.split_options.append(pg_options)
             mine = next((s for s in splits if rank in s), None)
-            non_member = split_non_member if split_non_member is not None else (
-                NON_GROUP_MEMBER if rel >= (2, 14) else None)
+            non_member = (
+                split_non_member if split_non_member is not None else (NON_GROUP_MEMBER if rel >= (2, 14) else None)
+            )
             if rel < (2, 10):  # non-members return before naming; members counter-name
                 if mine is None:
                     return non_member
@@ -380,7 +412,9 @@ def nccl_world(
             log.names.append((mine, group.group_name))
             return group
 
-        def store_based_barrier(rank_: Any, store: Any, group_name: Any, size: Any, timeout: Any, *a: Any, **k: Any) -> None:
+        def store_based_barrier(
+            rank_: Any, store: Any, group_name: Any, size: Any, timeout: Any, *a: Any, **k: Any
+        ) -> None:
             comm = log.comms.get(group_name)
             ranks = comm.ranks if comm is not None else ()
             log.events.append(("barrier", group_name, ranks))
@@ -412,13 +446,20 @@ def nccl_world(
                 name = group.group_name
                 comm = log.comms.get(name)
                 tensors = [v for v in call.values() if isinstance(v, torch.Tensor)]
-                tensors += [t for v in call.values() if isinstance(v, (list, tuple)) for t in v if isinstance(t, torch.Tensor)]
+                tensors += [
+                    t for v in call.values() if isinstance(v, (list, tuple)) for t in v if isinstance(t, torch.Tensor)
+                ]
                 devices = {tensor_device(t) for t in tensors} - {None}
                 device = next(iter(devices), None)
                 if op == "barrier" and device is None:
-                    device = comm.device if comm is not None and comm.bound else (
-                        getattr(group, "bound_device_id", None)  # torch's barrier: the group's bound device
-                        or torch.device("cuda", torch.accelerator.current_device_index()))
+                    device = (
+                        comm.device
+                        if comm is not None and comm.bound
+                        else (
+                            getattr(group, "bound_device_id", None)  # torch's barrier: the group's bound device
+                            or torch.device("cuda", torch.accelerator.current_device_index())
+                        )
+                    )
                 if comm is not None:
                     if comm.bound and device is not None and device != comm.device:
                         raise RuntimeError(f"{op} on group {name} bound to {comm.device} with a tensor on {device}")
@@ -429,7 +470,9 @@ def nccl_world(
                         log.waits.append(("init", name, comm.ranks))
                         busy = sorted(k for k, v in outstanding.items() if v and k != name)
                         if busy:
-                            log.hazards.append(f"lazy init of group {name} {list(comm.ranks)} while collectives on {busy} are in flight")
+                            log.hazards.append(
+                                f"lazy init of group {name} {list(comm.ranks)} while collectives on {busy} are in flight"
+                            )
                 log.collectives.append((op, name, device))
                 out = None if op == "barrier" else real(*args, **kwargs)  # torch's barrier allocates on cuda
                 if call.get("async_op"):
@@ -487,8 +530,10 @@ def check_contract(logs: list[RankLog]) -> None:
     reference = logs[0]
     for log in logs[1:]:
         if log.world != reference.world:
-            k = next((i for i, (a, b) in enumerate(zip(reference.world, log.world)) if a != b),
-                     min(len(reference.world), len(log.world)))
+            k = next(
+                (i for i, (a, b) in enumerate(zip(reference.world, log.world)) if a != b),
+                min(len(reference.world), len(log.world)),
+            )
             mine = log.world[k] if k < len(log.world) else "nothing"
             theirs = reference.world[k] if k < len(reference.world) else "nothing"
             raise ContractViolation(
@@ -520,8 +565,12 @@ def check_contract(logs: list[RankLog]) -> None:
     for (kind, name, ranks), by in made.items():
         missing = (set(ranks) & played) - by
         if missing:
-            what = {"create": "never created it", "init": "never initialised it (its first collective)",
-                    "destroy": "never destroyed it (a collective of its members)", "barrier": "never reached its barrier"}
+            what = {
+                "create": "never created it",
+                "init": "never initialised it (its first collective)",
+                "destroy": "never destroyed it (a collective of its members)",
+                "barrier": "never reached its barrier",
+            }
             raise ContractViolation(f"group {name} of ranks {list(ranks)}: members {sorted(missing)} {what[kind]}")
     for a in logs:
         for b in logs:
@@ -544,13 +593,16 @@ def check_contract(logs: list[RankLog]) -> None:
                 if other is not None:
                     raise ContractViolation(
                         f"group {comm.name} {list(comm.ranks)}: ranks {other} and {log.rank} both use {comm.device} "
-                        "(NCCL: duplicate GPU)")
+                        "(NCCL: duplicate GPU)"
+                    )
                 devices[comm.name][comm.device] = log.rank
     if played == set(range(len(reference.comms[next(iter(reference.comms))].ranks))):
         counts = {log.rank: log.group_count for log in logs}
         if len(set(counts.values())) > 1:
-            raise ContractViolation(f"torch's group counter differs across ranks: {counts} — the next "
-                                    "counter-named group gets different names (store rendezvous hangs)")
+            raise ContractViolation(
+                f"torch's group counter differs across ranks: {counts} — the next "
+                "counter-named group gets different names (store rendezvous hangs)"
+            )
 
 
 def _record_wait(log: RankLog, kind: str, name: str, ranks: tuple, outstanding: dict) -> None:
@@ -559,7 +611,9 @@ def _record_wait(log: RankLog, kind: str, name: str, ranks: tuple, outstanding: 
     log.waits.append((kind, name, ranks))
     busy = sorted(k for k, v in outstanding.items() if v and k != name)
     if busy:
-        log.hazards.append(f"init of group {name} {list(ranks)} at its {kind} while collectives on {busy} are in flight")
+        log.hazards.append(
+            f"init of group {name} {list(ranks)} at its {kind} while collectives on {busy} are in flight"
+        )
 
 
 def _record_connect(log: RankLog, backend: Any, device: Any, outstanding: dict) -> None:
@@ -607,16 +661,23 @@ def check_waits(logs: list[RankLog]) -> None:
     for rank, step in sorted(stuck.items()):
         gone = sorted(m for m in set(step[2]) & played if m not in stuck)
         if gone:
-            raise ContractViolation(f"rank {rank} waits in the {text(step)}, which members {gone} never reach "
-                                    "(they finished without it) — on GPUs this hangs")
+            raise ContractViolation(
+                f"rank {rank} waits in the {text(step)}, which members {gone} never reach "
+                "(they finished without it) — on GPUs this hangs"
+            )
     rank, chain = min(stuck), []
     while rank not in chain:
         chain.append(rank)
         step = stuck[rank]
         rank = min(m for m in set(step[2]) & played if queues[m][at[m]] != step)
-    cycle = chain[chain.index(rank):]
-    raise ContractViolation("a cycle of waits across ranks (on GPUs this hangs): " + "; ".join(
-        f"rank {r} waits in the {text(stuck[r])} for rank {cycle[(i + 1) % len(cycle)]}" for i, r in enumerate(cycle)))
+    cycle = chain[chain.index(rank) :]
+    raise ContractViolation(
+        "a cycle of waits across ranks (on GPUs this hangs): "
+        + "; ".join(
+            f"rank {r} waits in the {text(stuck[r])} for rank {cycle[(i + 1) % len(cycle)]}"
+            for i, r in enumerate(cycle)
+        )
+    )
 
 
 def run_ranks(

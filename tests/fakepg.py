@@ -1,5 +1,6 @@
 """Test helpers: one process acting as rank r of a world of N (torch's fake backend), and a
 recorder of every group-creation call."""
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ getter family to the dim it serves (:data:`MEGATRON`: Megatron-LM's ``parallel_s
 :data:`DEEPSPEED_TEST`: DeepSpeed's own test mpu, ``get_model_parallel_*`` for tp), ``getters``
 which of ``group`` / ``world_size`` / ``rank`` / ``group_ranks`` each family has (one list for all
 families, or a list per family)."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
@@ -21,9 +22,14 @@ class MegatronMPU:
     """An mpu whose ``get_<family>_<getter>()`` methods answer from ``groups`` (dim -> group) and
     ``ranks`` (dim -> this rank's group's global ranks, needed for the non-group getters)."""
 
-    def __init__(self, groups: Mapping[str, Any], ranks: Optional[Mapping[str, Sequence[int]]] = None, *,
-                 names: Mapping[str, str] = MEGATRON,
-                 getters: "Sequence[str] | Mapping[str, Sequence[str]]" = ("group",)) -> None:
+    def __init__(
+        self,
+        groups: Mapping[str, Any],
+        ranks: Optional[Mapping[str, Sequence[int]]] = None,
+        *,
+        names: Mapping[str, str] = MEGATRON,
+        getters: "Sequence[str] | Mapping[str, Sequence[str]]" = ("group",),
+    ) -> None:
         per_family = getters if isinstance(getters, Mapping) else {family: getters for family in names}
         unknown = {g for gs in per_family.values() for g in gs} - set(ALL_GETTERS)
         if unknown or set(per_family) - set(names):
@@ -44,12 +50,14 @@ class MegatronMPU:
     @classmethod
     def of_mesh(cls, mesh: Any, dims: Sequence[str] = ("dp", "tp", "pp"), **kwargs: Any) -> "MegatronMPU":
         """The mpu a user would hold over ``mesh``'s groups (what ``parallel_state`` would return)."""
-        return cls({dim: mesh.get_group(dim) for dim in dims},
-                   {dim: mesh.get_group_ranks(dim) for dim in dims}, **kwargs)
+        return cls(
+            {dim: mesh.get_group(dim) for dim in dims}, {dim: mesh.get_group_ranks(dim) for dim in dims}, **kwargs
+        )
 
     @classmethod
-    def of_rank_lists(cls, lists: Mapping[str, Sequence[Sequence[int]]], *, member_only: bool = False,
-                      **kwargs: Any) -> "MegatronMPU":
+    def of_rank_lists(
+        cls, lists: Mapping[str, Sequence[Sequence[int]]], *, member_only: bool = False, **kwargs: Any
+    ) -> "MegatronMPU":
         """An mpu of the user's own groups: ``dist.new_group`` for every rank list of every dim, in
         the order given (a world-collective call on every rank), or with ``member_only`` only for
         the lists this rank is in; this rank keeps the group of the list holding it."""

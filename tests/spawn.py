@@ -1,4 +1,5 @@
 """Run a worker on every rank of a local gloo world (spawned processes), failing the test on a hang."""
+
 from __future__ import annotations
 
 import json
@@ -61,11 +62,16 @@ def reads_across_processes() -> bool:
     from mesh_core.transfer._memory import Endpoint, probe
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = subprocess.Popen([sys.executable, "-c", _READS_HOLDER], cwd=root, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=root))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _READS_HOLDER],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=root),
+    )
     try:
         fields = json.loads(child.stdout.readline() or "null")
         return fields is not None and probe(Endpoint.from_fields(fields))
     finally:
         child.communicate(timeout=30)
-

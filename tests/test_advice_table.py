@@ -1,5 +1,6 @@
 """Advice comes from one catalog (``ds_mesh_advice/catalog.json``): MIGRATION.md's tables are
 generated from it, the shim's warnings and the codemods' templates and ``TODOV1`` texts read it."""
+
 from __future__ import annotations
 
 import pathlib
@@ -23,7 +24,9 @@ def _migration_rows() -> list[str]:
     text = (ROOT / "MIGRATION.md").read_text(encoding="utf-8")
     found, header = [], None
     for line in text.splitlines():
-        if line.startswith("| legacy API | replacement | codemod | notes |") or line.startswith("| legacy call (receiver"):
+        if line.startswith("| legacy API | replacement | codemod | notes |") or line.startswith(
+            "| legacy call (receiver"
+        ):
             header = line
         elif not line.startswith("|"):
             header = None
@@ -36,8 +39,12 @@ def test_migration_md_tables_are_the_generated_ones():
     text = (ROOT / "MIGRATION.md").read_text(encoding="utf-8")
     assert migration_tables.generated(text) == text, "run python tools/migration_tables.py --write"
     assert migration_tables.covered(text) == {s["id"] for s in ds_mesh_advice.sections()}
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "migration_tables.py"), "--check"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "migration_tables.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -88,8 +95,9 @@ def test_the_shim_warns_with_the_catalogs_text():
 
 
 def test_the_codemods_templates_and_todo_texts_read_the_catalog():
-    from codemods.rules import _grid_api as grid_api, groups_getters
     from codemods._engine import todo_links
+    from codemods.rules import _grid_api as grid_api
+    from codemods.rules import groups_getters
 
     checked = 0
     for short, text in groups_getters.MANUAL.items():
@@ -147,8 +155,8 @@ def test_the_shim_and_the_codemod_say_the_same_for_each_api():
 
     import compat.groups  # noqa: F401 (registers its legacy entries)
     import compat.topology  # noqa: F401
-    from codemods.rules import groups_getters
     from codemods import migrate_code
+    from codemods.rules import groups_getters
     from compat import deprecation
 
     compared = 0
@@ -159,7 +167,12 @@ def test_the_shim_and_the_codemod_say_the_same_for_each_api():
         assert comment and comment.group(1) == row.next_step, (short, code)
         assert row.next_step in _unwrapped(deprecation._ENTRIES[GROUPS + short].text), short
         compared += 1
-    for name in ("ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineParallelGrid"):
+    for name in (
+        "ProcessTopology",
+        "PipeDataParallelTopology",
+        "PipeModelDataParallelTopology",
+        "PipelineParallelGrid",
+    ):
         row = ds_mesh_advice.row(TOPOLOGY + name)
         assert row.next_step in _unwrapped(deprecation._ENTRIES[TOPOLOGY + name].text), name
         compared += 1
@@ -172,9 +185,12 @@ def test_the_mpu_warning_writes_the_mesh_section_of_the_adopted_layout():
 
     assert mpu_advice(MeshSpec.build(8, pp=2, dp=2, tp=2)).startswith(
         'put "mesh": {"pp": 2, "dp": 2, "tp": 2} in the config (this mpu\'s layout) and drop mpu=, with '
-        '"tensor_parallel": {"autotp_size": 0}')
+        '"tensor_parallel": {"autotp_size": 0}'
+    )
     assert '"order": ["tp", "dp"]' in mpu_advice(MeshSpec.build(4, order=("tp", "dp"), tp=2, dp=2))
-    assert mpu_advice(MeshSpec.build(4, dp=4)) == 'put "mesh": {"dp": 4} in the config (this mpu\'s layout) and drop mpu='
+    assert (
+        mpu_advice(MeshSpec.build(4, dp=4)) == 'put "mesh": {"dp": 4} in the config (this mpu\'s layout) and drop mpu='
+    )
 
 
 def test_every_shim_warning_reads_a_catalog_row():
@@ -187,8 +203,14 @@ def test_every_shim_warning_reads_a_catalog_row():
     for path in sorted((ROOT / "compat").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
-                    in ("legacy_entry", "warn_legacy", "_warn_user")) or path.name == "deprecation.py":
+            if (
+                not (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None))
+                    in ("legacy_entry", "warn_legacy", "_warn_user")
+                )
+                or path.name == "deprecation.py"
+            ):
                 continue
             if len(node.args) < 2 or isinstance(node.args[0], ast.Name):
                 continue  # a forwarding helper's own parameters

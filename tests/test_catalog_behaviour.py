@@ -3,6 +3,7 @@ fake-backend meshes of several layouts, answers what the shim's legacy API answe
 (``compat.groups`` bound to the mesh, ``compat.topology``'s grid, ``compat.mpu.MeshMPU``), and for
 the grid what deepspeed 0.19.8's ``PipelineParallelGrid`` answers. A changed mesh expression in the
 catalog (the codemods write it) or a changed shim answer fails it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -70,12 +71,12 @@ def test_groups_and_mpu_rows_answer_as_the_shim(world, rank, sizes, monkeypatch)
             mesh = DeepSpeedDeviceMesh.build(ep=EP, **sizes)
             cgroups.bind_mesh(mesh)
             for row in groups_rows:
-                shim = _legacy_call(cgroups, row.name[len(GROUPS):], row)
+                shim = _legacy_call(cgroups, row.name[len(GROUPS) :], row)
                 assert _evaluate(row, mesh) == shim, (row.name, sizes)
                 compared += 1
             mpu = MeshMPU(mesh)
             for row in mpu_rows:
-                name = row.name[len("mpu."):]
+                name = row.name[len("mpu.") :]
                 if not hasattr(mpu, name):  # the shim's mpu has no such getter (e.g. a grid-only one)
                     continue
                 assert _evaluate(row, mesh) == _legacy_call(mpu, name, row), (row.name, sizes)
@@ -89,7 +90,7 @@ def test_groups_and_mpu_rows_answer_as_the_shim(world, rank, sizes, monkeypatch)
 # the groups rows deepspeed 0.19.8 answers from process state with no mpu: the lettered (AutoTP)
 # getters after _init_tp_mesh_device(tp), the expert getters after _create_expert_and_data_parallel(2)
 # (equal to the mesh's expert groups when tp = 1, as the catalog's notes say)
-LETTERED = [r for r in _rows("groups", GROUPS) if not r.name[len(GROUPS):].startswith("_")]
+LETTERED = [r for r in _rows("groups", GROUPS) if not r.name[len(GROUPS) :].startswith("_")]
 EXPERT = [r for r in _rows("groups", GROUPS) if "(N)" in r.mesh]
 
 
@@ -106,7 +107,7 @@ def test_lettered_and_expert_rows_answer_as_deepspeed(world, rank, tp):
             legacy._init_tp_mesh_device(tp)
             if tp == 1:
                 legacy._create_expert_and_data_parallel(EP)
-            deepspeed_answers = {row.name: _legacy_call(legacy, row.name[len(GROUPS):], row) for row in rows}
+            deepspeed_answers = {row.name: _legacy_call(legacy, row.name[len(GROUPS) :], row) for row in rows}
             mesh = DeepSpeedDeviceMesh.build(tp=tp)
             mesh_answers = {row.name: _evaluate(row, mesh) for row in rows}
         finally:
@@ -117,7 +118,7 @@ def test_lettered_and_expert_rows_answer_as_deepspeed(world, rank, tp):
 def _grid_answers(grid, rows) -> dict[str, object]:
     answers = {}
     for row in rows:
-        name = row.name[len(GRID):]
+        name = row.name[len(GRID) :]
         try:
             value = getattr(grid, name)
             answers[name] = _value(value() if row.form == "call" else value)
@@ -139,12 +140,13 @@ def test_grid_rows_answer_as_the_shim_and_deepspeed(pp, mp, dp, rank):
 
         deepspeed_answers = _grid_answers(
             legacy.PipelineParallelGrid(topology=legacy.PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp)),
-            rows)
+            rows,
+        )
     with fake_world(rank, world):
         try:
             grid = ct.PipelineParallelGrid(topology=ct.PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp))
             shim_answers = _grid_answers(grid, rows)
-            mesh_answers = {row.name[len(GRID):]: _evaluate(row, grid.mesh) for row in rows}
+            mesh_answers = {row.name[len(GRID) :]: _evaluate(row, grid.mesh) for row in rows}
         finally:
             cgroups._release_process_group_references()
     assert shim_answers == deepspeed_answers  # the shim claims equality with 0.19.8 here

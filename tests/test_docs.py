@@ -1,5 +1,6 @@
 """The user-facing docs: a README for users (short, the set-up commands that work), no progress
 diary, and every figure's command naming a script that exists."""
+
 from __future__ import annotations
 
 import re
@@ -22,7 +23,9 @@ SETUP = (
     "&& .venv/bin/python -m mesh_core show"
 )
 TEST = "DS_ACCELERATOR=cpu .venv/bin/python -m pytest"
-DOCS = sorted([ROOT / "README.md", ROOT / "MIGRATION.md", ROOT / "examples" / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted(
+    [ROOT / "README.md", ROOT / "MIGRATION.md", ROOT / "examples" / "README.md", *(ROOT / "docs").glob("*.md")]
+)
 # a tracker id a reader cannot look up ("issue 10m", "issues 10m and 10e", "bug B8"); "issues 6,464
 # calls" (a verb and a number) is prose
 TRACKER_ID = re.compile(r"\b[Ii]ssues? #?\d+[a-z]?\b(?![,.]\d)|\b(?:bug )?B\d{1,2}\b")
@@ -65,6 +68,10 @@ def test_no_tracker_ids_or_pasted_logs(doc):
 
 def test_the_checks_catch_what_they_are_for():
     assert TRACKER_ID.search("the sections of issues 10m and 10e") and TRACKER_ID.search("diverge, B8)")
-    assert TRACKER_ID.search("(issue 22)") and not TRACKER_ID.search("issues 6,464 calls") and not TRACKER_ID.search("BF16")
+    assert (
+        TRACKER_ID.search("(issue 22)")
+        and not TRACKER_ID.search("issues 6,464 calls")
+        and not TRACKER_ID.search("BF16")
+    )
     log = "[2026-12-02 13:56:35,455] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU."
     assert PASTED_LOG.search(log) and not PASTED_LOG.search("| `ds_config` | `[WARNING]` level |")

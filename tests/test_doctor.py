@@ -1,5 +1,6 @@
 """``mesh doctor``: a healthy environment (exit 0), a stale shm-op lock, a missing start-up hook and a
 torch outside the supported range (each named, exit 1), ``--json``, and no torch / deepspeed import."""
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,14 @@ sys.exit(code)
 def mesh_doctor(tmp_path, *args, site_dir="", no_hook="", **env_extra) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "TORCH_EXTENSIONS_DIR")}
     env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"), **env_extra)
-    return subprocess.run([sys.executable, "-c", RUN.format(site=site_dir, no_hook=no_hook, args=list(args))], env=env,
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", RUN.format(site=site_dir, no_hook=no_hook, args=list(args))],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -75,7 +82,9 @@ def left_lock(directory, minutes: float):
     return lock
 
 
-@pytest.mark.skipif(INSTALLED_RULE != doctor.BATON, reason="torch <= 2.13: FileBaton (from 2.14 a lock never goes stale)")
+@pytest.mark.skipif(
+    INSTALLED_RULE != doctor.BATON, reason="torch <= 2.13: FileBaton (from 2.14 a lock never goes stale)"
+)
 def test_a_stale_lock_is_named_with_the_command_that_clears_it(tmp_path, site_dir):
     lock = left_lock(built(tmp_path), 60)
     proc = mesh_doctor(tmp_path, site_dir=site_dir, DS_MESH="1")
@@ -135,8 +144,17 @@ def test_a_killed_filebaton_build_is_still_named(monkeypatch, tmp_path):
     assert code == 1 and f"[FAIL] shm op: {lock} is a stale lock" in text and f"rm {lock}" in text, text
 
 
-@pytest.mark.parametrize("version,rule", [("2.6.0", "baton"), ("2.13.0+cpu", "baton"), ("2.14.0", "filelock"),
-                                          ("2.14.1+cu130", "filelock"), ("2.15.0", "filelock"), (None, "baton")])
+@pytest.mark.parametrize(
+    "version,rule",
+    [
+        ("2.6.0", "baton"),
+        ("2.13.0+cpu", "baton"),
+        ("2.14.0", "filelock"),
+        ("2.14.1+cu130", "filelock"),
+        ("2.15.0", "filelock"),
+        (None, "baton"),
+    ],
+)
 def test_lock_rule(version, rule):
     assert doctor.lock_rule(version) == rule
 
@@ -148,7 +166,8 @@ def ninja_file(directory, torch_dir: str, deepspeed_dir: str) -> None:
         f"-isystem {torch_dir}/include -isystem {torch_dir}/include/torch/csrc/api/include -fPIC\n"
         f"build shm_interface.o: compile {deepspeed_dir}/ops/csrc/cpu/comm/shm_interface.cpp\n"
         f"build shm.o: compile {deepspeed_dir}/ops/csrc/cpu/comm/shm.cpp\n"
-        "build deepspeed_shm_comm.so: link shm_interface.o shm.o\n")
+        "build deepspeed_shm_comm.so: link shm_interface.o shm.o\n"
+    )
 
 
 def test_a_build_the_next_run_redoes_is_named(monkeypatch, tmp_path):
@@ -164,24 +183,34 @@ def test_a_build_the_next_run_redoes_is_named(monkeypatch, tmp_path):
     ninja_file(directory, "/other/venv/lib/python3.11/site-packages/torch", here_ds)
     code, text = doctor_on(monkeypatch, tmp_path, "2.15.0")
     assert code == 0, text
-    assert (f"[OK  ] shm op: deepspeed_shm_comm is built in {directory} but the next DeepSpeed run on CPU builds it "
-            "again") in text
+    assert (
+        f"[OK  ] shm op: deepspeed_shm_comm is built in {directory} but the next DeepSpeed run on CPU builds it again"
+    ) in text
     assert "built against the torch in /other/venv/lib/python3.11/site-packages" in text
     ninja_file(directory, here_torch, "/other/venv/lib/python3.11/site-packages/deepspeed")
     state = doctor.shm_op_state(str(directory))
     assert state["state"] == "rebuild" and "DeepSpeed's sources in /other/venv" in state["rebuild_reason"]
     ninja_file(directory, here_torch, here_ds)
-    os.utime(directory / f"{doctor.SHM_OP}.so", (time.time() - 10 ** 9,) * 2)  # older than the sources
+    os.utime(directory / f"{doctor.SHM_OP}.so", (time.time() - 10**9,) * 2)  # older than the sources
     state = doctor.shm_op_state(str(directory))
     assert state["state"] == "rebuild" and "changed after the build" in state["rebuild_reason"]
 
 
-@pytest.mark.parametrize("version,setting,refused", [
-    ("2.15.0+cu132", None, True), ("2.15.0+cu132", "1", True), ("2.15.0+cu132", "0", False),
-    ("2.14.1+cu130", None, False), ("2.14.1+cu130", "1", True), ("2.13.0", "1", False),
-])
+@pytest.mark.parametrize(
+    "version,setting,refused",
+    [
+        ("2.15.0+cu132", None, True),
+        ("2.15.0+cu132", "1", True),
+        ("2.15.0+cu132", "0", False),
+        ("2.14.1+cu130", None, False),
+        ("2.14.1+cu130", "1", True),
+        ("2.13.0", "1", False),
+    ],
+)
 def test_a_cuda_job_that_would_get_nccl2_is_named(version, setting, refused):
-    environ = {"DS_ACCELERATOR": "cuda"} if setting is None else {"DS_ACCELERATOR": "cuda", "TORCH_DIST_USE_NCCL2": setting}
+    environ = (
+        {"DS_ACCELERATOR": "cuda"} if setting is None else {"DS_ACCELERATOR": "cuda", "TORCH_DIST_USE_NCCL2": setting}
+    )
     check = doctor.check_accelerator({"cuda": "13.2"}, 1, environ, torch_version=version)
     assert (check["status"] == doctor.FAIL) is refused, check
     assert ("set TORCH_DIST_USE_NCCL2=0" in check["detail"]) is refused
@@ -197,8 +226,15 @@ def test_json_read_by_a_reader_that_stops_early(tmp_path, site_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "TORCH_EXTENSIONS_DIR")}
     env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     try:
-        proc = subprocess.run([sys.executable, "-m", "mesh_core", "doctor", "--json"], stdout=write,
-                              stderr=subprocess.PIPE, env=env, cwd=str(tmp_path), text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mesh_core", "doctor", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=str(tmp_path),
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(write)
     assert proc.stderr == "" and proc.returncode in (0, 1), proc.stderr
@@ -223,7 +259,9 @@ def test_torch_outside_the_supported_range_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr(doctor, "installed_version", lambda name: "2.5.1" if name == "torch" else real(name))
     out = io.StringIO()
     assert doctor.main([], out=out) == 1
-    assert f"[FAIL] torch: torch 2.5.1 is outside {doctor.supported_range('mesh_core/torch_compat.py')}" in out.getvalue()
+    assert (
+        f"[FAIL] torch: torch 2.5.1 is outside {doctor.supported_range('mesh_core/torch_compat.py')}" in out.getvalue()
+    )
     assert "verdict: NOT READY: fix torch" in out.getvalue()
 
 
@@ -232,8 +270,14 @@ def test_json(tmp_path, site_dir):
     proc = mesh_doctor(tmp_path, "--json", site_dir=site_dir)
     result = json.loads(proc.stdout[: proc.stdout.rindex("IMPORTED")])
     assert result["ok"] is True and result["verdict"] == "ready"
-    assert [c["check"] for c in result["checks"]] == ["torch", "deepspeed", "libcst", "start-up hook", "accelerator",
-                                                      "shm op"]
+    assert [c["check"] for c in result["checks"]] == [
+        "torch",
+        "deepspeed",
+        "libcst",
+        "start-up hook",
+        "accelerator",
+        "shm op",
+    ]
 
 
 def test_the_ranges_are_the_enforced_ones():
@@ -245,10 +289,16 @@ def test_the_ranges_are_the_enforced_ones():
         assert f'"libcst{doctor.LIBCST}"' in fh.read()
 
 
-@pytest.mark.parametrize("version,constraint,inside", [
-    ("2.13.0+cpu", ">=2.6.0,<=2.14.1", True), ("2.5.1", ">=2.6.0,<=2.14.1", False),
-    ("2.14.2", ">=2.6.0,<=2.14.1", False), ("1.10.0", ">=1.5,<1.10", False), ("1.9.0", ">=1.5,<1.10", True),
-])
+@pytest.mark.parametrize(
+    "version,constraint,inside",
+    [
+        ("2.13.0+cpu", ">=2.6.0,<=2.14.1", True),
+        ("2.5.1", ">=2.6.0,<=2.14.1", False),
+        ("2.14.2", ">=2.6.0,<=2.14.1", False),
+        ("1.10.0", ">=1.5,<1.10", False),
+        ("1.9.0", ">=1.5,<1.10", True),
+    ],
+)
 def test_in_range(version, constraint, inside):
     assert doctor.in_range(version, constraint) is inside
 
@@ -261,8 +311,9 @@ def test_deep_asks_torch_and_deepspeed(monkeypatch):
     assert check["deepspeed_backend"] in ("gloo", "ccl") and check["torch_cuda_available"] in (True, False)
 
 
-@pytest.mark.parametrize("gpus, text", [(0, "no NVIDIA GPUs visible"), (1, "1 NVIDIA GPU visible"),
-                                        (8, "8 NVIDIA GPUs visible")])
+@pytest.mark.parametrize(
+    "gpus, text", [(0, "no NVIDIA GPUs visible"), (1, "1 NVIDIA GPU visible"), (8, "8 NVIDIA GPUs visible")]
+)
 def test_the_accelerator_line_counts_gpus_in_words(gpus, text):
     line = doctor.check_accelerator({"cuda": "12.8", "hip": None}, gpus, environ={})["detail"]
     assert text in line and "(s)" not in line, line

@@ -8,6 +8,7 @@ layer). The
 implicit import of a parent package is not an edge; ``from pkg import name`` is an edge to
 ``pkg.name`` when that is a module, else to ``pkg`` itself.
 """
+
 from __future__ import annotations
 
 import ast
@@ -186,18 +187,22 @@ def test_no_import_cycles():
 def test_the_graph_counts_type_only_and_deferred_imports():
     """A cycle through ``if TYPE_CHECKING:`` or an in-function import is found like any other."""
     source = (
-        "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from pkg import b\n"
-        "def f():\n    from pkg import c\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\ndef f():\n    from pkg import c\n"
     )
     found = [(type(n).__name__, later) for n, later in _runtime_imports(ast.parse(source))]
     assert found == [("ImportFrom", False), ("ImportFrom", True), ("ImportFrom", True)]
 
 
-@pytest.mark.parametrize("package,forbidden", [("mesh_core", {"compat", "codemods"}), ("codemods", {"mesh_core", "compat"})])
+@pytest.mark.parametrize(
+    "package,forbidden", [("mesh_core", {"compat", "codemods"}), ("codemods", {"mesh_core", "compat"})]
+)
 def test_lower_layers_do_not_import_higher_ones(package, forbidden):
     bad = sorted(
-        f"{m} -> {t}" for m, targets in EDGES.items() if _package(m) == package for t in targets if _package(t) in forbidden
+        f"{m} -> {t}"
+        for m, targets in EDGES.items()
+        if _package(m) == package
+        for t in targets
+        if _package(t) in forbidden
     )
     assert not bad, f"{package} must not import {sorted(forbidden)}: {bad}"
 
@@ -205,7 +210,9 @@ def test_lower_layers_do_not_import_higher_ones(package, forbidden):
 def test_importing_mesh_core_or_codemods_never_imports_deepspeed():
     """No module-level deepspeed import in mesh_core or codemods (a function handed a DeepSpeed
     object, e.g. a ZeRO-3 engine, may import what it needs from deepspeed when it is called)."""
-    bad = sorted(m for m, ext in EAGER_EXTERNAL.items() if _package(m) in ("mesh_core", "codemods") and "deepspeed" in ext)
+    bad = sorted(
+        m for m, ext in EAGER_EXTERNAL.items() if _package(m) in ("mesh_core", "codemods") and "deepspeed" in ext
+    )
     assert not bad, f"deepspeed imported at module level by {bad}"
 
 
@@ -236,11 +243,26 @@ def test_the_mesh_api_is_defined_in_its_class():
     bad = []
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "DeepSpeedDeviceMesh":
+                if (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "DeepSpeedDeviceMesh"
+                ):
                     bad.append(f"{module}:{node.lineno}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and node.args
+            ):
                 first = node.args[0]
                 if isinstance(first, ast.Name) and first.id == "DeepSpeedDeviceMesh":
                     bad.append(f"{module}:{node.lineno}")
@@ -252,8 +274,8 @@ def test_the_mesh_api_is_defined_in_its_class():
 
 
 def test_process_roles_have_one_owner():
-    from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, process_experts
     from mesh_core.roles.state import PROCESS_ROLES
+    from mesh_core.runtime_hooks import all_to_all_groups, autotp_groups, process_experts
 
     assert autotp_groups() is PROCESS_ROLES.autotp
     assert all_to_all_groups() is PROCESS_ROLES.all_to_all

@@ -1,5 +1,6 @@
 """What a user can see carries no internal tracker wording ("issue 21"): the shipped sources (their
 messages, docstrings for help(), and comments, which tracebacks print), the examples and the docs."""
+
 from __future__ import annotations
 
 import pathlib
@@ -19,9 +20,13 @@ def _files():
 
 
 def test_no_issue_numbers_where_users_look():
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in _files() if path.is_file()
-             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if TRACKER.search(line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _files()
+        if path.is_file()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if TRACKER.search(line)
+    ]
     assert not found, "internal tracker wording a user would see:\n" + "\n".join(found)
 
 

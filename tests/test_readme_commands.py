@@ -1,6 +1,7 @@
 """Every shell command of README.md, MIGRATION.md and examples/README.md runs as written after the
 two set-up commands (``.venv/bin/X`` is this interpreter's X, run on this tree). The ones that need
 several processes run elsewhere: the examples in tests/e2e/test_e2e_examples.py, the suite is this."""
+
 from __future__ import annotations
 
 import json
@@ -57,16 +58,29 @@ def test_every_command_names_the_venv(doc):
         words = [w for w in shlex.split(line.rstrip(" \\"), comments=True) if "=" not in w or w.startswith("-")]
         if not words:  # a comment line
             continue
-        ok = (words[0] in AS or words[0] in ELSEWHERE or words[0] in SHELL or words[0] == ".venv/bin/pip"
-              or "/bin/" in words[0])
+        ok = (
+            words[0] in AS
+            or words[0] in ELSEWHERE
+            or words[0] in SHELL
+            or words[0] == ".venv/bin/pip"
+            or "/bin/" in words[0]
+        )
         assert ok, f"{doc}: {line!r} does not run after the set-up (write .venv/bin/{words[0]})"
 
 
-@pytest.mark.parametrize("doc, line", [c for c in commands() if shlex.split(c[1], comments=True)[0] != "python3"],
-                         ids=lambda v: v if len(v) < 20 else v[:60])
+@pytest.mark.parametrize(
+    "doc, line",
+    [c for c in commands() if shlex.split(c[1], comments=True)[0] != "python3"],
+    ids=lambda v: v if len(v) < 20 else v[:60],
+)
 def test_command_runs_as_written(doc, line, tmp_path):
     words = shlex.split(line, comments=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "CODEMODS_CACHE_DIR": str(tmp_path / ".cache")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DS_ACCELERATOR": "cpu",
+        "CODEMODS_CACHE_DIR": str(tmp_path / ".cache"),
+    }
     while "=" in words[0] and not words[0].startswith("-"):  # VAR=value prefixes
         name, value = words.pop(0).split("=", 1)
         env[name] = value

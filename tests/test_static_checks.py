@@ -1,6 +1,7 @@
 """The faces as a type checker reads them: ``mesh_core``'s lazy names typed (its ``TYPE_CHECKING``
 block, held equal to what ``__getattr__`` loads), and a type error through a face caught by mypy
 (tools/static_checks.sh runs the checks themselves)."""
+
 from __future__ import annotations
 
 import ast
@@ -41,7 +42,7 @@ def test_the_lazy_face_shows_a_checker_what_it_loads():
 
 # a use of the faces with two deliberate type errors (an int taken as a str; a str passed as a mesh)
 # and, below them, the same calls typed right
-_SNIPPET = '''
+_SNIPPET = """
 from mesh_core import MeshSpec, runtime_hooks
 from mesh_core.axis_names import MeshDim
 
@@ -51,11 +52,11 @@ runtime_hooks.hpz_group("not a mesh")
 
 size: int = spec.dim_size(MeshDim.TP)
 group = runtime_hooks.hpz_group(None)
-'''
+"""
 
 # mypy reads mesh_core's modules for their types but does not report on them, nor read torch (whose
 # types are not the question here and take a minute to read)
-_MYPY_INI = '''
+_MYPY_INI = """
 [mypy]
 follow_imports = silent
 warn_unused_configs = false
@@ -65,22 +66,34 @@ follow_imports_for_stubs = true
 [mypy-deepspeed.*,libcst.*,numpy.*,wrapt.*]
 follow_imports = skip
 follow_imports_for_stubs = true
-'''
+"""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                    reason="mypy is not installed (the test extra pins it: pip install -e '.[test]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None,
+    reason="mypy is not installed (the test extra pins it: pip install -e '.[test]')",
+)
 def test_a_type_error_through_a_face_is_caught(tmp_path, monkeypatch):
     from mypy import api
 
     (tmp_path / "use.py").write_text(textwrap.dedent(_SNIPPET), encoding="utf-8")
     (tmp_path / "mypy.ini").write_text(_MYPY_INI, encoding="utf-8")
     monkeypatch.setenv("MYPYPATH", str(ROOT))
-    stdout, stderr, status = api.run(["--config-file", str(tmp_path / "mypy.ini"), "--cache-dir", str(tmp_path / "cache"),
-                                      "--python-executable", sys.executable, "--no-error-summary",
-                                      "--show-error-codes", str(tmp_path / "use.py")])
+    stdout, stderr, status = api.run(
+        [
+            "--config-file",
+            str(tmp_path / "mypy.ini"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--python-executable",
+            sys.executable,
+            "--no-error-summary",
+            "--show-error-codes",
+            str(tmp_path / "use.py"),
+        ]
+    )
     errors = [line.split("use.py:", 1)[1] for line in stdout.splitlines() if "use.py:" in line]
     assert status == 1, (stdout, stderr)
     assert len(errors) == 2, stdout
     assert errors[0].startswith("6: error: Incompatible types in assignment") and '"int"' in errors[0], errors
-    assert errors[1].startswith("7: error: Argument 1 to \"hpz_group\" has incompatible type \"str\""), errors
+    assert errors[1].startswith('7: error: Argument 1 to "hpz_group" has incompatible type "str"'), errors

@@ -3,6 +3,7 @@
 Read from the source (``ast``) where the question is "how many definitions", so a copy anywhere in
 ``mesh_core`` / ``compat`` / ``codemods`` / ``examples`` / ``tools`` / ``bench`` is found.
 """
+
 from __future__ import annotations
 
 import ast
@@ -58,7 +59,9 @@ def test_one_axis_name_map():
     from mesh_core import axis_names
 
     written = _dict_literals_mapping({"pipe", "data", "model"}, {"pp", "dp", "tp"})
-    assert sorted(p.split(":")[0] for p in written) == ["codemods/rules/_grid_api.py", "mesh_core/axis_names.py"], written
+    assert sorted(p.split(":")[0] for p in written) == ["codemods/rules/_grid_api.py", "mesh_core/axis_names.py"], (
+        written
+    )
     assert grid_api.AXIS_TO_DIM == axis_names.AXIS_TO_DIM
     assert axis_names.DIM_TO_AXIS == {v: k for k, v in axis_names.AXIS_TO_DIM.items()}
 
@@ -74,7 +77,9 @@ def test_one_row_major_math():
         for path in sorted((ROOT / folder).rglob("*.py")):
             text = path.read_text(encoding="utf-8")
             # either spelling of the slice (ruff format writes `[i + 1 :]`)
-            if path.name != "row_major.py" and ("strides[i + 1] *" in text or re.search(r"math\.prod\(\w+\[i \+ 1 ?:\]\)", text)):
+            if path.name != "row_major.py" and (
+                "strides[i + 1] *" in text or re.search(r"math\.prod\(\w+\[i \+ 1 ?:\]\)", text)
+            ):
                 computing.append(str(path.relative_to(ROOT)))
     assert not computing, f"row-major strides computed outside mesh_core/row_major.py: {computing}"
     topo = PipelineTopology(["pipe", "data", "model"], [2, 3, 2])
@@ -98,21 +103,34 @@ def test_a_narrow_public_api():
 
 
 # weight transfer's face: the names users import (docs/transfer.md); everything else in the package is private
-TRANSFER_FACE = ("ParamLayout", "SyncStats", "TransferStats", "WeightLink", "own_box", "plan_transfer", "transfer",
-                 "transfer_weights")
+TRANSFER_FACE = (
+    "ParamLayout",
+    "SyncStats",
+    "TransferStats",
+    "WeightLink",
+    "own_box",
+    "plan_transfer",
+    "transfer",
+    "transfer_weights",
+)
 
 
 def _transfer_imports(text: str) -> list[str]:
     """The modules a Python source or a Markdown page's code imports weight transfer from."""
     import re
 
-    pattern = re.compile(r"^\s*(?:from\s+(mesh_core\.transfer\S*)\s+import\s+(.+)|import\s+(mesh_core\.transfer\S*))", re.M)
+    pattern = re.compile(
+        r"^\s*(?:from\s+(mesh_core\.transfer\S*)\s+import\s+(.+)|import\s+(mesh_core\.transfer\S*))", re.M
+    )
     found = []
     for match in pattern.finditer(text):
         module = match.group(1) or match.group(3)
         names = [n.split(" as ")[0].strip(" ()\\") for n in (match.group(2) or "").split("#")[0].split(",")]
-        found.append(module if module != "mesh_core.transfer" else
-                     "mesh_core.transfer:" + ",".join(n for n in names if n and n not in TRANSFER_FACE))
+        found.append(
+            module
+            if module != "mesh_core.transfer"
+            else "mesh_core.transfer:" + ",".join(n for n in names if n and n not in TRANSFER_FACE)
+        )
     return found
 
 
@@ -131,16 +149,22 @@ def test_weight_transfer_behind_one_face():
     assert not public, f"modules of mesh_core/transfer/ must be private (_-prefixed): {public}"
     assert not sorted((ROOT / "mesh_core").glob("transfer_*.py")), "weight transfer lives in mesh_core/transfer/"
     wrong = []
-    pages = [*(ROOT / "examples").rglob("*.py"), *(ROOT / "examples").rglob("*.md"), *(ROOT / "docs").rglob("*.md"),
-             ROOT / "README.md", ROOT / "MIGRATION.md"]
+    pages = [
+        *(ROOT / "examples").rglob("*.py"),
+        *(ROOT / "examples").rglob("*.md"),
+        *(ROOT / "docs").rglob("*.md"),
+        ROOT / "README.md",
+        ROOT / "MIGRATION.md",
+    ]
     for path in pages:
         for module in _transfer_imports(path.read_text(encoding="utf-8")):
             if module != "mesh_core.transfer:":
                 wrong.append(f"{path.relative_to(ROOT)}: {module}")
     assert not wrong, f"examples/docs import weight transfer other than from mesh_core.transfer's face: {wrong}"
-    assert _transfer_imports("from mesh_core.transfer._jobs import WeightLink\nimport mesh_core.transfer_jobs\n"
-                             "from mesh_core.transfer import WeightLink, _holders  # x\n") == [
-        "mesh_core.transfer._jobs", "mesh_core.transfer_jobs", "mesh_core.transfer:_holders"]
+    assert _transfer_imports(
+        "from mesh_core.transfer._jobs import WeightLink\nimport mesh_core.transfer_jobs\n"
+        "from mesh_core.transfer import WeightLink, _holders  # x\n"
+    ) == ["mesh_core.transfer._jobs", "mesh_core.transfer_jobs", "mesh_core.transfer:_holders"]
 
 
 # the modules of mesh_core that compat may import from (docs/architecture.md, "Faces"); each answers
@@ -177,7 +201,11 @@ def _compat_mesh_core_uses(root: pathlib.Path = ROOT) -> list[tuple[str, str, st
                             uses.append((where(node), alias.name, ""))
                         else:
                             modules[alias.asname] = alias.name
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mesh_core":
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").split(".")[0] == "mesh_core"
+            ):
                 for alias in node.names:
                     uses.append((where(node), node.module, alias.name))
                     full = f"{node.module}.{alias.name}"
@@ -195,7 +223,9 @@ def test_compat_imports_mesh_core_through_its_faces_only():
     dim vocabulary) and ``mesh_core.torch_compat`` (the supported torch range)."""
     faces = _face_names()
     uses = _compat_mesh_core_uses()
-    assert any(m == "mesh_core.runtime_hooks" for _, m, _ in uses) and any(m == "mesh_core.torch_compat" for _, m, _ in uses)
+    assert any(m == "mesh_core.runtime_hooks" for _, m, _ in uses) and any(
+        m == "mesh_core.torch_compat" for _, m, _ in uses
+    )
     behind = [f"{w} {m}" for w, m, _ in uses if m not in faces]
     assert not behind, f"compat imports mesh_core modules that are not faces: {behind}"
     unexported = [f"{w} {m}.{n}" for w, m, n in uses if m in faces and n not in faces[m]]
@@ -207,11 +237,17 @@ def test_the_face_check_finds_a_reach_behind_the_faces(tmp_path):
     (tmp_path / "compat").mkdir()
     (tmp_path / "compat" / "x.py").write_text(
         "import mesh_core.roles.hpz\nfrom mesh_core.roles.pipe_topology import exact_int\n"
-        "from mesh_core import torch_compat\ntorch_compat._newest_torch\nfrom mesh_core.runtime_hooks import _x\n")
+        "from mesh_core import torch_compat\ntorch_compat._newest_torch\nfrom mesh_core.runtime_hooks import _x\n"
+    )
     faces = _face_names()
     uses = {(m, n) for _, m, n in _compat_mesh_core_uses(tmp_path)}
-    assert uses == {("mesh_core.roles.hpz", ""), ("mesh_core.roles.pipe_topology", "exact_int"), ("mesh_core", "torch_compat"),
-                    ("mesh_core.torch_compat", "_newest_torch"), ("mesh_core.runtime_hooks", "_x")}
+    assert uses == {
+        ("mesh_core.roles.hpz", ""),
+        ("mesh_core.roles.pipe_topology", "exact_int"),
+        ("mesh_core", "torch_compat"),
+        ("mesh_core.torch_compat", "_newest_torch"),
+        ("mesh_core.runtime_hooks", "_x"),
+    }
     assert [(m, n) for m, n in sorted(uses) if m in faces and n in faces[m]] == [("mesh_core", "torch_compat")]
 
 
@@ -248,8 +284,14 @@ def test_the_mesh_class_has_at_most_16_public_methods():
 
     from mesh_core import DeepSpeedDeviceMesh
 
-    public = sorted({n for cls in DeepSpeedDeviceMesh.__mro__[:-1] for n, v in vars(cls).items() if not n.startswith("_")
-                     and (inspect.isfunction(v) or isinstance(v, (classmethod, staticmethod, property)))})
+    public = sorted(
+        {
+            n
+            for cls in DeepSpeedDeviceMesh.__mro__[:-1]
+            for n, v in vars(cls).items()
+            if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, (classmethod, staticmethod, property)))
+        }
+    )
     assert len(public) <= 16 and {"get_rank", "get_local_rank"} <= set(public), public
     for role in ("hpz_group", "create_hpz_group", "expert_groups_named", "register_expert_groups"):
         assert not hasattr(DeepSpeedDeviceMesh, role), role
@@ -272,12 +314,16 @@ def test_codemod_rules_call_no_private_method_of_a_command():
     bad = []
     for path in sorted((ROOT / "codemods").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "command"
-                    and node.attr.startswith("_")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "command"
+                and node.attr.startswith("_")
+            ):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} command.{node.attr}")
     assert not bad, f"private command members used by rules: {bad}"
-    from codemods.rules.groups_getters import GroupsGettersCommand
     from codemods.rules._rule_api import RuleHost
+    from codemods.rules.groups_getters import GroupsGettersCommand
 
     members = {n for n in vars(RuleHost) if not n.startswith("_")} - {"context"}
     assert members and all(callable(getattr(GroupsGettersCommand, n, None)) for n in members), members
@@ -291,10 +337,16 @@ def _source_trees(folders=("mesh_core", "compat", "codemods")):
 
 def test_one_rank_decode():
     """Every ``(i // stride) % size`` is ``mesh_core.row_major.coord_along`` (read from the AST)."""
-    inline = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() if path.name != "row_major.py"
-              for node in ast.walk(tree)
-              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
-              and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.FloorDiv)]
+    inline = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path, tree in _source_trees()
+        if path.name != "row_major.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mod)
+        and isinstance(node.left, ast.BinOp)
+        and isinstance(node.left.op, ast.FloorDiv)
+    ]
     assert not inline, f"row-major decodes outside mesh_core/row_major.py: {inline}"
     from mesh_core import MeshLayout, MeshSpec, row_major
 
@@ -314,8 +366,12 @@ def test_one_is_auto():
     from mesh_core import MeshSpec, MeshSpecError
     from mesh_core.spec import auto_message, is_auto
 
-    defined = [f"{path.relative_to(ROOT)}" for path, tree in _source_trees() for node in ast.walk(tree)
-               if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "is_auto"]
+    defined = [
+        f"{path.relative_to(ROOT)}"
+        for path, tree in _source_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "is_auto"
+    ]
     assert defined == ["mesh_core/spec.py"], defined
     assert all(is_auto(v) for v in ("auto", "AUTO", None, -1)) and not any(is_auto(v) for v in (" auto ", 1, True, "2"))
     assert not dist.is_initialized()
@@ -333,10 +389,15 @@ def test_one_autotp_off_rule():
     """``autotp_size`` 0 / 1 turns AutoTP off: written once (``mesh_core.config.autotp_off``)."""
     from mesh_core.config import autotp_off
 
-    written = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() for node in ast.walk(tree)
-               if isinstance(node, ast.Compare) and "autotp" in ast.unparse(node.left)
-               and any(isinstance(c, ast.Tuple) and 0 in [getattr(e, "value", None) for e in c.elts]
-                       for c in node.comparators) and path.name != "config.py"]
+    written = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path, tree in _source_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and "autotp" in ast.unparse(node.left)
+        and any(isinstance(c, ast.Tuple) and 0 in [getattr(e, "value", None) for e in c.elts] for c in node.comparators)
+        and path.name != "config.py"
+    ]
     assert not written, f"the AutoTP-off values written outside mesh_core/config.py: {written}"
     assert autotp_off({"tensor_parallel": {"autotp_size": 0}}) and autotp_off({"tensor_parallel": {"autotp_size": 1}})
     assert not autotp_off({"tensor_parallel": {"autotp_size": 2}}) and not autotp_off({"mesh": {"tp": 2}})
@@ -349,11 +410,15 @@ def test_one_list_of_dim_names():
     from mesh_core.spec import MESH_DIMS
 
     legacy, every = ["pp", "dp", "sp", "tp"], sorted(MESH_DIMS)
-    written = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in _source_trees() for node in ast.walk(tree)
-               if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
-                                                      for e in node.elts)
-               and ([e.value for e in node.elts] == legacy or sorted(e.value for e in node.elts) == every)
-               and path.name != "axis_names.py"]
+    written = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path, tree in _source_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Tuple)
+        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        and ([e.value for e in node.elts] == legacy or sorted(e.value for e in node.elts) == every)
+        and path.name != "axis_names.py"
+    ]
     assert not written, f"dim names spelled outside mesh_core/axis_names.py: {written}"
     assert MESH_DIMS == tuple(d.value for d in axis_names.MeshDim) and axis_names.MeshDim.TP == "tp"
     assert set(axis_names.ALIASES.values()) <= set(MESH_DIMS) and axis_names.ALIASES["fsdp"] == "dp_shard"
@@ -393,5 +458,6 @@ def test_each_face_holds_its_size_and_says_who_uses_each_name():
     assert not changed, (
         f"a face changed size: {changed}. Adding a name: give it a line in the face's docstring saying who "
         "outside the package uses it, and change its number in FACE_SIZES (tests/test_structure.py) in the "
-        "same commit; a name only the package itself uses is imported from its home module, not the face.")
+        "same commit; a name only the package itself uses is imported from its home module, not the face."
+    )
     assert not unexplained, f"names a face exports without a word in its docstring on who uses them: {unexplained}"

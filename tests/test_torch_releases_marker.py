@@ -2,6 +2,7 @@
 mesh_core, compat and the NCCL contract carries it (at module level) unless it is named below with why,
 so a new module joins the subset run on the oldest and newest supported torch without anyone
 remembering to add it."""
+
 from __future__ import annotations
 
 import ast
@@ -34,10 +35,12 @@ def _module_marks(path: Path) -> set[str]:
 
 def _only_multiprocess(path: Path) -> bool:
     """Whether every test function of the module is marked ``multiprocess`` one by one."""
-    tests = [n for n in ast.parse(path.read_text()).body
-             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
-    return bool(tests) and all("multiprocess" in ast.dump(ast.Module(body=n.decorator_list, type_ignores=[]))
-                               for n in tests)
+    tests = [
+        n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    ]
+    return bool(tests) and all(
+        "multiprocess" in ast.dump(ast.Module(body=n.decorator_list, type_ignores=[])) for n in tests
+    )
 
 
 def test_every_torch_facing_module_is_in_the_torch_release_subset():

@@ -1,6 +1,7 @@
 """Reading migrated code whatever line its ``# TODOV1:`` comments stand on (a comment is placed above
 its statement when the statement's line would grow past 100 characters, wrapped where its indentation
 would take it past 100)."""
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ file's size, with groups of each ``--group-bytes`` (1: every definition on its o
 JSON, how many files the piecewise path took, how many of those gave the whole-file path's bytes,
 sites and TODOV1 counts, and the files that did not (exit status 1 if any). The files are not written.
 """
+
 from __future__ import annotations
 
 import argparse

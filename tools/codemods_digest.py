@@ -4,6 +4,7 @@
 ``tests/fixtures/codemods/deepspeed_digest.json`` (what tests pin; rewrite it only when a codemod
 change is meant to change the output). ``--all`` digests every file of the package (minutes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def digests(files: Sequence[str] = SUBSET) -> dict[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"store the subset's digests in {STORED.relative_to(ROOT)}")
+    parser.add_argument(
+        "--write", action="store_true", help=f"store the subset's digests in {STORED.relative_to(ROOT)}"
+    )
     parser.add_argument("--all", action="store_true", help="every .py file of the package (minutes)")
     args = parser.parse_args(argv)
     files = sorted(str(p.relative_to(deepspeed_root())) for p in deepspeed_root().rglob("*.py")) if args.all else SUBSET

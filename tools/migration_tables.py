@@ -7,6 +7,7 @@ of catalog section ids (their tables). Edit the catalog, then::
     python tools/migration_tables.py --write     # rewrite MIGRATION.md's generated parts
     python tools/migration_tables.py --check     # exit 1 when MIGRATION.md differs (what CI runs)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def render_kinds() -> str:
 def render_section(section: dict) -> str:
     header = section.get("header", HEADER)
     fields = ["api", "replacement"] + [FIELDS.get(h, "notes") for h in header[2:]]
-    lines = [f'<a id="{section["anchor"]}"></a>', f'### {section["heading"]}', ""]
+    lines = [f'<a id="{section["anchor"]}"></a>', f"### {section['heading']}", ""]
     if section.get("intro"):
         lines += [section["intro"], ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -68,8 +69,9 @@ def main(argv=None) -> int:
     new = generated(text)
     if args.check:
         if new != text:
-            sys.stderr.write("MIGRATION.md differs from ds_mesh_advice/catalog.json: "
-                             "run python tools/migration_tables.py --write\n")
+            sys.stderr.write(
+                "MIGRATION.md differs from ds_mesh_advice/catalog.json: run python tools/migration_tables.py --write\n"
+            )
             return 1
         return 0
     if new != text:

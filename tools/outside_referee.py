@@ -38,6 +38,7 @@ statements a rule failed at, each listed).
 Exit status 0; 1 when a migrated file fails to compile where its original compiled, a second run
 would change something, or the migration failed on a file or a site (or exited non-zero).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,17 +60,32 @@ from typing import Iterator, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("groups", "topology", "grid", "initialize", "mpu", "bwc")
 PYTHONS = {"3.10": "/root/.pyenv/versions/3.10.13/bin/python", "3.11": "/root/.pyenv/versions/3.11.7/bin/python"}
-TOPOLOGY_CLASSES = {"PipelineParallelGrid", "ProcessTopology", "PipeDataParallelTopology", "PipeModelDataParallelTopology"}
+TOPOLOGY_CLASSES = {
+    "PipelineParallelGrid",
+    "ProcessTopology",
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+}
 GROUPS_MODULE = "deepspeed.utils.groups"
 GRID_HOLDERS = {"grid", "_grid"}
 # pre-0.6 deepspeed.utils.groups names that 0.19.8 no longer has (not in the installed sources):
 # a call of one is a legacy site all the same
-PRE_06_GROUPS = frozenset({
-    "expert_parallel_is_initialized", "initialize_expert_parallel", "initialize_model_parallel",
-    "get_expert_parallel_group", "get_expert_data_parallel_group", "get_expert_parallel_world_size",
-    "get_expert_data_parallel_world_size", "get_expert_parallel_rank", "get_expert_data_parallel_rank",
-    "get_expert_parallel_src_rank", "get_max_expert_size", "get_model_parallel_src_rank",
-})
+PRE_06_GROUPS = frozenset(
+    {
+        "expert_parallel_is_initialized",
+        "initialize_expert_parallel",
+        "initialize_model_parallel",
+        "get_expert_parallel_group",
+        "get_expert_data_parallel_group",
+        "get_expert_parallel_world_size",
+        "get_expert_data_parallel_world_size",
+        "get_expert_parallel_rank",
+        "get_expert_data_parallel_rank",
+        "get_expert_parallel_src_rank",
+        "get_max_expert_size",
+        "get_model_parallel_src_rank",
+    }
+)
 
 
 def _deepspeed_dir() -> Path:
@@ -94,8 +110,12 @@ def _grid_api(path: Path) -> set[str]:
                 if isinstance(item, ast.FunctionDef) and not item.name.startswith("__"):
                     names.add(item.name)
             for sub in ast.walk(node):
-                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and \
-                        isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.ctx, ast.Store)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"
+                ):
                     names.add(sub.attr)
     return names
 
@@ -182,7 +202,11 @@ class _Scan(ast.NodeVisitor):
     def is_deepspeed_initialize(self, func: ast.AST) -> bool:
         if isinstance(func, ast.Name):
             return func.id in self.initialize_names
-        return isinstance(func, ast.Attribute) and func.attr == "initialize" and _dotted(func.value) in self.deepspeed_modules
+        return (
+            isinstance(func, ast.Attribute)
+            and func.attr == "initialize"
+            and _dotted(func.value) in self.deepspeed_modules
+        )
 
     # pass 1: aliases and the mpu= expressions
     def collect(self, tree: ast.Module) -> None:
@@ -211,9 +235,13 @@ class _Scan(ast.NodeVisitor):
                     full = f"{node.module}.{a.name}"
                     if full == GROUPS_MODULE:
                         self.groups_modules.add(bound)
-                    elif node.module == GROUPS_MODULE or (node.module == "deepspeed.utils" and a.name in self.names.groups):
+                    elif node.module == GROUPS_MODULE or (
+                        node.module == "deepspeed.utils" and a.name in self.names.groups
+                    ):
                         self.groups_functions.add(bound)
-                    elif node.module == "deepspeed.utils.bwc" or (node.module == "deepspeed.utils" and a.name in self.names.bwc):
+                    elif node.module == "deepspeed.utils.bwc" or (
+                        node.module == "deepspeed.utils" and a.name in self.names.bwc
+                    ):
                         self.bwc_functions.add(bound)
                     if a.name in TOPOLOGY_CLASSES and node.module.startswith("deepspeed"):
                         self.topology_names.add(bound)
@@ -223,14 +251,23 @@ class _Scan(ast.NodeVisitor):
                     for value in values:
                         if kw.arg == "mpu" and _dotted(value):
                             self.mpu_exprs.add(_dotted(value))
-            elif isinstance(node, ast.arg) and node.annotation is not None and \
-                    _last(node.annotation) == "PipelineParallelGrid":
+            elif (
+                isinstance(node, ast.arg)
+                and node.annotation is not None
+                and _last(node.annotation) == "PipelineParallelGrid"
+            ):
                 self.grid_names.add(node.arg)
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
-                    _last(node.annotation) == "PipelineParallelGrid":
+            elif (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and _last(node.annotation) == "PipelineParallelGrid"
+            ):
                 self.grid_names.add(node.target.id)
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                    _last(node.value.func) == "PipelineParallelGrid":
+            elif (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and _last(node.value.func) == "PipelineParallelGrid"
+            ):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         self.grid_names.add(t.id)
@@ -286,7 +323,12 @@ class _Scan(ast.NodeVisitor):
                     self.add("initialize", node)
             elif attr in self.names.mpu and owner in self.mpu_exprs and not self._grid_owner(owner):
                 self.add("mpu", node)
-            elif attr in self.names.mpu and owner == "mpu" and self.mpu_parameter and self.deepspeed_modules | self.initialize_names:
+            elif (
+                attr in self.names.mpu
+                and owner == "mpu"
+                and self.mpu_parameter
+                and self.deepspeed_modules | self.initialize_names
+            ):
                 self.add("mpu", node)  # a parameter named mpu in a file that imports deepspeed
         self.generic_visit(node)
 
@@ -300,7 +342,12 @@ class _Scan(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         owner = _dotted(node.value)
-        if owner is not None and node.attr in self.names.grid and isinstance(node.ctx, ast.Load) and self._grid_owner(owner):
+        if (
+            owner is not None
+            and node.attr in self.names.grid
+            and isinstance(node.ctx, ast.Load)
+            and self._grid_owner(owner)
+        ):
             self.add("grid", node)
         self.generic_visit(node)
 
@@ -336,8 +383,14 @@ def scan_source(source: str, names: LegacyNames, original: Optional[str] = None)
             scan.collect(ast.parse(original))
         except (SyntaxError, ValueError):
             pass
-    if not (scan.groups_functions or scan.bwc_functions or scan.topology_names or scan.grid_names or scan.mpu_exprs
-            or "deepspeed" in source):
+    if not (
+        scan.groups_functions
+        or scan.bwc_functions
+        or scan.topology_names
+        or scan.grid_names
+        or scan.mpu_exprs
+        or "deepspeed" in source
+    ):
         return []
     scan.stack.append(tree)  # type: ignore[arg-type]
     scan.generic_visit(tree)
@@ -424,7 +477,9 @@ def _not_compiling(python: str, files: list[Path]) -> set[str]:
         "        bad.append(p)\n"
         "print(json.dumps(bad))\n"
     )
-    done = subprocess.run([python, "-c", script], input="\n".join(map(str, files)), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [python, "-c", script], input="\n".join(map(str, files)), capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{python} failed: {done.stderr[-500:]}")
     return set(json.loads(done.stdout))
@@ -454,7 +509,9 @@ def referee(tree: Path, names: LegacyNames, pythons: dict[str, str], keep: Optio
     summary, result.seconds, result.exit_status = _migrate(copy)
     result.codemod_errors = summary.get("parse_errors", 0)
     result.codemod_failures = summary.get("codemod_failures", 0)
-    result.failed_sites = [f"{Path(f['path']).relative_to(copy)}:{f['line']} {f['why']}" for f in summary.get("failed_sites", [])]
+    result.failed_sites = [
+        f"{Path(f['path']).relative_to(copy)}:{f['line']} {f['why']}" for f in summary.get("failed_sites", [])
+    ]
     result.sites_reported = sum(summary.get("sites_rewritten", {}).values())
     result.todos_reported = sum(summary.get("sites_todo", {}).values())
     advice: dict[Path, list[str]] = {}  # each file's TODOV1s, their full advice
@@ -504,17 +561,42 @@ def _cell(result: TreeResult, counter: Counter) -> str:
 
 
 def table(results: list[TreeResult], pythons: dict[str, str]) -> str:
-    head = ["tree", "files", "changed", "legacy sites (scan)", "rewritten", "flagged TODOV1", "missed",
-            "codemod failures (files/sites)", "exit",
-            *[f"no longer compile {v}" for v in pythons], "second run changes", "time (s)"]
+    head = [
+        "tree",
+        "files",
+        "changed",
+        "legacy sites (scan)",
+        "rewritten",
+        "flagged TODOV1",
+        "missed",
+        "codemod failures (files/sites)",
+        "exit",
+        *[f"no longer compile {v}" for v in pythons],
+        "second run changes",
+        "time (s)",
+    ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        rows.append("| " + " | ".join([
-            r.tree, str(r.files), str(r.changed), _cell(r, r.found), _cell(r, r.rewritten), _cell(r, r.flagged),
-            _cell(r, r.missed), f"{r.codemod_failures}/{len(r.failed_sites)}", str(r.exit_status),
-            *[str(len(r.compile_failures.get(v, []))) for v in pythons],
-            str(r.second_run_changes), f"{r.seconds:.1f}",
-        ]) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    r.tree,
+                    str(r.files),
+                    str(r.changed),
+                    _cell(r, r.found),
+                    _cell(r, r.rewritten),
+                    _cell(r, r.flagged),
+                    _cell(r, r.missed),
+                    f"{r.codemod_failures}/{len(r.failed_sites)}",
+                    str(r.exit_status),
+                    *[str(len(r.compile_failures.get(v, []))) for v in pythons],
+                    str(r.second_run_changes),
+                    f"{r.seconds:.1f}",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -539,7 +621,9 @@ def main(argv=None) -> int:
             return 2
         results.append(referee(tree, names, pythons, args.keep))
         r = results[-1]
-        sys.stderr.write(f"{r.tree}: {sum(r.found.values())} sites, {sum(r.missed.values())} missed, {r.seconds:.1f} s\n")
+        sys.stderr.write(
+            f"{r.tree}: {sum(r.found.values())} sites, {sum(r.missed.values())} missed, {r.seconds:.1f} s\n"
+        )
     print(table(results, pythons))
     bad = False
     for r in results:
@@ -549,8 +633,10 @@ def main(argv=None) -> int:
                 print(f"{r.tree}: {f} no longer compiles on Python {v}")
         if r.codemod_failures or r.failed_sites or r.exit_status not in (0, None):
             bad = True
-            print(f"{r.tree}: the migration exited {r.exit_status}; {r.codemod_failures} files failed, "
-                  f"{len(r.failed_sites)} sites failed")
+            print(
+                f"{r.tree}: the migration exited {r.exit_status}; {r.codemod_failures} files failed, "
+                f"{len(r.failed_sites)} sites failed"
+            )
             for line in r.failed_sites:
                 print(f"{r.tree}: failed site {line}")
         if r.second_run_changes:
@@ -560,8 +646,21 @@ def main(argv=None) -> int:
             for line in r.missed_sites:
                 print(f"{r.tree}: missed {line}")
     if args.json:
-        args.json.write_text(json.dumps([{**vars(r), "found": dict(r.found), "rewritten": dict(r.rewritten),
-                                          "flagged": dict(r.flagged), "missed": dict(r.missed)} for r in results], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        **vars(r),
+                        "found": dict(r.found),
+                        "rewritten": dict(r.rewritten),
+                        "flagged": dict(r.flagged),
+                        "missed": dict(r.missed),
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
     return 1 if bad else 0
 
 

@@ -12,6 +12,7 @@ unsupported one it checks the refusal: ``DS_MESH=1 python -c "import deepspeed"`
 warning, ``compat.install()`` raises naming the range, and ``is_installed()`` is False after.
 Exit status 0 when every row passes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +51,27 @@ def env_for(overlay: str | None) -> dict[str, str]:
 
 def overlay_for(version: str | None, cache: str, tree: str | None = None) -> str:
     """``<cache>/ds-<version>`` (or ``ds-tree-<name>``) holding that deepspeed only (installed once)."""
-    target = os.path.join(cache, f"ds-{version}" if tree is None else f"ds-tree-{os.path.basename(os.path.abspath(tree))}")
+    target = os.path.join(
+        cache, f"ds-{version}" if tree is None else f"ds-tree-{os.path.basename(os.path.abspath(tree))}"
+    )
     if not os.path.isdir(os.path.join(target, "deepspeed")):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
-                        f"deepspeed=={version}" if tree is None else os.path.abspath(tree)], check=True, env=dict(os.environ, DS_BUILD_OPS="0"),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                target,
+                f"deepspeed=={version}" if tree is None else os.path.abspath(tree),
+            ],
+            check=True,
+            env=dict(os.environ, DS_BUILD_OPS="0"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     return target
 
 
@@ -63,8 +80,15 @@ def run_jobs(overlay: str, out_dir: str, timeout: int) -> tuple[str, list[dict]]
 
     env = env_for(overlay)
     env["TORCH_EXTENSIONS_DIR"] = os.path.join(out_dir, "torch_extensions")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(ROOT, "tests", "e2e", "release_jobs.py"), out_dir]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        os.path.join(ROOT, "tests", "e2e", "release_jobs.py"),
+        out_dir,
+    ]
     try:
         proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -80,9 +104,11 @@ def job_row(release: str, job: str, ranks: list[dict]) -> tuple[str, bool]:
     import torch
 
     losses = all(r[job]["plain"]["losses"] == r[job]["shim"]["losses"] for r in ranks)
-    params = all(r[job]["plain"]["params"].keys() == r[job]["shim"]["params"].keys()
-                 and all(torch.equal(v, r[job]["shim"]["params"][k]) for k, v in r[job]["plain"]["params"].items())
-                 for r in ranks)
+    params = all(
+        r[job]["plain"]["params"].keys() == r[job]["shim"]["params"].keys()
+        and all(torch.equal(v, r[job]["shim"]["params"][k]) for k, v in r[job]["plain"]["params"].items())
+        for r in ranks
+    )
     routed = all(r[job]["shim"]["installed"] and not r[job]["plain"]["installed"] for r in ranks)
     final = ranks[-1][job]["plain"]["losses"][-1]
     ok = losses and params and routed
@@ -97,15 +123,28 @@ def refusal_row(release: str, overlay: str, out_dir: str) -> tuple[str, bool]:
     startup.write_pth(site)
     env = env_for(overlay)
     env["DS_MESH"] = "1"
-    proc = subprocess.run([sys.executable, "-c", REFUSAL.format(site=site)], env=env, cwd=out_dir,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", REFUSAL.format(site=site)],
+        env=env,
+        cwd=out_dir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "ds-mesh:" in line]
     raised = [line for line in proc.stdout.splitlines() if line.startswith("RAISED")]
-    ok = (proc.returncode == 0 and len(warned) == 1 and len(raised) == 1 and releases.SUPPORTED in raised[0]
-          and "INSTALLED False 0" in proc.stdout)
+    ok = (
+        proc.returncode == 0
+        and len(warned) == 1
+        and len(raised) == 1
+        and releases.SUPPORTED in raised[0]
+        and "INSTALLED False 0" in proc.stdout
+    )
     after = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("INSTALLED")]
-    detail = (f"DS_MESH=1 import: rc={proc.returncode}, {len(warned)} warning; install() raised naming the range: "
-              f"{bool(raised) and releases.SUPPORTED in raised[0]}; is_installed() after: {after[0] if after else '?'}")
+    detail = (
+        f"DS_MESH=1 import: rc={proc.returncode}, {len(warned)} warning; install() raised naming the range: "
+        f"{bool(raised) and releases.SUPPORTED in raised[0]}; is_installed() after: {after[0] if after else '?'}"
+    )
     return f"| {release} | refused | {detail} | | | | {'PASS' if ok else 'FAIL'} |", ok
 
 
@@ -113,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("releases", nargs="*", help="deepspeed versions (default: every supported one and 0.16.9)")
     parser.add_argument("--tree", action="append", default=[], help="a deepspeed source tree to run as well")
-    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "ds-mesh-releases"),
-                        help="where the releases are installed (default: %(default)s)")
+    parser.add_argument(
+        "--cache",
+        default=os.path.join(tempfile.gettempdir(), "ds-mesh-releases"),
+        help="where the releases are installed (default: %(default)s)",
+    )
     parser.add_argument("--timeout", type=int, default=600, help="seconds per release (default: %(default)s)")
     args = parser.parse_args(argv)
     wanted = args.releases or RELEASES + UNSUPPORTED

@@ -8,10 +8,6 @@
 #   RUFF=/tmp/lint/bin/ruff MYPY=/tmp/lint/bin/mypy tools/static_checks.sh   # tools from another venv;
 #                                               # mypy still reads torch's types from $PYTHON's packages
 #
-# Until the one formatting commit lands, `ruff format --check` fails (307 files). That commit, after
-# every branch is merged: add "I" to [tool.ruff.lint] select, then `ruff check --fix .` (import order,
-# 112 files), `ruff format .`, and run the tests that read source text (tests/test_structure.py,
-# tests/codemods/, tests/test_docs.py).
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}

@@ -1,10 +1,10 @@
 """Shared machinery of the migration codemods: legacy-name resolution, the model's mesh, counts,
 and ``# TODOV1:`` comments for sites that cannot be rewritten safely."""
+
 from __future__ import annotations
 
 import ast
 import string
-
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -39,19 +39,39 @@ MESH_MODULE = "mesh_core"
 # mesh_core.runtime_hooks (a copy of names in its __all__: the codemods never import mesh_core;
 # tests/test_structure.py holds them in it)
 HOOKS_MODULE = "mesh_core.runtime_hooks"
-RUNTIME_HOOK_NAMES = frozenset({
-    "autotp_groups", "create_hpz_group", "expert_groups_named", "expert_tensor_parallel_size", "hpz_group",
-    "hpz_group_rank", "hpz_group_ranks", "hpz_group_size", "init_autotp", "largest_expert_groups_name",
-    "local_all_to_all_groups", "model_parallel_world_size", "named_expert_data_parallel_groups",
-    "named_expert_parallel_groups",
-})
+RUNTIME_HOOK_NAMES = frozenset(
+    {
+        "autotp_groups",
+        "create_hpz_group",
+        "expert_groups_named",
+        "expert_tensor_parallel_size",
+        "hpz_group",
+        "hpz_group_rank",
+        "hpz_group_ranks",
+        "hpz_group_size",
+        "init_autotp",
+        "largest_expert_groups_name",
+        "local_all_to_all_groups",
+        "model_parallel_world_size",
+        "named_expert_data_parallel_groups",
+        "named_expert_parallel_groups",
+    }
+)
 # Within a piecewise migration (codemods._engine.pipeline), every (name, bound to something else here)
 # that mesh_ref decided, for the check that the whole file would decide the same.
 MESH_REFS: ContextVar[Optional[list]] = ContextVar("codemods_mesh_refs", default=None)
 
 _Compound = Union[
-    cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef,
-    cst.ExceptHandler, cst.ExceptStarHandler, cst.Match, cst.MatchCase,
+    cst.If,
+    cst.While,
+    cst.For,
+    cst.With,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Match,
+    cst.MatchCase,
 ]
 
 
@@ -147,10 +167,18 @@ def _invalid_output(node: Union[cst.CSTNode, cst.FlattenSentinel]) -> Optional[s
 # what legacy getters raise before their groups exist (KeyError: no sequence-parallel group;
 # AssertionError: "not initialized"; AttributeError: mpu None or without the getter; RuntimeError /
 # ValueError: torch.distributed not initialised), and the bases that catch them
-LEGACY_EXCEPTIONS = frozenset({
-    "KeyError", "LookupError", "AssertionError", "AttributeError", "RuntimeError", "ValueError", "Exception",
-    "BaseException",
-})
+LEGACY_EXCEPTIONS = frozenset(
+    {
+        "KeyError",
+        "LookupError",
+        "AssertionError",
+        "AttributeError",
+        "RuntimeError",
+        "ValueError",
+        "Exception",
+        "BaseException",
+    }
+)
 
 
 # the kinds of site whose rewrite is a query (a getter): kept where code waits for its legacy exception
@@ -276,9 +304,12 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
             del added[count:]
         call = " ".join(cst.Module([]).code_for_node(original_node.func).split())
         for kind in grown:
-            self.flag(kind, f"{call}() kept: it is inside try/except {caught}, and the legacy call raised there before "
-                      "the groups existed (code may wait for that: retry, fall back); migrate it once the code "
-                      "no longer relies on that exception")
+            self.flag(
+                kind,
+                f"{call}() kept: it is inside try/except {caught}, and the legacy call raised there before "
+                "the groups existed (code may wait for that: retry, fall back); migrate it once the code "
+                "no longer relies on that exception",
+            )
         return updated_node
 
     def may_keep_alone(self, call: cst.Call) -> bool:
@@ -304,7 +335,9 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
     def _failure(self, node: cst.CSTNode, why: str) -> Optional[SiteFailure]:
         """The :class:`SiteFailure` of the statement holding ``node`` (None outside any statement:
         the whole file then fails)."""
-        statement = node if isinstance(node, cst.BaseStatement) else (self._statements[-1] if self._statements else None)
+        statement = (
+            node if isinstance(node, cst.BaseStatement) else (self._statements[-1] if self._statements else None)
+        )
         if statement is None:
             return None
         return SiteFailure(self.position(statement), why, statement)
@@ -371,7 +404,9 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
             if self._acted() != frame.acted:
                 result = realign(original_node, result)
             result = frame.with_comments(result)
-            if frame.messages and not todo_above(result, self._header(original_node)):  # already flagged (comment above the statement)
+            if frame.messages and not todo_above(
+                result, self._header(original_node)
+            ):  # already flagged (comment above the statement)
                 ws = with_todo(result.trailing_whitespace, frame.messages)
                 result = result.with_changes(trailing_whitespace=ws)
         return result
@@ -389,7 +424,9 @@ class MigrationCommand(TransformRunHook, LazyMetadata, VisitorBasedCodemodComman
         if not messages or todo_above(updated_node, self._header(original_node)):
             return updated_node
         if isinstance(updated_node, cst.Match):  # its header line ends at the colon before the cases
-            return updated_node.with_changes(whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages))
+            return updated_node.with_changes(
+                whitespace_after_colon=with_todo(updated_node.whitespace_after_colon, messages)
+            )
         body = updated_node.body
         if isinstance(body, cst.IndentedBlock):
             return updated_node.with_changes(body=body.with_changes(header=with_todo(body.header, messages)))

@@ -9,6 +9,7 @@ same bytes elsewhere are migrated afresh. The cache is a set of such keys per *f
 the output (``--comm-to-torch``). It lives in ``$CODEMODS_CACHE_DIR`` (default
 ``~/.cache/ds-mesh-codemods``); ``--no-cache`` turns it off.
 """
+
 from __future__ import annotations
 
 import hashlib

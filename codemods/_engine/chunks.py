@@ -9,6 +9,7 @@ for a file whose shape it does not vouch for); the driver that runs the codemods
 what they did is ``codemods._engine.pipeline``. Nothing here holds more than one piece's ``ast`` at a time:
 the cuts come from a ``tokenize`` stream over the text.
 """
+
 from __future__ import annotations
 
 import ast
@@ -134,7 +135,7 @@ def _scanned_definitions(source: str, starts: list[int]):
                 end += 1
             end += 1
         upto = candidates[end] if end < len(candidates) else len(starts)
-        text = source[starts[begin - 1]: starts[upto - 1]] if upto <= len(starts) - 1 else source[starts[begin - 1]:]
+        text = source[starts[begin - 1] : starts[upto - 1]] if upto <= len(starts) - 1 else source[starts[begin - 1] :]
         try:
             body = ast.parse(text).body
         except (SyntaxError, ValueError):
@@ -169,7 +170,7 @@ def _candidate_lines(source: str) -> list[int]:
 def _continued(source: str, starts: list[int], line: int, column: int) -> bool:
     """A backslash after a statement's last token on its last line (it may join the next line)."""
     end = starts[line] if line < len(starts) else len(source)
-    return "\\" in source[starts[line - 1] + column: end]
+    return "\\" in source[starts[line - 1] + column : end]
 
 
 def _block_indent(source: str, starts: list[int], definition: ast.stmt, offset: int):
@@ -178,9 +179,9 @@ def _block_indent(source: str, starts: list[int], definition: ast.stmt, offset: 
     first = definition.body[0]
     decorators = getattr(first, "decorator_list", None)
     line = (decorators[0].lineno if decorators else first.lineno) + offset
-    text = source[starts[line - 1]: starts[line]]
+    text = source[starts[line - 1] : starts[line]]
     stripped = text.lstrip(" \t")
-    if source[starts[line - 1] - 2: starts[line - 1]] == "\\\n":
+    if source[starts[line - 1] - 2 : starts[line - 1]] == "\\\n":
         return _FALLBACK  # a continued line: not where a block begins
     if decorators:
         return text[: len(text) - len(stripped)] if stripped.startswith("@") and stripped != text else _FALLBACK
@@ -293,8 +294,22 @@ def _header_facts(tree: ast.Module) -> Optional[tuple[dict[str, str], dict[str, 
     aliases: dict[str, str] = {}
     code_names: set[str] = set()
     for statement in tree.body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.Try, ast.With,
-                                  ast.For, ast.While, ast.AsyncFor, ast.AsyncWith, ast.Match)):
+        if isinstance(
+            statement,
+            (
+                ast.FunctionDef,
+                ast.AsyncFunctionDef,
+                ast.ClassDef,
+                ast.If,
+                ast.Try,
+                ast.With,
+                ast.For,
+                ast.While,
+                ast.AsyncFor,
+                ast.AsyncWith,
+                ast.Match,
+            ),
+        ):
             return None
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             base = "." * statement.level + (statement.module or "") if isinstance(statement, ast.ImportFrom) else ""
@@ -310,9 +325,7 @@ def _header_facts(tree: ast.Module) -> Optional[tuple[dict[str, str], dict[str, 
     return imports, aliases, code_names
 
 
-def plan(
-    source: str, calls: frozenset = frozenset(), keywords: frozenset = frozenset()
-) -> Optional[Plan]:
+def plan(source: str, calls: frozenset = frozenset(), keywords: frozenset = frozenset()) -> Optional[Plan]:
     """``source`` cut into a header (the top-level statements before the first definition, all simple
     statements) and units of top-level ``def`` / ``class`` statements (one each, or several where
     the text between them is no place to cut), or None when the file does
@@ -398,10 +411,15 @@ def groups(plan: Plan, candidate: Callable[[Piece], bool], group_bytes: Optional
         last = index + 1 == len(units)
         if not last and answers[index + 1] == answers[begin] and not (answers[begin] and size >= limit):
             continue
-        chosen = units[begin:index + 1]
-        found.append(Group(
-            "".join(u.text for u in chosen), sum(u.statements for u in chosen), answers[begin], range(begin, index + 1),
-        ))
+        chosen = units[begin : index + 1]
+        found.append(
+            Group(
+                "".join(u.text for u in chosen),
+                sum(u.statements for u in chosen),
+                answers[begin],
+                range(begin, index + 1),
+            )
+        )
         begin, size = index + 1, 0
     return found
 
@@ -431,15 +449,15 @@ def split_statements(tree: cst.Module, rest: str, counts: list[int]) -> Optional
     the statements' code does not concatenate to ``rest``."""
     if len(counts) == 1:
         return [rest]
-    body = tree.body[len(tree.body) - sum(counts):]
+    body = tree.body[len(tree.body) - sum(counts) :]
     pieces, at = [], 0
     for count in counts:
-        pieces.append("".join(tree.code_for_node(statement) for statement in body[at:at + count]))
+        pieces.append("".join(tree.code_for_node(statement) for statement in body[at : at + count]))
         at += count
     joined = "".join(pieces)
     if not rest.startswith(joined):
         return None
-    pieces[-1] += rest[len(joined):]
+    pieces[-1] += rest[len(joined) :]
     return pieces
 
 
@@ -448,7 +466,7 @@ def split_output(tree: cst.Module, definitions: int) -> Optional[tuple[str, str]
     statements are the group's definitions, or None when its shape is not that."""
     body = tree.body
     if len(body) < definitions or not all(
-        isinstance(s, (cst.FunctionDef, cst.ClassDef)) for s in body[len(body) - definitions:]
+        isinstance(s, (cst.FunctionDef, cst.ClassDef)) for s in body[len(body) - definitions :]
     ):
         return None
     code = tree.code
@@ -457,7 +475,7 @@ def split_output(tree: cst.Module, definitions: int) -> Optional[tuple[str, str]
         head = tree.with_changes(body=(), footer=()).code if tree.header else ""
     if not code.startswith(head):
         return None
-    return head, code[len(head):]
+    return head, code[len(head) :]
 
 
 def header_with_runtime(header: str, add_runtime) -> Optional[str]:

@@ -1,4 +1,5 @@
 """Which files a migration run covers, and the module name of each (for relative imports)."""
+
 from __future__ import annotations
 
 import codecs

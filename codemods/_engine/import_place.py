@@ -18,6 +18,7 @@ import under a guard stays where :mod:`codemods._engine.local_imports` put it). 
 result depends only on the module's leading statements, so a header migrated apart from its
 definitions (:mod:`codemods._engine.chunks`) gets the same bytes as the whole file.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,15 +45,19 @@ def _bare(statement: cst.CSTNode) -> str:
 
 
 def _lone_import(statement: cst.CSTNode) -> Optional[_Import]:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
-            and isinstance(statement.body[0], (cst.Import, cst.ImportFrom)):
+    if (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
+    ):
         return statement.body[0]
     return None
 
 
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body
+    )
 
 
 def leading(body: Sequence[cst.CSTNode]) -> int:
@@ -153,8 +158,11 @@ def place_added_imports(source: cst.Module, tree: cst.Module) -> cst.Module:
 def _bound(node: _Import) -> set[str]:
     if isinstance(node, cst.Import):
         return {_code(a.asname.name) if a.asname else _code(a.name).split(".")[0] for a in node.names}
-    return {_code(a.asname.name if a.asname else a.name) for a in node.names} if not isinstance(
-        node.names, cst.ImportStar) else {"*"}
+    return (
+        {_code(a.asname.name if a.asname else a.name) for a in node.names}
+        if not isinstance(node.names, cst.ImportStar)
+        else {"*"}
+    )
 
 
 def _may_move(crossed: list, up: bool, names: set[str]) -> bool:
@@ -200,8 +208,13 @@ def _place(rest: list, members: list[int], line: cst.SimpleStatementLine) -> tup
     place among the third-party imports of the group ``members``: before the first that sorts after
     it, else after the last of them (after the group's last line when it has none)."""
     mine = _order(line)
-    third = [i for i in members if _lone_import(rest[i]) is not None and not runtime_lines(rest[i])
-             and _third_party(_key(_lone_import(rest[i]))[1])]
+    third = [
+        i
+        for i in members
+        if _lone_import(rest[i]) is not None
+        and not runtime_lines(rest[i])
+        and _third_party(_key(_lone_import(rest[i]))[1])
+    ]
     for i in third:
         if _order(rest[i]) > mine:
             return i, i == members[0]

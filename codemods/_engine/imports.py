@@ -1,5 +1,6 @@
 """Import statements of a libcst tree, found without visiting expressions (the base of the
 commands and of the lazy metadata; it depends on neither)."""
+
 from __future__ import annotations
 
 from typing import Union

@@ -4,6 +4,7 @@ A legacy name is reachable under several modules (DeepSpeed's own re-exports and
 re-implementations); :func:`canonical` maps every spelling to one canonical qualified name so that
 the codemods match one table.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional

@@ -15,16 +15,16 @@ the range of libcst releases this holds for is pyproject's ``libcst`` requiremen
 ends (docs/codemods_safety.md). Every user of a private name checks what it relies on where libcst
 allows (``codemods._engine.metadata`` falls back to libcst's own paths when a check fails).
 """
+
 from __future__ import annotations
 
 from types import MappingProxyType
 from typing import ContextManager, Mapping, MutableMapping, Optional
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import BaseMetadataProvider, MetadataWrapper
 from libcst._metadata_dependent import LazyValue
 from libcst._typed_visitor import CSTTypedBaseFunctions
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.codemod.visitors._gather_unused_imports import MODULES_IGNORED_BY_DEFAULT
 from libcst.matchers._decorators import (
     CONSTRUCTED_LEAVE_MATCHER_ATTR,
@@ -33,6 +33,7 @@ from libcst.matchers._decorators import (
     VISIT_POSITIVE_MATCHER_ATTR,
 )
 from libcst.matchers._visitors import _gather_matchers as gather_matchers
+from libcst.metadata import BaseMetadataProvider, MetadataWrapper
 
 # private attributes of public libcst classes, read by name
 VISIT_AND_REPLACE_CHILDREN = "_visit_and_replace_children"  # CSTNode: the children a node visits

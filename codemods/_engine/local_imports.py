@@ -10,6 +10,7 @@ when the module has no unconditional top-level one. A file that imports DeepSpee
 the top keeps the module-level import, after every module-level statement that ran before its first
 legacy import (a start-time stamp taken before the heavy imports stays before them).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -42,12 +43,21 @@ def _mesh_names(statement: cst.CSTNode) -> Optional[list[str]]:
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     node = statement.body[0]
-    if isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None \
-            and _code(node.module) == MESH_MODULE and not isinstance(node.names, cst.ImportStar):
+    if (
+        isinstance(node, cst.ImportFrom)
+        and not node.relative
+        and node.module is not None
+        and _code(node.module) == MESH_MODULE
+        and not isinstance(node.names, cst.ImportStar)
+    ):
         if all(a.asname is None for a in node.names):
             return [_code(a.name) for a in node.names]
-    if isinstance(node, cst.Import) and len(node.names) == 1 and _code(node.names[0].name) == MESH_MODULE \
-            and node.names[0].asname is None:
+    if (
+        isinstance(node, cst.Import)
+        and len(node.names) == 1
+        and _code(node.names[0].name) == MESH_MODULE
+        and node.names[0].asname is None
+    ):
         return [MESH_MODULE]
     return None
 
@@ -158,8 +168,9 @@ def _import_line(names) -> cst.SimpleStatementLine:
 
 
 class _Place(cst.CSTTransformer):
-    def __init__(self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None, in_try=None,
-                 after=None) -> None:
+    def __init__(
+        self, used: dict[int, set[str]], guarded: Optional[str], split: bool, first=None, in_try=None, after=None
+    ) -> None:
         self.used, self.guarded, self.split = used, guarded, split
         self.first = first or {}
         self.after = after or {}
@@ -184,7 +195,11 @@ class _Place(cst.CSTTransformer):
             return updated_node.with_changes(body=updated_node.body.with_changes(body=guarded))
         at = 1 if body and _is_docstring(body[0]) else 0
         replaced = self.first.get(index)
-        if replaced is not None and replaced[0] == at and not (at < len(body) and _bare(body[at]) == _bare(replaced[1])):
+        if (
+            replaced is not None
+            and replaced[0] == at
+            and not (at < len(body) and _bare(body[at]) == _bare(replaced[1]))
+        ):
             # the removed legacy import stood here: the new one takes its place and its blank lines,
             # and the statement after it has its own back (the removal may have handed it the import's)
             line = line.with_changes(leading_lines=replaced[1].leading_lines)
@@ -232,8 +247,11 @@ class _Place(cst.CSTTransformer):
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr) \
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.Module:
@@ -257,8 +275,9 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
     guarded = _code(legacy.guarded).strip() if outside and legacy.guarded is not None else None
     if outside and guarded is None:
         return tree  # module-level code needs the names and there is no guarded import to follow
-    place = _Place(uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first, in_try=legacy.in_try,
-                   after=legacy.after)
+    place = _Place(
+        uses.used, guarded, split=names == {MESH_MODULE}, first=legacy.first, in_try=legacy.in_try, after=legacy.after
+    )
     placed = tree.visit(place)
     if guarded is not None and not place.placed_guarded:
         return tree
@@ -275,11 +294,19 @@ def localize(source: cst.Module, tree: cst.Module, *, in_package: bool) -> cst.M
 def _after_early_statements(source: cst.Module, tree: cst.Module, added: list, in_package: bool) -> cst.Module:
     """``tree`` with the module-level ``mesh_core`` imports ``added`` moved after the last statement
     other than an import that the source runs before its first top-level legacy import."""
-    first = next((i for i, s in enumerate(source.body)
-                  if isinstance(s, cst.SimpleStatementLine) and any(_is_legacy(n, in_package) for n in s.body)), None)
+    first = next(
+        (
+            i
+            for i, s in enumerate(source.body)
+            if isinstance(s, cst.SimpleStatementLine) and any(_is_legacy(n, in_package) for n in s.body)
+        ),
+        None,
+    )
     if first is None:
         return tree
-    early = [s for i, s in enumerate(source.body[:first]) if not _is_import_line(s) and not (i == 0 and _is_docstring(s))]
+    early = [
+        s for i, s in enumerate(source.body[:first]) if not _is_import_line(s) and not (i == 0 and _is_docstring(s))
+    ]
     if not early:
         return tree
     last = _bare(early[-1])
@@ -295,7 +322,7 @@ def _after_early_statements(source: cst.Module, tree: cst.Module, added: list, i
     if after < len(body) and after < len(source.body) and type(body[after]) is type(source.body[after]):
         body[after] = body[after].with_changes(leading_lines=source.body[after].leading_lines)
     moved[0] = moved[0].with_changes(leading_lines=())
-    return tree.with_changes(body=[*body[:at + 1], *moved, *body[at + 1:]])
+    return tree.with_changes(body=[*body[: at + 1], *moved, *body[at + 1 :]])
 
 
 def _bare(statement: cst.CSTNode) -> str:
@@ -304,7 +331,8 @@ def _bare(statement: cst.CSTNode) -> str:
 
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body
+    )
 
 
 def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
@@ -323,9 +351,12 @@ def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
         runtime = _bare(body[i]) == "import compat\n" and _bare(body[i + 1]).startswith("compat.install()")
         if runtime and _code(body[i]) not in before:
             k = i - added  # the source statement the runtime lines stand before
-            if k < len(source.body) and type(body[i + 2]) is type(source.body[k]) \
-                    and _bare(body[i + 2]).split("\n")[0] == _bare(source.body[k]).split("\n")[0] \
-                    and body[i].leading_lines != source.body[k].leading_lines:
+            if (
+                k < len(source.body)
+                and type(body[i + 2]) is type(source.body[k])
+                and _bare(body[i + 2]).split("\n")[0] == _bare(source.body[k]).split("\n")[0]
+                and body[i].leading_lines != source.body[k].leading_lines
+            ):
                 body[i] = body[i].with_changes(leading_lines=source.body[k].leading_lines)
                 changed = True
         if _code(body[i]) not in before and (_is_import_line(body[i]) or _bare(body[i]).startswith("compat.install()")):
@@ -339,4 +370,3 @@ def keep_blank_lines(source: cst.Module, tree: cst.Module) -> cst.Module:
             body[i] = statement.with_changes(leading_lines=same[0].leading_lines)
             changed = True
     return tree.with_changes(body=body) if changed else tree
-

@@ -13,6 +13,7 @@ the metadata resolved on that tree (scopes, qualified names, positions, parents)
 nodes (:func:`preorder`) are reused instead of being computed once per codemod. Metadata describes
 one immutable tree object, so it stays valid for as long as that object is the tree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,11 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.helpers import get_absolute_module_from_package_for_import
 from libcst.matchers import MatcherDecoratableTransformer
 from libcst.metadata import (
-    ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider,
+    ExpressionContextProvider,
+    MetadataWrapper,
+    ParentNodeProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
 )
 from libcst.metadata.base_provider import BatchableMetadataProvider
 
@@ -332,7 +337,9 @@ class _QualifiedNames(Mapping):
         if self._reduced is None:
             shared = _SHARED.get()
             self._reduced = (
-                reduced_scopes(self._module, shared.queried, REDUCE_MIN_SHARE) if shared is not None and shared.queried else None
+                reduced_scopes(self._module, shared.queried, REDUCE_MIN_SHARE)
+                if shared is not None and shared.queried
+                else None
             ) or ()
         if not self._reduced:
             return self._full().get(node, None)
@@ -458,7 +465,9 @@ def _same_fields(node: cst.CSTNode, other: cst.CSTNode) -> bool:
         if mine is theirs:
             continue
         if (
-            isinstance(mine, (tuple, list)) and isinstance(theirs, (tuple, list)) and len(mine) == len(theirs)
+            isinstance(mine, (tuple, list))
+            and isinstance(theirs, (tuple, list))
+            and len(mine) == len(theirs)
             and all(a is b for a, b in zip(mine, theirs))
         ):
             continue
@@ -482,9 +491,15 @@ class _Hooks:
         """None unless ``transformer`` is a libcst ``MatcherDecoratableTransformer`` whose class uses
         no matcher decorators and defines its hooks on the class (then libcst's dispatch is a plain
         ``getattr`` by name, which a table reproduces)."""
-        if not isinstance(transformer, MatcherDecoratableTransformer) or not isinstance(transformer, cst.CSTTransformer):
+        if not isinstance(transformer, MatcherDecoratableTransformer) or not isinstance(
+            transformer, cst.CSTTransformer
+        ):
             return None
-        if getattr(transformer, EXTRA_VISIT_FUNCS) or getattr(transformer, EXTRA_LEAVE_FUNCS) or gather_matchers(transformer):
+        if (
+            getattr(transformer, EXTRA_VISIT_FUNCS)
+            or getattr(transformer, EXTRA_LEAVE_FUNCS)
+            or gather_matchers(transformer)
+        ):
             return None
         if any(name.startswith(("visit_", "leave_")) for name in getattr(transformer, "__dict__", {})):
             return None
@@ -514,7 +529,10 @@ class _Hooks:
 _HOOKS: dict[type, Optional[_Hooks]] = {}
 
 _MATCHER_ATTRS = (
-    VISIT_POSITIVE_MATCHER_ATTR, VISIT_NEGATIVE_MATCHER_ATTR, CONSTRUCTED_VISIT_MATCHER_ATTR, CONSTRUCTED_LEAVE_MATCHER_ATTR,
+    VISIT_POSITIVE_MATCHER_ATTR,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
 )
 _MATCHER_NAMES: dict[type, tuple[str, ...]] = {}
 
@@ -561,8 +579,11 @@ class _Kinds(dict):
 
     def __missing__(self, node_type: type) -> int:
         for kind, classes in (
-            (_STATEMENT, cst.BaseStatement), (_NAME, cst.Name), (_STAR, cst.ImportStar),
-            (_DECLARES, (cst.Global, cst.Nonlocal)), (_IMPORT, (cst.Import, cst.ImportFrom)),
+            (_STATEMENT, cst.BaseStatement),
+            (_NAME, cst.Name),
+            (_STAR, cst.ImportStar),
+            (_DECLARES, (cst.Global, cst.Nonlocal)),
+            (_IMPORT, (cst.Import, cst.ImportFrom)),
         ):
             if issubclass(node_type, classes):
                 self[node_type] = kind
@@ -669,7 +690,8 @@ class LazyMetadata(MetadataReferenceHook):
             triggers, found = pruning
             below = found.names.get(node)
             if below is not None and (
-                node not in found.imports if triggers is None
+                node not in found.imports
+                if triggers is None
                 else node not in found.stars and triggers.isdisjoint(below)
             ):
                 self._pruned = node
@@ -713,10 +735,7 @@ class LazyMetadata(MetadataReferenceHook):
         else:
             leave = hooks.leave(type(original_node))
             result = updated_node if leave is None else leave(self, original_node, updated_node)
-        if (
-            result is not original_node and type(result) is type(original_node)
-            and _same_fields(original_node, result)
-        ):
+        if result is not original_node and type(result) is type(original_node) and _same_fields(original_node, result):
             return original_node
         return result
 
@@ -801,10 +820,7 @@ class _Mentions:
     def may_read(self, name: str) -> bool:
         """``name`` may be read: a ``Name`` of that value, or a string literal that may hold it (a
         string annotation, an ``__all__`` entry; escapes and concatenations are not looked into)."""
-        return (
-            name in self.names or self.concatenated
-            or any(name in text or "\\" in text for text in self.strings)
-        )
+        return name in self.names or self.concatenated or any(name in text or "\\" in text for text in self.strings)
 
 
 def _bound_name(alias: cst.ImportAlias) -> Optional[str]:
@@ -820,7 +836,8 @@ def _requested(statement, module_imports: Mapping, obj_imports: Mapping, package
     to remove: the same tests as its ``leave_Import`` / ``leave_ImportFrom``)."""
     if isinstance(statement, cst.Import):
         return [
-            alias for alias in statement.names
+            alias
+            for alias in statement.names
             if alias.evaluated_name in module_imports and alias.evaluated_alias == module_imports[alias.evaluated_name]
         ]
     if isinstance(statement.names, cst.ImportStar):
@@ -833,7 +850,10 @@ def _requested(statement, module_imports: Mapping, obj_imports: Mapping, package
 
 
 def unused_requested_imports(
-    module: cst.Module, module_imports: Mapping, obj_imports: Mapping, package: Optional[str],
+    module: cst.Module,
+    module_imports: Mapping,
+    obj_imports: Mapping,
+    package: Optional[str],
 ) -> Optional[dict]:
     """``{alias: import statement}`` for each import alias that RemoveImportsVisitor was asked to
     remove (``module_imports``, ``obj_imports``: its ``unused_module_imports`` /
@@ -868,7 +888,10 @@ class _UnusedImportsWithoutScopes:
         unused = None
         if UNUSED_WITHOUT_SCOPES:
             unused = unused_requested_imports(
-                node, self.unused_module_imports, self.unused_obj_imports, self.context.full_package_name,
+                node,
+                self.unused_module_imports,
+                self.unused_obj_imports,
+                self.context.full_package_name,
             )
         if unused is None:
             return super().visit_Module(node)  # type: ignore[misc]

@@ -1,4 +1,5 @@
 """The migration as one function over source code: every codemod, in order, on one file."""
+
 from __future__ import annotations
 
 import ast
@@ -12,11 +13,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext, SkipFile
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from . import chunks
-from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
 from ..rules.comm_to_torch import CommToTorchCommand
-from .legacy_names import DEFINING_MODULES
-from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from ..rules.grid_internal import GridInternalCommand
 from ..rules.grid_users import GridUsersCommand
 from ..rules.groups_getters import ALL_FUNCTIONS, EXPERT_RELATED, INIT_TP, PRE_06, STATE, GroupsGettersCommand
@@ -24,11 +21,15 @@ from ..rules.initialize import InitializeCommand
 from ..rules.legacy_imports import LegacyImportsCommand
 from ..rules.mpu_calls import MpuCallsCommand
 from ..rules.mpu_internal import BWC, MpuInternalCommand
+from ..rules.topology import TopologyCommand
+from . import chunks
+from .base import MESH_REFS, MigrationCommand, SiteFailure, counters, find_all, identifiers
 from .import_place import place_added_imports
+from .legacy_names import DEFINING_MODULES
 from .local_imports import keep_blank_lines, localize
+from .metadata import _PRUNE, _QUERIED, prune_unless, queried_near, sharing
 from .portable import fstring_ids, parse_error, requote
 from .runtime import add_runtime, module_imports_deepspeed, needs_runtime
-from ..rules.topology import TopologyCommand
 from .todo_links import collecting, spell_out
 from .todo_place import place_todos
 from .todo_wrap import unwrap
@@ -67,12 +68,17 @@ queried_near(GridUsersCommand, {"grid", "_grid", "PipelineParallelGrid", "Pipeli
 # outside deepspeed.utils.bwc, or inside the deepspeed package at a call on ``mpu`` / ``<x>.mpu``;
 # its marker "mpu" is also in words like "compute".
 _NEEDS = {
-    MpuInternalCommand: lambda names, module: module != "deepspeed.utils.bwc" and (
-        (
-            (names is None or not names.isdisjoint({"mpu", *BWC}))
-            and bool(module) and module.startswith("deepspeed.")
+    MpuInternalCommand: lambda names, module: (
+        module != "deepspeed.utils.bwc"
+        and (
+            (
+                (names is None or not names.isdisjoint({"mpu", *BWC}))
+                and bool(module)
+                and module.startswith("deepspeed.")
+            )
+            or names is None
+            or not names.isdisjoint(BWC)  # the bwc helpers, in any module
         )
-        or names is None or not names.isdisjoint(BWC)  # the bwc helpers, in any module
     ),
 }
 
@@ -134,7 +140,7 @@ def migrate_code(
     if comm_to_torch and CommToTorchCommand not in codemods:
         codemods = (*[c for c in codemods if not c.CLEANUP], CommToTorchCommand, *[c for c in codemods if c.CLEANUP])
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # libcst drops it; the file keeps it
-    source = source[len(bom):]
+    source = source[len(bom) :]
     with fast_visits(), collecting() as advice:  # fast: read-only visitors walk trees without copying them
         migration = _migrate(source, filename, module, package, codemods, library)
     migration.code = bom + migration.code
@@ -181,7 +187,9 @@ def _migrate(source, filename, module, package, codemods, library=False) -> Migr
     # a tree no codemod changed is the parsed one (unchanged nodes keep their identity), whose
     # code is the source (libcst round-trips exactly): no printing
     code = source if tree is parsed else tree.code
-    if code != source and not library and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites):  # library code never installs
+    if (
+        code != source and not library and not _in_deepspeed(module) and needs_runtime(parsed, tree, sites)
+    ):  # library code never installs
         tree = add_runtime(tree)
         code = tree.code
     if code != source:
@@ -313,11 +321,16 @@ def _migrate_in_pieces(source, filename, module, package, codemods, library=Fals
     top_level = set(plan.header.binds) | set(defs)
     triggers = _triggers(plan, applied)
     if (
-        not names.isdisjoint(_FILE_WIDE) or len(set(defs)) != len(defs) or not plan.header.binds.isdisjoint(defs)
-        or not triggers.isdisjoint(defs) or not triggers.isdisjoint(plan.header_code_names)
+        not names.isdisjoint(_FILE_WIDE)
+        or len(set(defs)) != len(defs)
+        or not plan.header.binds.isdisjoint(defs)
+        or not triggers.isdisjoint(defs)
+        or not triggers.isdisjoint(plan.header_code_names)
         or any(not u.call_names.isdisjoint(top_level) for u in plan.units)
     ):
-        return _whole_file("a file-wide fact, a name bound twice at the top level, or a module-level name passed to initialize")
+        return _whole_file(
+            "a file-wide fact, a name bound twice at the top level, or a module-level name passed to initialize"
+        )
     legacy_bound = {b for b, full in plan.header_imports.items() if full.startswith(_LEGACY_ROOTS)}
     bound = Counter(name for unit in plan.units for name in unit.binds)  # in how many units each name is bound
     head: Optional[str] = None
@@ -334,7 +347,11 @@ def _migrate_in_pieces(source, filename, module, package, codemods, library=Fals
         token = MESH_REFS.set(notes)
         try:
             done = _transform(
-                plan.header.text + "".join(group.text for group in members), filename, module, package, applied,
+                plan.header.text + "".join(group.text for group in members),
+                filename,
+                module,
+                package,
+                applied,
             )
         finally:
             MESH_REFS.reset(token)
@@ -384,7 +401,9 @@ def _migrate_in_pieces(source, filename, module, package, codemods, library=Fals
         code = head + rest
     if not _adds_imports(plan.header.text, head):
         return Migration(code, +sites, +todos)
-    placed = chunks.header_with_runtime(head, lambda tree: place_added_imports(cst.parse_module(plan.header.text), tree))
+    placed = chunks.header_with_runtime(
+        head, lambda tree: place_added_imports(cst.parse_module(plan.header.text), tree)
+    )
     if placed is None:
         return _whole_file("the added imports do not go after the header")
     return Migration(placed + rest, +sites, +todos)

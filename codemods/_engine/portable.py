@@ -6,6 +6,7 @@ rewrites the string literals inside the replacement fields of the f-strings a co
 untouched one: the bytes outside rewritten sites stay as they were) to the other quote character, and
 refuses a result that does not parse.
 """
+
 from __future__ import annotations
 
 import ast
@@ -48,7 +49,7 @@ class _RequoteInFStrings(cst.CSTTransformer):
         if not self._quotes:
             return updated_node
         prefix = updated_node.prefix
-        body = updated_node.value[len(prefix):]
+        body = updated_node.value[len(prefix) :]
         quote = updated_node.quote
         if len(quote) != 1 or not any(_closes(quote, outer) for outer in self._quotes):
             return updated_node

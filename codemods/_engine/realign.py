@@ -12,6 +12,7 @@ both have are found by a sequence match, each with its matching close); the stat
 on its own (its continuation lines relative to its block's indentation, as libcst keeps them) and
 parsed back only when a line moves.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -70,12 +71,17 @@ def _brackets(tokens: list[tokenize.TokenInfo]) -> tuple[dict[int, _Bracket], di
     return found, inside
 
 
-def _same_brackets(old: list[tokenize.TokenInfo], new: list[tokenize.TokenInfo],
-                   old_brackets: dict[int, _Bracket], new_brackets: dict[int, _Bracket]) -> dict[int, int]:
+def _same_brackets(
+    old: list[tokenize.TokenInfo],
+    new: list[tokenize.TokenInfo],
+    old_brackets: dict[int, _Bracket],
+    new_brackets: dict[int, _Bracket],
+) -> dict[int, int]:
     """new open bracket -> old open bracket, for brackets the two token sequences share (the open
     and the close bracket both matched)."""
-    matcher = difflib.SequenceMatcher(None, [(t.type, t.string) for t in old], [(t.type, t.string) for t in new],
-                                      autojunk=False)
+    matcher = difflib.SequenceMatcher(
+        None, [(t.type, t.string) for t in old], [(t.type, t.string) for t in new], autojunk=False
+    )
     to_old: dict[int, int] = {}
     for block in matcher.get_matching_blocks():
         for k in range(block.size):

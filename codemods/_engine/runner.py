@@ -1,4 +1,5 @@
 """Run the migration over many files: in parallel, atomically, with a per-file report."""
+
 from __future__ import annotations
 
 import difflib
@@ -13,11 +14,11 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import libcst as cst
 
-from .files import module_and_package, read_source
 from .cache import FixedPoints, content_hash
+from .files import module_and_package, read_source
 from .pipeline import migrate_code
-from .vendored import vendored_copy
 from .todo_wrap import numbered
+from .vendored import vendored_copy
 
 logger = logging.getLogger(__name__)
 TODO_MARK = "# TODOV1:"
@@ -96,7 +97,11 @@ def write_atomically(path: Path, text: str, encoding: str = "utf-8") -> None:
 
 
 def migrate_file(
-    path: str, write: bool = True, want_diff: bool = False, comm_to_torch: bool = False, vendored: bool = False,
+    path: str,
+    write: bool = True,
+    want_diff: bool = False,
+    comm_to_torch: bool = False,
+    vendored: bool = False,
 ) -> FileReport:
     """Migrate one file (``vendored``: a file of a DeepSpeed copy a tree ships, codemods._engine.vendored);
     errors (unreadable, unparsable) are reported, never raised."""
@@ -110,7 +115,12 @@ def migrate_file(
         return report
     try:
         result = migrate_code(
-            source, filename=path, module=module, package=package, comm_to_torch=comm_to_torch, vendored=vendored,
+            source,
+            filename=path,
+            module=module,
+            package=package,
+            comm_to_torch=comm_to_torch,
+            vendored=vendored,
         )
     except cst.ParserSyntaxError as err:
         report.error = f"cannot parse: {str(err).splitlines()[0]} (line {err.raw_line})"
@@ -129,7 +139,9 @@ def migrate_file(
     if report.changed and want_diff:
         lines = difflib.unified_diff(_lines(source), _lines(result.code), f"a/{path}", f"b/{path}")
         # a last line without a newline gets the marker patch tools expect (and no glued next line)
-        report.diff = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+        report.diff = "".join(
+            line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+        )
     if report.changed and write:
         try:
             write_atomically(file, result.code, encoding=encoding)
@@ -200,8 +212,16 @@ def run(
     if known:
         pending = [i for i in range(len(tasks)) if i not in known]
         inner = run(
-            [paths[i] for i in pending], jobs=jobs, write=write, want_diff=want_diff, comm_to_torch=comm_to_torch,
-            on_report=None, progress=progress, cache=None, roots=roots, deepspeed_rules=deepspeed_rules,
+            [paths[i] for i in pending],
+            jobs=jobs,
+            write=write,
+            want_diff=want_diff,
+            comm_to_torch=comm_to_torch,
+            on_report=None,
+            progress=progress,
+            cache=None,
+            roots=roots,
+            deepspeed_rules=deepspeed_rules,
         )
         merged: dict[int, FileReport] = dict(known)
         for i, report in zip(pending, inner.reports):

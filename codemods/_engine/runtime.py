@@ -19,6 +19,7 @@ Both the decision and the place come from the code, never from comments:
   imports deepspeed only inside functions, each such function gets the lines before its import.
   Where it imports no deepspeed module at all, after the module's leading imports.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,10 +28,9 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 
-
 RUNTIME_KINDS = ("initialize mpu", "initialize mesh_param")
 INSTALL = "compat.install()"
-COMMENT = "# the mesh runtime: deepspeed.initialize reads the config's \"mesh\" section"
+COMMENT = '# the mesh runtime: deepspeed.initialize reads the config\'s "mesh" section'
 
 
 class _Facts(cst.CSTVisitor):
@@ -81,8 +81,12 @@ class _Facts(cst.CSTVisitor):
     def installs(self) -> bool:
         for call in self._calls:
             func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "install" and isinstance(func.value, cst.Name) \
-                    and func.value.value == "compat":
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value == "install"
+                and isinstance(func.value, cst.Name)
+                and func.value.value == "compat"
+            ):
                 return True
             if isinstance(func, cst.Name) and func.value in self._bare_install:
                 return True
@@ -106,15 +110,22 @@ def installs(tree: Union[ast.AST, cst.Module]) -> bool:
         facts = _facts(tree)
         return facts is not None and facts.installs()
     bare = {
-        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "compat"
-        for a in n.names if a.name == "install"
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "compat"
+        for a in n.names
+        if a.name == "install"
     }
     for n in ast.walk(tree):
         if not isinstance(n, ast.Call):
             continue
         func = n.func
-        if isinstance(func, ast.Attribute) and func.attr == "install" and isinstance(func.value, ast.Name) \
-                and func.value.id == "compat":
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "install"
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "compat"
+        ):
             return True
         if isinstance(func, ast.Name) and func.id in bare:
             return True
@@ -122,7 +133,9 @@ def installs(tree: Union[ast.AST, cst.Module]) -> bool:
 
 
 def needs_runtime(
-    source: Union[str, cst.Module], code: Union[str, cst.Module], sites: Counter,
+    source: Union[str, cst.Module],
+    code: Union[str, cst.Module],
+    sites: Counter,
 ) -> bool:
     """The migrated ``code`` of ``source`` relies on the engine's mesh and does not install the runtime
     (decided from the code: comments say nothing). Both are read with libcst's parser (text or an
@@ -205,7 +218,7 @@ def _insert(statements: Sequence[cst.BaseStatement], path: list, *, functions: b
         target = body[i]
         lines = _lines()
         lines[0] = lines[0].with_changes(leading_lines=target.leading_lines)
-        body[i:i + 1] = [*lines, target.with_changes(leading_lines=())]
+        body[i : i + 1] = [*lines, target.with_changes(leading_lines=())]
         return body
     statement = body[i]
     suites = _blocks(statement, functions=functions)
@@ -251,9 +264,12 @@ def _after_leading_imports(tree: cst.Module) -> cst.Module:
             isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body
         ):
             index = i + 1
-        elif i == 0 and isinstance(statement, cst.SimpleStatementLine) and isinstance(
-            statement.body[0], cst.Expr
-        ) and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        elif (
+            i == 0
+            and isinstance(statement, cst.SimpleStatementLine)
+            and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        ):
             index = 1  # the docstring
         else:
             break
@@ -278,8 +294,11 @@ def _catches_import_error(statement: cst.CSTNode) -> bool:
     if isinstance(statement, cst.With):
         for item in statement.items:
             call = item.item
-            func = call.func.attr if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) else \
-                getattr(call, "func", None)
+            func = (
+                call.func.attr
+                if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                else getattr(call, "func", None)
+            )
             if isinstance(func, cst.Name) and func.value == "suppress":
                 if any(_names_import_error(arg.value) for arg in call.args):
                     return True

@@ -11,6 +11,7 @@ that API's catalog code when it fits, else the kind's (``groups``, ``grid-use``,
 package. The full, site-specific advice is not lost: a migration collects it (:func:`collecting`),
 keyed by the comment, and ``ds-migrate`` prints it beside each comment's ``file:line``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,8 @@ def one_line(message: str) -> str:
     out: list[str] = []
     pos = 0
     for match in _LINE_BREAK.finditer(message):
-        out.append(message[pos:match.start()])
-        before, after = "".join(out)[-1:], message[match.end():match.end() + 1]
+        out.append(message[pos : match.start()])
+        before, after = "".join(out)[-1:], message[match.end() : match.end() + 1]
         if before in _OPEN or after in _CLOSE or not before or not after:
             joiner = ""
         else:
@@ -104,8 +105,12 @@ def clauses(message: str) -> list[str]:
             depth += 1
         elif not quoted and ch in ")]}":
             depth = max(depth - 1, 0)
-        elif not quoted and depth == 0 and message.startswith((": ", "; ", ", "), i) \
-                and not (message[i] == ":" and message[i - 1:i] == '"'):  # a JSON key's colon
+        elif (
+            not quoted
+            and depth == 0
+            and message.startswith((": ", "; ", ", "), i)
+            and not (message[i] == ":" and message[i - 1 : i] == '"')
+        ):  # a JSON key's colon
             out.append(message[start:i])
             start = i + 2
             i += 1
@@ -162,8 +167,12 @@ def _elided(call: str) -> str:
     """``call`` with each long argument value written ``...`` (the full advice has it)."""
     head, _, args = call.partition("(")
     parts = [p.strip() for p in clauses_of(args[:-1])]
-    return head + "(" + ", ".join(
-        p if len(p.partition("=")[2]) <= 12 else p.partition("=")[0] + "=..." for p in parts) + ")"
+    return (
+        head
+        + "("
+        + ", ".join(p if len(p.partition("=")[2]) <= 12 else p.partition("=")[0] + "=..." for p in parts)
+        + ")"
+    )
 
 
 def clauses_of(args: str) -> list[str]:
@@ -194,8 +203,11 @@ def todo_comment(entries: Sequence[tuple[str, str]]) -> str:
         bodies += [messages[0] + more] if has_next_step(messages[0]) else []
         if row is not None and (row.advice in messages[0] or row.next_step in messages[0]):  # as the shim says
             bodies.append(row.next_step + more)
-        bodies += [reason + "; " + step + more for reason in _site_reasons(messages[0], row)
-                   for step in next_steps(messages[0])]
+        bodies += [
+            reason + "; " + step + more
+            for reason in _site_reasons(messages[0], row)
+            for step in next_steps(messages[0])
+        ]
         bodies += [step + more for step in next_steps(messages[0])]
         bodies += [f"use {call}" + more for call in concrete_calls(messages[0])]
     if row is not None:

@@ -3,6 +3,7 @@
 (same indentation; wrapped onto ``#   `` continuation lines where the indentation would take that line
 past the limit: :mod:`codemods._engine.todo_wrap`), and above a statement written across lines. A comment above the statement counts as there for every
 later run (idempotent)."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -15,8 +16,20 @@ from .todo_wrap import wrap
 
 _TAG = f"# {TODO_TAG}:"
 _DEFS = (cst.FunctionDef, cst.ClassDef)
-_HEADED = (cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef, cst.ExceptHandler,
-           cst.ExceptStarHandler, cst.Match, cst.MatchCase, cst.Try, cst.TryStar)
+_HEADED = (
+    cst.If,
+    cst.While,
+    cst.For,
+    cst.With,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Match,
+    cst.MatchCase,
+    cst.Try,
+    cst.TryStar,
+)
 
 
 def _lines_above(node: cst.CSTNode) -> Sequence[cst.EmptyLine]:
@@ -77,13 +90,18 @@ class _Lift(cst.CSTTransformer):
         text = ws.comment.value
         at = text.index(_TAG)
         kept = text[:at].rstrip()
-        ws = ws.with_changes(comment=cst.Comment(kept)) if kept else ws.with_changes(
-            whitespace=cst.SimpleWhitespace(""), comment=None)
+        ws = (
+            ws.with_changes(comment=cst.Comment(kept))
+            if kept
+            else ws.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
+        )
         updated_node = _with_header(updated_node, ws)
         position = self.positions.get(original_node)
         indent = position.start.column if position is not None else 0  # the statement's (and the comment's)
-        lines = [cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(part))
-                 for part in wrap(text[at:], indent)]
+        lines = [
+            cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(part))
+            for part in wrap(text[at:], indent)
+        ]
         if isinstance(updated_node, _DEFS) and updated_node.decorators:
             return updated_node.with_changes(lines_after_decorators=[*updated_node.lines_after_decorators, *lines])
         return updated_node.with_changes(leading_lines=[*updated_node.leading_lines, *lines])

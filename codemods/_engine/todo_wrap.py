@@ -7,6 +7,7 @@ line where it fits one. (A line can pass the limit only where one word is longer
 left by its indentation.) :func:`unwrap` joins such lines back into the one comment the migration wrote (what its
 listing and its full advice are keyed on).
 """
+
 from __future__ import annotations
 
 import re
@@ -16,9 +17,7 @@ from .todo_links import EXPLAIN, MAX_COMMENT, TODO_TAG
 CONTINUATION = "#   "
 _TAG = f"# {TODO_TAG}:"
 # a TODOV1 comment on its own line, then its continuation lines (same indentation)
-_WRAPPED = re.compile(
-    rf"^([ \t]*)({re.escape(_TAG)}[^\r\n]*)((?:\r?\n\1{re.escape(CONTINUATION)}[^\r\n]*)+)$", re.M
-)
+_WRAPPED = re.compile(rf"^([ \t]*)({re.escape(_TAG)}[^\r\n]*)((?:\r?\n\1{re.escape(CONTINUATION)}[^\r\n]*)+)$", re.M)
 _CONTINUED = re.compile(rf"\r?\n[ \t]*{re.escape(CONTINUATION)}")
 
 
@@ -28,12 +27,12 @@ def wrap(text: str, indent: int, width: int = MAX_COMMENT) -> list[str]:
     continuation lines (a word longer than a line stands alone on its line)."""
     if indent + len(text) <= width or not text.startswith(_TAG + " "):
         return [text]
-    words = text[len(_TAG) + 1:].split(" ")
+    words = text[len(_TAG) + 1 :].split(" ")
     pointer = EXPLAIN.split(" ")
     n = len(pointer)
-    whole = " ".join(words[-n - 1:])
-    if len(words) > n and words[-n - 1:-1] == pointer and indent + len(CONTINUATION + whole) <= width:
-        words = [*words[:-n - 1], whole]  # "ds-migrate --explain <code>" stays whole where it fits a line
+    whole = " ".join(words[-n - 1 :])
+    if len(words) > n and words[-n - 1 : -1] == pointer and indent + len(CONTINUATION + whole) <= width:
+        words = [*words[: -n - 1], whole]  # "ds-migrate --explain <code>" stays whole where it fits a line
     lines: list[str] = []
     line = _TAG + " " + words[0]
     for word in words[1:]:
@@ -49,7 +48,7 @@ def wrap(text: str, indent: int, width: int = MAX_COMMENT) -> list[str]:
 
 
 def _join(lines: list[str]) -> str:
-    return " ".join([lines[0], *(line[len(CONTINUATION):] for line in lines[1:])])
+    return " ".join([lines[0], *(line[len(CONTINUATION) :] for line in lines[1:])])
 
 
 def unwrap(code: str) -> str:
@@ -70,7 +69,7 @@ def numbered(lines: list[str]) -> list[tuple[int, str]]:
         i += 1
         if line.lstrip(" \t").startswith(_TAG):
             while i < len(lines) and lines[i].startswith(indent + CONTINUATION):
-                line = line.rstrip("\r\n") + " " + lines[i][len(indent + CONTINUATION):]
+                line = line.rstrip("\r\n") + " " + lines[i][len(indent + CONTINUATION) :]
                 i += 1
         out.append((number, line))
     return out

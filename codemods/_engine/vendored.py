@@ -12,6 +12,7 @@ importing it), or a ``deepspeed`` package a path of the run points at or into, i
 a ``deepspeed`` package found below a directory of the run is a vendored copy. ``internal`` and
 ``user`` decide for every ``deepspeed`` package of the run.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -13,6 +13,7 @@ source of its ``_visit_and_replace_children`` where that method is a plain
 visited under a condition, say) keeps libcst's own traversal for that node. Transformers always
 take libcst's path.
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,10 +31,17 @@ from .libcst_private import VISIT_AND_REPLACE_CHILDREN, CSTTypedBaseFunctions
 
 logger = logging.getLogger(__name__)
 
-_VISIT_HELPERS = frozenset({
-    "visit_required", "visit_optional", "visit_sentinel", "visit_sequence", "visit_iterable",
-    "visit_body_sequence", "visit_body_iterable",
-})
+_VISIT_HELPERS = frozenset(
+    {
+        "visit_required",
+        "visit_optional",
+        "visit_sentinel",
+        "visit_sequence",
+        "visit_iterable",
+        "visit_body_sequence",
+        "visit_body_iterable",
+    }
+)
 
 _ORDERS: dict[type, Optional[tuple[str, ...]]] = {}
 _ENABLED: ContextVar[bool] = ContextVar("codemods_fast_visits", default=False)
@@ -45,14 +53,21 @@ def _visited_field(call: ast.expr, aliases: dict[str, str]) -> Optional[str]:
     """The field a ``visit_*(self, "field", self.field, visitor)`` call visits, or None for any
     other call shape."""
     if not (
-        isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _VISIT_HELPERS
-        and len(call.args) == 4 and not call.keywords
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id in _VISIT_HELPERS
+        and len(call.args) == 4
+        and not call.keywords
     ):
         return None
     owner, name, value, visitor = call.args
     if not (
-        isinstance(owner, ast.Name) and owner.id == "self" and isinstance(visitor, ast.Name) and visitor.id == "visitor"
-        and isinstance(name, ast.Constant) and isinstance(name.value, str)
+        isinstance(owner, ast.Name)
+        and owner.id == "self"
+        and isinstance(visitor, ast.Name)
+        and visitor.id == "visitor"
+        and isinstance(name, ast.Constant)
+        and isinstance(name.value, str)
     ):
         return None
     field = name.value
@@ -65,8 +80,7 @@ def _visited_field(call: ast.expr, aliases: dict[str, str]) -> Optional[str]:
 
 def _calls_a_helper(node: ast.AST) -> bool:
     return any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _VISIT_HELPERS
-        for n in ast.walk(node)
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _VISIT_HELPERS for n in ast.walk(node)
     )
 
 
@@ -96,9 +110,12 @@ def _parse_order(function: ast.AST) -> Optional[tuple[str, ...]]:
     aliases: dict[str, str] = {}
     for statement in assigns:  # only ``name = self.field``
         if not (
-            isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Attribute)
-            and isinstance(statement.value.value, ast.Name) and statement.value.value.id == "self"
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Attribute)
+            and isinstance(statement.value.value, ast.Name)
+            and statement.value.value.id == "self"
         ):
             return None
         aliases[statement.targets[0].id] = statement.value.attr
@@ -137,9 +154,7 @@ def has_attribute_hooks(cls: type) -> bool:
     """``cls`` defines a ``visit_<Node>_<field>`` / ``leave_<Node>_<field>`` hook other than libcst's
     do-nothing stubs."""
     return any(
-        _ATTRIBUTE_HOOK.match(name)
-        for base in cls.__mro__ if base.__module__ != _TYPED_STUBS
-        for name in vars(base)
+        _ATTRIBUTE_HOOK.match(name) for base in cls.__mro__ if base.__module__ != _TYPED_STUBS for name in vars(base)
     )
 
 

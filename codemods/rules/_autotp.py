@@ -9,6 +9,7 @@ meaning and errors, so the rewrite is exact wherever the code runs; ``groups._in
 becomes ``mesh_core.runtime_hooks.init_autotp`` with the same arguments and result (the mesh runtime's legacy
 builder calls it). Called from ``GroupsGettersCommand.leave_Call``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -17,6 +17,7 @@ in a file (outside DeepSpeed) whose expert builders all take ``mpu=<grid>``, the
 - else each site keeps its code with a ``TODOV1`` naming the one thing that blocks the move;
 - the topology codemod then converts the grid (``<grid>.expert_groups`` is a mesh use of it).
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -26,7 +27,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, fill_hooks, has_star_args
-from ._grid_plan import EXPERT_TP_BUILDER as BUILDER, GridPlan, code
+from ._grid_plan import EXPERT_TP_BUILDER as BUILDER
+from ._grid_plan import GridPlan, code
 
 PLAIN_BUILDER = "_create_expert_and_data_parallel"
 # the expert TP size the builder records
@@ -80,8 +82,14 @@ class ExpertGrid:
     / ``{n}``), ``named_expert`` (readers of any name, ``{name}``), ``named_no_args`` (the table's
     readers), ``manual`` (expert sites with no mesh form)."""
 
-    def __init__(self, command, expert: Mapping[str, str], named_expert: Mapping[str, str],
-                 named_no_args: Mapping[str, str], manual: frozenset) -> None:
+    def __init__(
+        self,
+        command,
+        expert: Mapping[str, str],
+        named_expert: Mapping[str, str],
+        named_no_args: Mapping[str, str],
+        manual: frozenset,
+    ) -> None:
         self.command = command
         self.expert, self.named_expert, self.named_no_args, self.manual = expert, named_expert, named_no_args, manual
         # expert sites with no literal size that the grid's mesh serves by name (its own table holds
@@ -102,8 +110,10 @@ class ExpertGrid:
             if has_star_args(call):
                 return f"groups.{fname}(*args)"
             if fname == PLAIN_BUILDER:
-                return (f"groups.{PLAIN_BUILDER} (line {c.line_of(call)}) builds expert groups over the world "
-                        "without the grid's TP, which no mesh of the grid gives")
+                return (
+                    f"groups.{PLAIN_BUILDER} (line {c.line_of(call)}) builds expert groups over the world "
+                    "without the grid's TP, which no mesh of the grid gives"
+                )
             if fname == BUILDER:
                 stuck = builder_stuck(c, call)
                 if stuck:
@@ -150,8 +160,10 @@ class ExpertGrid:
         assign = c.top_level_assign(target, assignment.scope) if isinstance(target, cst.Name) else None
         value = assign.value if assign is not None else None
         if not (isinstance(value, cst.Call) and c.legacy_name(value.func, {ln.GRID})):
-            return (f"mpu={node.value} is not a PipelineParallelGrid bound once in this file (keep the mesh of "
-                    f"DeepSpeedDeviceMesh.from_mpu({node.value}) and call its .expert_groups(N))")
+            return (
+                f"mpu={node.value} is not a PipelineParallelGrid bound once in this file (keep the mesh of "
+                f"DeepSpeedDeviceMesh.from_mpu({node.value}) and call its .expert_groups(N))"
+            )
         return value
 
     def moved(self, call: cst.Call, updated: cst.Call, fname: str) -> cst.BaseExpression:

@@ -15,6 +15,7 @@ set by ``compat.install()``), so inside DeepSpeed's package:
 
 The expert builders stay legacy (with their TODOV1): they fill the table these reads are served from.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -26,6 +27,7 @@ from typing import Optional
 GROUPS_PARAMETERS: dict[str, frozenset] = {
     "deepspeed.runtime.model_checkpointing.utils": frozenset({"_create_expert_parallel_info"}),
 }
+
 
 def groups_parameter_function(module: Optional[str], function: Optional[str]) -> bool:
     """``function`` of ``module`` receives deepspeed.utils.groups as its ``groups`` parameter."""

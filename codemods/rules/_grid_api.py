@@ -4,6 +4,7 @@ Shared by the topology codemod (a grid variable turned into a mesh) and the mpu 
 passed to ``deepspeed.initialize`` as ``mpu``, whose calls go to the engine's mesh). The grid's
 "model parallel" is pipe × model, hence ``("pp", "tp")``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -17,13 +18,13 @@ PP_TP = '("pp", "tp")'
 _GRID = "deepspeed.runtime.pipe.topology.PipelineParallelGrid."
 _ROWS = [r for r in ds_mesh_advice.rows() if r.section == "grid" and r.name.startswith(_GRID)]
 # method -> template ({m}: the mesh); the method takes no arguments (the catalog's mesh expressions)
-METHODS: dict[str, str] = {r.name[len(_GRID):]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "call"}
+METHODS: dict[str, str] = {r.name[len(_GRID) :]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "call"}
 # attribute (read) -> template
 ATTRIBUTES: dict[str, str] = {
-    r.name[len(_GRID):]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "attribute"
+    r.name[len(_GRID) :]: r.template(mesh="{m}") for r in _ROWS if r.mesh and r.form == "attribute"
 }
 # what has no mesh equivalent -> the catalog's advice
-MANUAL: dict[str, str] = {r.name[len(_GRID):]: r.advice for r in _ROWS if r.action == "flag"}
+MANUAL: dict[str, str] = {r.name[len(_GRID) :]: r.advice for r in _ROWS if r.action == "flag"}
 
 # topology axis name -> mesh dim (stage_to_global keyword arguments, ProcessTopology axes): a copy of
 # mesh_core.axis_names.AXIS_TO_DIM (the codemods never import mesh_core; tests/test_structure.py holds them equal).

@@ -5,6 +5,7 @@ Shared by the topology codemod (:mod:`codemods.rules.topology`, which rewrites w
 the groups codemod (:mod:`codemods.rules._expert_grid` asks whether an expert-TP builder's
 ``mpu=<grid>`` will become a mesh before moving its expert groups onto it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,19 +13,25 @@ from typing import Optional
 
 import libcst as cst
 
-from . import _grid_api as grid_api
-from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, find_all, has_star_args
+from . import _grid_api as grid_api
+from . import _mpu_class as mpu_class
 
 DEFAULT_ORDER = ("pp", "dp", "tp")
 EXPERT_TP_BUILDER = "_create_expert_data_and_model_parallel"
 # mesh_core reads of a mesh's named expert groups (codemods/rules/_expert_grid.py writes them on a grid
 # it converts)
 EXPERT_MESH_CALLS = frozenset({"expert_groups", "size"})
-NAMED_READS = frozenset({
-    "expert_groups_named", "named_expert_parallel_groups", "named_expert_data_parallel_groups", "largest_expert_groups_name",
-})
+NAMED_READS = frozenset(
+    {
+        "expert_groups_named",
+        "named_expert_parallel_groups",
+        "named_expert_data_parallel_groups",
+        "largest_expert_groups_name",
+    }
+)
+
 
 @dataclass
 class Layout:
@@ -193,8 +200,11 @@ class GridPlan:
         for binding in scope.assignments[target.value]:
             for access in binding.references:
                 parent = self.command.parent(access.node)
-                if (isinstance(parent, cst.Attribute) and parent.value is access.node and parent.attr.value == "expert_groups") \
-                        or (isinstance(parent, cst.Arg) and self._reads_mesh_by_name(parent)):
+                if (
+                    isinstance(parent, cst.Attribute)
+                    and parent.value is access.node
+                    and parent.attr.value == "expert_groups"
+                ) or (isinstance(parent, cst.Arg) and self._reads_mesh_by_name(parent)):
                     raise ValueError(f"the grid {target.value} is read as a mesh (expert groups) but kept: {reason}")
 
     def _resolve_topology(self, value: cst.BaseExpression, scope):
@@ -236,11 +246,18 @@ class GridPlan:
         """(id of the node to replace or None, replacement, needs ("pp","tp")) for one use, or None."""
         parent = self.command.parent(name)
         if isinstance(parent, cst.Arg) and parent.keyword is None and self._reads_mesh_by_name(parent):
-            return ("expert groups", id(parent)), mesh, False  # a mesh use (groups codemod, codemods/rules/_expert_grid.py)
+            return (
+                ("expert groups", id(parent)),
+                mesh,
+                False,
+            )  # a mesh use (groups codemod, codemods/rules/_expert_grid.py)
         if isinstance(parent, cst.Arg) and self.expert_mpu_is_mesh_use:
             call = self.command.parent(parent)
-            if isinstance(call, cst.Call) and parent is arg_by(call, 1, "mpu") \
-                    and f"{ln.GROUPS}.{EXPERT_TP_BUILDER}" in self.command.legacy_names(call.func):
+            if (
+                isinstance(call, cst.Call)
+                and parent is arg_by(call, 1, "mpu")
+                and f"{ln.GROUPS}.{EXPERT_TP_BUILDER}" in self.command.legacy_names(call.func)
+            ):
                 return ("expert groups", id(parent)), mesh, False
         if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "mpu":
             call = self.command.parent(parent)
@@ -264,6 +281,14 @@ class GridPlan:
     def _reads_mesh_by_name(self, arg: cst.Arg) -> bool:
         """``arg`` is the mesh argument of a mesh_core read of named expert groups."""
         call = self.command.parent(arg)
-        if not (isinstance(call, cst.Call) and call.args and call.args[0] is arg and self.command.could_be(call.func, NAMED_READS)):
+        if not (
+            isinstance(call, cst.Call)
+            and call.args
+            and call.args[0] is arg
+            and self.command.could_be(call.func, NAMED_READS)
+        ):
             return False
-        return any(n.startswith("mesh_core.") and n.rpartition(".")[2] in NAMED_READS for n in self.command.legacy_names(call.func))
+        return any(
+            n.startswith("mesh_core.") and n.rpartition(".")[2] in NAMED_READS
+            for n in self.command.legacy_names(call.func)
+        )

@@ -17,6 +17,7 @@ engine (and after one, as its mesh becomes the default) the mesh is the engine's
 compat layer's legacy functions serve from. Call forms with no exact equivalent (extra arguments,
 a build whose result is used) stay with a TODOV1.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -64,11 +65,16 @@ def rewrite(command: "RuleHost", call: cst.Call, updated: cst.Call, fname: str) 
         return command.rewrite(call, GETTERS[fname])
     size = arg_by(updated, 0, "group_size")
     if size is None or len(call.args) != 1:
-        command.flag(KIND, f"groups.{fname} takes one argument, group_size; use " + _show_template(CREATE_TEMPLATE, n="N"))
+        command.flag(
+            KIND, f"groups.{fname} takes one argument, group_size; use " + _show_template(CREATE_TEMPLATE, n="N")
+        )
         return updated
     if not isinstance(command.parent(call), cst.Expr):
-        command.flag(KIND, f"groups.{fname} returns None, {_show_template(CREATE_TEMPLATE, n='N')} this rank's "
-                     f"group: call it as a statement, then read {_show(_HPZ_GROUP)}")
+        command.flag(
+            KIND,
+            f"groups.{fname} returns None, {_show_template(CREATE_TEMPLATE, n='N')} this rank's "
+            f"group: call it as a statement, then read {_show(_HPZ_GROUP)}",
+        )
         return updated
     return command.rewrite(call, CREATE_TEMPLATE, n=cst.Module([]).code_for_node(size.value))
 

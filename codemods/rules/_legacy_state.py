@@ -18,6 +18,7 @@ A file (outside DeepSpeed) holds a state at its legacy form when it builds it an
 Then the builder and this file's readers stay as they are, with one ``TODOV1`` at each builder naming
 the readers that hold it back.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,24 +35,49 @@ BUILDERS: dict[str, frozenset] = {
     EXPERTS: frozenset({"_create_expert_and_data_parallel", "_create_expert_data_and_model_parallel"}),
 }
 READERS: dict[str, frozenset] = {
-    AUTOTP: frozenset({
-        "get_tensor_model_parallel_group", "get_model_parallel_group", "get_data_parallel_group",
-        "get_tensor_model_parallel_world_size", "get_model_parallel_world_size", "get_tensor_model_parallel_rank",
-        "get_model_parallel_rank", "get_tensor_model_parallel_src_rank", "get_data_parallel_world_size",
-        "get_data_parallel_rank",
-    }),
-    EXPERTS: frozenset({
-        "_get_expert_parallel_group", "_get_expert_parallel_group_ranks", "_get_expert_data_parallel_group",
-        "_get_expert_data_parallel_group_ranks", "_get_expert_parallel_world_size",
-        "_get_expert_data_parallel_world_size", "_get_expert_parallel_rank", "_get_expert_data_parallel_rank",
-        "_get_expert_broadcast_src_rank", "_get_expert_parallel_src_rank", "_get_expert_parallel_group_dict",
-        "_get_expert_data_parallel_group_dict", "_get_max_expert_size", "_get_max_expert_size_name",
-        "_get_max_expert_parallel_group",
-    }),
+    AUTOTP: frozenset(
+        {
+            "get_tensor_model_parallel_group",
+            "get_model_parallel_group",
+            "get_data_parallel_group",
+            "get_tensor_model_parallel_world_size",
+            "get_model_parallel_world_size",
+            "get_tensor_model_parallel_rank",
+            "get_model_parallel_rank",
+            "get_tensor_model_parallel_src_rank",
+            "get_data_parallel_world_size",
+            "get_data_parallel_rank",
+        }
+    ),
+    EXPERTS: frozenset(
+        {
+            "_get_expert_parallel_group",
+            "_get_expert_parallel_group_ranks",
+            "_get_expert_data_parallel_group",
+            "_get_expert_data_parallel_group_ranks",
+            "_get_expert_parallel_world_size",
+            "_get_expert_data_parallel_world_size",
+            "_get_expert_parallel_rank",
+            "_get_expert_data_parallel_rank",
+            "_get_expert_broadcast_src_rank",
+            "_get_expert_parallel_src_rank",
+            "_get_expert_parallel_group_dict",
+            "_get_expert_data_parallel_group_dict",
+            "_get_max_expert_size",
+            "_get_max_expert_size_name",
+            "_get_max_expert_parallel_group",
+        }
+    ),
 }
 # DeepSpeed modules and names that read none of these states
-_NEUTRAL = ("deepspeed.utils.groups", "deepspeed.comm", "deepspeed.accelerator", "deepspeed.utils.logging",
-            "deepspeed.runtime.pipe.topology", "deepspeed.init_distributed")
+_NEUTRAL = (
+    "deepspeed.utils.groups",
+    "deepspeed.comm",
+    "deepspeed.accelerator",
+    "deepspeed.utils.logging",
+    "deepspeed.runtime.pipe.topology",
+    "deepspeed.init_distributed",
+)
 
 # TODOV1 texts, one place (kept short: a reader list, why, and what to write: the catalog's next step)
 KEPT = "groups.{fname} kept{readers}: {why}"
@@ -61,11 +87,11 @@ NEXT_STEP = {
 }
 WHY = {
     "internal": "the DeepSpeed code this file uses ({modules}) may read the legacy {state}, which have no mesh form "
-                "while it does; to move: {next}",
+    "while it does; to move: {next}",
     "elsewhere": "its readers are in other modules or DeepSpeed; to move it with them: {next}",
     "builder": "{builder_why}; to move it and its readers together: {next}",
     "builder elsewhere": "the legacy {state} they read are built in another module or by DeepSpeed; "
-                         "to move them with their builder: {next}",
+    "to move them with their builder: {next}",
 }
 # readers that stay legacy in a file that does not build their state (none today: with no default
 # mesh, current_mesh() answers the AutoTP "tp" / "dp" from the legacy AutoTP groups built in another
@@ -98,8 +124,9 @@ class Holding:
         shown = [f"{name}:{at[0]}" + (f"(+{len(at) - 1})" if len(at) > 1 else "") for name, at in lines.items()]
         readers = " with " + ", ".join(shown) if shown else ""  # each reader named (a bounded set of getters)
         if self.at_reader:
-            return KEPT.format(fname=fname, readers=" (and this file's other readers)" if len(self.readers) > 1 else "",
-                               why=why)
+            return KEPT.format(
+                fname=fname, readers=" (and this file's other readers)" if len(self.readers) > 1 else "", why=why
+            )
         return KEPT.format(fname=fname, readers=readers, why=why)
 
 
@@ -121,21 +148,31 @@ def deepspeed_users(tree: ast.AST) -> list[str]:
                     plain.add(alias.asname or "deepspeed")
                 elif not _neutral(alias.name):
                     found.append(alias.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level \
-                and node.module.split(".")[0] == "deepspeed":
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and not node.level
+            and node.module.split(".")[0] == "deepspeed"
+        ):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
                 if not (_neutral(node.module) or _neutral(full)):
                     found.append(full)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in plain \
-                and not _neutral(f"deepspeed.{node.attr}"):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in plain
+            and not _neutral(f"deepspeed.{node.attr}")
+        ):
             found.append(f"deepspeed.{node.attr}")
     return list(dict.fromkeys(found))
 
 
 def holdings(
-    builders: dict[str, list[tuple[str, bool]]], readers: dict[str, list[str]], users: list[str],
+    builders: dict[str, list[tuple[str, bool]]],
+    readers: dict[str, list[str]],
+    users: list[str],
 ) -> dict[str, Holding]:
     """The states this file keeps: ``builders[state]`` is ``(why a builder cannot move, or "", ...)``
     per builder call, ``readers[state]`` this file's readers (``(name, line)``), ``users`` what
@@ -144,7 +181,13 @@ def holdings(
     for state, names in READERS_WITHOUT_BUILDER.items():
         found = [r for r in readers.get(state, []) if r[0] in names]
         if found and not builders.get(state):
-            held[state] = Holding(state, WHY["builder elsewhere"].format(state=state, next=NEXT_STEP[state]), found, at_reader=True, names=names)
+            held[state] = Holding(
+                state,
+                WHY["builder elsewhere"].format(state=state, next=NEXT_STEP[state]),
+                found,
+                at_reader=True,
+                names=names,
+            )
     for state, calls in builders.items():
         if not calls:
             continue

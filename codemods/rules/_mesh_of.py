@@ -1,6 +1,7 @@
 """The mpu getters ``mesh_of(mpu)`` answers, and how: shared by the codemods for an mpu inside
 DeepSpeed (:mod:`codemods.rules.mpu_internal`) and for one passed to ``deepspeed.initialize``
 (:mod:`codemods.rules.mpu_calls`)."""
+
 from __future__ import annotations
 
 _MP = '("pp", "tp")'

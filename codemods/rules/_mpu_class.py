@@ -7,6 +7,7 @@ queries, exact for a legacy grid and for a mesh alike), the topology codemod (a 
 such a class may still become a mesh) and the initialize codemod (``mpu=<instance>`` becomes
 ``mesh=<the mesh>`` where each of the class's getters answers as the mesh does).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,8 @@ from typing import Optional
 
 import libcst as cst
 
-from . import _grid_api as grid_api
 from .._engine.base import find_all
+from . import _grid_api as grid_api
 
 # getter stem -> the mesh dims DeepSpeed reads through it (Megatron's "model parallel" is the tensor
 # dim, DeepSpeed's bwc reads get_model_parallel_* as the tensor dim too)
@@ -65,16 +66,26 @@ def _self_attr(node: cst.BaseExpression, self_name: str) -> Optional[str]:
 def _body(function: cst.FunctionDef) -> list[cst.BaseStatement]:
     """The statements of ``function`` without its docstring."""
     body = list(function.body.body) if isinstance(function.body, cst.IndentedBlock) else []
-    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 \
-            and isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, cst.SimpleString):
+    if (
+        body
+        and isinstance(body[0], cst.SimpleStatementLine)
+        and len(body[0].body) == 1
+        and isinstance(body[0].body[0], cst.Expr)
+        and isinstance(body[0].body[0].value, cst.SimpleString)
+    ):
         body = body[1:]
     return body
 
 
 def _plain_params(function: cst.FunctionDef) -> Optional[list[str]]:
     params = function.params
-    if params.star_kwarg is not None or isinstance(params.star_arg, cst.Param) or params.kwonly_params \
-            or params.posonly_params or not params.params:
+    if (
+        params.star_kwarg is not None
+        or isinstance(params.star_arg, cst.Param)
+        or params.kwonly_params
+        or params.posonly_params
+        or not params.params
+    ):
         return None
     if any(p.default is not None for p in params.params):
         return None
@@ -93,7 +104,9 @@ def _grid_query(value: cst.BaseExpression, me: str, grid_methods: frozenset) -> 
             return None
         return attr, grid_api.METHODS[func.attr.value]
     inner = func.value
-    if not (isinstance(inner, cst.Call) and len(inner.args) == 1 and not inner.args[0].keyword and not inner.args[0].star):
+    if not (
+        isinstance(inner, cst.Call) and len(inner.args) == 1 and not inner.args[0].keyword and not inner.args[0].star
+    ):
         return None
     name = code(inner.func)
     attr = _self_attr(inner.args[0].value, me)
@@ -108,8 +121,9 @@ def _grid_query(value: cst.BaseExpression, me: str, grid_methods: frozenset) -> 
 def grid_wrapper(cls: cst.ClassDef, grid_methods: frozenset = frozenset(grid_api.METHODS)) -> Optional[GridWrapper]:
     """``cls`` as a :class:`GridWrapper` (its getters calling only ``grid_methods`` on the stored
     grid), or None when it is not one."""
-    if cls.decorators or any(not (isinstance(b.value, cst.Name) and b.value.value == "object") or b.keyword
-                             for b in cls.bases):
+    if cls.decorators or any(
+        not (isinstance(b.value, cst.Name) and b.value.value == "object") or b.keyword for b in cls.bases
+    ):
         return None
     if not isinstance(cls.body, cst.IndentedBlock):
         return None
@@ -168,13 +182,20 @@ def grid_wrapper(cls: cst.ClassDef, grid_methods: frozenset = frozenset(grid_api
 
 def _body_of_class(cls: cst.ClassDef) -> list[cst.BaseStatement]:
     body = list(cls.body.body)  # type: ignore[union-attr]
-    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 \
-            and isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, cst.SimpleString):
+    if (
+        body
+        and isinstance(body[0], cst.SimpleStatementLine)
+        and len(body[0].body) == 1
+        and isinstance(body[0].body[0], cst.Expr)
+        and isinstance(body[0].body[0].value, cst.SimpleString)
+    ):
         body = body[1:]
     return body
 
 
-def module_wrappers(module: cst.Module, grid_methods: frozenset = frozenset(grid_api.METHODS)) -> dict[str, GridWrapper]:
+def module_wrappers(
+    module: cst.Module, grid_methods: frozenset = frozenset(grid_api.METHODS)
+) -> dict[str, GridWrapper]:
     """The grid-wrapping mpu classes defined at the top level of ``module``, by name (a name
     defined once)."""
     found: dict[str, GridWrapper] = {}
@@ -228,9 +249,11 @@ def getter_advice(wrapper: GridWrapper, method: str, receiver: str) -> Optional[
     if form is None:
         return None
     replacement = form.format(m=f"mesh_of({receiver})")
-    return (f"{wrapper.name}.{method}: not every {wrapper.name}(...) is proven to get a PipelineParallelGrid or "
-            f"a mesh; write return {replacement}; exact for either (mesh_of answers with the grid's own getter, "
-            "with or without compat.install())")
+    return (
+        f"{wrapper.name}.{method}: not every {wrapper.name}(...) is proven to get a PipelineParallelGrid or "
+        f"a mesh; write return {replacement}; exact for either (mesh_of answers with the grid's own getter, "
+        "with or without compat.install())"
+    )
 
 
 def answers_as_mesh(wrapper: GridWrapper, pp_is_one: bool) -> bool:

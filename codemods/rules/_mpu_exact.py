@@ -23,6 +23,7 @@ is rewritten only where the mpus that can reach the site are known (called from
   keeps one groups state per engine), and ``model_parallel_world_size`` has the legacy meaning
   (1 for None or ``parallel_state_sp``, else the mpu's model-parallel size).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -71,7 +72,9 @@ def _hasattr_guarded(command: "RuleHost", call: cst.Call, receiver: str, method:
     if len(test.args) != 2 or any(a.keyword or a.star for a in test.args):
         return False
     name = test.args[1].value
-    return code(test.args[0].value) == receiver and isinstance(name, cst.SimpleString) and name.evaluated_value == method
+    return (
+        code(test.args[0].value) == receiver and isinstance(name, cst.SimpleString) and name.evaluated_value == method
+    )
 
 
 def _mpu_is_groups_here(command: "RuleHost", call: cst.Call) -> bool:
@@ -85,8 +88,11 @@ def _mpu_is_groups_here(command: "RuleHost", call: cst.Call) -> bool:
     while node is not None:
         path.append(node)
         parent = command.parent(node)
-        if isinstance(node, cst.FunctionDef) and isinstance(parent, cst.IndentedBlock) \
-                and isinstance(command.parent(parent), cst.ClassDef):
+        if (
+            isinstance(node, cst.FunctionDef)
+            and isinstance(parent, cst.IndentedBlock)
+            and isinstance(command.parent(parent), cst.ClassDef)
+        ):
             method = node
             break
         node = parent
@@ -105,7 +111,7 @@ def _mpu_is_groups_here(command: "RuleHost", call: cst.Call) -> bool:
             continue
         if any(code(t) == "self.mpu" for t in _all_targets(func)):
             return False
-    return not any(code(t) == "self.mpu" for s in body[body.index(holder):] for t, _ in _assignments(s))
+    return not any(code(t) == "self.mpu" for s in body[body.index(holder) :] for t, _ in _assignments(s))
 
 
 def _functions(cls: cst.CSTNode):

@@ -7,6 +7,7 @@ the call is rewritten with the device count passed in, where the module has Deep
 ``get_accelerator`` imported at module level under that name. Called from
 ``GroupsGettersCommand.leave_Call``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -34,8 +35,13 @@ def replacement(command: "RuleHost", call: cst.Call) -> Optional[str]:
     if len(seen) != 1:
         return None
     node = getattr(seen[0], "node", None)
-    if not (isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None
-            and code(node.module) == "deepspeed.accelerator" and not isinstance(node.names, cst.ImportStar)):
+    if not (
+        isinstance(node, cst.ImportFrom)
+        and not node.relative
+        and node.module is not None
+        and code(node.module) == "deepspeed.accelerator"
+        and not isinstance(node.names, cst.ImportStar)
+    ):
         return None
     if not any(a.name.value == "get_accelerator" and a.asname is None for a in node.names):
         return None

@@ -6,6 +6,7 @@ walks the tree and hands them each call. They talk to it only through this proto
 depends on this interface, not on the command's module (no import circle) nor on its private
 methods.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Protocol

@@ -17,6 +17,7 @@ Each classification was read off deepspeed 0.19.8 (``deepspeed/comm/comm.py`` an
 
 Every site that is not THIN is left with a ``# TODOV1:`` naming the difference.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -31,11 +32,28 @@ COMM = "deepspeed.comm"
 TORCH = "torch.distributed"
 LOGGING_ARGS = ("log_name", "debug")
 
-THIN = frozenset({
-    "get_rank", "get_world_size", "barrier", "monitored_barrier", "all_to_all_single", "all_to_all",
-    "send", "recv", "isend", "irecv", "gather", "scatter", "all_gather_object", "broadcast_object_list",
-    "new_group", "is_available", "all_reduce", "reduce_scatter_tensor",
-})
+THIN = frozenset(
+    {
+        "get_rank",
+        "get_world_size",
+        "barrier",
+        "monitored_barrier",
+        "all_to_all_single",
+        "all_to_all",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "gather",
+        "scatter",
+        "all_gather_object",
+        "broadcast_object_list",
+        "new_group",
+        "is_available",
+        "all_reduce",
+        "reduce_scatter_tensor",
+    }
+)
 WITH_OP = {"all_reduce": 1, "reduce_scatter_tensor": 2}  # position of ``op``
 REDUCE_OPS = frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"})
 
@@ -71,8 +89,8 @@ ALL = THIN | frozenset(KILL_SWITCH) | frozenset(BACKEND) | frozenset(DIFFERENT) 
 def _comm_function(names: set[str]) -> Optional[str]:
     for name in names:
         for prefix in (COMM + ".comm.", COMM + "."):
-            if name.startswith(prefix) and "." not in name[len(prefix):]:
-                return name[len(prefix):]
+            if name.startswith(prefix) and "." not in name[len(prefix) :]:
+                return name[len(prefix) :]
     return None
 
 
@@ -93,8 +111,12 @@ class CommToTorchCommand(MigrationCommand):
             return None
         names = self.legacy_names(node)
         for name in names:
-            if name in (f"{COMM}.ReduceOp.{node.attr.value}", f"{COMM}.reduce_op.ReduceOp.{node.attr.value}",
-                        f"{COMM}.comm.ReduceOp.{node.attr.value}", f"{TORCH}.ReduceOp.{node.attr.value}"):
+            if name in (
+                f"{COMM}.ReduceOp.{node.attr.value}",
+                f"{COMM}.reduce_op.ReduceOp.{node.attr.value}",
+                f"{COMM}.comm.ReduceOp.{node.attr.value}",
+                f"{TORCH}.ReduceOp.{node.attr.value}",
+            ):
                 return node.attr.value
         return None
 
@@ -103,18 +125,30 @@ class CommToTorchCommand(MigrationCommand):
         if fname is None:
             return updated_node
         if fname in KILL_SWITCH:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {KILL_SWITCH[fname]}; torch.distributed.{fname} has no kill "
-                              f"switch; use torch.distributed.{fname} if you never set it")
+            return self._todo(
+                updated_node,
+                f"deepspeed.comm.{fname} kept: {KILL_SWITCH[fname]}; torch.distributed.{fname} has no kill "
+                f"switch; use torch.distributed.{fname} if you never set it",
+            )
         if fname in BACKEND:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {BACKEND[fname]}; keep deepspeed.comm.{fname} for it")
+            return self._todo(
+                updated_node, f"deepspeed.comm.{fname} kept: {BACKEND[fname]}; keep deepspeed.comm.{fname} for it"
+            )
         if fname in DIFFERENT:
-            return self._todo(updated_node, f"deepspeed.comm.{fname} kept: {DIFFERENT[fname]}; keep deepspeed.comm.{fname} "
-                              "where that matters")
+            return self._todo(
+                updated_node,
+                f"deepspeed.comm.{fname} kept: {DIFFERENT[fname]}; keep deepspeed.comm.{fname} where that matters",
+            )
         if has_star_args(original_node):
-            return self._todo(updated_node, f"deepspeed.comm.{fname}(*args): write torch.distributed.{fname}(...) by hand")
+            return self._todo(
+                updated_node, f"deepspeed.comm.{fname}(*args): write torch.distributed.{fname}(...) by hand"
+            )
         if arg_by(original_node, None, "prof") is not None:
-            return self._todo(updated_node, f"deepspeed.comm.{fname}(prof=...) feeds DeepSpeed's comms logger; torch.distributed has "
-                              f"none; drop prof= and use torch.distributed.{fname}")
+            return self._todo(
+                updated_node,
+                f"deepspeed.comm.{fname}(prof=...) feeds DeepSpeed's comms logger; torch.distributed has "
+                f"none; drop prof= and use torch.distributed.{fname}",
+            )
         if fname == "get_world_group":
             if original_node.args:
                 return updated_node
@@ -125,11 +159,24 @@ class CommToTorchCommand(MigrationCommand):
             if op is not None:
                 name = self._reduce_op(op.value)
                 if name is None:
-                    return self._todo(updated_node, f"deepspeed.comm.{fname}: op is not a literal ReduceOp.X; torch needs torch.distributed.ReduceOp (DeepSpeed translates its own enum); pass op=torch.distributed.ReduceOp.X")
+                    return self._todo(
+                        updated_node,
+                        f"deepspeed.comm.{fname}: op is not a literal ReduceOp.X; torch needs torch.distributed.ReduceOp (DeepSpeed translates its own enum); pass op=torch.distributed.ReduceOp.X",
+                    )
                 index = original_node.args.index(op)
-                args = [a.with_changes(value=cst.parse_expression(f"{TORCH}.ReduceOp.{name}")) if a is updated_node.args[index] else a for a in args]
+                args = [
+                    a.with_changes(value=cst.parse_expression(f"{TORCH}.ReduceOp.{name}"))
+                    if a is updated_node.args[index]
+                    else a
+                    for a in args
+                ]
         if fname == "all_to_all_single":
-            args = [a.with_changes(keyword=cst.Name("input")) if a.keyword is not None and a.keyword.value == "tensor" else a for a in args]
+            args = [
+                a.with_changes(keyword=cst.Name("input"))
+                if a.keyword is not None and a.keyword.value == "tensor"
+                else a
+                for a in args
+            ]
         if args and args[-1].comma is not cst.MaybeSentinel.DEFAULT:
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         call = updated_node.with_changes(func=cst.parse_expression(f"{TORCH}.{fname}"), args=args)

@@ -11,14 +11,15 @@ very group objects the grid built and the mesh caches: nothing is created). So
 Only the receivers listed in :data:`GRID_RECEIVERS` are rewritten (names that provably hold the
 grid in those modules); a call with arguments other than ``stage_to_global``'s is left with a TODOV1.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import libcst as cst
 
-from . import _grid_api as grid_api
 from .._engine.base import MigrationCommand
+from . import _grid_api as grid_api
 
 KIND = "grid method/attribute"
 
@@ -52,8 +53,11 @@ class GridInternalCommand(MigrationCommand):
             return updated_node
         replacement = grid_api.rewrite_use(f"{code(func.value)}.mesh", func, original_node)
         if replacement is None:
-            self.flag(KIND, f"{code(func)}(...) with these arguments has no mesh call; write the mesh call by hand "
-                              "(ds-migrate --explain grid-use)")
+            self.flag(
+                KIND,
+                f"{code(func)}(...) with these arguments has no mesh call; write the mesh call by hand "
+                "(ds-migrate --explain grid-use)",
+            )
             return updated_node
         self.keep_comments(original_node)
         self.record(KIND)

@@ -14,6 +14,7 @@ subclass, ``<x>.grid`` inside ``if isinstance(<x>, PipelineEngine):``, ``<engine
 other ``<x>.grid.<grid query>`` gets a TODOV1 with the rewrite to apply once ``<x>`` is known to be
 a pipeline engine.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,21 +22,29 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import FunctionScope
 
-from . import _grid_api as grid_api
-from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand
+from . import _grid_api as grid_api
+from . import _mpu_class as mpu_class
 
 KIND = "engine grid"
 HOLDERS = frozenset({"grid", "_grid"})
-PIPE_ENGINES = frozenset({"deepspeed.PipelineEngine", "deepspeed.runtime.pipe.engine.PipelineEngine",
-                          "deepspeed.runtime.pipe.PipelineEngine"})
+PIPE_ENGINES = frozenset(
+    {
+        "deepspeed.PipelineEngine",
+        "deepspeed.runtime.pipe.engine.PipelineEngine",
+        "deepspeed.runtime.pipe.PipelineEngine",
+    }
+)
 # grid queries mesh_of answers with the same-named (or, on a legacy grid, an equal) grid getter:
 # mesh_core.roles.mpu_mesh's probe order on a PipelineParallelGrid
 _MESH_OF_TEMPLATES = ("get_local_rank(", "get_rank(", "size(", "get_group(", "get_group_ranks(", ".rank")
 MESH_OF = frozenset(
-    name for name, template in {**grid_api.METHODS, **grid_api.ATTRIBUTES}.items()
-    if any(t in template for t in _MESH_OF_TEMPLATES) and "spec" not in template and "layout" not in template
+    name
+    for name, template in {**grid_api.METHODS, **grid_api.ATTRIBUTES}.items()
+    if any(t in template for t in _MESH_OF_TEMPLATES)
+    and "spec" not in template
+    and "layout" not in template
     and "get_all_group_ranks" not in template
 )
 GRID_QUERIES = frozenset({*grid_api.METHODS, *grid_api.ATTRIBUTES, *grid_api.MANUAL, "stage_to_global"})
@@ -77,8 +86,11 @@ class GridUsersCommand(MigrationCommand):
         if not isinstance(cls, cst.ClassDef) or cls.name.value not in self._wrappers:
             return None
         wrapper, proven = self._wrappers[cls.name.value]
-        if wrapper.node is not cls or current.name.value not in wrapper.getters \
-                or wrapper.getters[current.name.value][0] != node.attr.value:
+        if (
+            wrapper.node is not cls
+            or current.name.value not in wrapper.getters
+            or wrapper.getters[current.name.value][0] != node.attr.value
+        ):
             return None
         return wrapper, proven, current.name.value
 
@@ -135,19 +147,26 @@ class GridUsersCommand(MigrationCommand):
         if len(test.args) != 2 or any(a.keyword or a.star for a in test.args):
             return False
         subject, classes = test.args[0].value, test.args[1].value
-        return isinstance(subject, cst.Name) and subject.value == name and bool(self.legacy_names(classes) & PIPE_ENGINES)
+        return (
+            isinstance(subject, cst.Name) and subject.value == name and bool(self.legacy_names(classes) & PIPE_ENGINES)
+        )
 
     def _rebinds(self, block: cst.CSTNode, name: str, before: cst.CSTNode) -> bool:
         from .._engine.base import find_all
 
         line = self.line_of(before)
         for assign in find_all(block, cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.With, cst.NamedExpr):
-            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else \
-                [getattr(assign, "target", None)]
+            targets = (
+                [t.target for t in assign.targets]
+                if isinstance(assign, cst.Assign)
+                else [getattr(assign, "target", None)]
+            )
             if isinstance(assign, cst.With):
                 targets = [i.asname.name for i in assign.items if i.asname is not None]
             for target in targets:
-                if target is not None and any(isinstance(n, cst.Name) and n.value == name for n in find_all(target, cst.Name)):
+                if target is not None and any(
+                    isinstance(n, cst.Name) and n.value == name for n in find_all(target, cst.Name)
+                ):
                     if self.line_of(assign) <= line:
                         return True
         return False
@@ -180,11 +199,18 @@ class GridUsersCommand(MigrationCommand):
             return updated_node
         return self._rewrite(original_node, None, updated_node)
 
-    def _rewrite(self, attribute: cst.Attribute, call: Optional[cst.Call], updated: cst.BaseExpression) -> cst.BaseExpression:
+    def _rewrite(
+        self, attribute: cst.Attribute, call: Optional[cst.Call], updated: cst.BaseExpression
+    ) -> cst.BaseExpression:
         name = attribute.attr.value
         if call is None and name not in grid_api.ATTRIBUTES and name not in grid_api.MANUAL:
             return updated  # a method read without a call (a bound method handed on)
-        if call is not None and name not in grid_api.METHODS and name != "stage_to_global" and name not in grid_api.MANUAL:
+        if (
+            call is not None
+            and name not in grid_api.METHODS
+            and name != "stage_to_global"
+            and name not in grid_api.MANUAL
+        ):
             return updated
         grid = code(attribute.value)
         held = self._wrapper_getter(attribute.value)
@@ -198,12 +224,16 @@ class GridUsersCommand(MigrationCommand):
         replacement = grid_api.rewrite_use(mesh, attribute, call) if name in MESH_OF else None
         if replacement is None:
             target = f"{grid}.{name}" + ("(...)" if call is not None else "")
-            self.flag(KIND, f"{target} kept: mesh_of(grid) has no form of it for a legacy grid; "
-                      + _manual_hint(name, grid))
+            self.flag(
+                KIND, f"{target} kept: mesh_of(grid) has no form of it for a legacy grid; " + _manual_hint(name, grid)
+            )
             return updated
         if proof != "proven":
-            self.flag(KIND, f"{grid}.{name} kept: {grid} is not proven a pipeline engine's grid; once it is, "
-                      f"write {replacement}; mesh_core.mesh_of answers with the grid's own getter, with or without compat.install()")
+            self.flag(
+                KIND,
+                f"{grid}.{name} kept: {grid} is not proven a pipeline engine's grid; once it is, "
+                f"write {replacement}; mesh_core.mesh_of answers with the grid's own getter, with or without compat.install()",
+            )
             return updated
         self.keep_comments(call if call is not None else attribute)
         self.record(KIND)
@@ -214,10 +244,14 @@ class GridUsersCommand(MigrationCommand):
 
 def _manual_hint(name: str, grid: str) -> str:
     if name == "stage_to_global":
-        return ("with compat.install() the engine's mesh answers it: <engine>.mesh_device.stage_to_global(stage, dp=, tp=); "
-                "without the mesh runtime keep the grid call")
+        return (
+            "with compat.install() the engine's mesh answers it: <engine>.mesh_device.stage_to_global(stage, dp=, tp=); "
+            "without the mesh runtime keep the grid call"
+        )
     if name in grid_api.MANUAL:
         return grid_api.MANUAL[name]
     template = grid_api.ATTRIBUTES.get(name) or grid_api.METHODS.get(name, "")
-    return (f"with compat.install() use {template.format(m='<engine>.mesh_device')}; "
-            "without the mesh runtime keep the grid attribute")
+    return (
+        f"with compat.install() use {template.format(m='<engine>.mesh_device')}; "
+        "without the mesh runtime keep the grid attribute"
+    )

@@ -4,6 +4,7 @@
 ``self.mesh_device`` inside an engine subclass, ``<engine>.mesh_device`` after
 ``<engine>, ... = deepspeed.initialize(...)`` in the same scope, else ``current_mesh()``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,11 +15,14 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 import ds_mesh_advice
 
-from . import _autotp as autotp, _expert_process as expert_process, _hpz as hpz
-from . import _expert_grid as expert_grid, _legacy_state as ls
 from .._engine import legacy_names as ln
-from . import _mpu_exact as mpu_exact
 from .._engine.base import MigrationCommand, arg_by, fill_hooks, find_all, has_star_args
+from . import _autotp as autotp
+from . import _expert_grid as expert_grid
+from . import _expert_process as expert_process
+from . import _hpz as hpz
+from . import _legacy_state as ls
+from . import _mpu_exact as mpu_exact
 from ._expert_grid import expert_size
 
 KIND = "groups getter"
@@ -27,9 +31,9 @@ _GROUPS = "deepspeed.utils.groups."
 _MESH_ROWS = [r for r in ds_mesh_advice.rows() if r.section == "groups" and r.mesh]
 # legacy function -> replacement template ({mesh}: the model's mesh), the catalog's mesh expression;
 # calls take no arguments.
-SIMPLE: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" not in r.mesh}
+SIMPLE: dict[str, str] = {r.name[len(_GROUPS) :]: r.template() for r in _MESH_ROWS if "(N)" not in r.mesh}
 # legacy function taking an expert group name "ep_size_N" -> template ({n}: N).
-EXPERT: dict[str, str] = {r.name[len(_GROUPS):]: r.template() for r in _MESH_ROWS if "(N)" in r.mesh}
+EXPERT: dict[str, str] = {r.name[len(_GROUPS) :]: r.template() for r in _MESH_ROWS if "(N)" in r.mesh}
 
 # Inside DeepSpeed's engine-scoped modules (ENGINE_SCOPED_MODULES) the expert getters read the
 # name-keyed groups the MoE layers / the engine built; the model's mesh serves that table by name
@@ -96,6 +100,8 @@ def _referenced_advice(fname: str) -> str:
         return "call the model's mesh instead: " + ds_mesh_advice.row(_GROUPS + fname).next_step
     except KeyError:
         return "call <mesh>.get_group / .size / .get_local_rank(<dim>) instead"
+
+
 STATE = {"mpu", "mesh_device", "expert_tensor_parallel_world_size"}
 WORLD = "torch.distributed.group.WORLD"  # _clone_world_group(): the default group spans the world
 EXPERT_MANUAL = frozenset(n for n in MANUAL if "expert" in n) - {"_create_expert_and_data_parallel"}
@@ -108,12 +114,18 @@ _READER_NAMES = frozenset().union(*ls.READERS.values())
 # AttributeError there) -> what 0.19.8 has instead (their catalog rows); a call is flagged, naming it
 PRE_06_NOTES = "pre-0.6 name"
 PRE_06: dict[str, str] = {
-    r.name[len(_GROUPS):]: r.advice for r in ds_mesh_advice.rows()
+    r.name[len(_GROUPS) :]: r.advice
+    for r in ds_mesh_advice.rows()
     if r.section == "groups" and r.notes.startswith(PRE_06_NOTES)
 }
 
 ALL_FUNCTIONS = (
-    frozenset(SIMPLE) | frozenset(EXPERT) | frozenset(MANUAL) | frozenset(PROCESS) | {"_clone_world_group"} | hpz.FUNCTIONS
+    frozenset(SIMPLE)
+    | frozenset(EXPERT)
+    | frozenset(MANUAL)
+    | frozenset(PROCESS)
+    | {"_clone_world_group"}
+    | hpz.FUNCTIONS
 )
 
 # Inside DeepSpeed's own package a getter reads the groups state of the engine being built or
@@ -248,7 +260,11 @@ class GroupsGettersCommand(MigrationCommand):
             return "" if len(call.args) == (tp is not None) + (dp is not None) else "it has other arguments"
         if fname == "_create_expert_and_data_parallel":
             ep = arg_by(call, 0, "expert_parallel_size_")
-            return "" if ep is not None and len(call.args) == 1 else "its options (mp_size, pp_size, data-before-expert) have no mesh form"
+            return (
+                ""
+                if ep is not None and len(call.args) == 1
+                else "its options (mp_size, pp_size, data-before-expert) have no mesh form"
+            )
         return "expert-TP groups have no mesh form here"
 
     def _groups_mpu_assignment(self, module: cst.Module) -> Optional[tuple[str, int]]:
@@ -258,7 +274,11 @@ class GroupsGettersCommand(MigrationCommand):
                 continue
             for target in assign.targets:
                 node = target.target
-                if isinstance(node, cst.Attribute) and node.attr.value == "mpu" and ln.GROUPS in self.legacy_names(node.value):
+                if (
+                    isinstance(node, cst.Attribute)
+                    and node.attr.value == "mpu"
+                    and ln.GROUPS in self.legacy_names(node.value)
+                ):
                     return code(assign.value), self.line_of(assign)
         return None
 
@@ -310,28 +330,40 @@ class GroupsGettersCommand(MigrationCommand):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self._is_dynamic_getattr(original_node):
-            self.flag(KIND, "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_local_rank(<dim>)")
+            self.flag(
+                KIND,
+                "dynamic getattr on deepspeed.utils.groups; call <mesh>.get_group / .size / .get_local_rank(<dim>)",
+            )
             return updated_node
         fname = self.function_of(original_node.func)
         if fname is None and self._groups_parameter_is_module(original_node.func):
             fname = original_node.func.attr.value  # type: ignore[attr-defined]
         if fname is None and self._on_groups_parameter(original_node.func):
-            self.flag(KIND, f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
-                      "in) cannot be followed statically; pass the model's mesh instead and call it (ds-migrate --explain groups)")
+            self.flag(
+                KIND,
+                f"{code(original_node.func)}: a parameter named groups (DeepSpeed passes deepspeed.utils.groups "
+                "in) cannot be followed statically; pass the model's mesh instead and call it (ds-migrate --explain groups)",
+            )
             return updated_node
         if fname is None and self.could_be(original_node.func, PRE_06):
             old = self.legacy_name(original_node.func, lambda n: ln.groups_function(n) in PRE_06)
             if old is not None:
                 old = ln.groups_function(old)
-                self.flag(KIND, f"groups.{old}() is a pre-0.6 name that DeepSpeed 0.19.8 does not have (AttributeError "
-                          f"there): write {PRE_06[old]}, then migrate again")
+                self.flag(
+                    KIND,
+                    f"groups.{old}() is a pre-0.6 name that DeepSpeed 0.19.8 does not have (AttributeError "
+                    f"there): write {PRE_06[old]}, then migrate again",
+                )
             return updated_node
         if fname is None or fname not in ALL_FUNCTIONS:
             return updated_node
         if self._deferred and fname in EXPERT_RELATED and not self._held_here(fname):
             if self._experts_blocked:  # all kept together (codemods/rules/_expert_grid.py)
-                self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
-                          f"to move them together: {expert_grid.NEXT_STEP}")
+                self.flag(
+                    KIND,
+                    f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
+                    f"to move them together: {expert_grid.NEXT_STEP}",
+                )
                 return updated_node
             return self._expert_grid.moved(original_node, updated_node, fname)
         if has_star_args(original_node):
@@ -361,24 +393,36 @@ class GroupsGettersCommand(MigrationCommand):
                 call = SIMPLE[fname].format(mesh="<mesh>")
                 self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=call))
                 return updated_node
-            if fname.startswith("_") and self._mpu_assigned is not None and not in_deepspeed(self.context.full_module_name):
+            if (
+                fname.startswith("_")
+                and self._mpu_assigned is not None
+                and not in_deepspeed(self.context.full_module_name)
+            ):
                 value, line = self._mpu_assigned
                 call = SIMPLE[fname].format(mesh=f"mesh_of({value})")
-                self.flag(KIND, f"groups.{fname} kept: this module sets groups.mpu = {value} (line {line}), whose groups legacy "
-                          "answers (a grid: its stage's), while current_mesh() with no default mesh is the world's "
-                          f"data-parallel mesh: call {call} (mesh_core.mesh_of) where that mpu is in scope")
+                self.flag(
+                    KIND,
+                    f"groups.{fname} kept: this module sets groups.mpu = {value} (line {line}), whose groups legacy "
+                    "answers (a grid: its stage's), while current_mesh() with no default mesh is the world's "
+                    f"data-parallel mesh: call {call} (mesh_core.mesh_of) where that mpu is in scope",
+                )
                 return updated_node
             if fname.startswith("_") and self._builds_autotp:
-                self.flag(KIND, f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
-                          "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
-                          "torch.distributed.group.WORLD for the world")
+                self.flag(
+                    KIND,
+                    f"groups.{fname} reads the mpu / mesh_param state, not the AutoTP groups this file builds "
+                    "(with neither, legacy answers for the whole world): use <mesh> of the engine, or "
+                    "torch.distributed.group.WORLD for the world",
+                )
                 return updated_node
             return self.rewrite(original_node, SIMPLE[fname])
         if fname == "_clone_world_group" and not original_node.args:
             AddImportsVisitor.add_needed_import(self.context, "torch.distributed")
             return self._replace(original_node, WORLD)
         if fname in PROCESS and not original_node.args and in_deepspeed(self.context.full_module_name):
-            return self._replace(original_node, PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size")))
+            return self._replace(
+                original_node, PROCESS[fname].format(expert_tp=self.mesh_ref("expert_tensor_parallel_size"))
+            )
         named_here = self.engine_scoped() or expert_process.named_reads_here(self.context.full_module_name)
         if (fname in NAMED_EXPERT or fname in NAMED_NO_ARGS) and named_here:
             named = self._named_expert(original_node, updated_node, fname)
@@ -386,19 +430,29 @@ class GroupsGettersCommand(MigrationCommand):
                 return named
         if fname in EXPERT_RELATED and fname not in EXPERT_MANUAL and self._experts_blocked:
             if expert_process.named_reads_here(self.context.full_module_name):
-                self.flag(KIND, f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
-                          "what expert_groups_named(<mesh>, name) serves (ds-migrate --explain groups)")
+                self.flag(
+                    KIND,
+                    f"groups.{fname} kept: {self._experts_blocked}; the legacy named groups it builds are "
+                    "what expert_groups_named(<mesh>, name) serves (ds-migrate --explain groups)",
+                )
                 return updated_node
-            self.flag(KIND, f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
-                      "to move them together: use \"mesh\": {\"ep\": N} and <mesh>.expert_groups(N)")
+            self.flag(
+                KIND,
+                f"groups.{fname} kept (all expert sites of this file are): {self._experts_blocked}; "
+                'to move them together: use "mesh": {"ep": N} and <mesh>.expert_groups(N)',
+            )
             return updated_node
         if fname in EXPERT and self.outside_engine():
-            self.flag(KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N")))
+            self.flag(
+                KIND, f"groups.{fname}: " + _OUTSIDE_ENGINE.format(call=EXPERT[fname].format(mesh="<mesh>", n="N"))
+            )
             return updated_node
         if fname in EXPERT:
             size = expert_size(original_node)
             if size is None:
-                self.flag(KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)")
+                self.flag(
+                    KIND, f"groups.{fname}: pass the ep size N literally ('ep_size_N'), or use <mesh>.expert_groups(N)"
+                )
                 return updated_node
             return self.rewrite(original_node, EXPERT[fname], n=code(size))
         replacement = None if self.outside_engine(also_scoped=True) else self._statement_call(original_node, fname)

@@ -6,15 +6,16 @@ local ``DeepSpeedDeviceMesh.build(pp=.., dp=.., tp=..)`` (what the topology code
 to the config dict literal passed to the call, or to the dict literal a local config name is bound
 to. Anything else (an mpu of unknown provenance, a config file path) gets a ``# TODOV1:``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import libcst as cst
 
-from . import _mpu_class as mpu_class
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, find_all
+from . import _mpu_class as mpu_class
 
 KIND_MESH_PARAM = "initialize mesh_param"
 KIND_MPU = "initialize mpu"
@@ -62,7 +63,9 @@ def with_entry(node: cst.Dict, entry: str) -> cst.Dict:
             separator = separator.with_changes(whitespace_after=cst.SimpleWhitespace(" "))
         element = element.with_changes(comma=last.comma)
     else:
-        separator = previous if isinstance(previous, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        separator = (
+            previous if isinstance(previous, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
     elements[-1] = last.with_changes(comma=separator)
     return node.with_changes(elements=elements + [element])
 
@@ -76,7 +79,7 @@ def without_args(call: cst.Call, drop: list[cst.Arg]) -> cst.Call:
 
 
 class InitializeCommand(MigrationCommand):
-    DESCRIPTION = "deepspeed.initialize(mpu=, mesh_param=) -> config \"mesh\" section"
+    DESCRIPTION = 'deepspeed.initialize(mpu=, mesh_param=) -> config "mesh" section'
     IDENTIFIERS = (frozenset({"initialize"}), frozenset({"mpu", "mesh_param"}))
     MARKERS = (("initialize",), ("mpu", "mesh_param"))
 
@@ -115,7 +118,9 @@ class InitializeCommand(MigrationCommand):
         if mesh_param is not None:
             sizes = self._mesh_param_sizes(mesh_param)
             if sizes is None:
-                self._defer(node, KIND_MESH_PARAM, 'put mesh_param=(dp, sp) into the config as "mesh": {"dp": dp, "sp": sp}')
+                self._defer(
+                    node, KIND_MESH_PARAM, 'put mesh_param=(dp, sp) into the config as "mesh": {"dp": dp, "sp": sp}'
+                )
             else:
                 entries += sizes
                 drops.append(mesh_param)
@@ -127,14 +132,26 @@ class InitializeCommand(MigrationCommand):
                     mpu = None
                 elif mesh_param is None and self._plan_from_mpu(node, mpu):
                     mpu = None
-                elif mesh_param is None and isinstance(mpu.value, cst.Call) and mpu.keyword is not None \
-                        and arg_by(node, None, "mesh") is None:
+                elif (
+                    mesh_param is None
+                    and isinstance(mpu.value, cst.Call)
+                    and mpu.keyword is not None
+                    and arg_by(node, None, "mesh") is None
+                ):
                     # the obstacle is evaluating the call twice (mesh=... from_mpu(<call>) if <call> ...)
                     call = " ".join(cst.Module([]).code_for_node(mpu.value).split())
-                    self._defer(node, KIND_MPU, f"mpu={call} is a call: bind it to a name first (mpu = {call}), pass "
-                                "mpu=mpu, and migrate again (mpu= then becomes mesh=DeepSpeedDeviceMesh.from_mpu(mpu))")
+                    self._defer(
+                        node,
+                        KIND_MPU,
+                        f"mpu={call} is a call: bind it to a name first (mpu = {call}), pass "
+                        "mpu=mpu, and migrate again (mpu= then becomes mesh=DeepSpeedDeviceMesh.from_mpu(mpu))",
+                    )
                 else:
-                    self._defer(node, KIND_MPU, 'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=, or pass mesh=DeepSpeedDeviceMesh.from_mpu(mpu)')
+                    self._defer(
+                        node,
+                        KIND_MPU,
+                        'the layout of this mpu cannot be proven here: describe it in the config "mesh" section (pp/dp/tp/sp) and drop mpu=, or pass mesh=DeepSpeedDeviceMesh.from_mpu(mpu)',
+                    )
             else:
                 entries += sizes
                 drops.append(mpu)
@@ -150,7 +167,9 @@ class InitializeCommand(MigrationCommand):
             return
         if "mesh" in dict_keys(target) or id(target) in self._dict_entries:
             for kind in kinds:
-                self._defer(node, kind, 'the config already has a "mesh" section; merge {' + ", ".join(entries) + "} into it")
+                self._defer(
+                    node, kind, 'the config already has a "mesh" section; merge {' + ", ".join(entries) + "} into it"
+                )
             return
         added = ['"mesh": {' + ", ".join(entries) + "}"]
         if any(e.startswith('"tp": ') and e != '"tp": 1' for e in entries):
@@ -158,8 +177,12 @@ class InitializeCommand(MigrationCommand):
             # named tp groups (the model does its own TP): autotp_size 0 keeps it that way
             if "tensor_parallel" in dict_keys(target):
                 for kind in kinds:
-                    self._defer(node, kind, 'add "mesh": {' + ", ".join(entries) + '} and set "tensor_parallel": '
-                                '{"autotp_size": 0} unless AutoTP should shard the model, then drop mpu=')
+                    self._defer(
+                        node,
+                        kind,
+                        'add "mesh": {' + ", ".join(entries) + '} and set "tensor_parallel": '
+                        '{"autotp_size": 0} unless AutoTP should shard the model, then drop mpu=',
+                    )
                 return
             added.append('"tensor_parallel": {"autotp_size": 0}')
         self._dict_entries[id(target)] = added
@@ -175,8 +198,13 @@ class InitializeCommand(MigrationCommand):
             return False
         scope = self.scope_of(arg.value)
         made = self.bound_value(arg.value)
-        if scope is None or len(scope.assignments[arg.value.value]) != 1 or not isinstance(made, cst.Call) \
-                or not isinstance(made.func, cst.Name) or made.func.value not in self._wrappers:
+        if (
+            scope is None
+            or len(scope.assignments[arg.value.value]) != 1
+            or not isinstance(made, cst.Call)
+            or not isinstance(made.func, cst.Name)
+            or made.func.value not in self._wrappers
+        ):
             return False
         wrapper = self._wrappers[made.func.value]
         if len(wrapper.params) != 1:
@@ -238,8 +266,10 @@ class InitializeCommand(MigrationCommand):
             return False
         if isinstance(value, cst.Name):
             bound = self.bound_value(value)
-            if isinstance(bound, cst.Call) and (ln.GRID in self.legacy_names(bound.func)
-                                                or any(n.startswith("mesh_core") for n in self.legacy_names(bound.func))):
+            if isinstance(bound, cst.Call) and (
+                ln.GRID in self.legacy_names(bound.func)
+                or any(n.startswith("mesh_core") for n in self.legacy_names(bound.func))
+            ):
                 return False
         return True
 
@@ -324,7 +354,11 @@ class InitializeCommand(MigrationCommand):
             assert isinstance(value, cst.IfExp)
 
             def wrap(b: cst.BaseExpression) -> cst.BaseExpression:
-                return b if isinstance(b, cst.Name) and b.value == "None" else cst.parse_expression(f"{mesh_class}.from_mpu({code(b)})")
+                return (
+                    b
+                    if isinstance(b, cst.Name) and b.value == "None"
+                    else cst.parse_expression(f"{mesh_class}.from_mpu({code(b)})")
+                )
 
             new = value.with_changes(body=wrap(value.body), orelse=wrap(value.orelse))
         elif plan[0] == "guard":

@@ -1,4 +1,5 @@
 """Codemod: drop imports of legacy APIs that nothing uses any more (run after the rewrites)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -19,7 +20,7 @@ def is_legacy(qualified: str) -> bool:
 class LegacyImportsCommand(MigrationCommand):
     CLEANUP = True
     DESCRIPTION = "remove unused imports of deepspeed.utils.groups / the pipe topology (and compat)"
-    MARKERS = (("import", ),)
+    MARKERS = (("import",),)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         # Only import statements matter and this codemod changes none itself (the removal pass
@@ -67,8 +68,12 @@ class LegacyImportsCommand(MigrationCommand):
 
     def _note_gone(self, node: cst.CSTNode, removed: int) -> None:
         statement = self.parent(node)
-        if removed and removed == len(node.names) and isinstance(statement, cst.SimpleStatementLine) \
-                and len(statement.body) == 1:
+        if (
+            removed
+            and removed == len(node.names)
+            and isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+        ):
             self._gone.append(node)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> Optional[bool]:
@@ -108,7 +113,8 @@ class _CarryComments(cst.CSTTransformer):
                 carried = [line for line in statement.leading_lines if blank or line.comment is not None]
                 pending += carried
                 body[i] = body[i].with_changes(
-                    leading_lines=[line for line in body[i].leading_lines if not any(line is c for c in carried)])
+                    leading_lines=[line for line in body[i].leading_lines if not any(line is c for c in carried)]
+                )
             elif pending:
                 if any(line.comment is None for line in body[i].leading_lines):  # no second blank line
                     pending = [line for line in pending if line.comment is not None]
@@ -119,5 +125,7 @@ class _CarryComments(cst.CSTTransformer):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return self._carry(original_node, updated_node)
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         return self._carry(original_node, updated_node, blank=True)

@@ -6,15 +6,16 @@ Where the mpu is provably a ``PipelineParallelGrid`` built in the same scope and
 Every other call on an mpu (a Megatron mpu, a parameter, ``self.mpu``) is left unchanged with a
 ``# TODOV1:`` saying which mesh call it maps to for each provider.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import libcst as cst
 
-from . import _grid_api as grid_api
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, arg_by, find_all
+from . import _grid_api as grid_api
 from ._mesh_of import GETTERS as MESH_OF_GETTERS
 from ._mesh_of import MANUAL as MESH_OF_MANUAL
 
@@ -33,6 +34,7 @@ SRC_RANKS = {"get_sequence_parallel_src_rank": '"sp"', "get_model_parallel_src_r
 
 def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
+
 
 UNKNOWN = "unknown"
 GRID = "grid"
@@ -59,7 +61,8 @@ class _Collector(cst.CSTVisitor):
 def _from_mpu_args(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The arguments of the ``<...>.from_mpu(X)`` calls in ``value``."""
     return [
-        c.args[0].value for c in find_all(value, cst.Call)
+        c.args[0].value
+        for c in find_all(value, cst.Call)
         if isinstance(c.func, cst.Attribute) and c.func.attr.value == "from_mpu" and len(c.args) == 1
     ]
 
@@ -179,9 +182,12 @@ class MpuCallsCommand(MigrationCommand):
         if provenance is None:
             return updated_node
         if provenance == UNKNOWN and method in SRC_RANKS:
-            self.flag(KIND, f"mpu.{method}(): the source rank is the first rank of its group; once every mpu "
-                      "reaching here derives it that way (Megatron's parallel_state does), use "
-                      f"mesh_of(mpu).get_group_ranks({SRC_RANKS[method]})[0]")
+            self.flag(
+                KIND,
+                f"mpu.{method}(): the source rank is the first rank of its group; once every mpu "
+                "reaching here derives it that way (Megatron's parallel_state does), use "
+                f"mesh_of(mpu).get_group_ranks({SRC_RANKS[method]})[0]",
+            )
             return updated_node
         if provenance == UNKNOWN and method not in PROTOCOL:
             return updated_node  # the object's own API (NeoX's mpu.get_topology()), not DeepSpeed's mpu protocol
@@ -191,7 +197,9 @@ class MpuCallsCommand(MigrationCommand):
             engine = self._grid_engines.get(id(func.value))
             if engine is not None and not self.engine_bound_at(original_node, engine):
                 engine = None
-            replacement = grid_api.rewrite_use(f"{engine}.mesh_device", updated_node.func, updated_node) if engine else None
+            replacement = (
+                grid_api.rewrite_use(f"{engine}.mesh_device", updated_node.func, updated_node) if engine else None
+            )
             if replacement is not None:
                 self.record(KIND)
                 return cst.parse_expression(replacement)
@@ -210,8 +218,11 @@ class MpuCallsCommand(MigrationCommand):
         self.flag(
             KIND,
             f"mpu.{method}() on an mpu of unknown provider: use engine.mesh_device "
-            + (f"(a PipelineParallelGrid maps to {mesh_hint}; ds-migrate --explain mpu-call for other providers)"
-               if template else "(ds-migrate --explain mpu-call)"),
+            + (
+                f"(a PipelineParallelGrid maps to {mesh_hint}; ds-migrate --explain mpu-call for other providers)"
+                if template
+                else "(ds-migrate --explain mpu-call)"
+            ),
         )
         return updated_node
 

@@ -23,15 +23,16 @@ The getters are rewritten only in modules of the ``deepspeed`` package (outside 
 user's own object; :mod:`codemods.rules.mpu_calls` handles the one passed to ``deepspeed.initialize``);
 the ``bwc_*`` helpers everywhere but ``deepspeed.utils.bwc``, which defines them.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
 
 import libcst as cst
 
+from .._engine.base import MigrationCommand, arg_by
 from . import _mpu_exact as mpu_exact
 from ._mesh_of import GETTERS, MANUAL
-from .._engine.base import MigrationCommand, arg_by
 
 KIND = "mpu/bwc call"
 

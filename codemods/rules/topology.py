@@ -6,15 +6,16 @@ A grid bound to a local variable whose every use is a known grid method or attri
 from (``PipeModelDataParallelTopology`` / ``PipeDataParallelTopology`` / ``ProcessTopology`` with
 literal axes) is dropped when nothing else uses it. Anything else is left with a ``# TODOV1:``.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import libcst as cst
 
-from . import _grid_api as grid_api
 from .._engine import legacy_names as ln
 from .._engine.base import MigrationCommand, has_star_args
+from . import _grid_api as grid_api
 from ._grid_plan import GridPlan, code, topology_layout
 
 KIND_GRID = "grid construction"
@@ -27,11 +28,15 @@ _PIPE_TOPOLOGY_TODO = (
 _KEPT_TOPOLOGY = {
     "same": "topology kept: use {call}: the same topology (axes and answers, what PipelineModule needs)",
     "groups only": "topology kept: use DeepSpeedDeviceMesh.build({args}) for its groups; no mesh form where code "
-                   "needs the topology object",
+    "needs the topology object",
     "none": "topology kept: no mesh form (axes or sizes not readable here); keep the ProcessTopology",
 }
 PIPELINE_MODULES = frozenset(
-    {"deepspeed.pipe.PipelineModule", "deepspeed.runtime.pipe.PipelineModule", "deepspeed.runtime.pipe.module.PipelineModule"}
+    {
+        "deepspeed.pipe.PipelineModule",
+        "deepspeed.runtime.pipe.PipelineModule",
+        "deepspeed.runtime.pipe.module.PipelineModule",
+    }
 )
 PIPE_TOPOLOGY_ARGS = {  # legacy class -> its parameters (in order) -> pipeline_topology's keywords
     ln.PIPE_MODEL_DATA_TOPOLOGY: (("num_pp", "pp"), ("num_mp", "tp"), ("num_dp", "dp")),
@@ -39,10 +44,19 @@ PIPE_TOPOLOGY_ARGS = {  # legacy class -> its parameters (in order) -> pipeline_
 }
 KIND_USE = "grid method/attribute"
 # ProcessTopology methods whose answers mesh_core.pipeline_topology's object gives unchanged
-TOPOLOGY_METHODS = frozenset({
-    "get_rank", "get_axis_names", "get_rank_repr", "get_dim", "get_coord", "get_axis_comm_lists",
-    "filter_match", "get_axis_list", "world_size",
-})
+TOPOLOGY_METHODS = frozenset(
+    {
+        "get_rank",
+        "get_axis_names",
+        "get_rank_repr",
+        "get_dim",
+        "get_coord",
+        "get_axis_comm_lists",
+        "filter_match",
+        "get_axis_list",
+        "world_size",
+    }
+)
 
 
 def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
@@ -55,6 +69,8 @@ def _handed_on_todo(callee: str, replacement: Optional[str]) -> str:
         f"not a mesh; hand it {target}; the same axes and answers, unless the callee isinstance-checks "
         "ProcessTopology"
     )
+
+
 CLASS_NAMES = {name.rpartition(".")[2] for name in (ln.GRID, *ln.TOPOLOGY_CLASSES)}
 
 
@@ -76,7 +92,11 @@ class TopologyCommand(MigrationCommand):
     def visit_Module(self, node: cst.Module) -> Optional[bool]:
         super().visit_Module(node)
         plan = GridPlan(self).plan(node)
-        self._replacements, self._converted_grids, self._kept_grids = plan.replacements, plan.converted_grids, plan.kept_grids
+        self._replacements, self._converted_grids, self._kept_grids = (
+            plan.replacements,
+            plan.converted_grids,
+            plan.kept_grids,
+        )
         self._used_topologies, self._kept_topologies = plan.used_topologies, plan.kept_topologies
         self._removed_statements, self._wrappers = plan.removed_statements, plan.wrappers
         return True
@@ -96,7 +116,9 @@ class TopologyCommand(MigrationCommand):
         kind = self.legacy_name(original_node.func, {ln.GRID, *ln.TOPOLOGY_CLASSES})
         if kind == ln.GRID:
             reason = self._kept_grids.get(id(original_node), "the grid is not bound to a local variable")
-            self.flag(KIND_GRID, f"PipelineParallelGrid kept: {reason}; use DeepSpeedDeviceMesh.build(pp=P, dp=D, tp=T)")
+            self.flag(
+                KIND_GRID, f"PipelineParallelGrid kept: {reason}; use DeepSpeedDeviceMesh.build(pp=P, dp=D, tp=T)"
+            )
         elif (
             kind is not None
             and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies)
@@ -114,11 +136,17 @@ class TopologyCommand(MigrationCommand):
             and self._reaches_pipeline_module(original_node)
         ):
             self.flag(KIND_PIPE_TOPOLOGY, _PIPE_TOPOLOGY_TODO + "; bind it once and use that name only as the argument")
-        elif kind is not None and (id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies):
+        elif kind is not None and (
+            id(original_node) not in self._used_topologies or id(original_node) in self._kept_topologies
+        ):
             callee = self._topology_callee(original_node)
             if callee is not None:
-                rewritten = self._pipeline_topology(kind, original_node, func="mesh_core.pipeline_topology")  # no import
-                self.flag(KIND_PIPE_TOPOLOGY, _handed_on_todo(callee, code(rewritten) if rewritten is not None else None))
+                rewritten = self._pipeline_topology(
+                    kind, original_node, func="mesh_core.pipeline_topology"
+                )  # no import
+                self.flag(
+                    KIND_PIPE_TOPOLOGY, _handed_on_todo(callee, code(rewritten) if rewritten is not None else None)
+                )
             elif not self._feeds_pipeline_module(original_node):
                 self.flag(KIND_GRID, self._kept_topology_todo(kind, original_node))
         return updated_node
@@ -133,7 +161,9 @@ class TopologyCommand(MigrationCommand):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node.with_changes(body=self._without_removed(original_node.body, updated_node.body))
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         return updated_node.with_changes(body=self._without_removed(original_node.body, updated_node.body))
 
     def _without_removed(self, original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode]) -> list:
@@ -181,9 +211,15 @@ class TopologyCommand(MigrationCommand):
             name = arg.keyword.value if arg.keyword is not None else names[position]
             if name not in keywords:
                 return None
-            args.append(cst.Arg(keyword=cst.Name(keywords.pop(name)), value=arg.value,
-                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                                comma=arg.comma, whitespace_after_arg=arg.whitespace_after_arg))
+            args.append(
+                cst.Arg(
+                    keyword=cst.Name(keywords.pop(name)),
+                    value=arg.value,
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                    comma=arg.comma,
+                    whitespace_after_arg=arg.whitespace_after_arg,
+                )
+            )
         if keywords:
             return None
         func_node = cst.parse_expression(func or self.mesh_ref("pipeline_topology"))
@@ -192,7 +228,11 @@ class TopologyCommand(MigrationCommand):
     def _bound_name(self, call: cst.Call):
         """``(name, scope, bindings)`` when ``call`` is assigned to one plain name, else None."""
         parent = self.parent(call)
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)):
+        if not (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+        ):
             return None
         target = parent.targets[0].target
         scope = self.scope_of(target)
@@ -218,7 +258,11 @@ class TopologyCommand(MigrationCommand):
         """``node`` is the receiver of a call of a topology method :func:`mesh_core.pipeline_topology`'s
         object answers the same (``topo.get_coord(rank=r)``, ``topo.get_dim("pipe")``)."""
         attribute = self.parent(node)
-        if not (isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in TOPOLOGY_METHODS):
+        if not (
+            isinstance(attribute, cst.Attribute)
+            and attribute.value is node
+            and attribute.attr.value in TOPOLOGY_METHODS
+        ):
             return False
         call = self.parent(attribute)
         return isinstance(call, cst.Call) and call.func is attribute
@@ -227,10 +271,14 @@ class TopologyCommand(MigrationCommand):
         """``arg`` is the topology of ``super().__init__(...)`` in ``__init__`` of a class whose first
         base is ``PipelineModule`` (so the call is ``PipelineModule.__init__``)."""
         call = self.parent(arg)
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"):
+        if not (
+            isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
+        ):
             return False
         sup = call.func.value
-        if not (isinstance(sup, cst.Call) and isinstance(sup.func, cst.Name) and sup.func.value == "super" and not sup.args):
+        if not (
+            isinstance(sup, cst.Call) and isinstance(sup.func, cst.Name) and sup.func.value == "super" and not sup.args
+        ):
             return False
         node: Optional[cst.CSTNode] = call
         while node is not None and not isinstance(node, cst.FunctionDef):
@@ -264,7 +312,11 @@ class TopologyCommand(MigrationCommand):
             return False
         module_args = [n for n in nodes if self._is_topology_use(n)]
         # a grid this run turns into a mesh no longer reads the topology
-        converted = [n for n in nodes if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids]
+        converted = [
+            n
+            for n in nodes
+            if isinstance(self.parent(n), cst.Arg) and id(self.parent(self.parent(n))) in self._converted_grids
+        ]
         rank_math = [n for n in nodes if self._is_rank_math_use(n)]
         if not module_args and not rank_math:
             return False
@@ -303,7 +355,11 @@ class TopologyCommand(MigrationCommand):
         parent = self.parent(call)
         if isinstance(parent, cst.Arg):
             return True
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+        if (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+        ):
             target = parent.targets[0].target
             scope = self.scope_of(target)
             bindings = scope.assignments[target.value] if scope is not None else ()

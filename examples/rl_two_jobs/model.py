@@ -1,11 +1,18 @@
 """The policy both jobs hold: whole in the trainer (ZeRO-3 partitions it), split tp=2 in the rollout."""
+
 import torch
 
 from mesh_core.transfer import ParamLayout
 
 OBS, HIDDEN, ACTIONS = 10, 18, 4
-FULL = {"up.weight": (HIDDEN, OBS), "up.bias": (HIDDEN,), "norm.weight": (HIDDEN,), "norm.bias": (HIDDEN,),
-        "down.weight": (ACTIONS, HIDDEN), "down.bias": (ACTIONS,)}
+FULL = {
+    "up.weight": (HIDDEN, OBS),
+    "up.bias": (HIDDEN,),
+    "norm.weight": (HIDDEN,),
+    "norm.bias": (HIDDEN,),
+    "down.weight": (ACTIONS, HIDDEN),
+    "down.bias": (ACTIONS,),
+}
 # the rollout's tensor-parallel layout (Megatron split: up by rows, down by columns; the rest whole)
 ROLLOUT_LAYOUTS = {
     "up.weight": ParamLayout(FULL["up.weight"], shard_dim=0),

@@ -7,6 +7,7 @@ For the rollout's check, rank 0 also puts the weights gathered the usual way (Ga
 in the link's store after each sync. A sync that fails (the rollout job is absent or ended) is
 reported and training goes on; the next sync reaches a relaunched rollout job.
 """
+
 import argparse
 import io
 import os
@@ -25,13 +26,19 @@ compat.install()
 import deepspeed  # noqa: E402
 
 from common import init_gloo, shutdown  # noqa: E402
-from mesh_core import MeshSpecError  # noqa: E402
-from mesh_core.transfer import WeightLink  # noqa: E402
+
+# isort: split
 from model import OBS, Policy  # noqa: E402
 
-CONFIG = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-          "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+from mesh_core import MeshSpecError  # noqa: E402
+from mesh_core.transfer import WeightLink  # noqa: E402
+
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 4,
+    "steps_per_print": 10**6,
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+}
 
 
 def say(*parts) -> None:
@@ -62,7 +69,9 @@ def main() -> None:
             say(f"sync after step {step} FAILED: {err}")
             continue
         publish_gathered(engine, link, stats.round)
-        say(f"sync {stats.round}: {stats.seconds:.4f} s, {stats.bytes} bytes, sent {stats.sent_bytes} bytes from this rank")
+        say(
+            f"sync {stats.round}: {stats.seconds:.4f} s, {stats.bytes} bytes, sent {stats.sent_bytes} bytes from this rank"
+        )
     shutdown()
 
 

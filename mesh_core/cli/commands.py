@@ -20,9 +20,9 @@ import numpy as np
 
 from ..config import spec_from_config
 from ..layout import MeshLayout
-from .legacy_counts import legacy_counts, mesh_count
 from ..plan import creation_plan, format_plan
 from ..spec import MESH_DIMS, MeshSpec, MeshSpecError
+from .legacy_counts import legacy_counts, mesh_count
 
 # The built-in example shown by a bare ``mesh show``.
 EXAMPLE = {"world_size": 16, "pp": 2, "tp": 2, "ep": 2, "dp": "auto", "gpus_per_node": 8}
@@ -254,7 +254,9 @@ def _format_coordinates(report: dict[str, Any], show_all: bool) -> list[str]:
     widths = {c: max([len(c), 3] + [len(str(row[c])) for row in shown if row]) for c in columns}
     lines = ["rank -> coordinate", "  " + " ".join(f"{c:>{widths[c]}}" for c in columns)]
     for row in shown:
-        lines.append("  " + (" ".join(f"{row[c]:>{widths[c]}}" for c in columns) if row else f"{'...':>{widths['rank']}}"))
+        lines.append(
+            "  " + (" ".join(f"{row[c]:>{widths[c]}}" for c in columns) if row else f"{'...':>{widths['rank']}}")
+        )
     return lines
 
 
@@ -357,9 +359,12 @@ def parser() -> argparse.ArgumentParser:
         f"(world {EXAMPLE['world_size']}, pp={EXAMPLE['pp']}, tp={EXAMPLE['tp']}, ep={EXAMPLE['ep']}, dp auto, "
         f"{EXAMPLE['gpus_per_node']} GPUs per node).",
     )
-    commands.add_parser("doctor", add_help=False,  # dispatched by main() before parsing (run_doctor)
-                        help="is this environment ready? torch / deepspeed / libcst ranges, the DS_MESH hook, "
-                        "accelerator, the shm op; --json")
+    commands.add_parser(
+        "doctor",
+        add_help=False,  # dispatched by main() before parsing (run_doctor)
+        help="is this environment ready? torch / deepspeed / libcst ranges, the DS_MESH hook, "
+        "accelerator, the shm op; --json",
+    )
     show.add_argument("--world-size", "-w", type=int, help="number of ranks (GPUs) in the job")
     for dim in MESH_DIMS:
         show.add_argument(f"--{dim.replace('_', '-')}", dest=dim, type=_size, metavar="N|auto", help=f"size of {dim}")
@@ -368,8 +373,7 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--order", help="dims outermost first, comma separated (default pp,dp,sp,tp)")
     show.add_argument(
         "--config",
-        help="a DeepSpeed config JSON ('mesh' section or legacy keys); --pp/--ep act "
-        "as the model's num_stages/ep_size",
+        help="a DeepSpeed config JSON ('mesh' section or legacy keys); --pp/--ep act as the model's num_stages/ep_size",
     )
     show.add_argument("--rank", "-r", type=int, help="show one rank's view")
     show.add_argument("--gpus-per-node", "-g", type=int, help="node size: shows groups that cross nodes")
@@ -446,8 +450,10 @@ def _check_world(args: argparse.Namespace) -> None:
             "answers per-rank queries (coordinate, group_ranks) for any size"
         )
     if args.all and world > ALL_LIMIT:
-        raise UsageError(f"--all lists every group and rank up to {ALL_LIMIT} ranks; --world-size {world} is "
-                         "larger: leave out --all for a summary, or use --rank R for one rank's groups")
+        raise UsageError(
+            f"--all lists every group and rank up to {ALL_LIMIT} ranks; --world-size {world} is "
+            "larger: leave out --all for a summary, or use --rank R for one rank's groups"
+        )
 
 
 PICTURE_SUFFIXES = {"svg": (".svg", ".svgz"), "png": (".png",)}
@@ -505,8 +511,11 @@ def run_doctor(argv: Sequence[str]) -> int:
     try:
         doctor = importlib.import_module(DOCTOR_MODULE)
     except ImportError:
-        print(f"mesh: error: mesh doctor needs the {DOCTOR_MODULE} module of the ds-mesh distribution, which is "
-              "not importable here; reinstall ds-mesh (pip install -e .)", file=sys.stderr)
+        print(
+            f"mesh: error: mesh doctor needs the {DOCTOR_MODULE} module of the ds-mesh distribution, which is "
+            "not importable here; reinstall ds-mesh (pip install -e .)",
+            file=sys.stderr,
+        )
         return 2
     return doctor.main(list(argv))
 

@@ -106,8 +106,13 @@ def draw_mesh(
 
 
 # --- shared pieces ------------------------------------------------------------------------------
-def _legend(spec: MeshSpec, color_dims: Sequence[str], gpus_per_node: Optional[int], crossing: bool,
-            highlight_rank: Optional[int]) -> list[str]:
+def _legend(
+    spec: MeshSpec,
+    color_dims: Sequence[str],
+    gpus_per_node: Optional[int],
+    crossing: bool,
+    highlight_rank: Optional[int],
+) -> list[str]:
     legend = [f"colour: {','.join(color_dims)} group"]
     if spec.ep > 1:
         legend.append("e<i>: EP group")
@@ -153,8 +158,15 @@ def _cross_node_tp_ranks(layout: MeshLayout, gpus_per_node: Optional[int]) -> se
     return {int(r) for r in groups[nodes.min(axis=1) != nodes.max(axis=1)].ravel()}
 
 
-def _draw_cells(ax, pos: dict[int, tuple[int, int, int]], colour_of: dict[int, int], ep_of: dict[int, int],
-                stage_width: float, highlight_rank: Optional[int], font: float) -> None:
+def _draw_cells(
+    ax,
+    pos: dict[int, tuple[int, int, int]],
+    colour_of: dict[int, int],
+    ep_of: dict[int, int],
+    stage_width: float,
+    highlight_rank: Optional[int],
+    font: float,
+) -> None:
     import matplotlib
     from matplotlib.patches import Rectangle
 
@@ -173,8 +185,18 @@ def _mark_crossing(ax, pos, crossing: set[int], tp: int, stage_width: float) -> 
 
     for stage, row in sorted({(pos[r][0], pos[r][2]) for r in crossing if r in pos}):  # a tp group is a row
         x = stage * stage_width
-        ax.add_patch(Rectangle((x + 0.08, -row - 0.92), tp - 0.16, 0.84, fill=False, edgecolor="red",
-                               linewidth=2.0, linestyle="--", zorder=3))
+        ax.add_patch(
+            Rectangle(
+                (x + 0.08, -row - 0.92),
+                tp - 0.16,
+                0.84,
+                fill=False,
+                edgecolor="red",
+                linewidth=2.0,
+                linestyle="--",
+                zorder=3,
+            )
+        )
 
 
 def _mark_rank(ax, pos, rank: Optional[int], stage_width: float) -> None:
@@ -182,8 +204,17 @@ def _mark_rank(ax, pos, rank: Optional[int], stage_width: float) -> None:
 
     if rank is not None and rank in pos:
         stage, lane, row = pos[rank]
-        ax.add_patch(Rectangle((stage * stage_width + lane + 0.05, -row - 0.95), 0.9, 0.9, fill=False,
-                               edgecolor="gold", linewidth=3.0, zorder=4))
+        ax.add_patch(
+            Rectangle(
+                (stage * stage_width + lane + 0.05, -row - 0.95),
+                0.9,
+                0.9,
+                fill=False,
+                edgecolor="gold",
+                linewidth=3.0,
+                zorder=4,
+            )
+        )
 
 
 def _outline_nodes(ax, pos: dict[int, tuple[int, int, int]], gpus_per_node: int, stage_width: float) -> None:
@@ -219,8 +250,10 @@ def _full_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_rank):
     rows = max(row for _, _, row in pos.values()) + 1
     width = stages * (tp + STAGE_GAP)
     fig_width = max(4.0, width * CELL + 1)
-    title, title_height = _title(fig_width, (spec.describe(), "; ".join(
-        _legend(spec, color_dims, gpus_per_node, bool(crossing), highlight_rank))))
+    title, title_height = _title(
+        fig_width,
+        (spec.describe(), "; ".join(_legend(spec, color_dims, gpus_per_node, bool(crossing), highlight_rank))),
+    )
     fig_height = max(2.5, rows * CELL + 1.4) + max(0.0, title_height - 0.4)
     fig = Figure(figsize=(fig_width, fig_height))
     ax = fig.add_axes((0.02, 0.02, 0.96, max(0.3, 0.98 - title_height / fig_height)))
@@ -259,8 +292,10 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
     width = lanes * min(pack, detail_rows)
     chosen = (stage == 0) & (row < detail_rows) & (lane < lanes)
     # drawn position: (0, x, line); each tp group stays one run of ``lanes`` cells
-    pos = {int(r): (0, int((w % pack) * lanes + t), int(w // pack))
-           for r, t, w in zip(ranks[chosen], lane[chosen], row[chosen])}
+    pos = {
+        int(r): (0, int((w % pack) * lanes + t), int(w // pack))
+        for r, t, w in zip(ranks[chosen], lane[chosen], row[chosen])
+    }
     colour_of = _groups_of(layout, color_dims, list(pos))
     ep_of = _ep_index(layout, list(pos))
     crossing = _cross_node_tp_ranks(layout, gpus_per_node)
@@ -295,7 +330,8 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
         + f" ({len(pos)} of {spec.size} ranks; the other rows and stages repeat this pattern)",
         "; ".join(_legend(spec, color_dims, gpus_per_node, bool(crossing), highlight_rank)),
         f"right: every {unit} as one square, coloured by the pipeline stage it serves; "
-        + ("red x: holds a tp group crossing nodes; " if crossing else "") + "black outline: ranks shown on the left",
+        + ("red x: holds a tp group crossing nodes; " if crossing else "")
+        + "black outline: ranks shown on the left",
     ]
     fig_width = max(8.0, detail_w + over_w + 0.8)
     title, title_height = _title(fig_width, [spec.describe()] + legend_lines)
@@ -313,14 +349,30 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
     for x, y in sorted({(pos[r][1] // lanes * lanes, pos[r][2]) for r in crossing if r in pos}):
         from matplotlib.patches import Rectangle
 
-        ax.add_patch(Rectangle((x + 0.08, -y - 0.92), lanes - 0.16, 0.84, fill=False, edgecolor="red",
-                               linewidth=2.0, linestyle="--", zorder=3))
+        ax.add_patch(
+            Rectangle(
+                (x + 0.08, -y - 0.92),
+                lanes - 0.16,
+                0.84,
+                fill=False,
+                edgecolor="red",
+                linewidth=2.0,
+                linestyle="--",
+                zorder=3,
+            )
+        )
     _mark_rank(ax, pos, highlight_rank, width + STAGE_GAP)
     first, last = min(pos), max(pos)
     ax.text(width / 2, 0.25, f"stage 0 (ranks {first}..{last} shown)", ha="center", va="bottom", fontsize=font + 1)
     if detail_rows < rows_per_stage:
-        ax.text(width / 2, -lines - 0.15, f"... {rows_per_stage - detail_rows} more rows in this stage",
-                ha="center", va="top", fontsize=font)
+        ax.text(
+            width / 2,
+            -lines - 0.15,
+            f"... {rows_per_stage - detail_rows} more rows in this stage",
+            ha="center",
+            va="top",
+            fontsize=font,
+        )
     ax.set_xlim(-0.2, width + 0.2)
     ax.set_ylim(-lines - 1.0, 1.0)
     ax.set_aspect("equal")
@@ -328,15 +380,22 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
 
     # right: overview
     left = (detail_w + 1.2) / fig_width
-    ax2 = fig.add_axes((left, top - over_h / fig_height + 0.3 / fig_height, (over_w - 1.4 - LEGEND_W) / fig_width,
-                        (over_h - 0.6) / fig_height))
+    ax2 = fig.add_axes(
+        (
+            left,
+            top - over_h / fig_height + 0.3 / fig_height,
+            (over_w - 1.4 - LEGEND_W) / fig_width,
+            (over_h - 0.6) / fig_height,
+        )
+    )
     # stage colours unlike the detail's tab20 group colours
     base = matplotlib.colormaps["Dark2" if stages <= 8 else "viridis"]
     colours = [base(i) if stages <= 8 else base(i / max(1, stages - 1)) for i in range(stages)]
     cmap = ListedColormap(["#bbbbbb"] + colours)  # index 0: a block of several stages
     shown = np.where(np.isnan(grid), np.nan, grid + 1)
-    ax2.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=-0.5, vmax=stages + 0.5, interpolation="nearest",
-               aspect="equal")
+    ax2.imshow(
+        np.ma.masked_invalid(shown), cmap=cmap, vmin=-0.5, vmax=stages + 0.5, interpolation="nearest", aspect="equal"
+    )
     ax2.set_xticks(np.arange(-0.5, columns, 1), minor=True)
     ax2.set_yticks(np.arange(-0.5, grid_rows, 1), minor=True)
     ax2.grid(which="minor", color="white", linewidth=0.6 if columns <= 64 else 0.2)
@@ -344,8 +403,9 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
     step = max(1, math.ceil(grid_rows / 24))
     ticks = list(range(0, grid_rows, step))
     ax2.set_yticks(ticks)
-    ax2.set_yticklabels([f"{unit.split()[0]} {t * columns} (rank {int(ranks[0]) + t * columns * block})"
-                         for t in ticks], fontsize=7)
+    ax2.set_yticklabels(
+        [f"{unit.split()[0]} {t * columns} (rank {int(ranks[0]) + t * columns * block})" for t in ticks], fontsize=7
+    )
     xstep = max(1, math.ceil(columns / 16))
     ax2.set_xticks(list(range(0, columns, xstep)))
     ax2.set_xticklabels([f"+{c}" for c in range(0, columns, xstep)], fontsize=7)
@@ -363,8 +423,11 @@ def _aggregated_figure(layout: MeshLayout, color_dims, gpus_per_node, highlight_
         ax2.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="gold", linewidth=2.4, zorder=5))
     for side in ax2.spines.values():
         side.set_visible(False)
-    handles = [Patch(color=colours[s], label=_stage_label(s, block_stage, unit)) for s in range(stages)] \
-        if stages <= 8 else []
+    handles = (
+        [Patch(color=colours[s], label=_stage_label(s, block_stage, unit)) for s in range(stages)]
+        if stages <= 8
+        else []
+    )
     if (block_stage == -1).any():
         handles.append(Patch(color="#bbbbbb", label="several stages"))
     if handles:
@@ -380,7 +443,11 @@ def _stage_label(stage: int, block_stage: np.ndarray, unit: str) -> str:
     word = "nodes" if unit == "node" else "blocks"
     if not len(blocks):
         return f"stage {stage}: shares {word}"
-    return f"stage {stage}: {word} {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else f"stage {stage}: {word[:-1]} {blocks[0]}"
+    return (
+        f"stage {stage}: {word} {blocks[0]}-{blocks[-1]}"
+        if len(blocks) > 1
+        else f"stage {stage}: {word[:-1]} {blocks[0]}"
+    )
 
 
 def _columns(n_blocks: int, stages: int) -> int:

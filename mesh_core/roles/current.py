@@ -10,6 +10,7 @@ to with no mpu (its data parallel group is a world clone; its expert groups are 
 as data parallel; it has no sequence-parallel group: ``get_group("sp")`` raises legacy's
 ``KeyError``, see :mod:`mesh_core.roles.legacy_state`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from ..spec import MeshSpecError
 from .default import live_default_mesh
 from .legacy_state import legacy_groups_view
-from ..spec import MeshSpecError
 
 if TYPE_CHECKING:
     from ..device_mesh import DeepSpeedDeviceMesh

@@ -4,6 +4,7 @@ Meshes hold no global state; this is the one explicit, opt-in pointer, set by wh
 mesh (the compat layer, a training script). Migrated code that had no engine at hand calls
 :func:`default_mesh` where it used to call ``deepspeed.utils.groups``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,10 @@ def default_mesh() -> "DeepSpeedDeviceMesh":
     mesh = _current.get()
     stale = stale_reason(mesh)
     if stale:
-        raise MeshSpecError(f"the default mesh {mesh.spec.describe()} {stale}; set the mesh of this world with "
-                            "mesh_core.set_default_mesh(mesh)")
+        raise MeshSpecError(
+            f"the default mesh {mesh.spec.describe()} {stale}; set the mesh of this world with "
+            "mesh_core.set_default_mesh(mesh)"
+        )
     if mesh is None:
         raise MeshSpecError(
             "no default mesh is set; pass the model's mesh (engine.mesh_device) or call "

@@ -6,6 +6,7 @@ the rank strides: a row-major mesh over ranks 0..W-1), checks every group agains
 adopts the existing communicators instead of creating new ones. This is what migrated code calls
 where the mpu's layout is only known at run time (``mpu=mpu if cond else None``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -72,8 +73,10 @@ def _sequence_parallel_groups(mpu: Any, what: str) -> dict[str, Any]:
     sp_ranks, sdp_ranks = _ranks_of(sp), _ranks_of(sdp)
     rank = dist.get_rank()
     if rank not in sp_ranks or not set(sp_ranks) <= set(sdp_ranks):
-        raise MeshSpecError(f"mpu {what}: the SP group {sp_ranks} is not inside the SP x DP group {sdp_ranks} of rank {rank}")
-    return {"sp": sp, "dp": sdp_ranks[sp_ranks.index(rank)::len(sp_ranks)]}
+        raise MeshSpecError(
+            f"mpu {what}: the SP group {sp_ranks} is not inside the SP x DP group {sdp_ranks} of rank {rank}"
+        )
+    return {"sp": sp, "dp": sdp_ranks[sp_ranks.index(rank) :: len(sp_ranks)]}
 
 
 def _ranks_of(group: Any) -> list[int]:
@@ -229,9 +232,7 @@ def from_groups(
     return cls(spec, device_type=device_type or torch_compat.default_device_type())
 
 
-def from_mpu(
-    cls: "type[MeshT]", mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True
-) -> MeshT:
+def from_mpu(cls: "type[MeshT]", mpu: Any, *, device_type: Optional[str] = None, check_agreement: bool = True) -> MeshT:
     """A mesh reproducing ``mpu``'s groups (Megatron ``parallel_state``, a ``PipelineParallelGrid``,
     DeepSpeed's AutoTP ``groups`` module, DeepSpeed's Ulysses ``parallel_state_sp`` module (dp x sp),
     or any object with the mpu getters); see :func:`from_groups`. Collective. The mesh keeps ``mpu``

@@ -26,6 +26,7 @@ mesh exists, so it cannot live on a mesh object; it is held by
 (a new world starts empty) and by the domain, nothing else.
 :func:`release_hpz_groups` is DeepSpeed's ``_release_process_group_references`` for these groups.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,9 +36,9 @@ from typing import TYPE_CHECKING, Optional
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .state import PROCESS_ROLES
 from ..registry import registry_for_world
 from ..spec import MeshSpec, MeshSpecError
+from .state import PROCESS_ROLES
 
 if TYPE_CHECKING:
     from ..device_mesh import DeepSpeedDeviceMesh

@@ -21,6 +21,7 @@ as legacy's.
 mesh_core does not import DeepSpeed: the module is looked up in ``sys.modules`` (only code that
 imported DeepSpeed can have set its state), duck-typed, at call time.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,9 +41,15 @@ _GETTERS: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("dp",): ("_get_data_parallel_group", "_get_data_parallel_world_size", "_get_data_parallel_rank"),
     ("sp",): ("_get_sequence_parallel_group", "_get_sequence_parallel_world_size", "_get_sequence_parallel_rank"),
     ("dp", "sp"): (
-        "_get_sequence_data_parallel_group", "_get_sequence_data_parallel_world_size", "_get_sequence_data_parallel_rank",
+        "_get_sequence_data_parallel_group",
+        "_get_sequence_data_parallel_world_size",
+        "_get_sequence_data_parallel_rank",
     ),
-    ("tp",): ("get_tensor_model_parallel_group", "get_tensor_model_parallel_world_size", "get_tensor_model_parallel_rank"),
+    ("tp",): (
+        "get_tensor_model_parallel_group",
+        "get_tensor_model_parallel_world_size",
+        "get_tensor_model_parallel_rank",
+    ),
 }
 
 
@@ -90,8 +97,11 @@ def legacy_groups_view(fallback: Callable[[], Any]) -> Optional["LegacyGroupsVie
     groups = sys.modules.get(GROUPS_MODULE)
     if groups is None:
         return None
-    if getattr(groups, "mpu", None) is None and getattr(groups, "mesh_device", None) is None \
-            and getattr(groups, "_TENSOR_MODEL_PARALLEL_GROUP", None) is None:
+    if (
+        getattr(groups, "mpu", None) is None
+        and getattr(groups, "mesh_device", None) is None
+        and getattr(groups, "_TENSOR_MODEL_PARALLEL_GROUP", None) is None
+    ):
         return None
     return LegacyGroupsView(groups, fallback)
 
@@ -124,8 +134,11 @@ class LegacyGroupsView(TorchGetRank):
         """Legacy holds AutoTP groups and neither an mpu nor a device mesh: its data-parallel group
         is the AutoTP one (the lettered getters'), not the world clone."""
         g = self._groups
-        return getattr(g, "mpu", None) is None and getattr(g, "mesh_device", None) is None \
+        return (
+            getattr(g, "mpu", None) is None
+            and getattr(g, "mesh_device", None) is None
             and getattr(g, "_DATA_PARALLEL_GROUP", None) is not None
+        )
 
     @property
     def rank(self) -> int:

@@ -31,6 +31,7 @@ Dims on an ``MpuMesh`` follow DeepSpeed's probe order (``deepspeed/utils/bwc.py`
   tensor for a grid, tensor for AutoTP and Megatron-style mpus, sequence for ``parallel_state_sp``);
   on a ``DeepSpeedDeviceMesh`` it is the flattened pp × tp group, as compat's ``MeshMPU`` serves it.
 """
+
 from __future__ import annotations
 
 import functools

@@ -7,6 +7,7 @@ is read first. These functions are DeepSpeed's name-keyed getters on a mesh
 (``groups._get_expert_parallel_group(name)`` → ``expert_groups_named(mesh, name).ep_group``); import
 them from :mod:`mesh_core.runtime_hooks`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
@@ -108,5 +109,5 @@ def expert_group_names(mesh: Any) -> list[str]:
 def largest_expert_groups_name(mesh: Any) -> str:
     """``ep_size_<N>`` for the largest N registered (DeepSpeed's ``_get_max_expert_size_name``:
     ``ep_size_None`` when there is none)."""
-    sizes = [int(n[len(PREFIX):]) for n in named_table(mesh) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
+    sizes = [int(n[len(PREFIX) :]) for n in named_table(mesh) if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit()]
     return f"{PREFIX}{max(sizes) if sizes else None}"

@@ -8,6 +8,7 @@ process, held by :data:`mesh_core.roles.state.PROCESS_ROLES` (the mesh runtime's
 serves the same object), every group from the world's
 :class:`~mesh_core.runtime_hooks.GroupRegistry`, so asking again creates nothing new.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -15,9 +16,10 @@ from typing import Any, Sequence
 import torch.distributed as dist
 
 from ..layout import MeshLayout
-from .state import PROCESS_ROLES
 from ..registry import registry_for_world
 from ..spec import MeshSpec
+from .state import PROCESS_ROLES
+
 
 def all_to_all_groups() -> dict[str, Any]:
     """The process's node all-to-all groups by legacy name (the same dict for the life of the process)."""
@@ -45,8 +47,9 @@ def local_all_to_all_groups(devices_per_node: int) -> dict[str, Any]:
         groups["local_0"] = _member_group([range(devices_per_node)])
     else:
         assert world > devices_per_node, "num_nodes<2 cannot initialize All-To-All"
-        layout = MeshLayout(MeshSpec.build(world, dp=num_local, tp=devices_per_node,
-                                           ranks=range(num_local * devices_per_node)))
+        layout = MeshLayout(
+            MeshSpec.build(world, dp=num_local, tp=devices_per_node, ranks=range(num_local * devices_per_node))
+        )
         # one partition call per legacy name, so each name gets the group of exactly its rank set
         for i, ranks in enumerate(layout.groups("tp")):
             groups[f"local_{i}"] = _member_group([ranks])

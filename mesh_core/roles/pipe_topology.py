@@ -11,6 +11,7 @@ same) and ``PipeDataParallelTopology(num_pp, num_dp)`` (``tp`` omitted). Legacy 
 every rank; these are O(number of axes) (``mapping`` is still built, on first use). The shim's
 ``ProcessTopology`` is this class too (:mod:`compat.topology`).
 """
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@ serves them here with :func:`serve_process_experts`; this is one explicit, opt-i
 answers its size. Without a source a mesh serves only the groups registered on it, and the expert
 tensor-parallel size is 1 (experts are not tensor-parallel).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Optional

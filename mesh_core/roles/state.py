@@ -21,6 +21,7 @@ process (one object per process; its per-world part is the hpZ store). The role 
 (:mod:`~mesh_core.roles.tensor_parallel`, :mod:`~mesh_core.roles.node_groups`, :mod:`~mesh_core.roles.process_experts`,
 :mod:`~mesh_core.roles.hpz`) read and fill it; nothing else holds roles state.
 """
+
 from __future__ import annotations
 
 import logging

@@ -13,6 +13,7 @@ second ``_init_tp_mesh_device`` is a no-op while TP groups exist; world teardown
 Whoever builds the groups fills it: :func:`init_autotp`, or the mesh runtime's legacy builders; the
 object itself is held by :data:`mesh_core.roles.state.PROCESS_ROLES`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -50,10 +51,14 @@ def init_autotp(
         return None
     if not dist.is_available() or not dist.is_initialized():
         raise MeshSpecError("init_autotp needs torch.distributed initialised (init_process_group first)")
-    if isinstance(tensor_model_parallel_size, bool) or not isinstance(tensor_model_parallel_size, int) \
-            or tensor_model_parallel_size < 1:
+    if (
+        isinstance(tensor_model_parallel_size, bool)
+        or not isinstance(tensor_model_parallel_size, int)
+        or tensor_model_parallel_size < 1
+    ):
         raise MeshSpecError(
-            f"tensor_model_parallel_size must be a positive int dividing the world size, got {tensor_model_parallel_size!r}")
+            f"tensor_model_parallel_size must be a positive int dividing the world size, got {tensor_model_parallel_size!r}"
+        )
     world = dist.get_world_size()
     if data_parallel_size is None:
         data_parallel_size = world // tensor_model_parallel_size

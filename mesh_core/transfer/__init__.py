@@ -19,6 +19,7 @@ Between two separately launched jobs (a trainer and a rollout):
 
 See docs/transfer.md.
 """
+
 from ._engines import transfer_weights
 from ._in_job import ParamLayout, TransferStats, own_box, plan_transfer, transfer
 from ._jobs import SyncStats, WeightLink

@@ -23,6 +23,7 @@ floating-point dtypes that rounds (bf16 actor → fp16 rollout is the usual case
 target's range becomes inf, as with ``copy_``). Any other dtype change (float ↔ int, int32 → int64,
 bool, complex ↔ real) is refused before a message is sent: it would truncate or reinterpret values.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,10 +50,14 @@ STORE_PREFIX = "mesh_core/transfer"
 MAX_LISTED = 6  # problems / parameters named in one message
 SIDES = ("source", "destination")
 ABSENT = "<not given>"
-REFUSED = "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
+REFUSED = (
+    "only equal dtypes or floating-point to floating-point are converted (it would truncate or reinterpret values)"
+)
 _ROUNDS: "weakref.WeakKeyDictionary[Any, Counter]" = weakref.WeakKeyDictionary()
 _AGREED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-_PUBLISHED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # per rank set: did its last round publish records
+_PUBLISHED: "weakref.WeakKeyDictionary[Any, dict]" = (
+    weakref.WeakKeyDictionary()
+)  # per rank set: did its last round publish records
 
 
 @dataclass(frozen=True)
@@ -105,20 +110,27 @@ def record_for(
     """This rank's record (JSON-able); ``world`` is :meth:`WorldDevices.fields`."""
     return {
         "meshes": [specs[0].describe(), specs[1].describe()],
-        "layouts": {side: None if layouts.get(side) is None else {n: list(v) for n, v in sorted(layouts[side].items())}
-                    for side in SIDES},
-        "dtypes": {side: None if metas.get(side) is None else {n: dtype_name(m.dtype) for n, m in sorted(metas[side].items())}
-                   for side in SIDES},
-        "devices": {side: None if metas.get(side) is None else {n: m.device for n, m in sorted(metas[side].items())}
-                    for side in SIDES},
+        "layouts": {
+            side: None if layouts.get(side) is None else {n: list(v) for n, v in sorted(layouts[side].items())}
+            for side in SIDES
+        },
+        "dtypes": {
+            side: None if metas.get(side) is None else {n: dtype_name(m.dtype) for n, m in sorted(metas[side].items())}
+            for side in SIDES
+        },
+        "devices": {
+            side: None if metas.get(side) is None else {n: m.device for n, m in sorted(metas[side].items())}
+            for side in SIDES
+        },
         "world": dict(world or {}),
         "problems": list(problems),
         "flags": {k: flags[k] for k in sorted(flags)},
     }
 
 
-def agree(participants: Sequence[int], record: dict, *, key: str,
-          timeout: Optional[timedelta]) -> tuple[Agreed, Callable[[], None]]:
+def agree(
+    participants: Sequence[int], record: dict, *, key: str, timeout: Optional[timedelta]
+) -> tuple[Agreed, Callable[[], None]]:
     """Exchange ``record`` with every participant: the same :class:`Agreed` or error on each, and
     this rank's clean-up to run once the transfer's messages are done (off the critical path: this
     round's last arrival deletes the round before's store keys, every participant being past it)."""
@@ -140,8 +152,11 @@ def agree(participants: Sequence[int], record: dict, *, key: str,
     published = _PUBLISHED.setdefault(world, {})
     arrival = arrive(store, prefix, members, wait, absent, flag=flagged)
     before = f"{STORE_PREFIX}/{set_id}/{round_no - 1}"
-    finish = (functools.partial(_forget_round, store, before, members, published.get(set_id, False))
-              if arrival.last and round_no else _nothing)
+    finish = (
+        functools.partial(_forget_round, store, before, members, published.get(set_id, False))
+        if arrival.last and round_no
+        else _nothing
+    )
     published[set_id] = arrival.flagged > 0
     if arrival.flagged == 0:
         return previous[1], finish  # type: ignore[index]
@@ -164,7 +179,9 @@ def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
     problems += agreed_problems(members, records)
     if problems:
         raise MeshSpecError(_listing("transfer refused before any message was sent", problems))
-    differ = differing_fields([{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records], members)
+    differ = differing_fields(
+        [{"meshes (source -> destination)": " -> ".join(rec["meshes"])} for rec in records], members
+    )
     layouts: dict[str, dict[str, tuple]] = {}
     for side in SIDES:
         known = [(r, rec["layouts"][side]) for r, rec in zip(members, records) if rec["layouts"][side] is not None]
@@ -177,14 +194,25 @@ def merge(members: Sequence[int], records: Sequence[dict]) -> Agreed:
     for side in SIDES:
         values = {json.dumps(rec["flags"].get(side)) for rec in records if rec["flags"].get(side) is not None}
         if len(values) > 1:
-            differ += differing_fields([{f"{side} engine": json.dumps(rec["flags"].get(side))} for rec in records], members)
+            differ += differing_fields(
+                [{f"{side} engine": json.dumps(rec["flags"].get(side))} for rec in records], members
+            )
     if differ:
-        raise MeshSpecError(_listing("ranks disagree on the transfer, so it would hang or deliver wrong values; "
-                                     "every rank of both meshes must pass the same meshes and layouts", differ))
-    dtypes = {side: {(n, r): d for r, rec in zip(members, records) for n, d in (rec["dtypes"][side] or {}).items()}
-              for side in SIDES}
-    flags = {side: next((rec["flags"][side] for rec in records if rec["flags"].get(side) is not None), None)
-             for side in SIDES}
+        raise MeshSpecError(
+            _listing(
+                "ranks disagree on the transfer, so it would hang or deliver wrong values; "
+                "every rank of both meshes must pass the same meshes and layouts",
+                differ,
+            )
+        )
+    dtypes = {
+        side: {(n, r): d for r, rec in zip(members, records) for n, d in (rec["dtypes"][side] or {}).items()}
+        for side in SIDES
+    }
+    flags = {
+        side: next((rec["flags"][side] for rec in records if rec["flags"].get(side) is not None), None)
+        for side in SIDES
+    }
     return Agreed(layouts, dtypes, flags)
 
 
@@ -220,15 +248,21 @@ def _listing(head: str, items: Sequence[str]) -> str:
     return f"{head}: " + " | ".join(items[:MAX_LISTED]) + more
 
 
-def _absent(members: Sequence[int], arrived: Sequence[int], missing: Optional[Sequence[int]], timeout: timedelta) -> str:
+def _absent(
+    members: Sequence[int], arrived: Sequence[int], missing: Optional[Sequence[int]], timeout: timedelta
+) -> str:
     if missing is None:
-        return (f"transfer: rank {dist.get_rank()} could not finish the agreement of the ranks taking part "
-                f"({ranks_text(members, 'rank')}): the store went away (the process that held it ended, most likely "
-                f"after waiting {timeout} for missing ranks: see its message)")
+        return (
+            f"transfer: rank {dist.get_rank()} could not finish the agreement of the ranks taking part "
+            f"({ranks_text(members, 'rank')}): the store went away (the process that held it ended, most likely "
+            f"after waiting {timeout} for missing ranks: see its message)"
+        )
     if not missing:
-        return (f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
-                f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "
-                "must call it with the same meshes, in the same order as its other transfers")
+        return (
+            f"transfer: rank {dist.get_rank()} started it after the other ranks taking part "
+            f"({ranks_text(members, 'rank')}) gave up waiting for it ({timeout}); every rank of both meshes "
+            "must call it with the same meshes, in the same order as its other transfers"
+        )
     return (
         f"transfer: only {len(arrived)} of the {len(members)} ranks taking part ({ranks_text(members, 'rank')}) "
         f"started it within {timeout} (arrived: {ranks_text(arrived, 'rank')}; missing: {ranks_text(missing, 'rank')}); "

@@ -17,6 +17,7 @@ buckets and waits on its oldest round, so the oldest unfinished bucket of the wh
 posted on both ends and completes (no deadlock). The next round is packed while the previous ones
 travel; each received bucket is copied once into its destinations.
 """
+
 from __future__ import annotations
 
 import functools
@@ -99,8 +100,9 @@ def split_box(box: Box, itemsize: int, limit: int) -> list[Box]:
     return [((i, min(i + step, hi)),) + rest for i in range(lo, hi, step)]
 
 
-def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int, *,
-             pack_strided: bool = False) -> list[Bucket]:
+def schedule(
+    pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes: int, *, pack_strided: bool = False
+) -> list[Bucket]:
     """The buckets of every remote piece; ``itemsize(name, src)`` is the travelling element size.
 
     A pair's small boxes are packed in plan order, past the boxes that travel alone between them.
@@ -120,7 +122,8 @@ def schedule(pieces: Sequence, itemsize: Callable[[str, int], int], bucket_bytes
         for box in split_box(p.box, size, bucket_bytes):
             nbytes = box_numel(box) * size
             alone = nbytes >= _alone_bytes(bucket_bytes) and not (
-                pack_strided and not (is_contiguous_in(box, p.src_box) or is_contiguous_in(box, p.dst_box)))
+                pack_strided and not (is_contiguous_in(box, p.src_box) or is_contiguous_in(box, p.dst_box))
+            )
             if alone:
                 buckets.append([Item(p.name, box, p.src_box, p.dst_box, 0, nbytes)])
                 continue
@@ -142,7 +145,7 @@ def is_contiguous_in(box: Box, shard: Box) -> bool:
     """Whether ``box`` is one contiguous range of a row-major tensor holding ``shard``."""
     extents = [(hi - lo, shi - slo) for (lo, hi), (slo, shi) in zip(box, shard)]
     first = next((i for i, (extent, _) in enumerate(extents) if extent > 1), len(extents))
-    return all(extent == whole for extent, whole in extents[first + 1:])
+    return all(extent == whole for extent, whole in extents[first + 1 :])
 
 
 def _alone_bytes(bucket_bytes: int) -> int:
@@ -316,12 +319,14 @@ def execute(
 
 
 def _batch_on_world(ops: list[tuple[bool, torch.Tensor, int, int]]) -> list:
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, tag=tag)
-                                   for send, tensor, peer, tag in ops])
+    return dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, tag=tag) for send, tensor, peer, tag in ops]
+    )
 
 
-def _direct(bucket: Bucket, regions: list[torch.Tensor], wire_dtype,
-            wire_device: Optional[torch.device]) -> Optional[torch.Tensor]:
+def _direct(
+    bucket: Bucket, regions: list[torch.Tensor], wire_dtype, wire_device: Optional[torch.device]
+) -> Optional[torch.Tensor]:
     """The bytes of a lone item's region when it can travel from / land in the tensor itself."""
     if len(regions) != 1:
         return None
@@ -333,8 +338,9 @@ def _direct(bucket: Bucket, regions: list[torch.Tensor], wire_dtype,
     return None
 
 
-def _buffer(bucket: Bucket, parts: list[torch.Tensor], pool: BufferPool,
-            wire_device: Optional[torch.device]) -> torch.Tensor:
+def _buffer(
+    bucket: Bucket, parts: list[torch.Tensor], pool: BufferPool, wire_device: Optional[torch.device]
+) -> torch.Tensor:
     if wire_device is None:
         return pool.take(bucket.nbytes, parts[0].device)
     staged_from_cuda = any(p.device.type == "cuda" for p in parts) and torch.cuda.is_available()
@@ -343,12 +349,19 @@ def _buffer(bucket: Bucket, parts: list[torch.Tensor], pool: BufferPool,
 
 def _slots(buffer: torch.Tensor, bucket: Bucket, wire_dtype) -> list[torch.Tensor]:
     """Each item's place in a bucket, as a tensor of its box's shape in the travelling dtype."""
-    return [buffer[item.offset : item.offset + item.nbytes].view(wire_dtype(item.name, bucket.src)).view(item.shape)
-            for item in bucket.items]
+    return [
+        buffer[item.offset : item.offset + item.nbytes].view(wire_dtype(item.name, bucket.src)).view(item.shape)
+        for item in bucket.items
+    ]
 
 
-def _pack(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]], wire_dtype,
-          pool: BufferPool, wire_device: Optional[torch.device] = None) -> tuple[torch.Tensor, bool]:
+def _pack(
+    bucket: Bucket,
+    regions: tuple[list[torch.Tensor], Optional[torch.Tensor]],
+    wire_dtype,
+    pool: BufferPool,
+    wire_device: Optional[torch.device] = None,
+) -> tuple[torch.Tensor, bool]:
     parts, direct = regions
     if direct is not None:
         return direct, False
@@ -358,8 +371,12 @@ def _pack(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tens
     return buffer, True
 
 
-def _landing(bucket: Bucket, regions: tuple[list[torch.Tensor], Optional[torch.Tensor]],
-             pool: BufferPool, wire_device: Optional[torch.device] = None) -> tuple[torch.Tensor, bool]:
+def _landing(
+    bucket: Bucket,
+    regions: tuple[list[torch.Tensor], Optional[torch.Tensor]],
+    pool: BufferPool,
+    wire_device: Optional[torch.device] = None,
+) -> tuple[torch.Tensor, bool]:
     parts, direct = regions
     if direct is not None:
         return direct, False
@@ -371,12 +388,14 @@ def _unpack(bucket: Bucket, buffer: torch.Tensor, parts: list[torch.Tensor], wir
         torch_compat.foreach_copy_(parts, _slots(buffer, bucket, wire_dtype))
 
 
-def local_copies(pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor],
-                 rank: int) -> int:
+def local_copies(
+    pieces: Sequence, source: Callable[[str], torch.Tensor], target: Callable[[str], torch.Tensor], rank: int
+) -> int:
     """Copy the pieces this rank both holds and needs; the number of elements copied."""
     mine = [Item(p.name, p.box, p.src_box, p.dst_box, 0, 0) for p in pieces if p.src == p.dst == rank]
     if mine:
         with torch.no_grad():
-            torch_compat.foreach_copy_([target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine])
+            torch_compat.foreach_copy_(
+                [target(i.name)[i.dst_index] for i in mine], [source(i.name)[i.src_index] for i in mine]
+            )
     return sum(box_numel(i.box) for i in mine)
-

@@ -15,6 +15,7 @@ verdict the same on every participant):
   world's first NCCL operation has every world rank taking part (a batch of point-to-point
   messages initialises the world's communicator, a collective of the whole world).
 """
+
 from __future__ import annotations
 
 import socket
@@ -41,9 +42,15 @@ class WorldDevices:
     size: int  # ranks in the world
 
     def fields(self) -> dict[str, Any]:
-        return {"backend": self.backend, "types": list(self.types), "own": self.own, "bound": self.bound,
-                "lazy": self.lazy_uninitialised, "host": self.host,
-                "size": self.size}
+        return {
+            "backend": self.backend,
+            "types": list(self.types),
+            "own": self.own,
+            "bound": self.bound,
+            "lazy": self.lazy_uninitialised,
+            "host": self.host,
+            "size": self.size,
+        }
 
 
 def world_devices() -> WorldDevices:
@@ -58,8 +65,15 @@ def world_devices() -> WorldDevices:
         device = torch_compat.default_device()  # the current accelerator device (GPU only)
         own = device if device.type != "cpu" else None
     lazy = own is not None and bound is None and torch_compat.backend_initialised(group, own) is False
-    return WorldDevices(backend, tuple(types), None if own is None else device_text(own), bound is not None, lazy,
-                        socket.gethostname(), dist.get_world_size())
+    return WorldDevices(
+        backend,
+        tuple(types),
+        None if own is None else device_text(own),
+        bound is not None,
+        lazy,
+        socket.gethostname(),
+        dist.get_world_size(),
+    )
 
 
 def tensor_device(tensor: torch.Tensor) -> torch.device:
@@ -77,8 +91,10 @@ def device_problems(side: str, devices: Mapping[str, torch.device], world: World
         reason = _device_problem(torch.device(device), world)
         if reason:
             listed = ", ".join(repr(n) for n in names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            problems.append(f"{side} tensor{'s' if len(names) > 1 else ''} {listed} "
-                            f"{'are' if len(names) > 1 else 'is'} on {device}{reason}")
+            problems.append(
+                f"{side} tensor{'s' if len(names) > 1 else ''} {listed} "
+                f"{'are' if len(names) > 1 else 'is'} on {device}{reason}"
+            )
     return problems
 
 
@@ -87,8 +103,12 @@ def _device_problem(device: torch.device, world: WorldDevices) -> Optional[str]:
         return " (no data to send or receive)"
     if device.type not in world.types:
         return f", but the world's backend {world.backend!r} moves {' and '.join(world.types)} tensors only"
-    if device.type != "cpu" and world.own is not None and device.type == torch.device(world.own).type \
-            and device_text(device) != world.own:
+    if (
+        device.type != "cpu"
+        and world.own is not None
+        and device.type == torch.device(world.own).type
+        and device_text(device) != world.own
+    ):
         whose = "the world's bound device" if world.bound else "the current device"
         return f", but this rank's device is {world.own} ({whose})"
     return None
@@ -104,8 +124,10 @@ def agreed_problems(members: Sequence[int], records: Sequence[Mapping[str, Any]]
                 if not device.startswith("meta"):  # refused on its rank already
                     by_type.setdefault(device.split(":")[0], []).append(rank)
     if len(by_type) > 1:
-        problems.append("tensors on different device types cannot travel between ranks: " + "; ".join(
-            f"{t} on {ranks_text(sorted(set(rs)), 'rank')}" for t, rs in sorted(by_type.items())))
+        problems.append(
+            "tensors on different device types cannot travel between ranks: "
+            + "; ".join(f"{t} on {ranks_text(sorted(set(rs)), 'rank')}" for t, rs in sorted(by_type.items()))
+        )
     holders: dict[tuple[str, str], list[int]] = {}
     lazy = []
     for rank, rec in zip(members, records):
@@ -116,14 +138,17 @@ def agreed_problems(members: Sequence[int], records: Sequence[Mapping[str, Any]]
                 lazy.append(rank)
     for (host, device), ranks in sorted(holders.items()):
         if len(ranks) > 1:
-            problems.append(f"{ranks_text(ranks, 'rank')} on host {host} all use {device}: each rank needs its own "
-                            "accelerator (call torch.cuda.set_device(local_rank), or init_process_group(device_id=...))")
+            problems.append(
+                f"{ranks_text(ranks, 'rank')} on host {host} all use {device}: each rank needs its own "
+                "accelerator (call torch.cuda.set_device(local_rank), or init_process_group(device_id=...))"
+            )
     world_size = max((rec.get("world") or {}).get("size", 0) for rec in records)
     if lazy and len(members) < world_size:
         problems.append(
             f"the world's communicator is not created yet on {ranks_text(lazy, 'rank')} and only {len(members)} of its "
             f"{world_size} ranks take part: the transfer's first batch of messages would create it, which needs every "
-            "world rank (run a collective over the world first, e.g. dist.barrier(), or init with device_id=)")
+            "world rank (run a collective over the world first, e.g. dist.barrier(), or init with device_id=)"
+        )
     return problems
 
 

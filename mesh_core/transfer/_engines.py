@@ -16,6 +16,7 @@ import of deepspeed until a ZeRO-3 gather is needed):
 Ranks of the other side learn these layouts in the transfer's agreement, so every rank of both
 meshes makes the same one call, passing None for a side it is not on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from ..spec import MeshSpec
-from ._in_job import (ParamLayout, SpecLike, TensorMeta, TransferStats, _member, _spec, check_tensors, run_transfer)
 from ._buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW
 from ._devices import WorldDevices
+from ._in_job import ParamLayout, SpecLike, TensorMeta, TransferStats, _member, _spec, check_tensors, run_transfer
 
 AUTOTP_META = "ds_autotp_universal_checkpoint_meta"  # deepspeed.checkpoint.constants.DS_AUTOTP_UC_META
 
@@ -36,8 +37,13 @@ AUTOTP_META = "ds_autotp_universal_checkpoint_meta"  # deepspeed.checkpoint.cons
 class EngineSide:
     """One side of a transfer from this rank's engine or module (see the module docstring)."""
 
-    def __init__(self, model: Any, spec: MeshSpec, names: Optional[Sequence[str]] = None,
-                 layouts: Optional[Mapping[str, ParamLayout]] = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        spec: MeshSpec,
+        names: Optional[Sequence[str]] = None,
+        layouts: Optional[Mapping[str, ParamLayout]] = None,
+    ) -> None:
         module = getattr(model, "module", model)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a DeepSpeed engine or a torch.nn.Module, got {type(model).__name__}")
@@ -49,9 +55,13 @@ class EngineSide:
         self.problems: list[str] = []
         engine_spec = getattr(getattr(model, "mesh_device", None), "spec", None)
         if isinstance(engine_spec, MeshSpec) and engine_spec != spec:
-            self.problems.append(f"the engine's mesh is {engine_spec.describe()}, but the transfer names {spec.describe()}")
+            self.problems.append(
+                f"the engine's mesh is {engine_spec.describe()}, but the transfer names {spec.describe()}"
+            )
         if spec.dim_size("pp") > 1:
-            self.problems.append(f"{spec.describe()}: pipeline engines are not supported; pass ParamLayouts with stage= to transfer()")
+            self.problems.append(
+                f"{spec.describe()}: pipeline engines are not supported; pass ParamLayouts with stage= to transfer()"
+            )
         self.gather = any(_is_zero3(p) for p in params.values())
         self.layouts = {}
         self.shapes = {}
@@ -69,12 +79,15 @@ class EngineSide:
         dim, sizes, full = meta["partition_dim"], list(meta.get("partition_sizes") or []), tuple(meta["logical_shape"])
         tp = self.spec.dim_size("tp")
         if len(sizes) != tp or len(set(sizes)) > 1:
-            self.problems.append(f"AutoTP parameter {name!r} is split {sizes} along dim {dim}; only an even split over "
-                                 f"the mesh's tp={tp} is supported")
+            self.problems.append(
+                f"AutoTP parameter {name!r} is split {sizes} along dim {dim}; only an even split over "
+                f"the mesh's tp={tp} is supported"
+            )
         return ParamLayout(full, shard_dim=dim, over=("tp",)), local
 
-    def metas(self, spec: MeshSpec, rank: int, side: str,
-              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(
+        self, spec: MeshSpec, rank: int, side: str, world: WorldDevices
+    ) -> tuple[dict[str, TensorMeta], list[str]]:
         metas, problems = check_tensors(spec, rank, side, self.layouts, self.params, shapes=self.shapes, world=world)
         return metas, self.problems + problems
 
@@ -114,8 +127,10 @@ def transfer_weights(
     src_spec, dst_spec = _spec(src), _spec(dst)
     rank = dist.get_rank()
     sides = {}
-    for side, spec, model, given in (("source", src_spec, src_model, src_layouts),
-                                     ("destination", dst_spec, dst_model, dst_layouts)):
+    for side, spec, model, given in (
+        ("source", src_spec, src_model, src_layouts),
+        ("destination", dst_spec, dst_model, dst_layouts),
+    ):
         if not _member(spec, rank):
             sides[side] = None
         elif model is None:
@@ -124,8 +139,9 @@ def transfer_weights(
             sides[side] = EngineSide(model, spec, names, given)
     known = {side: None if s is None or isinstance(s, _Missing) else s.layouts for side, s in sides.items()}
     flags = {side: {"gather": s.gather} for side, s in sides.items() if isinstance(s, EngineSide)}
-    return run_transfer(src_spec, dst_spec, sides, known, bucket_bytes=bucket_bytes, window=window, timeout=timeout,
-                        flags=flags)
+    return run_transfer(
+        src_spec, dst_spec, sides, known, bucket_bytes=bucket_bytes, window=window, timeout=timeout, flags=flags
+    )
 
 
 class _Missing:
@@ -137,8 +153,9 @@ class _Missing:
     def __init__(self, side: str, spec: MeshSpec, rank: int) -> None:
         self.problem = f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} model"
 
-    def metas(self, spec: MeshSpec, rank: int, side: str,
-              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(
+        self, spec: MeshSpec, rank: int, side: str, world: WorldDevices
+    ) -> tuple[dict[str, TensorMeta], list[str]]:
         return {}, [self.problem]
 
     def tensors(self, names: Sequence[str]):  # never reached: the agreement fails first

@@ -25,6 +25,7 @@ arrival like ``Tensor.copy_`` (bf16 → fp16 rounds); other dtype changes are re
 :mod:`mesh_core.transfer._agree`). :mod:`mesh_core.transfer._engines` builds both sides from
 DeepSpeed engines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,11 +41,18 @@ import torch.distributed as dist
 
 from ..layout import MeshLayout
 from ..spec import MeshSpec, MeshSpecError
-from ._agree import (SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of,
-                             record_for)
+from ._agree import SIDES, Agreed, TensorMeta, agree, check_dtypes, conversion_refused, dtype_name, dtype_of, record_for
+from ._buckets import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_WINDOW,
+    BufferPool,
+    box_numel,
+    execute,
+    local_copies,
+    local_index,
+    schedule,
+)
 from ._devices import WorldDevices, device_problems, device_text, tensor_device, world_devices
-from ._buckets import (DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, local_copies,
-                               local_index, schedule)
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +88,13 @@ class ParamLayout:
     @functools.cached_property
     def fields(self) -> tuple:
         """The layout as JSON-able values (what the agreement exchanges)."""
-        return (list(self.shape), self.shard_dim, list(self.over), self.stage,
-                None if self.dtype is None else dtype_name(self.dtype))
+        return (
+            list(self.shape),
+            self.shard_dim,
+            list(self.over),
+            self.stage,
+            None if self.dtype is None else dtype_name(self.dtype),
+        )
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,9 @@ def plan_transfer(
     for name in sorted(src_layouts):
         s_layout, d_layout = src_layouts[name], dst_layouts[name]
         if s_layout.shape != d_layout.shape:
-            raise MeshSpecError(f"parameter {name!r} has shape {s_layout.shape} at the source but {d_layout.shape} at the destination")
+            raise MeshSpecError(
+                f"parameter {name!r} has shape {s_layout.shape} at the source but {d_layout.shape} at the destination"
+            )
         sources = _holders(src_spec, s_layout, name, "source")
         by_box: dict[Box, list[int]] = {}
         for rank, box in sources:
@@ -177,8 +192,9 @@ class Side(Protocol):
     layouts: Mapping[str, ParamLayout]
     gather: bool  # tensors are materialised per group of parameters (ZeRO-3)
 
-    def metas(self, spec: MeshSpec, rank: int, side: str,
-              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(
+        self, spec: MeshSpec, rank: int, side: str, world: WorldDevices
+    ) -> tuple[dict[str, TensorMeta], list[str]]:
         """This rank's tensors' shape, travelling / landing dtype and device by name, and its problems."""
 
     def tensors(self, names: Sequence[str]) -> ContextManager[Mapping[str, torch.Tensor]]:
@@ -195,12 +211,17 @@ class TensorSide:
         self.layouts = layouts or {}
         self._given = layouts is not None
 
-    def metas(self, spec: MeshSpec, rank: int, side: str,
-              world: WorldDevices) -> tuple[dict[str, TensorMeta], list[str]]:
+    def metas(
+        self, spec: MeshSpec, rank: int, side: str, world: WorldDevices
+    ) -> tuple[dict[str, TensorMeta], list[str]]:
         if not self._given:
-            return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} layouts"]
+            return {}, [
+                f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} layouts"
+            ]
         if self._tensors is None:
-            return {}, [f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} tensors"]
+            return {}, [
+                f"rank {rank} is in the {side} mesh {spec.describe()} but was given None for its {side} tensors"
+            ]
         return check_tensors(spec, rank, side, self.layouts, self._tensors, world=world)
 
     @contextlib.contextmanager
@@ -208,9 +229,15 @@ class TensorSide:
         yield self._tensors  # type: ignore[misc]
 
 
-def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, ParamLayout],
-                  tensors: Mapping[str, Any], shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
-                  world: Optional[WorldDevices] = None) -> tuple[dict[str, TensorMeta], list[str]]:
+def check_tensors(
+    spec: MeshSpec,
+    rank: int,
+    side: str,
+    layouts: Mapping[str, ParamLayout],
+    tensors: Mapping[str, Any],
+    shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
+    world: Optional[WorldDevices] = None,
+) -> tuple[dict[str, TensorMeta], list[str]]:
     """This rank's checks of one side: every tensor its layout places here (``shapes`` overrides a
     tensor's shape; ``world``: what the world moves data on, default :func:`world_devices`)."""
     world = world_devices() if world is None else world
@@ -231,7 +258,9 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
             problems.append(f"{side} tensor {name!r} is missing (its layout places a shard on this rank)")
             continue
         if not isinstance(tensor, torch.Tensor):
-            problems.append(f"{side} tensor {name!r} is {'None' if tensor is None else type(tensor).__name__}, not a tensor")
+            problems.append(
+                f"{side} tensor {name!r} is {'None' if tensor is None else type(tensor).__name__}, not a tensor"
+            )
             continue
         need = tuple(hi - lo for lo, hi in box)
         shape = tuple(shapes[name]) if shapes and name in shapes else tuple(tensor.shape)
@@ -242,7 +271,9 @@ def check_tensors(spec: MeshSpec, rank: int, side: str, layouts: Mapping[str, Pa
         if layout.dtype is not None and side == "source":
             refused = conversion_refused(tensor.dtype, layout.dtype)
             if refused:
-                problems.append(f"source tensor {name!r} is {tensor.dtype}, its layout casts it to {layout.dtype}: {refused}")
+                problems.append(
+                    f"source tensor {name!r} is {tensor.dtype}, its layout casts it to {layout.dtype}: {refused}"
+                )
                 continue
             dtype = layout.dtype
         elif layout.dtype is not None and tensor.dtype != layout.dtype:
@@ -289,8 +320,13 @@ def _mesh_layout(spec: MeshSpec) -> MeshLayout:
 
 def layout_from(fields: Sequence) -> ParamLayout:
     shape, shard_dim, over, stage, dtype = fields
-    return ParamLayout(tuple(shape), shard_dim=shard_dim, over=tuple(over), stage=stage,
-                       dtype=None if dtype is None else dtype_of(dtype))
+    return ParamLayout(
+        tuple(shape),
+        shard_dim=shard_dim,
+        over=tuple(over),
+        stage=stage,
+        dtype=None if dtype is None else dtype_of(dtype),
+    )
 
 
 def transfer(
@@ -325,8 +361,15 @@ def transfer(
         "source": TensorSide(src_tensors, src_layouts) if _member(src_spec, rank) else None,
         "destination": TensorSide(dst_tensors, dst_layouts) if _member(dst_spec, rank) else None,
     }
-    return run_transfer(src_spec, dst_spec, sides, {"source": src_layouts, "destination": dst_layouts},
-                        bucket_bytes=bucket_bytes, window=window, timeout=timeout)
+    return run_transfer(
+        src_spec,
+        dst_spec,
+        sides,
+        {"source": src_layouts, "destination": dst_layouts},
+        bucket_bytes=bucket_bytes,
+        window=window,
+        timeout=timeout,
+    )
 
 
 def run_transfer(
@@ -351,8 +394,10 @@ def run_transfer(
     if dist.get_backend() == "fake":
         raise MeshSpecError("transfer moves data with messages; torch's fake backend sends none (use gloo or nccl)")
     if src_spec.world_size != dst_spec.world_size or src_spec.world_size != dist.get_world_size():
-        raise MeshSpecError(f"{src_spec.describe()} and {dst_spec.describe()} must both be meshes of this world "
-                            f"of {dist.get_world_size()} ranks")
+        raise MeshSpecError(
+            f"{src_spec.describe()} and {dst_spec.describe()} must both be meshes of this world "
+            f"of {dist.get_world_size()} ranks"
+        )
     metas: dict[str, Optional[dict[str, TensorMeta]]] = {}
     problems: list[str] = []
     world = world_devices()
@@ -360,8 +405,10 @@ def run_transfer(
         if sides.get(side) is not None:
             metas[side], found = sides[side].metas(specs[side], rank, side, world)  # type: ignore[union-attr]
             problems += found
-    layouts = {side: None if known_layouts.get(side) is None else
-               {n: v.fields for n, v in known_layouts[side].items()} for side in SIDES}  # type: ignore[union-attr]
+    layouts = {
+        side: None if known_layouts.get(side) is None else {n: v.fields for n, v in known_layouts[side].items()}
+        for side in SIDES
+    }  # type: ignore[union-attr]
     record = record_for((src_spec, dst_spec), layouts, metas, problems, dict(flags or {}), world.fields())
     agreed, finish = agree(participants, record, key=f"{src_spec.describe()} -> {dst_spec.describe()}", timeout=timeout)
     try:
@@ -372,20 +419,37 @@ def run_transfer(
     return stats
 
 
-def _run_agreed(agreed: Agreed, src_spec: MeshSpec, dst_spec: MeshSpec, sides: Mapping[str, Optional[Side]], rank: int,
-                bucket_bytes: int, window: int) -> TransferStats:
+def _run_agreed(
+    agreed: Agreed,
+    src_spec: MeshSpec,
+    dst_spec: MeshSpec,
+    sides: Mapping[str, Optional[Side]],
+    rank: int,
+    bucket_bytes: int,
+    window: int,
+) -> TransferStats:
     """The messages of an agreed transfer, group by group."""
     prepared = _prepared(agreed, src_spec, dst_spec, bucket_bytes)
     stats = TransferStats()
     for names, pieces, buckets in prepared:
         with contextlib.ExitStack() as stack:
-            tensors = {side: stack.enter_context(sides[side].tensors(names))  # type: ignore[union-attr]
-                       for side in SIDES if sides.get(side) is not None}
+            tensors = {
+                side: stack.enter_context(sides[side].tensors(names))  # type: ignore[union-attr]
+                for side in SIDES
+                if sides.get(side) is not None
+            }
             source = _getter(tensors.get("source"))
             target = _getter(tensors.get("destination"))
             copied = []
-            run = execute(buckets, source, target, prepared.wire, lambda: copied.append(local_copies(pieces, source, target, rank)),
-                          buffer_bytes=window * bucket_bytes, pool=prepared.pool)
+            run = execute(
+                buckets,
+                source,
+                target,
+                prepared.wire,
+                lambda: copied.append(local_copies(pieces, source, target, rank)),
+                buffer_bytes=window * bucket_bytes,
+                pool=prepared.pool,
+            )
         stats.copied += sum(copied)
         stats.messages += run.messages
         stats.sent_bytes += run.sent_bytes
@@ -450,6 +514,7 @@ def _groups(layouts: Mapping[str, ParamLayout], agreed: Agreed, bucket_bytes: in
 def _getter(tensors: Optional[Mapping[str, torch.Tensor]]):
     def get(name: str) -> torch.Tensor:
         return tensors[name].detach()  # type: ignore[index]
+
     return get
 
 
@@ -461,8 +526,10 @@ def _member(spec: MeshSpec, rank: int) -> bool:
 def _layout_problem(spec: MeshSpec, layout: ParamLayout) -> Optional[str]:
     shards = spec_size(spec, layout.over) if layout.shard_dim is not None else 1
     if layout.shard_dim is not None and layout.shape[layout.shard_dim] % shards:
-        return (f"dim {layout.shard_dim} of shape {layout.shape} does not split evenly "
-                f"over {'x'.join(layout.over)}={shards} of {spec.describe()}")
+        return (
+            f"dim {layout.shard_dim} of shape {layout.shape} does not split evenly "
+            f"over {'x'.join(layout.over)}={shards} of {spec.describe()}"
+        )
     if layout.stage is not None and not 0 <= layout.stage < spec.dim_size("pp"):
         return f"stage={layout.stage} but {spec.describe()} has pp={spec.dim_size('pp')}"
     return None

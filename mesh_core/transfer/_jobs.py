@@ -36,6 +36,7 @@ Every :meth:`WeightLink.send` (each rank of the sending job) is one *round*, met
 Every wait is bounded by ``timeout``. A receiving job that ended is replaced by launching it again:
 its ranks claim the next round and the process group is built anew.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,14 +60,30 @@ import torch.distributed as dist
 from .. import torch_compat
 from ..rendezvous import ROUND_KEYS, arrive, forget
 from ..spec import MeshSpec, MeshSpecError
-from ._in_job import ParamLayout, check_tensors, own_box
 from ._agree import dtype_name, dtype_of
 from ._buckets import DEFAULT_BUCKET_BYTES, DEFAULT_WINDOW, BufferPool, box_numel, execute, schedule
 from ._devices import WorldDevices, device_problems, device_text, tensor_device
 from ._engines import AUTOTP_META, EngineSide
-from ._jobs_plan import (Verdict, describe_missing, flat_boxes, holding_addresses, index_of, key_of, name_of,
-                         plan_sync, receiver_param, record, record_problem, same_host_pairs, sender_param, split_reads,
-                         sync_bytes, verdict, who)
+from ._in_job import ParamLayout, check_tensors, own_box
+from ._jobs_plan import (
+    Verdict,
+    describe_missing,
+    flat_boxes,
+    holding_addresses,
+    index_of,
+    key_of,
+    name_of,
+    plan_sync,
+    receiver_param,
+    record,
+    record_problem,
+    same_host_pairs,
+    sender_param,
+    split_reads,
+    sync_bytes,
+    verdict,
+    who,
+)
 from ._memory import Endpoint, Read, Reads, Token, allow_readers, probe
 
 logger = logging.getLogger(__name__)
@@ -143,25 +160,43 @@ class WeightLink:
     host (``127.0.0.1``: loopback only). See docs/transfer.md, "Security".
     """
 
-    def __init__(self, address: str, role: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 timeout: timedelta = DEFAULT_TIMEOUT, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 window: int = DEFAULT_WINDOW, backend: str = "gloo", launch: Optional[str] = None,
-                 transport: str = "auto", secret: Optional[str] = None, jobs: int = 1) -> None:
+    def __init__(
+        self,
+        address: str,
+        role: str,
+        *,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        window: int = DEFAULT_WINDOW,
+        backend: str = "gloo",
+        launch: Optional[str] = None,
+        transport: str = "auto",
+        secret: Optional[str] = None,
+        jobs: int = 1,
+    ) -> None:
         if role not in ROLES:
             raise MeshSpecError(f"role={role!r}; valid roles are {list(ROLES)}")
         if transport not in TRANSPORTS:
             raise MeshSpecError(f"transport={transport!r}; valid transports are {list(TRANSPORTS)}")
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1 or (jobs != 1 and role != "sender"):
-            raise MeshSpecError(f"jobs={jobs!r}; a sending link feeds jobs >= 1 receiving jobs (an int; a "
-                                "receiving link learns it from the senders)")
+            raise MeshSpecError(
+                f"jobs={jobs!r}; a sending link feeds jobs >= 1 receiving jobs (an int; a "
+                "receiving link learns it from the senders)"
+            )
         if backend != "gloo":
-            raise MeshSpecError(f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
-                                "travel through host buffers)")
+            raise MeshSpecError(
+                f"backend={backend!r}: a weight link's side channel is gloo only (accelerator tensors "
+                "travel through host buffers)"
+            )
         secret = secret if secret is not None else os.environ.get(SECRET_ENV)
         if not secret:
-            raise MeshSpecError(f"a weight link needs a secret both jobs share: pass secret= or set {SECRET_ENV} "
-                                "(the same value in both jobs; e.g. python -c 'import secrets; "
-                                "print(secrets.token_hex(16))')")
+            raise MeshSpecError(
+                f"a weight link needs a secret both jobs share: pass secret= or set {SECRET_ENV} "
+                "(the same value in both jobs; e.g. python -c 'import secrets; "
+                "print(secrets.token_hex(16))')"
+            )
         self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
@@ -179,8 +214,9 @@ class WeightLink:
             allow_readers()
         self._endpoint: Optional[Endpoint] = self._token.endpoint if self._token is not None else None
         self.store = _open_store(host, int(port), role == "sender" and self.rank == 0, timeout)
-        self._launch = launch or (_launch_id(address, self.rank, self.job_size, initialised) if role == "receiver"
-                                  else "")
+        self._launch = launch or (
+            _launch_id(address, self.rank, self.job_size, initialised) if role == "receiver" else ""
+        )
         self._round = None if role == "receiver" else 0
         self._members = 0  # sender rank 0: how many ranks the last round it forgot had
         self._clean: Optional[int] = None  # sender rank 0: its last round, when cached and nothing moved
@@ -193,8 +229,14 @@ class WeightLink:
 
     # -- public -----------------------------------------------------------------------------------
 
-    def send(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
-             spec: Optional[MeshSpec] = None, version: Optional[int] = None) -> SyncStats:
+    def send(
+        self,
+        model: Any,
+        *,
+        layouts: Optional[Mapping[str, ParamLayout]] = None,
+        spec: Optional[MeshSpec] = None,
+        version: Optional[int] = None,
+    ) -> SyncStats:
         """Send this rank's share of ``model``'s parameters (a DeepSpeed engine, a module or tensors by name).
 
         Layouts are read from the engine (ZeRO-3 partitions, AutoTP shards; whole tensors otherwise);
@@ -207,20 +249,23 @@ class WeightLink:
         if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
             raise MeshSpecError(f"version={version!r}; expected an int (the trainer's step, say) or None")
         self._version = version
-        return self._sync(_fingerprint(model, layouts, spec),
-                          lambda: _sender_side(model, layouts, spec, self.rank, self.job_size))
+        return self._sync(
+            _fingerprint(model, layouts, spec), lambda: _sender_side(model, layouts, spec, self.rank, self.job_size)
+        )
 
-    def receive(self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None,
-                spec: Optional[MeshSpec] = None) -> SyncStats:
+    def receive(
+        self, model: Any, *, layouts: Optional[Mapping[str, ParamLayout]] = None, spec: Optional[MeshSpec] = None
+    ) -> SyncStats:
         """Write the sender's weights into this rank's shard of ``model`` (a module or tensors by name), in place.
 
         ``layouts`` (by name) says how the parameters are split over ``spec`` (this job's mesh;
         default: every rank holds whole tensors)."""
         if self.role != "receiver":
             raise MeshSpecError("receive() is for the receiving job's ranks; this link was made with role='sender'")
-        return self._sync(_fingerprint(model, layouts, spec),
-                          lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size,
-                                                 self._endpoint is not None))
+        return self._sync(
+            _fingerprint(model, layouts, spec),
+            lambda: _receiver_side(model, layouts, spec, self.rank, self.job_size, self._endpoint is not None),
+        )
 
     def pair_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes the agreed plan moves per (sender rank, receiver rank) of the two jobs (empty before a sync)."""
@@ -256,17 +301,22 @@ class WeightLink:
                 n, senders, jobs, offset = self._claim()  # before reading the tensors: the senders wait less
             except (RuntimeError, dist.DistError) as err:
                 self._lost = True
-                raise MeshSpecError(f"weight sync: the link's store at {self.address} went away (the sending job "
-                                    "ended, or was relaunched); this rank's weights are untouched; the next "
-                                    "receive() connects again and agrees anew") from err
+                raise MeshSpecError(
+                    f"weight sync: the link's store at {self.address} went away (the sending job "
+                    "ended, or was relaunched); this rank's weights are untouched; the next "
+                    "receive() connects again and agrees anew"
+                ) from err
             if cache is None or cache["fingerprint"] != fingerprint:
                 mine.read()
         receivers = sum(jobs)
         me = self.rank if sending else senders + offset + self.rank
         members = list(range(senders + receivers))
         where = f"{PREFIX}/{n}"
-        stale = (cache is None or cache["sizes"] != (senders, jobs)
-                 or (mine.done and (bool(mine.problems) or self._digest(mine) != cache["digest"])))
+        stale = (
+            cache is None
+            or cache["sizes"] != (senders, jobs)
+            or (mine.done and (bool(mine.problems) or self._digest(mine) != cache["digest"]))
+        )
         # a sender given other tensors with the same record, read by a same-host receiver: where they are
         # now is told to the readers (a tensor that became readable or unreadable changes the plan)
         moved = False
@@ -319,8 +369,18 @@ class WeightLink:
         self._close_round(f"{where}/done", members, senders, n, me, failure)
         self.partial = False
         read = cache["read_from_me"] if sending else cache["reads"].nbytes
-        return SyncStats(n, time.perf_counter() - start, cache["bytes"], run.sent_bytes + read * sending,
-                         run.received_bytes + read * (not sending), run.messages, again, data_seconds, read, version)
+        return SyncStats(
+            n,
+            time.perf_counter() - start,
+            cache["bytes"],
+            run.sent_bytes + read * sending,
+            run.received_bytes + read * (not sending),
+            run.messages,
+            again,
+            data_seconds,
+            read,
+            version,
+        )
 
     def _store_op(self, n: int, op: Callable[[], Any]) -> Any:
         """A store operation of the agreement; the store gone (the sending job's rank 0 ended) is one clear error."""
@@ -328,8 +388,10 @@ class WeightLink:
             return op()
         except (RuntimeError, dist.DistError) as err:
             self._lost = self.role == "receiver"
-            raise MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
-                                f"rank 0 ended) during the agreement; no message was sent") from err
+            raise MeshSpecError(
+                f"weight sync {n}: the link's store at {self.address} went away (the sending job's "
+                f"rank 0 ended) during the agreement; no message was sent"
+            ) from err
 
     def _mac(self, key: str, payload: str) -> str:
         return hmac.new(self._key, key.encode() + b"\0" + payload.encode(), hashlib.sha256).hexdigest()
@@ -343,9 +405,11 @@ class WeightLink:
         text = value.decode(errors="replace")
         payload = text[_SIGNATURE:]
         if not hmac.compare_digest(text[:_SIGNATURE], self._mac(key, payload)):
-            raise MeshSpecError(f"weight sync {n}: {what} at the link's store is not signed with this link's secret "
-                                "(a process without it joined the link, or the store was written by another); no "
-                                "message was sent")
+            raise MeshSpecError(
+                f"weight sync {n}: {what} at the link's store is not signed with this link's secret "
+                "(a process without it joined the link, or the store was written by another); no "
+                "message was sent"
+            )
         try:
             return json.loads(payload)
         except ValueError as err:
@@ -359,17 +423,26 @@ class WeightLink:
         for b, r in enumerate(records):
             problem = record_problem(r, "sender" if b < senders else "receiver")
             if problem:
-                raise MeshSpecError(f"weight sync {n}: the record of {who(b, senders)} is malformed: {problem}; "
-                                    "no message was sent")
+                raise MeshSpecError(
+                    f"weight sync {n}: the record of {who(b, senders)} is malformed: {problem}; no message was sent"
+                )
         if records[me] != json.loads(json.dumps(rec)):
-            raise MeshSpecError(f"weight sync {n}: this rank's own record was rewritten in the link's store; no "
-                                "message was sent")
+            raise MeshSpecError(
+                f"weight sync {n}: this rank's own record was rewritten in the link's store; no message was sent"
+            )
         return records
 
     def _record(self, mine: "_Reading", *, addresses: bool = True) -> dict:
         memory = self._endpoint.fields() if self._endpoint is not None else None
-        return record(self.role, self.job_size, mine.params, mine.problems, self.backend, memory,
-                      self._addresses(mine) if addresses else None)
+        return record(
+            self.role,
+            self.job_size,
+            mine.params,
+            mine.problems,
+            self.backend,
+            memory,
+            self._addresses(mine) if addresses else None,
+        )
 
     def _digest(self, mine: "_Reading") -> str:
         """Of what a cached agreement depends on: the record without the addresses (moved tensors are
@@ -392,14 +465,17 @@ class WeightLink:
                 moved = self._open(n, f"{where}/moved", line.encode(), "a sender's table of moved tensors")
                 rank, table = moved if isinstance(moved, list) and len(moved) == 2 else (None, None)
                 if not isinstance(table, dict):
-                    raise MeshSpecError(f"weight sync {n}: a sender's table of moved tensors is malformed; no "
-                                        "message was sent")
+                    raise MeshSpecError(
+                        f"weight sync {n}: a sender's table of moved tensors is malformed; no message was sent"
+                    )
                 for key, at in table.items():
                     where_held = (name_of(key), rank, index_of(key)) if isinstance(key, str) else None
                     if where_held not in cache["address"] or not (at is None or isinstance(at, int)):
                         named = f"holding {where_held[2]} of {where_held[0]!r}" if where_held else repr(key)
-                        raise MeshSpecError(f"weight sync {n}: a sender's table of moved tensors names {named} of "
-                                            f"rank {rank!r}, which that rank did not announce; no message was sent")
+                        raise MeshSpecError(
+                            f"weight sync {n}: a sender's table of moved tensors names {named} of "
+                            f"rank {rank!r}, which that rank did not announce; no message was sent"
+                        )
                     cache["address"][where_held] = at
             cache["reads"] = _reads(cache["read_pieces"], cache["address"], cache["pids"], cache["itemsize"])
             cache["bound_reads"] = None
@@ -438,8 +514,10 @@ class WeightLink:
         """Sender: rank 0 opens round ``n`` with the weights' ``version`` (one store operation)."""
         if self.rank == 0:  # only rank 0 writes "opened": a plain count a receiving job reads with add(0)
             key = f"{PREFIX}/{n}/version"
-            self.store.multi_set([f"{PREFIX}/open/{n}", f"{PREFIX}/opened", key],
-                                 [f"{self.job_size}:{self.jobs}", str(n + 1), self._sign(key, json.dumps(version))])
+            self.store.multi_set(
+                [f"{PREFIX}/open/{n}", f"{PREFIX}/opened", key],
+                [f"{self.job_size}:{self.jobs}", str(n + 1), self._sign(key, json.dumps(version))],
+            )
 
     def _await_claim(self, n: int) -> tuple[int, tuple[int, ...]]:
         """Sender: wait for every receiving job (``jobs`` of them) to claim a slot of round ``n``;
@@ -455,8 +533,10 @@ class WeightLink:
                 for rest in range(slot + 1, self.jobs):  # a job coming later finds the round given up
                     self.store.compare_set(f"{PREFIX}/{n}/claim/{rest}", "", "abandoned")
                 joined = "no receiving job" if not slot else f"only {slot} of the {self.jobs} receiving jobs"
-                raise MeshSpecError(f"weight sync {n}: {joined} joined within {self.timeout} (is it running, "
-                                    f"and given the address {self.address}?); the sending job's weights are untouched")
+                raise MeshSpecError(
+                    f"weight sync {n}: {joined} joined within {self.timeout} (is it running, "
+                    f"and given the address {self.address}?); the sending job's weights are untouched"
+                )
             sizes.append(int(value.partition(":")[0]))
         return self.job_size, tuple(sizes)
 
@@ -470,11 +550,15 @@ class WeightLink:
             self.store.wait(keys, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             values = [v.decode() for v in self.store.multi_get(keys)]
         except (RuntimeError, dist.DistError) as err:
-            raise MeshSpecError(f"weight sync {n}: not every one of the {jobs} receiving jobs joined within "
-                                f"{self.timeout}; this rank's weights are untouched") from err
+            raise MeshSpecError(
+                f"weight sync {n}: not every one of the {jobs} receiving jobs joined within "
+                f"{self.timeout}; this rank's weights are untouched"
+            ) from err
         if "abandoned" in values:
-            raise MeshSpecError(f"weight sync {n}: the sending job gave up waiting for its {jobs} receiving jobs "
-                                f"({self.timeout}); this rank's weights are untouched")
+            raise MeshSpecError(
+                f"weight sync {n}: the sending job gave up waiting for its {jobs} receiving jobs "
+                f"({self.timeout}); this rank's weights are untouched"
+            )
         sizes = tuple(int(v.partition(":")[0]) for v in values)
         return sizes, sum(sizes[:slot])
 
@@ -497,8 +581,10 @@ class WeightLink:
                 self.store.wait([f"{PREFIX}/open/{n}"], timedelta(seconds=left))
             except (RuntimeError, dist.DistError) as err:
                 self._lost = True  # (or its store went away): connect again at the next receive()
-                raise MeshSpecError(f"weight sync: no sending job opened a sync within {self.timeout} at "
-                                    f"{self.address}; this rank's weights are untouched") from err
+                raise MeshSpecError(
+                    f"weight sync: no sending job opened a sync within {self.timeout} at "
+                    f"{self.address}; this rank's weights are untouched"
+                ) from err
             senders, _, jobs = self.store.get(f"{PREFIX}/open/{n}").decode().partition(":")
             for slot in range(int(jobs)):
                 if self.store.compare_set(f"{PREFIX}/{n}/claim/{slot}", "", mine).decode() == mine:
@@ -506,29 +592,45 @@ class WeightLink:
                     return (n, int(senders)) + self._claimed(n, int(jobs), slot, deadline)
             n += 1
 
-    def _arrive(self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False,
-                mark: bool = False):
+    def _arrive(
+        self, prefix: str, members: list[int], senders: int, n: int, me: int, *, flag: bool = False, mark: bool = False
+    ):
         def absent(arrived, missing):
             if missing is None:
                 self._lost = self.role == "receiver"
-                return MeshSpecError(f"weight sync {n}: the link's store at {self.address} went away (the sending "
-                                     "job's rank 0 ended)")
+                return MeshSpecError(
+                    f"weight sync {n}: the link's store at {self.address} went away (the sending job's rank 0 ended)"
+                )
             if not missing:
-                return _Late(n) if self.role == "receiver" else MeshSpecError(
-                    f"weight sync {n}: this rank came after the others gave up waiting ({self.timeout})")
-            after = ("the data phase had begun (a rank ended during it)" if prefix.endswith("/done")
-                     else "no message was sent")
-            return MeshSpecError(f"weight sync {n}: only {len(arrived)} of the {len(members)} ranks of both jobs "
-                                 f"arrived within {self.timeout}; missing: {describe_missing(missing, senders)} (ended, or "
-                                 f"not calling send()/receive()); {after}")
+                return (
+                    _Late(n)
+                    if self.role == "receiver"
+                    else MeshSpecError(
+                        f"weight sync {n}: this rank came after the others gave up waiting ({self.timeout})"
+                    )
+                )
+            after = (
+                "the data phase had begun (a rank ended during it)"
+                if prefix.endswith("/done")
+                else "no message was sent"
+            )
+            return MeshSpecError(
+                f"weight sync {n}: only {len(arrived)} of the {len(members)} ranks of both jobs "
+                f"arrived within {self.timeout}; missing: {describe_missing(missing, senders)} (ended, or "
+                f"not calling send()/receive()); {after}"
+            )
+
         try:
             return arrive(self.store, prefix, members, self.timeout, absent, flag=flag, rank=me, mark=mark)
         except _Late:
-            raise MeshSpecError(f"weight sync {n}: this receiving rank came after the sending job gave up waiting "
-                                f"({self.timeout}); its weights are untouched") from None
+            raise MeshSpecError(
+                f"weight sync {n}: this receiving rank came after the sending job gave up waiting "
+                f"({self.timeout}); its weights are untouched"
+            ) from None
 
-    def _reachable(self, records: list[dict], senders: int, members: list[int], n: int, me: int,
-                   where: str) -> set[tuple[int, int]]:
+    def _reachable(
+        self, records: list[dict], senders: int, members: list[int], n: int, me: int, where: str
+    ) -> set[tuple[int, int]]:
         """The (sender, receiver) bridge-rank pairs where the receiver can read the sender's memory: each
         receiver probes the senders on its host, and all ranks learn the answers (no store operation when
         no pair shares a host)."""
@@ -546,13 +648,23 @@ class WeightLink:
         for b, key, answer in zip(sorted(near), keys, answers):
             can = self._open(n, key, answer, f"the probe answers of {who(b, senders)}")
             if not isinstance(can, list) or not set(can) <= set(near[b]):
-                raise MeshSpecError(f"weight sync {n}: {who(b, senders)} answered a probe of sender ranks it was not "
-                                    f"asked about ({can!r}); no message was sent")
+                raise MeshSpecError(
+                    f"weight sync {n}: {who(b, senders)} answered a probe of sender ranks it was not "
+                    f"asked about ({can!r}); no message was sent"
+                )
             reach |= {(s, b) for s in can}
         return reach
 
-    def _prepare(self, agreed: Verdict, records: list[dict], readable: set[tuple[int, int]], digest: str, me: int,
-                 where: str, jobs: tuple[int, ...]) -> dict:
+    def _prepare(
+        self,
+        agreed: Verdict,
+        records: list[dict],
+        readable: set[tuple[int, int]],
+        digest: str,
+        me: int,
+        where: str,
+        jobs: tuple[int, ...],
+    ) -> dict:
         senders = sum(rec["side"] == "sender" for rec in records)
         receivers = len(records) - senders
         itemsize = {n: dtype_of(d).itemsize for n, d in agreed.wire.items()}
@@ -567,17 +679,32 @@ class WeightLink:
             key = (p.src, p.dst - senders)
             pairs[key] = pairs.get(key, 0) + box_numel(p.box) * itemsize[name_of(p.name)]
         try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers,
-                                          self.timeout)
+            group = dist.ProcessGroupGloo(
+                dist.PrefixStore(f"{where}/pg", self.store), me, senders + receivers, self.timeout
+            )
         except (RuntimeError, dist.DistError) as err:  # a rank ended between the agreement and here
-            raise MeshSpecError(f"weight sync: the side channel between the jobs could not be built within "
-                                f"{self.timeout}: {err}; no message was sent") from err
+            raise MeshSpecError(
+                f"weight sync: the side channel between the jobs could not be built within "
+                f"{self.timeout}: {err}; no message was sent"
+            ) from err
         wire = {n: dtype_of(d) for n, d in agreed.wire.items()}
-        return {"digest": digest, "sizes": (senders, jobs), "buckets": buckets,
-                "reads": _reads(mine, address, pids, itemsize), "read_pieces": mine, "address": address, "pids": pids,
-                "itemsize": itemsize, "addresses": dict(records[me]["addresses"]),
-                "read_from_me": sync_bytes([p for p in reads if p.src == me], itemsize), "pairs": pairs,
-                "pool": BufferPool(), "group": group, "wire": wire, "bytes": sync_bytes(pieces, itemsize)}
+        return {
+            "digest": digest,
+            "sizes": (senders, jobs),
+            "buckets": buckets,
+            "reads": _reads(mine, address, pids, itemsize),
+            "read_pieces": mine,
+            "address": address,
+            "pids": pids,
+            "itemsize": itemsize,
+            "addresses": dict(records[me]["addresses"]),
+            "read_from_me": sync_bytes([p for p in reads if p.src == me], itemsize),
+            "pairs": pairs,
+            "pool": BufferPool(),
+            "group": group,
+            "wire": wire,
+            "bytes": sync_bytes(pieces, itemsize),
+        }
 
     def _data(self, cache: dict, me: int):
         group, wire = cache["group"], cache["wire"]
@@ -592,13 +719,32 @@ class WeightLink:
                     cache["bound_reads"] = cache["reads"].bind(targets)
                 Reads.run(cache["bound_reads"])
 
-        return execute(cache["buckets"], lambda key: sources[key], lambda key: targets[name_of(key)],
-                       lambda key, src: wire[name_of(key)], read,
-                       buffer_bytes=self.window * self.bucket_bytes, pool=cache["pool"], rank=me, post=post,
-                       views=cache["views"], post_each=True, wire_device=HOST)
+        return execute(
+            cache["buckets"],
+            lambda key: sources[key],
+            lambda key: targets[name_of(key)],
+            lambda key, src: wire[name_of(key)],
+            read,
+            buffer_bytes=self.window * self.bucket_bytes,
+            pool=cache["pool"],
+            rank=me,
+            post=post,
+            views=cache["views"],
+            post_each=True,
+            wire_device=HOST,
+        )
 
-    def _close_round(self, prefix: str, members: list[int], senders: int, n: int, me: int,
-                     failure: Optional[BaseException], *, data: bool = True) -> None:
+    def _close_round(
+        self,
+        prefix: str,
+        members: list[int],
+        senders: int,
+        n: int,
+        me: int,
+        failure: Optional[BaseException],
+        *,
+        data: bool = True,
+    ) -> None:
         """The closing arrival; ``data=False``: this rank refused the round before its data phase (it
         flags the others and returns; the caller raises its own error)."""
         receiving = self.role == "receiver"
@@ -614,8 +760,11 @@ class WeightLink:
             return
         self._cache = None  # the channel is rebuilt at the next round
         self.partial = receiving
-        what = ("this rank's weights are partially written (received again at the next sync)" if receiving
-                else "the sending job's weights are untouched")
+        what = (
+            "this rank's weights are partially written (received again at the next sync)"
+            if receiving
+            else "the sending job's weights are untouched"
+        )
         cause = f": {failure}" if failure is not None else f" on {done.flagged} of the ranks of both jobs"
         raise MeshSpecError(f"weight sync {n} failed in the data phase{cause}; {what}") from failure
 
@@ -639,23 +788,31 @@ def _open_store(host: str, port: int, serve: bool, timeout: timedelta):
         if serve:
             fd = _listening(host, port)
             try:
-                return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False,
-                                     master_listen_fd=fd)
+                return dist.TCPStore(
+                    host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
+                )
             except NotImplementedError:
                 # torch 2.6's libuv store takes no listen fd (and the link's rounds time out on the legacy
                 # backend): the store listens on every interface there; records stay authenticated
                 with contextlib.suppress(OSError):
                     os.close(fd)
-                logger.warning("ds-mesh: torch %s's store cannot listen on %s alone: the weight link's store "
-                               "listens on every interface (its records are still signed with the link's secret)",
-                               torch.__version__, host)
+                logger.warning(
+                    "ds-mesh: torch %s's store cannot listen on %s alone: the weight link's store "
+                    "listens on every interface (its records are still signed with the link's secret)",
+                    torch.__version__,
+                    host,
+                )
                 return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
         return dist.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
     except OSError as err:
-        raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
+        raise MeshSpecError(
+            f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}"
+        ) from err
     except (RuntimeError, dist.DistError) as err:
         if serve:
-            raise MeshSpecError(f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}") from err
+            raise MeshSpecError(
+                f"the sending job's rank 0 could not serve the weight link at {host}:{port}: {err}"
+            ) from err
         raise MeshSpecError(f"no sending job's weight link answered at {host}:{port} within {timeout}: {err}") from err
 
 
@@ -671,8 +828,10 @@ def _launch_id(address: str, rank: int, size: int, initialised: bool) -> str:
     if size == 1:
         return uuid.uuid4().hex
     if not initialised:
-        raise MeshSpecError(f"a receiving job of {size} ranks without a torch.distributed world must pass launch=, "
-                            "one id its ranks share (a new one per launch)")
+        raise MeshSpecError(
+            f"a receiving job of {size} ranks without a torch.distributed world must pass launch=, "
+            "one id its ranks share (a new one per launch)"
+        )
     with _LINKS_LOCK:
         made = _LINKS_MADE[address] = _LINKS_MADE.get(address, 0) + 1
     store = torch_compat.default_store()
@@ -684,8 +843,7 @@ def _launch_id(address: str, rank: int, size: int, initialised: bool) -> str:
 
 HOST = torch.device("cpu")  # what the side channel (gloo) moves messages from and into
 # the side channel's devices for the checks: the host, and accelerators (staged through host buffers)
-_BRIDGE = WorldDevices("gloo", ("cpu", "cuda", "hpu", "mps", "npu", "xpu"), None, False, False,
-                       socket.gethostname(), 0)
+_BRIDGE = WorldDevices("gloo", ("cpu", "cuda", "hpu", "mps", "npu", "xpu"), None, False, False, socket.gethostname(), 0)
 
 
 def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Tensor]]:
@@ -693,7 +851,9 @@ def _tensors(model: Any) -> tuple[Optional[torch.nn.Module], dict[str, torch.Ten
         return None, dict(model)
     module = getattr(model, "module", model)
     if not isinstance(module, torch.nn.Module):
-        raise MeshSpecError(f"expected a DeepSpeed engine, a torch.nn.Module or tensors by name, got {type(model).__name__}")
+        raise MeshSpecError(
+            f"expected a DeepSpeed engine, a torch.nn.Module or tensors by name, got {type(model).__name__}"
+        )
     return module, dict(module.named_parameters())
 
 
@@ -706,9 +866,20 @@ def _fingerprint(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
     for name, tensor in tensors.items():
         held = tensor.ds_tensor if _is_zero3(tensor) else tensor
         meta = getattr(tensor, AUTOTP_META, None)
-        rows.append((name, held.data_ptr(), held.shape, held.stride(), held.dtype, held.device,
-                     getattr(held, "ds_numel", None), getattr(tensor, "ds_shape", None),
-                     id(getattr(tensor, "ds_process_group", None)), dict(meta) if isinstance(meta, Mapping) else None))
+        rows.append(
+            (
+                name,
+                held.data_ptr(),
+                held.shape,
+                held.stride(),
+                held.dtype,
+                held.device,
+                getattr(held, "ds_numel", None),
+                getattr(tensor, "ds_shape", None),
+                id(getattr(tensor, "ds_process_group", None)),
+                dict(meta) if isinstance(meta, Mapping) else None,
+            )
+        )
     engine_spec = getattr(getattr(model, "mesh_device", None), "spec", None)
     return rows, dict(layouts) if layouts is not None else None, spec, engine_spec
 
@@ -724,12 +895,24 @@ def _is_zero3(param: torch.Tensor) -> bool:
     return hasattr(param, "ds_tensor") and hasattr(param, "ds_shape")
 
 
-def _reads(pieces, address: Mapping[tuple[str, int, int], Optional[int]], pids: Mapping[int, int],
-           itemsize: Mapping[str, int]) -> Reads:
+def _reads(
+    pieces, address: Mapping[tuple[str, int, int], Optional[int]], pids: Mapping[int, int], itemsize: Mapping[str, int]
+) -> Reads:
     """A receiver's :class:`Reads` of its read pieces, from the senders' current addresses."""
-    return Reads([Read(pids[p.src], name_of(p.name), p.box, p.src_box, p.dst_box,
-                       address[(name_of(p.name), p.src, index_of(p.name))], itemsize[name_of(p.name)])
-                  for p in pieces])
+    return Reads(
+        [
+            Read(
+                pids[p.src],
+                name_of(p.name),
+                p.box,
+                p.src_box,
+                p.dst_box,
+                address[(name_of(p.name), p.src, index_of(p.name))],
+                itemsize[name_of(p.name)],
+            )
+            for p in pieces
+        ]
+    )
 
 
 def _readable_keys(addresses: Mapping[str, Optional[int]]) -> set[str]:
@@ -743,8 +926,9 @@ def _host_address(tensor: torch.Tensor) -> Optional[int]:
     return tensor.data_ptr()
 
 
-def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
-                 size: int) -> tuple[dict, dict, list[str]]:
+def _sender_side(
+    model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int, size: int
+) -> tuple[dict, dict, list[str]]:
     module, tensors = _tensors(model)
     spec = _job_spec(model, spec, size)
     params: dict[str, dict] = {}
@@ -755,8 +939,10 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
     for name, param in zero3.items():
         meta = getattr(param, AUTOTP_META, None)
         if isinstance(meta, Mapping) and meta.get("partition_dim") is not None and not meta.get("replicated"):
-            problems.append(f"source parameter {name!r} is both an AutoTP shard and ZeRO-3 partitioned, which the "
-                            "weight link does not read (use ZeRO-3 or AutoTP)")
+            problems.append(
+                f"source parameter {name!r} is both an AutoTP shard and ZeRO-3 partitioned, which the "
+                "weight link does not read (use ZeRO-3 or AutoTP)"
+            )
             continue
         part = param.ds_tensor
         shape = tuple(param.ds_shape)
@@ -766,10 +952,11 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
         flat = part.detach().reshape(-1)
         for i, (box, first) in enumerate(holds):
             extent = [hi - lo for lo, hi in box]
-            sources[key_of(name, i)] = flat[first - start:first - start + math.prod(extent)].view(extent)
+            sources[key_of(name, i)] = flat[first - start : first - start + math.prod(extent)].view(extent)
         device = tensor_device(part)
-        params[name] = sender_param(shape, dtype_name(part.dtype), device_text(device),
-                                    [(b, f - start) for b, f in holds])
+        params[name] = sender_param(
+            shape, dtype_name(part.dtype), device_text(device), [(b, f - start) for b, f in holds]
+        )
         problems += device_problems("source", {name: device}, _BRIDGE)
     if module is not None and rest:
         side = EngineSide(model, spec, rest, layouts)
@@ -787,8 +974,14 @@ def _sender_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec:
     return params, sources, problems
 
 
-def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spec: Optional[MeshSpec], rank: int,
-                   size: int, reads: bool = False) -> tuple[dict, dict, list[str]]:
+def _receiver_side(
+    model: Any,
+    layouts: Optional[Mapping[str, ParamLayout]],
+    spec: Optional[MeshSpec],
+    rank: int,
+    size: int,
+    reads: bool = False,
+) -> tuple[dict, dict, list[str]]:
     """``reads``: say which shards same-host reads can fill (contiguous host tensors)."""
     _, tensors = _tensors(model)
     spec = spec if spec is not None else MeshSpec.build(size, dp=size)
@@ -799,7 +992,11 @@ def _receiver_side(model: Any, layouts: Optional[Mapping[str, ParamLayout]], spe
         problems.append(f"layouts given for {extra[:6]}, which this rank's model does not have")
     params = {}
     for name, meta in metas.items():
-        params[name] = receiver_param(known[name].shape, dtype_name(meta.dtype), meta.device,
-                                      own_box(spec, known[name], rank, name, "destination"),
-                                      reads and _host_address(tensors[name].detach()) is not None)
+        params[name] = receiver_param(
+            known[name].shape,
+            dtype_name(meta.dtype),
+            meta.device,
+            own_box(spec, known[name], rank, name, "destination"),
+            reads and _host_address(tensors[name].detach()) is not None,
+        )
     return params, {n: t.detach() for n, t in tensors.items()}, problems

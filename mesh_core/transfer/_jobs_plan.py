@@ -16,6 +16,7 @@ Every box of a receiver's shard is sent by the sender ranks holding it: when sev
 box (replicas), the box is cut into one part per replica, each replica sending one part
 (multi-sender), so no sender's link carries more than its share.
 """
+
 from __future__ import annotations
 
 import functools
@@ -121,25 +122,42 @@ def _cut(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[Box, int]]
 
 
 def sender_param(shape: Sequence[int], dtype: str, device: str, boxes: Sequence[tuple[Box, Optional[int]]]) -> dict:
-    return {"shape": list(shape), "dtype": dtype, "device": device,
-            "holds": [[[list(d) for d in box], offset] for box, offset in boxes]}
+    return {
+        "shape": list(shape),
+        "dtype": dtype,
+        "device": device,
+        "holds": [[[list(d) for d in box], offset] for box, offset in boxes],
+    }
 
 
 def receiver_param(shape: Sequence[int], dtype: str, device: str, box: Box, writable: bool = False) -> dict:
     """``writable``: the shard is a contiguous host tensor, which same-host reads can fill."""
-    return {"shape": list(shape), "dtype": dtype, "device": device, "box": [list(d) for d in box],
-            "writable": writable}
+    return {"shape": list(shape), "dtype": dtype, "device": device, "box": [list(d) for d in box], "writable": writable}
 
 
-def record(side: str, job_size: int, params: Mapping[str, dict], problems: Sequence[str], backend: str,
-           memory: Optional[dict] = None, addresses: Optional[Mapping[str, Optional[int]]] = None) -> dict:
+def record(
+    side: str,
+    job_size: int,
+    params: Mapping[str, dict],
+    problems: Sequence[str],
+    backend: str,
+    memory: Optional[dict] = None,
+    addresses: Optional[Mapping[str, Optional[int]]] = None,
+) -> dict:
     """One rank's record (JSON-able); ``memory``: its :class:`~mesh_core.transfer._memory.Endpoint`'s
     fields, when it takes part in same-host reads; ``addresses`` (a sender's): where each holding's
     tensor is in its memory, by key (see :func:`key_of`), None where it cannot be read (not a
     contiguous host tensor). The addresses are not part of what must stay equal for a cached
     agreement (a record's digest is taken without them): tensors that moved are announced on their own."""
-    return {"side": side, "job": job_size, "params": {n: params[n] for n in sorted(params)},
-            "problems": list(problems), "backend": backend, "memory": memory, "addresses": dict(addresses or {})}
+    return {
+        "side": side,
+        "job": job_size,
+        "params": {n: params[n] for n in sorted(params)},
+        "problems": list(problems),
+        "backend": backend,
+        "memory": memory,
+        "addresses": dict(addresses or {}),
+    }
 
 
 def _is_int(value: Any) -> bool:
@@ -151,8 +169,12 @@ def _box_problem(box: Any, shape: Sequence[int]) -> Optional[str]:
     if not isinstance(box, list) or len(box) != len(shape):
         return f"box {box!r} is not {len(shape)} (start, stop) pairs"
     for dim, (pair, size) in enumerate(zip(box, shape)):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(v) for v in pair)
-                and 0 <= pair[0] <= pair[1] <= size):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(_is_int(v) for v in pair)
+            and 0 <= pair[0] <= pair[1] <= size
+        ):
             return f"box {box!r} leaves the shape {tuple(shape)} in dim {dim}"
     return None
 
@@ -163,19 +185,32 @@ def record_problem(rec: Any, side: str) -> Optional[str]:
     sender's holdings, a receiver's shard), a sender's offsets and addresses only for what it holds."""
     if not isinstance(rec, dict) or rec.get("side") != side:
         return f"not a {side}'s record"
-    if not (_is_int(rec.get("job")) and isinstance(rec.get("params"), dict) and isinstance(rec.get("problems"), list)
-            and all(isinstance(p, str) for p in rec["problems"]) and isinstance(rec.get("backend"), str)
-            and isinstance(rec.get("addresses", {}), dict)):
+    if not (
+        _is_int(rec.get("job"))
+        and isinstance(rec.get("params"), dict)
+        and isinstance(rec.get("problems"), list)
+        and all(isinstance(p, str) for p in rec["problems"])
+        and isinstance(rec.get("backend"), str)
+        and isinstance(rec.get("addresses", {}), dict)
+    ):
         return "its fields are not of their types"
     memory = rec.get("memory")
-    if memory is not None and not (isinstance(memory, dict) and isinstance(memory.get("host"), str)
-                                   and all(_is_int(memory.get(f)) for f in ("pid", "token_address"))
-                                   and isinstance(memory.get("token"), str)):
+    if memory is not None and not (
+        isinstance(memory, dict)
+        and isinstance(memory.get("host"), str)
+        and all(_is_int(memory.get(f)) for f in ("pid", "token_address"))
+        and isinstance(memory.get("token"), str)
+    ):
         return "its memory endpoint is malformed"
     keys = set()
     for name, p in rec["params"].items():
-        if not (isinstance(p, dict) and isinstance(p.get("shape"), list) and all(_is_int(d) and d >= 0 for d in p["shape"])
-                and isinstance(p.get("dtype"), str) and isinstance(p.get("device"), str)):
+        if not (
+            isinstance(p, dict)
+            and isinstance(p.get("shape"), list)
+            and all(_is_int(d) and d >= 0 for d in p["shape"])
+            and isinstance(p.get("dtype"), str)
+            and isinstance(p.get("device"), str)
+        ):
             return f"parameter {name!r} is malformed"
         try:
             dtype_of(p["dtype"])
@@ -189,7 +224,9 @@ def record_problem(rec: Any, side: str) -> Optional[str]:
         if not isinstance(p.get("holds"), list):
             return f"parameter {name!r} is malformed"
         for i, held in enumerate(p["holds"]):
-            if not (isinstance(held, list) and len(held) == 2 and (held[1] is None or _is_int(held[1]) and held[1] >= 0)):
+            if not (
+                isinstance(held, list) and len(held) == 2 and (held[1] is None or _is_int(held[1]) and held[1] >= 0)
+            ):
                 return f"parameter {name!r}: holding {i} is malformed"
             problem = _box_problem(held[0], p["shape"])
             if problem:
@@ -255,25 +292,30 @@ def verdict(records: Sequence[dict], senders: int, jobs: Optional[Sequence[int]]
         differ += [f"{side} job: {d}" for d in differing_fields(rows, [b - start for b in ranks], absent="<absent>")]
     if len(jobs) > 1:  # one model for every receiving job (the wire and landing dtypes are agreed once)
         firsts = [start for _, start, _ in sides[1:]]
-        differ += [f"receiving jobs (by number): {d}"
-                   for d in differing_fields([params_row(b) for b in firsts], list(range(len(jobs))), absent="<absent>")]
-    backends = differing_fields([{"backend": rec["backend"]} for rec in records], list(range(len(records))),
-                                show=str)
+        differ += [
+            f"receiving jobs (by number): {d}"
+            for d in differing_fields([params_row(b) for b in firsts], list(range(len(jobs))), absent="<absent>")
+        ]
+    backends = differing_fields([{"backend": rec["backend"]} for rec in records], list(range(len(records))), show=str)
     if differ or backends:
         raise MeshSpecError(_listing(f"{head}: the ranks of one job disagree", differ + backends))
     send, recv = records[0]["params"], records[senders]["params"]
     only_send, only_recv = sorted(set(send) - set(recv)), sorted(set(recv) - set(send))
     if only_send or only_recv:
-        raise MeshSpecError(f"{head}: the two jobs hold different models: parameters only the sender has: "
-                            f"{only_send[:MAX_LISTED]}; only the receiver has: {only_recv[:MAX_LISTED]}")
+        raise MeshSpecError(
+            f"{head}: the two jobs hold different models: parameters only the sender has: "
+            f"{only_send[:MAX_LISTED]}; only the receiver has: {only_recv[:MAX_LISTED]}"
+        )
     mismatch = []
     for name in sorted(send):
         s, r = send[name], recv[name]
         if s["shape"] != r["shape"]:
             mismatch.append(f"{name!r}: shape {tuple(s['shape'])} on the sender, {tuple(r['shape'])} on the receiver")
         elif conversion_refused(dtype_of(s["dtype"]), dtype_of(r["dtype"])):
-            mismatch.append(f"{name!r}: sent as {s['dtype']}, received into {r['dtype']} (only equal dtypes or "
-                            "floating point to floating point are converted)")
+            mismatch.append(
+                f"{name!r}: sent as {s['dtype']}, received into {r['dtype']} (only equal dtypes or "
+                "floating point to floating point are converted)"
+            )
     if mismatch:
         raise MeshSpecError(_listing(f"{head}: the two jobs hold different models", mismatch))
     holdings: dict[str, list[Holding]] = defaultdict(list)
@@ -282,8 +324,9 @@ def verdict(records: Sequence[dict], senders: int, jobs: Optional[Sequence[int]]
     for b in range(senders):
         at = records[b].get("addresses") or {}
         for name, p in records[b]["params"].items():
-            holdings[name] += [Holding(b, _box(box), offset, i, at.get(key_of(name, i)))
-                               for i, (box, offset) in enumerate(p["holds"])]
+            holdings[name] += [
+                Holding(b, _box(box), offset, i, at.get(key_of(name, i))) for i, (box, offset) in enumerate(p["holds"])
+            ]
     for b in range(senders, len(records)):
         for name, p in records[b]["params"].items():
             targets[name].append((b, _box(p["box"])))
@@ -291,20 +334,32 @@ def verdict(records: Sequence[dict], senders: int, jobs: Optional[Sequence[int]]
                 writable.add((name, b))
     gaps = _coverage(holdings, targets, senders)
     if gaps:
-        raise MeshSpecError(_listing(f"{head}: the receiver's shards are not covered by what the sender ranks hold", gaps))
-    return Verdict({n: tuple(p["shape"]) for n, p in send.items()}, {n: p["dtype"] for n, p in send.items()},
-                   {n: p["dtype"] for n, p in recv.items()}, dict(holdings), dict(targets), frozenset(writable))
+        raise MeshSpecError(
+            _listing(f"{head}: the receiver's shards are not covered by what the sender ranks hold", gaps)
+        )
+    return Verdict(
+        {n: tuple(p["shape"]) for n, p in send.items()},
+        {n: p["dtype"] for n, p in send.items()},
+        {n: p["dtype"] for n, p in recv.items()},
+        dict(holdings),
+        dict(targets),
+        frozenset(writable),
+    )
 
 
-def _coverage(holdings: Mapping[str, list[Holding]], targets: Mapping[str, list[tuple[int, Box]]], senders: int) -> list[str]:
+def _coverage(
+    holdings: Mapping[str, list[Holding]], targets: Mapping[str, list[tuple[int, Box]]], senders: int
+) -> list[str]:
     gaps = []
     for name, wanted in sorted(targets.items()):
         boxes = {h.box for h in holdings.get(name, [])}
         for rank, box in wanted:
             covered = sum(_volume(i) for i in (_intersect(b, box) for b in boxes) if i is not None)
             if covered != _volume(box):
-                gaps.append(f"{name!r}: {who(rank, senders)} needs box {box}, the senders hold {covered} of its "
-                            f"{_volume(box)} elements")
+                gaps.append(
+                    f"{name!r}: {who(rank, senders)} needs box {box}, the senders hold {covered} of its "
+                    f"{_volume(box)} elements"
+                )
     return gaps
 
 
@@ -338,7 +393,7 @@ def _split(box: Box, k: int) -> list[Box]:
             parts, start = [], lo
             for j in range(k):
                 stop = start + step + (j < extra)
-                parts.append(box[:dim] + ((start, stop),) + box[dim + 1:])
+                parts.append(box[:dim] + ((start, stop),) + box[dim + 1 :])
                 start = stop
             return parts
     return [box]
@@ -362,8 +417,9 @@ def holding_addresses(agreed: Verdict) -> dict[tuple[str, int, int], Optional[in
     return {(name, h.rank, h.index): h.address for name, hs in agreed.holdings.items() for h in hs}
 
 
-def split_reads(pieces: Sequence[SyncPiece], agreed: Verdict,
-                readable: set[tuple[int, int]]) -> tuple[list[SyncPiece], list[SyncPiece]]:
+def split_reads(
+    pieces: Sequence[SyncPiece], agreed: Verdict, readable: set[tuple[int, int]]
+) -> tuple[list[SyncPiece], list[SyncPiece]]:
     """The pieces a receiver reads straight from its sender's memory, and the ones sent as messages.
     A piece is read when its receiver can read its sender (``readable``: (sender, receiver) bridge
     ranks), the sender's holding is a contiguous host tensor (it published an address), the
@@ -372,8 +428,12 @@ def split_reads(pieces: Sequence[SyncPiece], agreed: Verdict,
     reads, messages = [], []
     for p in pieces:
         name = name_of(p.name)
-        read = ((p.src, p.dst) in readable and address.get((name, p.src, index_of(p.name))) is not None
-                and (name, p.dst) in agreed.writable and agreed.wire[name] == agreed.landing[name])
+        read = (
+            (p.src, p.dst) in readable
+            and address.get((name, p.src, index_of(p.name))) is not None
+            and (name, p.dst) in agreed.writable
+            and agreed.wire[name] == agreed.landing[name]
+        )
         (reads if read else messages).append(p)
     return reads, messages
 
@@ -385,4 +445,3 @@ def sync_bytes(pieces: Sequence[SyncPiece], itemsize: Mapping[str, int]) -> int:
 
 def describe_missing(missing: Sequence[int], senders: int) -> str:
     return _ranks(missing, senders)
-

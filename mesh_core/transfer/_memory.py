@@ -15,6 +15,7 @@ Open MPI's cross-memory transport does); scopes 2 and 3 are left as they are (th
 - :class:`Reads`: the reads of one rank, built once per plan, run with one system call per
   ``IOV_MAX`` runs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -86,11 +87,16 @@ def allow_readers() -> bool:
     scope = _yama_scope()
     if scope == 1:
         if _prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY) != 0:
-            logger.info("prctl(PR_SET_PTRACER_ANY) refused (errno %d): same-host reads of this process will "
-                        "fall back to messages", ctypes.get_errno())
+            logger.info(
+                "prctl(PR_SET_PTRACER_ANY) refused (errno %d): same-host reads of this process will "
+                "fall back to messages",
+                ctypes.get_errno(),
+            )
             return False
-        logger.info("Yama ptrace_scope 1: this process now lets its user's processes read its memory "
-                    "(the weight link's same-host reads)")
+        logger.info(
+            "Yama ptrace_scope 1: this process now lets its user's processes read its memory "
+            "(the weight link's same-host reads)"
+        )
         return True
     return scope in (None, 0)
 
@@ -133,8 +139,9 @@ class Token:
         value = secrets.token_bytes(TOKEN_BYTES)
         self._buffer = ctypes.create_string_buffer(value, TOKEN_BYTES)
         host = host_id()
-        self.endpoint = (Endpoint(host, os.getpid(), ctypes.addressof(self._buffer), value.hex())
-                         if host is not None else None)
+        self.endpoint = (
+            Endpoint(host, os.getpid(), ctypes.addressof(self._buffer), value.hex()) if host is not None else None
+        )
 
 
 def probe(other: Endpoint) -> bool:
@@ -159,7 +166,7 @@ def runs(box: Box, shard: Box, itemsize: int) -> tuple[torch.Tensor, int]:
     the byte offsets (int64) of its contiguous runs in row-major order of the box, and their length."""
     extents = [hi - lo for lo, hi in box]
     whole = [hi - lo for lo, hi in shard]
-    strides = [math.prod(whole[d + 1:]) for d in range(len(whole))]
+    strides = [math.prod(whole[d + 1 :]) for d in range(len(whole))]
     first = [lo - slo for (lo, _), (slo, _) in zip(box, shard)]
     inner = len(box)
     while inner > 0 and extents[inner - 1] == whole[inner - 1]:
@@ -167,7 +174,7 @@ def runs(box: Box, shard: Box, itemsize: int) -> tuple[torch.Tensor, int]:
     if inner <= 1:  # at most the outermost dim is partial: one run
         start = sum(f * s for f, s in zip(first, strides))
         return torch.tensor([start * itemsize], dtype=torch.int64), math.prod(extents) * itemsize
-    run = math.prod(extents[inner - 1:]) * itemsize
+    run = math.prod(extents[inner - 1 :]) * itemsize
     offsets = torch.tensor([first[inner - 1] * strides[inner - 1]], dtype=torch.int64)
     for d in range(inner - 2, -1, -1):  # outer dims, innermost first: each a grid over what is inside it
         steps = (torch.arange(extents[d], dtype=torch.int64) + first[d]) * strides[d]
@@ -224,8 +231,8 @@ class Reads:
                 remote.append(torch.stack([remote_offsets, lengths], dim=1))
             loc_all, rem_all = torch.cat(local), torch.cat(remote)
             for start in range(0, loc_all.shape[0], IOV_MAX):
-                loc = loc_all[start:start + IOV_MAX].contiguous()
-                out.append((pid, loc, rem_all[start:start + IOV_MAX].contiguous(), int(loc[:, 1].sum())))
+                loc = loc_all[start : start + IOV_MAX].contiguous()
+                out.append((pid, loc, rem_all[start : start + IOV_MAX].contiguous(), int(loc[:, 1].sum())))
         return out
 
     @staticmethod

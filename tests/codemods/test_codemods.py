@@ -1,4 +1,5 @@
 """Golden, idempotence and per-codemod tests of the migration codemods (no deepspeed needed)."""
+
 from __future__ import annotations
 
 import difflib
@@ -11,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libcst.codemod import CodemodContext
 
-from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods import migrate_code
 from codemods._engine.todo_links import collecting, spell_out
+from codemods.rules.groups_getters import GroupsGettersCommand
 from codemods.rules.initialize import InitializeCommand
 from codemods.rules.legacy_imports import LegacyImportsCommand
 from codemods.rules.mpu_calls import MpuCallsCommand
-from codemods import migrate_code
 from codemods.rules.topology import TopologyCommand
 from todo_lines import inline
 
@@ -132,7 +133,10 @@ def test_grid_with_unmappable_use_is_kept_with_reason():
         grid.mp_group
         """,
     )
-    assert "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: PipelineParallelGrid kept" in code
+    assert (
+        "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: PipelineParallelGrid kept"
+        in code
+    )
     assert context.scratch["codemods.todos"]["grid construction"] == 1
 
 
@@ -170,7 +174,7 @@ def test_initialize_existing_mesh_section_is_flagged():
         deepspeed.initialize(model=m, config={"mesh": {"tp": 2}}, mesh_param=(2, 2))
         """,
     )
-    assert "mesh_param=(2, 2))  # TODOV1: the config already has a \"mesh\" section" in code
+    assert 'mesh_param=(2, 2))  # TODOV1: the config already has a "mesh" section' in code
     assert context.scratch["codemods.todos"]["initialize mesh_param"] == 1
 
 
@@ -275,15 +279,22 @@ def test_grid_passed_as_mpu_with_a_config_file_is_kept():
         "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))\n"
         'engine, *_ = deepspeed.initialize(model=m, config="ds.json", mpu=grid)\n'
     ).code
-    assert "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: use DeepSpeedDeviceMesh.build(" in inline(code)
-    assert 'mpu=grid)  # TODOV1:' in inline(code)
+    assert (
+        "grid = PipelineParallelGrid(topology=PipeDataParallelTopology(2, 2))  # TODOV1: use DeepSpeedDeviceMesh.build("
+        in inline(code)
+    )
+    assert "mpu=grid)  # TODOV1:" in inline(code)
 
 
 def test_engine_class_itself_and_relative_subclass_use_model_mesh_of_self():
     # issue 10b: not self.mesh_device, which is None while deepspeed.initialize builds the engine
-    engine_module = "class DeepSpeedEngine(Module):\n    def f(self):\n        return groups._get_data_parallel_group()\n"
+    engine_module = (
+        "class DeepSpeedEngine(Module):\n    def f(self):\n        return groups._get_data_parallel_group()\n"
+    )
     code = migrate_code(
-        "from deepspeed.utils import groups\n" + engine_module, module="deepspeed.runtime.engine", package="deepspeed.runtime"
+        "from deepspeed.utils import groups\n" + engine_module,
+        module="deepspeed.runtime.engine",
+        package="deepspeed.runtime",
     ).code
     assert 'return model_mesh(self).get_group("dp")' in code
     pipe = (
@@ -349,9 +360,7 @@ def test_byte_order_mark_is_kept():
     assert migrate_code(out).code == out
 
 
-@pytest.mark.parametrize(
-    "module", ["deepspeed.utils.groups", "deepspeed.utils", "compat.groups"]
-)
+@pytest.mark.parametrize("module", ["deepspeed.utils.groups", "deepspeed.utils", "compat.groups"])
 def test_star_import_of_used_getters_is_flagged_once(module):
     source = f"from {module} import *\nx = get_data_parallel_group()\n"
     once = migrate_code(source)
@@ -367,7 +376,7 @@ def test_topology_kept_for_other_uses_is_flagged_in_the_first_run_too():
         "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid\n"
         "topo = PipeModelDataParallelTopology(2, 2, 2)\n"
         "grid = PipelineParallelGrid(topology=topo)\n"
-        'print(topo.dims)\n'
+        "print(topo.dims)\n"
         "x = grid.get_data_parallel_group()\n"
     )
     once = migrate_code(source)

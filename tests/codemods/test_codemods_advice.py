@@ -2,6 +2,7 @@
 (the legacy expression replaced by the one named) computes what legacy computed, on fake-backend
 ranks; where there is no mesh form the TODOV1 says so and names none. (The grid, mpu and Megatron
 topology advice is applied the same way in test_codemods_outside.py.)"""
+
 from __future__ import annotations
 
 import re
@@ -19,10 +20,11 @@ def migrate_code(source: str):
     m.code = m.spelled_out()
     return m
 
+
 # a named replacement: "<legacy kept>: use <call>: the same topology ..." (codemods.rules.topology)
 SAME = re.compile(r"# TODOV1: topology kept: use (mesh_core\.pipeline_topology\(.*?\)): the same topology")
 
-ESCAPING_TOPOLOGY = '''
+ESCAPING_TOPOLOGY = """
 import torch.distributed as tdist
 from deepspeed.runtime.pipe.topology import {cls}
 
@@ -40,7 +42,7 @@ def show(topo):
 
 
 show(Holder().topo)
-'''
+"""
 TOPOLOGIES = [
     ("PipeModelDataParallelTopology", "num_pp=2, num_mp=2, num_dp=tdist.get_world_size() // 4"),
     ("PipeModelDataParallelTopology", "2, 1, tdist.get_world_size() // 2"),
@@ -87,14 +89,17 @@ def test_a_topology_with_axes_no_mesh_has_says_so_and_names_no_replacement(axes,
     assert "no mesh form" in todo and "MeshLayout" not in todo and "MeshSpec" not in todo and "build(" not in todo
 
 
-@pytest.mark.parametrize("legacy", [
-    # DeepSpeed's own CheckOverflow reads the expert table the builder fills
-    "import deepspeed.runtime.utils as ds_utils\nfrom deepspeed.utils import groups\n"
-    "groups._create_expert_and_data_parallel(2)\nds_utils.CheckOverflow([[]]).check()\n",
-    # an engine reads the AutoTP groups
-    "import deepspeed\nfrom deepspeed.utils import groups\ngroups._init_tp_mesh_device(2)\n"
-    "engine, *_ = deepspeed.initialize(model=None, config={})\n",
-])
+@pytest.mark.parametrize(
+    "legacy",
+    [
+        # DeepSpeed's own CheckOverflow reads the expert table the builder fills
+        "import deepspeed.runtime.utils as ds_utils\nfrom deepspeed.utils import groups\n"
+        "groups._create_expert_and_data_parallel(2)\nds_utils.CheckOverflow([[]]).check()\n",
+        # an engine reads the AutoTP groups
+        "import deepspeed\nfrom deepspeed.utils import groups\ngroups._init_tp_mesh_device(2)\n"
+        "engine, *_ = deepspeed.initialize(model=None, config={})\n",
+    ],
+)
 def test_a_builder_deepspeed_reads_is_kept_and_its_advice_says_what_to_write(legacy):
     m = migrate_code(legacy)
     todos = re.findall(r"# TODOV1: (.*)", m.code)
@@ -112,8 +117,10 @@ def test_the_expert_rank_math_advice_applied_gives_the_legacy_lists(world, tp, e
 
     legacy = f"from deepspeed.utils import groups\nranks = groups._get_expert_parallel_ranks({world}, {tp}, {ep})\n"
     todo = re.search(r"# TODOV1: (.*)", migrate_code(legacy).code).group(1)
-    advised = re.search(r'use (MeshLayout\(MeshSpec\.build\(W, pp=\.\.\., tp=\.\.\., ep=N\)\))\.groups\("ep"\) / \.groups\("edp"\)',
-                        todo).group(1)
+    advised = re.search(
+        r'use (MeshLayout\(MeshSpec\.build\(W, pp=\.\.\., tp=\.\.\., ep=N\)\))\.groups\("ep"\) / \.groups\("edp"\)',
+        todo,
+    ).group(1)
     layout_code = advised.replace("W, pp=..., tp=..., ep=N", f"{world}, tp={tp}, ep={ep}")
     from mesh_core import MeshLayout, MeshSpec  # noqa: F401 (the advice's names)
 
@@ -125,8 +132,10 @@ def test_the_expert_rank_math_advice_applied_gives_the_legacy_lists(world, tp, e
 
 def test_init_distributed_is_not_taken_for_a_reader_of_the_expert_groups():
     """deepspeed.init_distributed reads no legacy group state: the builder and its readers move."""
-    legacy = ("import deepspeed\nfrom deepspeed.utils import groups\ndeepspeed.init_distributed()\n"
-              "groups._create_expert_and_data_parallel(2)\ng = groups._get_expert_parallel_group('ep_size_2')\n")
+    legacy = (
+        "import deepspeed\nfrom deepspeed.utils import groups\ndeepspeed.init_distributed()\n"
+        "groups._create_expert_and_data_parallel(2)\ng = groups._get_expert_parallel_group('ep_size_2')\n"
+    )
     m = migrate_code(legacy)
     assert "TODOV1" not in m.code, m.code
     assert "expert_groups(2)" in m.code and "deepspeed.init_distributed()" in m.code

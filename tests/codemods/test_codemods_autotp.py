@@ -9,6 +9,7 @@ unmigrated (legacy) code, before any engine, with a grid as ``groups.mpu``, in a
 after a second build with another size and after the TP group was released. Same results as legacy,
 the very group objects compat's legacy getters hand out, no process group created by a rewritten read.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,7 +17,9 @@ import importlib
 import pytest
 
 from codemods import migrate_code
-from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
+from fakepg import exec_source as _load
+from fakepg import fake_world, plain, record_new_groups
+from fakepg import probe_ranks as _ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -66,7 +69,8 @@ def _migrated() -> str:
 
 def _grid(topology, world, tp, pp):
     return topology.PipelineParallelGrid(
-        topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=1, num_dp=world // pp))
+        topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=1, num_dp=world // pp)
+    )
 
 
 def _states(ns, groups, topology, world, tp, tp2, pp, keyword):
@@ -134,8 +138,16 @@ def test_rewritten_autotp_reads_equal_legacy(world, tp, tp2, pp, built_by, monke
         builders = migrated if built_by == "migrated code" else unmigrated
         for rank in _ranks(world):
             with fake_world(rank, world, deepspeed_comm=True):
-                states = _states({**migrated, "build": builders["build"], "build_kw": builders["build_kw"]},
-                                 groups, routed, world, tp, tp2, pp, keyword)
+                states = _states(
+                    {**migrated, "build": builders["build"], "build_kw": builders["build_kw"]},
+                    groups,
+                    routed,
+                    world,
+                    tp,
+                    tp2,
+                    pp,
+                    keyword,
+                )
                 for state in states:
                     served = unmigrated["probe"]()  # compat's legacy getters
                     with record_new_groups() as created:
@@ -227,8 +239,11 @@ def test_comment_lines_above_an_import_the_rewrite_leaves_unused_are_kept():
         "        from deepspeed.utils import groups\n"
         "        groups._init_tp_mesh_device(tensor_model_parallel_size=tp_size)\n"
     )
-    code = migrate_code(source, module="deepspeed.runtime.tensor_parallel.init_utils",
-                        package="deepspeed.runtime.tensor_parallel").code
-    assert ("        # Auto-create TP groups for compatibility with HF Trainer (mpu is not passed).\n"
-            "        init_autotp(tensor_model_parallel_size=tp_size)\n") in code, code
+    code = migrate_code(
+        source, module="deepspeed.runtime.tensor_parallel.init_utils", package="deepspeed.runtime.tensor_parallel"
+    ).code
+    assert (
+        "        # Auto-create TP groups for compatibility with HF Trainer (mpu is not passed).\n"
+        "        init_autotp(tensor_model_parallel_size=tp_size)\n"
+    ) in code, code
     assert "import groups" not in code

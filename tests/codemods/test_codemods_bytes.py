@@ -1,6 +1,7 @@
 """Byte preservation: a migration changes the bytes of the rewritten sites only. Random unrelated
 code around the sites (f-strings of every quoting, comments, non-ASCII text, blank lines) comes out
 byte for byte, and the rest of the output is what the sites alone migrate to."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -18,9 +19,20 @@ SITES = (
 )
 # expressions valid on Python 3.10: every quoting, prefixes, nesting, conversions, format specs
 FSTRINGS = (
-    "f\"{d['a']}\"", "f'{d[\"b\"]}'", 'f"""{d["a"]}"""', "f'''{d['a']}'''", "f\"\"\"{d['b']} \"q\" \"\"\"",
-    "rf\"\\d{d['a']}\"", "Fr'{d[\"a\"]}\\n'", "f\"{f'{w}'}\"", "f'{w!r:>{w}}'", "f\"{{literal}} {w}\"",
-    "f\"é {'中'} {w:#x}\"", "f'''{\"\"\"x\"\"\"}'''", 'f"{w}" "plain" f\'{d["a"]}\'', "f\"{d['a'] if w else 'x'}\"",
+    "f\"{d['a']}\"",
+    "f'{d[\"b\"]}'",
+    'f"""{d["a"]}"""',
+    "f'''{d['a']}'''",
+    'f"""{d[\'b\']} "q" """',
+    "rf\"\\d{d['a']}\"",
+    "Fr'{d[\"a\"]}\\n'",
+    "f\"{f'{w}'}\"",
+    "f'{w!r:>{w}}'",
+    'f"{{literal}} {w}"',
+    "f\"é {'中'} {w:#x}\"",
+    "f'''{\"\"\"x\"\"\"}'''",
+    'f"{w}" "plain" f\'{d["a"]}\'',
+    "f\"{d['a'] if w else 'x'}\"",
 )
 COMMENTS = ("# a comment", "# 'quoted' \"both\"", "#no space", "# é 中 ☃", "#   f\"{d['a']}\" in a comment")
 
@@ -90,7 +102,9 @@ def test_unrelated_code_around_sites_is_kept_byte_for_byte(program):
     assert "".join(rest) == expected
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(program=programs())
 def test_a_pep263_file_keeps_its_encoding_and_every_unrelated_byte(program, tmp_path_factory):
     from hypothesis import assume

@@ -1,5 +1,6 @@
 """The fixed-point cache: files a migration produced (or left alone) are skipped by ``--check`` and
 reruns; anything else is migrated as usual."""
+
 from __future__ import annotations
 
 from codemods._engine.cache import FixedPoints
@@ -98,7 +99,7 @@ def test_a_latin1_file_is_migrated_and_written_back_in_latin1(tmp_path):
     assert cli.main([str(path), "--no-cache", "--no-progress"]) == 0
     data = path.read_bytes()
     text = data.decode("latin-1")
-    assert "current_mesh().size(\"dp\")" in text and "groups" not in text
+    assert 'current_mesh().size("dp")' in text and "groups" not in text
     for line in LATIN1.splitlines(keepends=True):
         if "groups" not in line:
             assert line.encode("latin-1") in data  # every other line byte for byte, in latin-1

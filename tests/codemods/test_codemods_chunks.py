@@ -1,24 +1,25 @@
 """The piecewise migration of big files (codemods/_engine/chunks.py, pipeline._migrate_in_pieces) gives the
 whole-file path's bytes, or is not taken: on generated files of the bench's shape, on every fixture
 file with legacy sites, on real deepspeed files, and on files built to break each condition."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 import pytest
+from test_codemods_metadata import deepspeed_file
 
 from codemods._engine import chunks, pipeline
 from codemods._engine.files import module_and_package
-
-from test_codemods_metadata import deepspeed_file
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_big_file import HEADER, generate  # noqa: E402
 
 FIXTURES = sorted(
-    p for p in (ROOT / "tests" / "fixtures").rglob("*.py")
+    p
+    for p in (ROOT / "tests" / "fixtures").rglob("*.py")
     if any(m in p.read_text(encoding="utf-8", errors="replace") for m in ("deepspeed", "groups", "topology", "compat"))
 )
 
@@ -43,9 +44,15 @@ def same(a: pipeline.Migration, b: pipeline.Migration) -> bool:
     return (a.code, a.sites, a.todos) == (b.code, b.sites, b.todos)
 
 
-@pytest.mark.parametrize("every,group_bytes,taken", [
-    (1, 4000, True), (50, chunks.GROUP_BYTES, True), (7, 3000, False), (1, 1, False),
-])
+@pytest.mark.parametrize(
+    "every,group_bytes,taken",
+    [
+        (1, 4000, True),
+        (50, chunks.GROUP_BYTES, True),
+        (7, 3000, False),
+        (1, 1, False),
+    ],
+)
 def test_the_bench_shape_takes_the_piecewise_path_with_the_same_bytes(monkeypatch, every, group_bytes, taken):
     """Taken where every group the codemods change asks the same of the header (groups holding
     whole blocks); either way the bytes are the whole-file path's."""
@@ -77,11 +84,14 @@ def test_groups_with_sites_apart_are_migrated_together_with_the_same_bytes(monke
 def test_split_statements_gives_each_run_its_code_and_the_footer_to_the_last():
     import libcst as cst
 
-    tree = cst.parse_module("import x\n\n\ndef a():\n    pass\n\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n")
+    tree = cst.parse_module(
+        "import x\n\n\ndef a():\n    pass\n\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n"
+    )
     code = tree.code
-    rest = code[len("import x\n"):]
+    rest = code[len("import x\n") :]
     assert chunks.split_statements(tree, rest, [1, 2]) == [
-        "\n\ndef a():\n    pass\n", "\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n",
+        "\n\ndef a():\n    pass\n",
+        "\n# about b\ndef b():\n    pass\ndef c():\n    pass\n\n# end\n",
     ]
     assert chunks.split_statements(tree, "something else", [1, 2]) is None
 
@@ -117,27 +127,39 @@ def test_deepspeed_files_give_the_same_bytes_or_take_the_whole_file_path(monkeyp
         assert same(fast, whole(monkeypatch, source, module=module, package=package))
 
 
-BLOCK = '''
+BLOCK = """
 
 def train_{i}(model, args):
     dp = groups._get_data_parallel_world_size()
     return dp
-'''
+"""
 
 
 def _file(*extra: str) -> str:
     return HEADER + "".join(BLOCK.format(i=i) for i in range(3)) + "".join(extra)
 
 
-@pytest.mark.parametrize("extra,reason", [
-    ("\n\ndef train_1():\n    pass\n", "a name defined twice at the top level"),
-    ("\n\ndef late():\n    from deepspeed.utils import groups\n    return groups._get_data_parallel_rank()\n", "an import in a definition"),
-    ("\n\ndef setter(grid):\n    groups.mpu = grid\n", "groups.mpu = ... (a file-wide fact)"),
-    ("\n\ndef uses(model):\n    return deepspeed.initialize(model=model, mpu=torch)\n", "a module-level name as mpu"),
-    ("\n\nx = groups._get_data_parallel_rank()\n", "a statement after the definitions that is not one"),
-    ("\n\ndef current_mesh():\n    return None\n", "a mesh_core name defined at the top level"),
-    ("\n\ndef experts():\n    return groups._get_expert_parallel_world_size('ep_size_2')\n", "an expert site (file-wide)"),
-])
+@pytest.mark.parametrize(
+    "extra,reason",
+    [
+        ("\n\ndef train_1():\n    pass\n", "a name defined twice at the top level"),
+        (
+            "\n\ndef late():\n    from deepspeed.utils import groups\n    return groups._get_data_parallel_rank()\n",
+            "an import in a definition",
+        ),
+        ("\n\ndef setter(grid):\n    groups.mpu = grid\n", "groups.mpu = ... (a file-wide fact)"),
+        (
+            "\n\ndef uses(model):\n    return deepspeed.initialize(model=model, mpu=torch)\n",
+            "a module-level name as mpu",
+        ),
+        ("\n\nx = groups._get_data_parallel_rank()\n", "a statement after the definitions that is not one"),
+        ("\n\ndef current_mesh():\n    return None\n", "a mesh_core name defined at the top level"),
+        (
+            "\n\ndef experts():\n    return groups._get_expert_parallel_world_size('ep_size_2')\n",
+            "an expert site (file-wide)",
+        ),
+    ],
+)
 def test_each_condition_sends_the_file_down_the_whole_file_path(monkeypatch, extra, reason):
     source = _file(extra)
     assert pieces(monkeypatch, source) is None, reason
@@ -170,12 +192,12 @@ def test_decorated_definitions_and_comments_between_them(monkeypatch):
 
 
 def test_the_runtime_lines_go_where_the_whole_file_puts_them(monkeypatch):
-    block = '''
+    block = """
 
 def train_{i}(model, grid):
     engine, *_ = deepspeed.initialize(model=model, config={{"train_batch_size": 8}}, mpu=grid)
     return engine.get_data_parallel_world_size()
-'''
+"""
     source = HEADER + "".join(block.format(i=i) for i in range(3))
     fast = pieces(monkeypatch, source)
     expected = whole(monkeypatch, source)

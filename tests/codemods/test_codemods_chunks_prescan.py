@@ -7,6 +7,7 @@
   scan gives, or defer to it;
 
 on the installed deepspeed and torch sources and on code built to reach each branch."""
+
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,5 @@
 """The ``python -m codemods.migrate`` command line: modes, filters, errors, parallel runs."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from codemods import migrate as cli
-from codemods._engine.files import discover, module_and_package
 from codemods import migrate_code
+from codemods._engine.files import discover, module_and_package
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LEGACY = "from deepspeed.utils import groups\n\nx = groups.get_data_parallel_group()  # keep\n"
@@ -90,7 +91,10 @@ def test_parallel_run_as_a_module(tree):
     (tree / "pkg" / "broken.py").unlink()
     done = subprocess.run(
         [sys.executable, "-m", "codemods.migrate", "--jobs", "2", "--json", str(tree)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -147,4 +151,6 @@ def test_a_pattern_naming_a_directory_covers_the_files_under_it(tree):
     names = lambda paths: sorted(p.name for p in paths)  # noqa: E731
     assert names(discover([tree], exclude=["sub"])) == ["__init__.py", "broken.py", "clean.py", "train.py"]
     assert names(discover([tree], include=["su?"])) == ["more.py"]
-    assert names(discover([tree / "pkg"], exclude=["pkg"])) == names(discover([tree / "pkg"]))  # the root itself is not matched
+    assert names(discover([tree / "pkg"], exclude=["pkg"])) == names(
+        discover([tree / "pkg"])
+    )  # the root itself is not matched

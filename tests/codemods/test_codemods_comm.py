@@ -1,5 +1,6 @@
 """The opt-in ``--comm-to-torch`` codemod: which ``deepspeed.comm`` sites it rewrites, and that the
 rewritten collectives compute what deepspeed.comm computed, in a 4-process gloo world."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH, THIN
 from codemods import migrate_code
-from todo_lines import inline
 from codemods._engine.portable import parse_error
+from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH, THIN
+from todo_lines import inline
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "codemods" / "comm_ops.py"
 
@@ -39,7 +40,8 @@ def test_thin_wrappers_become_torch_distributed():
 
 @pytest.mark.parametrize(
     "name,table",
-    [(n, KILL_SWITCH) for n in sorted(KILL_SWITCH)] + [(n, BACKEND) for n in sorted(BACKEND)]
+    [(n, KILL_SWITCH) for n in sorted(KILL_SWITCH)]
+    + [(n, BACKEND) for n in sorted(BACKEND)]
     + [(n, DIFFERENT) for n in sorted(DIFFERENT)],
 )
 def test_sites_with_other_semantics_keep_deepspeed_comm_with_the_difference_named(name, table):
@@ -62,10 +64,32 @@ def test_classification_covers_every_public_function_of_deepspeed_comm():
 
     import deepspeed.comm.comm as comm
 
-    public = {n for n, o in vars(comm).items() if inspect.isfunction(o) and o.__module__ == comm.__name__ and not n.startswith("_")}
+    public = {
+        n
+        for n, o in vars(comm).items()
+        if inspect.isfunction(o) and o.__module__ == comm.__name__ and not n.startswith("_")
+    }
     classified = THIN | set(KILL_SWITCH) | set(BACKEND) | set(DIFFERENT) | {"get_world_group"}
     # helpers that are not collectives (capability probes, env discovery, the logger's internals)
-    helpers = {n for n in public if n.startswith(("has_", "in_", "patch_", "mpi_", "set_", "init_deepspeed", "reset_", "get_comm", "get_logged", "enable_", "timed_"))}
+    helpers = {
+        n
+        for n in public
+        if n.startswith(
+            (
+                "has_",
+                "in_",
+                "patch_",
+                "mpi_",
+                "set_",
+                "init_deepspeed",
+                "reset_",
+                "get_comm",
+                "get_logged",
+                "enable_",
+                "timed_",
+            )
+        )
+    }
     assert sorted(public - classified - helpers) == []
     assert sorted(classified - public) == []
 
@@ -105,8 +129,16 @@ def test_rewritten_collectives_compute_the_same_in_4_gloo_processes(tmp_path):
     (tmp_path / "migrated.py").write_text(migrated)
     (tmp_path / "runner.py").write_text(RUNNER)
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={_free_port()}",
-           str(tmp_path / "runner.py"), str(FIXTURE), str(tmp_path / "migrated.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=4",
+        f"--master_port={_free_port()}",
+        str(tmp_path / "runner.py"),
+        str(FIXTURE),
+        str(tmp_path / "migrated.py"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]

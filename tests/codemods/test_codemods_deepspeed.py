@@ -1,5 +1,6 @@
 """The codemods against the installed deepspeed 0.19.8: MIGRATION.md covers every legacy name,
 and migrating part of the package's own source keeps it compiling and is idempotent."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from codemods._engine.runner import run
 from codemods.rules import _grid_api as grid_api
 from codemods.rules.groups_getters import ALL_FUNCTIONS
-from codemods._engine.runner import run
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SUBSET = ["moe/layer.py", "runtime/pipe/module.py"]
@@ -56,7 +57,11 @@ def test_every_grid_method_has_a_row_and_a_rule():
 def test_migration_has_initialize_config_and_mpu_rows():
     keys = migration_keys()
     assert {"deepspeed.initialize(mpu=...)", "deepspeed.initialize(mesh_param=(dp, sp))"} <= keys
-    assert {"mpu.get_model_parallel_group", "mpu.get_data_parallel_group", "mpu.get_tensor_model_parallel_group"} <= keys
+    assert {
+        "mpu.get_model_parallel_group",
+        "mpu.get_data_parallel_group",
+        "mpu.get_tensor_model_parallel_group",
+    } <= keys
     text = (REPO / "MIGRATION.md").read_text()
     for key in ("sequence_parallel_size", "data_parallel_size", "tensor_parallel.autotp_size"):
         assert f"| config `{key}` |" in text, key

@@ -1,6 +1,7 @@
 """The codemods' output on a fixed subset of the installed deepspeed 0.19.8 is pinned byte for byte
 (a layout change of mesh_core / the repo must not change what the codemods write). After a codemod
 change that is *meant* to change the output: ``python tools/codemods_digest.py --write``."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,4 +33,6 @@ def test_codemods_output_on_the_deepspeed_subset_is_unchanged():
     assert sorted(stored) == sorted(tool.SUBSET)
     found = tool.digests(tool.SUBSET)
     changed = sorted(f for f in stored if found[f] != stored[f])
-    assert not changed, f"the codemods' output changed for deepspeed/{changed}; if meant: python tools/codemods_digest.py --write"
+    assert not changed, (
+        f"the codemods' output changed for deepspeed/{changed}; if meant: python tools/codemods_digest.py --write"
+    )

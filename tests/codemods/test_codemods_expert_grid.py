@@ -5,6 +5,7 @@ one mesh with ``tp`` and ``<mesh>.expert_groups(N)``. Legacy (the real deepspeed
 members are what the fixtures print) vs migrated, plain and under ``compat.install()``, on fake
 ranks of 4 and 8. Shapes that cannot move keep every expert site, with a TODOV1 naming what blocks.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,10 @@ from codemod_scripts import run_fake, run_fake_shim
 from codemods import migrate_code
 from todo_lines import inline
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 WORLDS = [4, 8]
 
@@ -44,7 +48,7 @@ print("OUT grid", grid.get_slice_parallel_world_size(), grid.get_slice_parallel_
 '''
 
 # the same inside a function, with a pipeline: pp 2, tp 2 on 8 ranks; the grid passed positionally
-EXPERT_TP_PIPELINE = '''import torch.distributed as dist
+EXPERT_TP_PIPELINE = """import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 from deepspeed.utils import groups
 
@@ -59,10 +63,10 @@ def setup_moe(world):
 
 
 print("OUT", setup_moe(dist.get_world_size()))
-'''
+"""
 
 # a Megatron-style mpu object (not a grid) passed as mpu=: tp 2 (consecutive ranks)
-MPU_OBJECT = '''import torch.distributed as dist
+MPU_OBJECT = """import torch.distributed as dist
 from deepspeed.utils import groups
 
 
@@ -85,7 +89,7 @@ mpu = TensorMPU()
 groups._create_expert_data_and_model_parallel(2, mpu=mpu)
 print("OUT ep", list(groups._get_expert_parallel_group_ranks("ep_size_2")))
 print("OUT edp", list(groups._get_expert_data_parallel_group_ranks("ep_size_2")))
-'''
+"""
 
 
 def assert_same(legacy: str, migrated: str, world: int) -> list[str]:
@@ -145,13 +149,17 @@ def test_an_mpu_that_is_not_a_grid_keeps_every_expert_site_and_says_why(world):
     assert_same(MPU_OBJECT, m.code, world)
 
 
-@pytest.mark.parametrize("change,why", [
-    ("groups._create_expert_data_and_model_parallel(ep, mpu=grid)",
-     None),
-    ("groups._create_expert_data_and_model_parallel(ep, mpu=grid, use_data_before_expert_parallel_=True)",
-     "use_data_before_expert_parallel_ is a mesh option"),
-    ("x = groups._create_expert_data_and_model_parallel(ep, mpu=grid)", "its result is used"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ("groups._create_expert_data_and_model_parallel(ep, mpu=grid)", None),
+        (
+            "groups._create_expert_data_and_model_parallel(ep, mpu=grid, use_data_before_expert_parallel_=True)",
+            "use_data_before_expert_parallel_ is a mesh option",
+        ),
+        ("x = groups._create_expert_data_and_model_parallel(ep, mpu=grid)", "its result is used"),
+    ],
+)
 def test_a_builder_shape_that_cannot_move_keeps_all_and_names_the_blocker(change, why):
     source = EXPERT_TP.replace("groups._create_expert_data_and_model_parallel(ep, mpu=grid)", change)
     m = migrate_code(source)
@@ -163,7 +171,11 @@ def test_a_builder_shape_that_cannot_move_keeps_all_and_names_the_blocker(change
 
 
 def test_a_plain_builder_beside_an_expert_tp_one_keeps_all():
-    source = EXPERT_TP.replace("for ep in (2, 4):\n    groups._create", "groups._create_expert_and_data_parallel(8)\nfor ep in (2, 4):\n    groups._create", 1)
+    source = EXPERT_TP.replace(
+        "for ep in (2, 4):\n    groups._create",
+        "groups._create_expert_and_data_parallel(8)\nfor ep in (2, 4):\n    groups._create",
+        1,
+    )
     m = migrate_code(source)
     assert not m.sites.get("groups getter")
     assert "builds expert groups over the world without the grid's TP" in m.spelled_out()
@@ -173,7 +185,10 @@ def test_a_grid_kept_for_another_use_keeps_the_expert_sites_and_names_it():
     source = EXPERT_TP + "print('OUT', grid.unknown_attribute)\n"
     m = migrate_code(source)
     assert not m.sites.get("groups getter")
-    assert "the grid grid passed as mpu= is kept as a grid (grid.unknown_attribute has no mesh equivalent)" in m.spelled_out()
+    assert (
+        "the grid grid passed as mpu= is kept as a grid (grid.unknown_attribute has no mesh equivalent)"
+        in m.spelled_out()
+    )
 
 
 def test_a_reader_that_does_not_see_the_grid_keeps_all():
@@ -185,7 +200,9 @@ def test_a_reader_that_does_not_see_the_grid_keeps_all():
 
 def test_inside_deepspeed_the_expert_tp_builder_stays_as_before():
     m = migrate_code(EXPERT_TP, module="deepspeed.moe.mine", package="deepspeed.moe")
-    assert "groups._create_expert_data_and_model_parallel(ep, mpu=grid)" in m.code and "grid.expert_groups" not in m.code
+    assert (
+        "groups._create_expert_data_and_model_parallel(ep, mpu=grid)" in m.code and "grid.expert_groups" not in m.code
+    )
 
 
 def test_a_grid_kept_while_read_as_a_mesh_fails_the_file_whole():

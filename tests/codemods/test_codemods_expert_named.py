@@ -9,12 +9,15 @@ installed) in the engine's groups state, the builders called before the engine's
 (user code) and inside it (MoE layers while the engine is built). Same results, the same group
 objects as compat's legacy getters serve, no process group created by a rewritten read.
 """
+
 from __future__ import annotations
 
 import pytest
 
 from codemods import migrate_code
-from fakepg import fake_world, plain, record_new_groups, build_expert_groups as _build, exec_source as _load
+from fakepg import build_expert_groups as _build
+from fakepg import exec_source as _load
+from fakepg import fake_world, plain, record_new_groups
 from mesh_core.runtime_hooks import (
     expert_group_names,
     expert_groups_named,
@@ -106,7 +109,8 @@ def _legacy(world, pp, tp, dp, eps, builder) -> dict:
     for rank in _ranks(world):
         with fake_world(rank, world, deepspeed_comm=True):
             grid = topology.PipelineParallelGrid(
-                topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+                topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+            )
             groups.mpu = grid
             _build(groups, grid, eps, builder)
             out[rank] = plain(probe.probe(_names(eps)))
@@ -138,7 +142,8 @@ def test_rewritten_expert_reads_equal_legacy(world, pp, tp, dp, eps, builder, bu
         for rank in _ranks(world):
             with fake_world(rank, world, deepspeed_comm=True):
                 grid = routed.PipelineParallelGrid(
-                    topology=routed.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+                    topology=routed.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+                )
                 groups.mpu = grid
                 state = GroupsState(as_engine_mesh(grid.mesh), grid, None)
                 if built == "before the engine":

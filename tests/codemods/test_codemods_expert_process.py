@@ -12,6 +12,7 @@ no engine (current mesh = the world mesh), inside an engine's scope, after it (d
 the engine's mesh was destroyed, after a release. Same values, the very group objects compat hands
 out, no process group created.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,11 +22,17 @@ import pytest
 
 from codemods import migrate_code
 from fakepg import (
+    build_expert_groups as _build,
+)
+from fakepg import (
+    exec_source as _load,
+)
+from fakepg import (
     fake_world,
     plain,
     record_new_groups,
-    build_expert_groups as _build,
-    exec_source as _load,
+)
+from fakepg import (
     probe_ranks as _ranks,
 )
 from mesh_core.runtime_hooks import (
@@ -87,14 +94,18 @@ def _checkpoint_utils(migrated: bool) -> dict:
     import deepspeed
 
     path = Path(deepspeed.__file__).parent / CHECKPOINT_UTILS
-    source = path.read_text().replace("from .data_parallel_writer_factory", "from deepspeed.runtime.model_checkpointing.data_parallel_writer_factory")
+    source = path.read_text().replace(
+        "from .data_parallel_writer_factory", "from deepspeed.runtime.model_checkpointing.data_parallel_writer_factory"
+    )
     if migrated:
         source = _migrate(source, "deepspeed.runtime.model_checkpointing.utils")
     return _load(source)
 
 
 def _grid(topology, pp, tp, dp):
-    return topology.PipelineParallelGrid(topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+    return topology.PipelineParallelGrid(
+        topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    )
 
 
 def _names(eps) -> list[str]:
@@ -116,7 +127,9 @@ def test_the_sites_are_rewritten():
     import deepspeed
 
     source = (Path(deepspeed.__file__).parent / CHECKPOINT_UTILS).read_text()
-    out = migrate_code(source, module="deepspeed.runtime.model_checkpointing.utils", package="deepspeed.runtime.model_checkpointing")
+    out = migrate_code(
+        source, module="deepspeed.runtime.model_checkpointing.utils", package="deepspeed.runtime.model_checkpointing"
+    )
     assert "groups._get" not in out.code and "largest_expert_groups_name(current_mesh())" in out.code, out.code
     # a `groups` parameter elsewhere is still unknown: flagged, not rewritten
     other = "def f(groups):\n    return groups._get_max_expert_size_name()\n"
@@ -363,6 +376,7 @@ def test_a_rebound_groups_parameter_stays_flagged():
         "    groups = groups.other\n"
         "    return groups._get_max_expert_size_name()\n"
     )
-    out = migrate_code(source, module="deepspeed.runtime.model_checkpointing.utils",
-                       package="deepspeed.runtime.model_checkpointing")
+    out = migrate_code(
+        source, module="deepspeed.runtime.model_checkpointing.utils", package="deepspeed.runtime.model_checkpointing"
+    )
     assert "return groups._get_max_expert_size_name()" in out.code and out.todos

@@ -2,6 +2,7 @@
 ``self`` / returned / passed on) of every kind of legacy site: the migration never raises, never
 leaves a site unreported, writes code that compiles (Python 3.10 syntax), is a fixed point on a
 second run, and keeps every line outside the sites byte for byte. A bounded budget (CI)."""
+
 from __future__ import annotations
 
 import ast
@@ -21,11 +22,20 @@ HEADER = (
     "from deepspeed.runtime.pipe.topology import PipelineParallelGrid\n"
 )
 GETTERS = (
-    "get_data_parallel_group", "_get_data_parallel_world_size", "_get_data_parallel_rank",
-    "get_model_parallel_world_size", "_get_expert_parallel_group", "_get_sequence_parallel_world_size",
+    "get_data_parallel_group",
+    "_get_data_parallel_world_size",
+    "_get_data_parallel_rank",
+    "get_model_parallel_world_size",
+    "_get_expert_parallel_group",
+    "_get_sequence_parallel_world_size",
     "_get_max_expert_size",
 )
-MPU_CALLS = ("get_model_parallel_world_size", "get_data_parallel_rank", "get_pipe_parallel_group", "get_data_parallel_group")
+MPU_CALLS = (
+    "get_model_parallel_world_size",
+    "get_data_parallel_rank",
+    "get_pipe_parallel_group",
+    "get_data_parallel_group",
+)
 TODO_LINE = re.compile(r"# TODOV1: .+; ds-migrate --explain \S+$")
 ATOMS = ("pp", "dp_size", "2", "self.cfg.pp", "int(args.pp)", "sizes[0]", "(a + b)", "f(x)[1]")
 
@@ -122,9 +132,7 @@ def program(draw) -> tuple[str, list[str]]:
     keyword = draw(st.sampled_from(["mpu=mpu", "mpu=mpu,\n        config=config", "config=config, mpu=mpu"]))
     train = (
         "def train(model, mpu, config):\n"
-        "    filler_train = 1  # keep\n"
-        + use
-        + f"    engine, *_ = deepspeed.initialize(model=model, {keyword})\n"
+        "    filler_train = 1  # keep\n" + use + f"    engine, *_ = deepspeed.initialize(model=model, {keyword})\n"
         "    return engine\n"
     )
     fillers.append("    filler_train = 1  # keep\n")

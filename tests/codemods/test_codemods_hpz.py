@@ -8,6 +8,7 @@ DeepSpeed reaches it: no engine yet (zero.Init before ``deepspeed.initialize``),
 builds (its mesh bound and current), after it (its mesh the default). Same groups, sizes, ranks and
 errors; the very group objects compat's legacy getters serve; no process group created by a read.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,10 @@ import pytest
 import torch.distributed as dist
 
 from codemods import migrate_code
+from fakepg import exec_source as _load
+from fakepg import fake_world, plain, record_new_groups
+from fakepg import probe_ranks as _ranks
 from todo_lines import inline
-from fakepg import fake_world, plain, record_new_groups, exec_source as _load, probe_ranks as _ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -50,7 +53,7 @@ def read():
             groups._get_zero_param_intra_parallel_group_ranks()]
 '''
 
-STAGE3 = '''
+STAGE3 = """
 from deepspeed.utils import groups
 
 
@@ -65,7 +68,7 @@ class DeepSpeedZeroOptimizer_Stage3:
 
     def _set_zero_group_parallelism(self):
         groups._create_zero_param_parallel_group(self.zero_hpz_partition_size)
-'''
+"""
 
 ENGINE = '''
 from deepspeed.utils import groups
@@ -119,7 +122,7 @@ def test_the_ten_deepspeed_sites_become_mesh_calls():
     assert "create_hpz_group(current_mesh(), hpz)" in part.code
     assert "create_hpz_group(current_mesh(), group_size=n)" not in part.code  # keyword form: value kept
     assert "create_hpz_group(current_mesh(), n)" in part.code
-    assert 'zero_param_process_group = hpz_group(current_mesh())' in part.code
+    assert "zero_param_process_group = hpz_group(current_mesh())" in part.code
     assert '"ranks {}".format(hpz_group_ranks(current_mesh()))' in part.code
     assert "hpz_group_size(current_mesh())" in part.code and "hpz_group_rank(current_mesh())" in part.code
     assert "create_hpz_group(current_mesh(), self.zero_hpz_partition_size)" in stage3.code
@@ -152,7 +155,11 @@ def test_call_forms_without_an_exact_equivalent_stay_with_a_todo(source, needle)
 def test_outside_the_verified_modules_a_read_stays_with_the_mesh_form_named(module):
     code = "from deepspeed.utils import groups\ng = groups._get_zero_param_intra_parallel_group()\n"
     out = migrate_code(code, module=module, package=module.rpartition(".")[0] or None)
-    assert out.todos and "hpz_group(<mesh>)" in out.spelled_out() and "torch.distributed is initialised" in out.spelled_out()
+    assert (
+        out.todos
+        and "hpz_group(<mesh>)" in out.spelled_out()
+        and "torch.distributed is initialised" in out.spelled_out()
+    )
     assert "g = groups._get_zero_param_intra_parallel_group()" in out.code
     assert migrate_code(out.code, module=module, package=module.rpartition(".")[0] or None).code == out.code
 
@@ -386,7 +393,11 @@ def test_meshes_of_one_domain_share_the_groups_and_others_have_their_own():
         engine = DeepSpeedDeviceMesh.build(dp=8)
         tp = DeepSpeedDeviceMesh.build(dp=4, tp=2)
         assert (hpz_group(world), hpz_group_size(world), hpz_group_rank(world), hpz_group_ranks(world)) == (
-            None, 8, 5, [])
+            None,
+            8,
+            5,
+            [],
+        )
         with record_new_groups() as created:
             group = create_hpz_group(world, 4)
         assert created == [[4, 5, 6, 7]]  # member-only: this rank's block, nothing else
@@ -456,6 +467,7 @@ def test_with_a_tp_engine_the_migrated_sites_serve_what_the_shim_serves(monkeypa
 # --- call shapes (hypothesis): import forms, argument forms, function / method, legacy vs migrated --
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
 from mesh_core.runtime_hooks import (  # noqa: E402
     create_hpz_group,
     hpz_group,

@@ -9,16 +9,17 @@ worlds of several layouts; group results are compared as rank sets, and the rewr
 create no process group. The construction-time half of the argument (the runtime makes the engine's
 mesh current while ``deepspeed.initialize`` builds it) is checked on a real engine.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from codemods.rules.groups_getters import SIMPLE
 from codemods import migrate_code
-from todo_lines import inline
+from codemods.rules.groups_getters import SIMPLE
 from fakepg import fake_world, plain, record_new_groups
+from todo_lines import inline
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -109,13 +110,29 @@ def test_rewritten_grid_calls_equal_the_legacy_grid(module, world, pp, tp, dp, m
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     source, code = _grid_sources(module)
-    legacy = _grid_results(source, legacy_topology.PipeModelDataParallelTopology, legacy_topology.PipelineParallelGrid,
-                           world, pp, tp, dp, migrated=False)
+    legacy = _grid_results(
+        source,
+        legacy_topology.PipeModelDataParallelTopology,
+        legacy_topology.PipelineParallelGrid,
+        world,
+        pp,
+        tp,
+        dp,
+        migrated=False,
+    )
     installer.install()
     try:
         # the mesh runtime routes the legacy names to compat's grid, built on a mesh (grid.mesh)
-        new = _grid_results(code, legacy_topology.PipeModelDataParallelTopology, legacy_topology.PipelineParallelGrid,
-                            world, pp, tp, dp, migrated=True)
+        new = _grid_results(
+            code,
+            legacy_topology.PipeModelDataParallelTopology,
+            legacy_topology.PipelineParallelGrid,
+            world,
+            pp,
+            tp,
+            dp,
+            migrated=True,
+        )
     finally:
         installer.uninstall()
     assert new == legacy
@@ -160,7 +177,9 @@ def test_a_getter_in_a_module_that_may_run_before_any_engine_is_left_with_an_act
     source = "from deepspeed.utils import groups\nx = groups._get_data_parallel_group()\n"
     out = migrate_code(source, module="deepspeed.module_inject.auto_tp", package="deepspeed.module_inject")
     assert out.todos and not out.sites
-    assert 'TODOV1: groups._get_data_parallel_group: this DeepSpeed module may run before any engine' in out.spelled_out()
+    assert (
+        "TODOV1: groups._get_data_parallel_group: this DeepSpeed module may run before any engine" in out.spelled_out()
+    )
     assert 'call <mesh>.get_group("dp")' in out.spelled_out()
 
 
@@ -171,7 +190,8 @@ def _legacy_setup(scenario: str, pp: int, tp: int, dp: int) -> None:
 
     if scenario == "pipeline":  # PipelineEngine: groups.mpu = its grid (engine._configure_distributed_model)
         groups.mpu = legacy_topology.PipelineParallelGrid(
-            topology=legacy_topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+            topology=legacy_topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+        )
     else:  # AutoTP (engine._configure_tensor_parallel): self.mpu = groups; mpu._init_tp_mesh_device(tp)
         groups.mpu = groups
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
@@ -206,7 +226,9 @@ def _runtime_state(scenario: str, pp: int, tp: int, dp: int):
     from mesh_core import MeshSpec
 
     if scenario == "pipeline":
-        grid = routed.PipelineParallelGrid(topology=routed.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp))
+        grid = routed.PipelineParallelGrid(
+            topology=routed.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+        )
         return GroupsState(as_engine_mesh(grid.mesh), grid, None)
     mesh = EngineMesh(MeshSpec.build(dist.get_world_size(), tp=tp), verify=False)
     return GroupsState(mesh, groups, None)
@@ -244,7 +266,7 @@ def test_rewritten_getters_equal_legacy_groups_in_the_engines_scope(scenario, la
                         namespace = _load(sources[module], {})
                         cls = namespace["DeepSpeedEngine" if engine_class else "Optimizer"]
                         # an engine's mesh_device: None while initialize builds it, its mesh after
-                        for mesh_device in ((None, state.mesh) if engine_class else (None,)):
+                        for mesh_device in (None, state.mesh) if engine_class else (None,):
                             owner = cls()
                             owner.mesh_device = mesh_device
                             with record_new_groups() as created:
@@ -275,8 +297,11 @@ def test_current_mesh_is_the_engines_mesh_while_it_is_built_and_in_its_scope(shi
         seen.append(current_mesh())
         return torch.optim.SGD(params, lr=0.1)
 
-    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4), optimizer=optimizer,
-                                 config=config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
+    actor = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4),
+        optimizer=optimizer,
+        config=config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}),
+    )[0]
     assert seen == [actor.mesh_device] and actor.mesh_device.size("tp") == 2
     reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), optimizer=optimizer, config=config())[0]
     assert seen[1] is reference.mesh_device and reference.mesh_device.size("tp") == 1
@@ -324,8 +349,11 @@ def test_legacy_getters_on_a_parameter_named_groups_are_flagged_not_rewritten():
         "def other(groups):\n"
         "    return groups.custom()\n"
     )
-    out = migrate_code("import deepspeed\n" + source, module="deepspeed.runtime.model_checkpointing.utils",
-                       package="deepspeed.runtime.model_checkpointing")
+    out = migrate_code(
+        "import deepspeed\n" + source,
+        module="deepspeed.runtime.model_checkpointing.utils",
+        package="deepspeed.runtime.model_checkpointing",
+    )
     # the groups functions on the parameter are flagged; its mpu's getter is answered by that mpu at run
     # time whatever the parameter is (mpu_internal), so it is rewritten
     assert out.todos == {"groups getter": 2} and out.sites == {"mpu/bwc call": 1}

@@ -9,6 +9,7 @@ engine sizes, trained weights / losses) must be equal.
 
     python -m pytest -m migrated_deepspeed tests/codemods/test_codemods_internal_e2e.py
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,15 +30,23 @@ pytestmark = [pytest.mark.migrated_deepspeed, pytest.mark.multiprocess, pytest.m
 REPO = Path(__file__).resolve().parent.parent.parent
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"
 TOUCHED = (
-    "runtime/engine.py", "runtime/pipe/engine.py", "runtime/pipe/module.py", "runtime/pipe/p2p.py",
-    "runtime/zero/stage_1_and_2.py", "runtime/zero/stage3.py", "runtime/bf16_optimizer.py",
+    "runtime/engine.py",
+    "runtime/pipe/engine.py",
+    "runtime/pipe/module.py",
+    "runtime/pipe/p2p.py",
+    "runtime/zero/stage_1_and_2.py",
+    "runtime/zero/stage3.py",
+    "runtime/bf16_optimizer.py",
     "runtime/zero/partition_parameters.py",  # issue 10h: zero.Init's hpZ sites
-    "moe/sharded_moe.py", "runtime/tensor_parallel/tp_manager.py",  # issues 10e, 10m
+    "moe/sharded_moe.py",
+    "runtime/tensor_parallel/tp_manager.py",  # issues 10e, 10m
 )
 # engines/: scripts with legacy calls to migrate; deepspeed_internal/: scripts whose legacy sites are
 # inside DeepSpeed itself (e.g. zero.Init's hpZ groups), so only the migrated package differs
 SCRIPTS = sorted(
-    p.relative_to(FIXTURES).as_posix() for folder in ("engines", "deepspeed_internal") for p in (FIXTURES / folder).glob("*.py")
+    p.relative_to(FIXTURES).as_posix()
+    for folder in ("engines", "deepspeed_internal")
+    for p in (FIXTURES / folder).glob("*.py")
 ) + ["megatron/pretrain.py"]
 
 
@@ -47,8 +56,13 @@ def migrated_copy(tmp_path_factory) -> Path:
     installed = Path(list(spec.submodule_search_locations)[0])
     root = tmp_path_factory.mktemp("migrated") / "deepspeed"
     shutil.copytree(installed, root, ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run([sys.executable, "-m", "codemods.migrate", "--jobs", "2", "--no-cache", str(root)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "codemods.migrate", "--jobs", "2", "--no-cache", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     for relative in TOUCHED:
         assert (root / relative).read_bytes() != (installed / relative).read_bytes(), relative
@@ -62,8 +76,12 @@ def _port() -> int:
 
 
 def _run(directory: Path, script: str, *path: str) -> list[str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([*path, str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([*path, str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     env.setdefault("TORCH_EXTENSIONS_DIR", str(directory / "ext"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={_port()}", script]
     done = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, timeout=900, env=env)

@@ -3,6 +3,7 @@
 command with its private helpers in underscore modules beside it. The engine reaches a rule only
 through the pipeline's list of rules; a rule is usable on its own with ``python -m libcst.tool
 codemod``."""
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,11 @@ PACKAGE = ROOT / "codemods"
 
 
 def _commands_defined_in(module) -> list[type]:
-    return [obj for obj in vars(module).values() if inspect.isclass(obj) and issubclass(obj, CodemodCommand)
-            and obj.__module__ == module.__name__]
+    return [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, CodemodCommand) and obj.__module__ == module.__name__
+    ]
 
 
 def test_the_package_holds_the_faces_the_engine_and_the_rules_only():
@@ -41,12 +45,17 @@ def test_each_rule_module_is_one_codemod_command_and_each_command_is_a_rule_modu
         commands[name] = defined[0]
     assert set(commands.values()) == {*codemods.CODEMODS, CommToTorchCommand}
     for path in sorted((PACKAGE / "rules").glob("_*.py")) + sorted((PACKAGE / "_engine").glob("*.py")):
-        module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
+        module = importlib.import_module(
+            ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        )
         # helpers and the engine define no command of their own (the engine: the rules' base class)
         expected = ["MigrationCommand"] if module.__name__ == "codemods._engine.base" else []
         assert [c.__name__ for c in _commands_defined_in(module)] == expected, path
-    assert {c.__name__ for c in codemods.CODEMODS} - {"GridInternalCommand", "GridUsersCommand", "MpuInternalCommand"} \
-        <= set(codemods.__all__)
+    assert {c.__name__ for c in codemods.CODEMODS} - {
+        "GridInternalCommand",
+        "GridUsersCommand",
+        "MpuInternalCommand",
+    } <= set(codemods.__all__)
 
 
 def _imported_modules(path: Path) -> list[str]:
@@ -75,8 +84,10 @@ def test_the_engine_reaches_the_rules_only_through_the_pipelines_list():
 
 def test_a_rule_imports_the_engine_and_helpers_only_not_another_rule():
     rules = {f"codemods.rules.{p.stem}" for p in (PACKAGE / "rules").glob("*.py") if not p.name.startswith("_")}
-    crossing = {path.name: sorted(set(_imported_modules(path)) & rules - {f"codemods.rules.{path.stem}"})
-                for path in sorted((PACKAGE / "rules").glob("*.py"))}
+    crossing = {
+        path.name: sorted(set(_imported_modules(path)) & rules - {f"codemods.rules.{path.stem}"})
+        for path in sorted((PACKAGE / "rules").glob("*.py"))
+    }
     assert not any(crossing.values()), crossing
 
 
@@ -90,9 +101,22 @@ def test_a_rule_runs_alone_under_libcsts_codemod_tool(tmp_path):
     target.write_text("from deepspeed.utils import groups\n\n\ndef f():\n    return groups.get_data_parallel_group()\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-m", "libcst.tool", "codemod", "-x", "--no-format", "--hide-progress",
-         "codemods.rules.groups_getters.GroupsGettersCommand", str(target)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "libcst.tool",
+            "codemod",
+            "-x",
+            "--no-format",
+            "--hide-progress",
+            "codemods.rules.groups_getters.GroupsGettersCommand",
+            str(target),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert target.read_text() == (

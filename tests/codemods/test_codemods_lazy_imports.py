@@ -1,6 +1,7 @@
 """An import a rewrite adds goes in the scope of the legacy import it replaces: a module that imports
 DeepSpeed only inside a function or under a guard still imports without ds-mesh after migration, and
 computes the same as the legacy module (run on the fake backend, with and without the shim)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,7 +16,7 @@ SHOW = "def show(*v):\n    print('OUT', *v)\n"
 
 LAZY = {
     "function": (
-        "import os\n\n\ndef sizes():\n    \"\"\"Sizes.\"\"\"\n    from deepspeed.utils import groups\n"
+        'import os\n\n\ndef sizes():\n    """Sizes."""\n    from deepspeed.utils import groups\n'
         "    return groups._get_data_parallel_world_size(), groups._get_sequence_parallel_world_size()\n"
     ),
     "nested": (

@@ -1,6 +1,7 @@
 """A Megatron-style tree (a parallel_state mpu module, ``mpu=mpu if cond else None``, a pipeline
 topology sized from the mpu) migrates with no TODOV1 and trains identically on 4 gloo ranks:
 legacy on the real deepspeed 0.19.8, migrated on the mesh runtime (``compat.install()`` added)."""
+
 from __future__ import annotations
 
 import os

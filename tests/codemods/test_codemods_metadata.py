@@ -1,5 +1,6 @@
 """Metadata on first use (codemods/_engine/metadata.py): the same values as libcst's eager, deep-copying
 ``MetadataWrapper``, and the same migration output, at the cost of what the codemods read."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from libcst._metadata_dependent import LazyValue
 from libcst.metadata import (
     MetadataWrapper,
     ParentNodeProvider,
@@ -15,13 +17,11 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from libcst._metadata_dependent import LazyValue
-
+from codemods import CODEMODS, migrate_code
 from codemods._engine import metadata
 from codemods._engine.base import find_all, import_statements
 from codemods._engine.libcst_private import stored_metadata
 from codemods.rules.legacy_imports import LegacyImportsCommand
-from codemods import CODEMODS, migrate_code
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "codemods"
 
@@ -132,10 +132,14 @@ def test_a_parsed_tree_is_not_copied_and_nothing_is_resolved_before_it_is_read(m
     wrapper = metadata.LazyMetadataWrapper(module)
     assert wrapper.module is module
     resolved = wrapper.resolve_many([QualifiedNameProvider, PositionProvider])
-    assert all(isinstance(stored_metadata(wrapper)[p], metadata._OnFirstUse) for p in (QualifiedNameProvider, PositionProvider))
+    assert all(
+        isinstance(stored_metadata(wrapper)[p], metadata._OnFirstUse) for p in (QualifiedNameProvider, PositionProvider)
+    )
     assert ScopeProvider not in stored_metadata(wrapper)
     assert isinstance(stored_metadata(wrapper)[ParentNodeProvider], dict)  # the walk's parents
-    call = next(n for n in walk(module) if isinstance(n, cst.Call) and "get_data_parallel_group" in module.code_for_node(n))
+    call = next(
+        n for n in walk(module) if isinstance(n, cst.Call) and "get_data_parallel_group" in module.code_for_node(n)
+    )
     with metadata.sharing(CODEMODS):
         names = {q.name for q in value_of(resolved[QualifiedNameProvider][call.func])}
     assert names == {"deepspeed.utils.groups.get_data_parallel_group"}
@@ -183,10 +187,21 @@ def migrate_eagerly(monkeypatch, source: str, **kwargs):
 
 
 # one or more sources per codemod (all of them: ~2x the time)
-IDENTITY = ["tricky", "groups_aliases.input.py", "groups_builders.input.py", "groups_engine.input.py",
-            "topology_grid.input.py", "mpu_calls.input.py", "initialize_config.input.py", "compat_aliases.input.py",
-            "scripts/aliases.py", "scripts/moe_groups.py", "engines/pipeline_initialize.py", "megatron/pretrain.py",
-            "comm_ops.py"]
+IDENTITY = [
+    "tricky",
+    "groups_aliases.input.py",
+    "groups_builders.input.py",
+    "groups_engine.input.py",
+    "topology_grid.input.py",
+    "mpu_calls.input.py",
+    "initialize_config.input.py",
+    "compat_aliases.input.py",
+    "scripts/aliases.py",
+    "scripts/moe_groups.py",
+    "engines/pipeline_initialize.py",
+    "megatron/pretrain.py",
+    "comm_ops.py",
+]
 
 
 @pytest.mark.parametrize("name", IDENTITY)
@@ -225,7 +240,9 @@ def test_matcher_decorated_hooks_are_found_as_with_the_full_listing():
     import libcst.matchers as m
     from libcst.codemod import CodemodContext, ContextAwareTransformer
     from libcst.matchers._visitors import (
-        _gather_constructed_leave_funcs, _gather_constructed_visit_funcs, _gather_matchers,
+        _gather_constructed_leave_funcs,
+        _gather_constructed_visit_funcs,
+        _gather_matchers,
     )
 
     class Renamer(metadata.LazyMetadata, ContextAwareTransformer):

@@ -3,6 +3,7 @@ user writes): its getters become ``mesh_of(self.grid)`` queries, the grid a mesh
 ``mesh=<the mesh>``; legacy (deepspeed 0.19.8) vs migrated, plain and under ``compat.install()``,
 on fake ranks of 4 and 8. Where the class's grid is not proven, one TODOV1 per getter names that
 getter's own replacement."""
+
 from __future__ import annotations
 
 import re
@@ -14,11 +15,14 @@ from codemods import migrate_code
 from codemods._engine.runner import written_todos
 from todo_lines import inline
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "codemods" / "outside" / "grid_mpu_class.py"
 READS_MPU = (
-    "    print(\"OUT mpu\", mpu.get_model_parallel_world_size(), mpu.get_data_parallel_rank(),\n"
+    '    print("OUT mpu", mpu.get_model_parallel_world_size(), mpu.get_data_parallel_rank(),\n'
     "          ranks(mpu.get_model_parallel_group()), ranks(mpu.get_data_parallel_group()))\n"
 )
 
@@ -32,7 +36,9 @@ def _agree(legacy: str, migrated: str, world: int) -> None:
     from codemod_referee import disagreements, run
 
     assert not any("raised" in line for line in run({"__main__": legacy}, 1, world, shim=False))
-    assert disagreements({"__main__": legacy}, {"__main__": migrated}, world, sorted({0, 1, world // 2, world - 1})) == []
+    assert (
+        disagreements({"__main__": legacy}, {"__main__": migrated}, world, sorted({0, 1, world // 2, world - 1})) == []
+    )
 
 
 @pytest.mark.parametrize("world", [4, 8])
@@ -41,7 +47,7 @@ def test_an_mpu_class_over_a_grid_migrates_whole_and_computes_the_same(world):
     m = migrate_code(legacy)
     assert not m.todos, m.spelled_out()
     assert m.sites == {"engine grid": 6, "grid construction": 1, "initialize mpu": 1}
-    assert "        return mesh_of(self.grid).get_group(\"tp\")\n" in m.code
+    assert '        return mesh_of(self.grid).get_group("tp")\n' in m.code
     assert "grid = DeepSpeedDeviceMesh.build(pp=1, dp=dist.get_world_size() // 2, tp=2)" in m.code
     assert "config=CONFIG, mesh=grid)" in m.code and "from_mpu" not in m.code
     assert "mpu = GridMPU(grid)" not in m.code  # nothing else read the instance: the class is no longer used
@@ -61,7 +67,9 @@ def test_an_mpu_class_instance_read_elsewhere_is_kept_and_the_engine_gets_the_me
 
 def test_a_class_whose_getters_differ_from_the_meshs_keeps_the_instance_through_from_mpu():
     # pp=2 and no pipeline getters: legacy DeepSpeed reads pp=1 from this mpu; the mesh has pp=2
-    legacy = FIXTURE.read_text().replace("num_pp=1", "num_pp=2").replace("get_world_size() // 2", "get_world_size() // 4")
+    legacy = (
+        FIXTURE.read_text().replace("num_pp=1", "num_pp=2").replace("get_world_size() // 2", "get_world_size() // 4")
+    )
     m = migrate_code(legacy)
     assert not m.todos
     assert "mesh=DeepSpeedDeviceMesh.from_mpu(mpu))" in m.code  # an instance of a local class is never None
@@ -69,16 +77,20 @@ def test_a_class_whose_getters_differ_from_the_meshs_keeps_the_instance_through_
 
 
 def test_an_unproven_grid_gets_one_todo_per_getter_with_its_own_replacement():
-    legacy = FIXTURE.read_text().replace(
-        "    grid = PipelineParallelGrid(topology=topo)\n    mpu = GridMPU(grid)\n",
-        "    mpu = wrap(PipelineParallelGrid(topology=topo))\n",
-    ).replace("def build_engine():", "def wrap(grid):\n    return GridMPU(grid)\n\n\ndef build_engine():")
+    legacy = (
+        FIXTURE.read_text()
+        .replace(
+            "    grid = PipelineParallelGrid(topology=topo)\n    mpu = GridMPU(grid)\n",
+            "    mpu = wrap(PipelineParallelGrid(topology=topo))\n",
+        )
+        .replace("def build_engine():", "def wrap(grid):\n    return GridMPU(grid)\n\n\ndef build_engine():")
+    )
     m = migrate_code(legacy)
     assert m.todos["engine grid"] == 6
     comments = re.findall(r"# TODOV1: .*", m.code.split("def ranks")[0])
     assert len(comments) == 6 and len(set(comments)) == 6, comments
     assert all("<engine>" not in c for c in comments)
-    assert "# TODOV1: write return mesh_of(self.grid).get_group(\"tp\"); ds-migrate --explain engine-grid" in m.code
+    assert '# TODOV1: write return mesh_of(self.grid).get_group("tp"); ds-migrate --explain engine-grid' in m.code
     listing = written_todos(legacy, m.code, m.advice)
     class_lines = [advice for _, comment, advice in listing if "self.grid" in comment]
     assert len(class_lines) == 6 and all(len(advice) == 1 for advice in class_lines)
@@ -98,7 +110,7 @@ def test_explain_of_a_kind_prints_the_table_its_text_points_at():
 
 
 # a Megatron-style mpu with sequence, tensor and data groups and their source-rank getters
-SRC_RANK_MPU = '''import deepspeed
+SRC_RANK_MPU = """import deepspeed
 import torch.distributed as dist
 
 
@@ -143,7 +155,7 @@ def ranks(group):
 
 print("OUT sp", mpu.get_sequence_parallel_src_rank(), ranks(mpu.get_sequence_parallel_group()))
 print("OUT mp", mpu.get_model_parallel_src_rank(), ranks(mpu.get_model_parallel_group()))
-'''
+"""
 
 
 @pytest.mark.parametrize("world", [4, 8])
@@ -152,12 +164,13 @@ def test_source_rank_getters_beside_a_rewritten_group_are_flagged_and_the_advice
 
     m = migrate_code(SRC_RANK_MPU)
     assert m.todos["mpu call"] == 2 and m.sites["mpu call"] == 2, m.spelled_out()
-    assert "mpu.get_sequence_parallel_src_rank(), ranks(mesh_of(mpu).get_group(\"sp\")))  # TODOV1:" in inline(m.code)
+    assert 'mpu.get_sequence_parallel_src_rank(), ranks(mesh_of(mpu).get_group("sp")))  # TODOV1:' in inline(m.code)
     advice = m.spelled_out()
     assert 'mesh_of(mpu).get_group_ranks("sp")[0]' in advice and 'mesh_of(mpu).get_group_ranks("tp")[0]' in advice
     assert '# TODOV1: use mesh_of(mpu).get_group_ranks("sp")[0]; ds-migrate --explain mpu-call' in m.code
     advised = m.code.replace("mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]').replace(
-        "mpu.get_model_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("tp")[0]')
+        "mpu.get_model_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("tp")[0]'
+    )
     for rank in sorted({0, 1, world // 2, world - 1}):
         before = run_fake(SRC_RANK_MPU, rank, world, legacy=True)
         assert before and not any("raised" in line for line in before), before
@@ -167,8 +180,10 @@ def test_source_rank_getters_beside_a_rewritten_group_are_flagged_and_the_advice
 
 
 def test_a_todo_names_its_explain_code_once():
-    source = ("import deepspeed\n\n\ndef f(model, mpu):\n    engine, *_ = deepspeed.initialize(model=model, mpu=mpu)\n"
-              "    return mpu.get_sequence_data_parallel_group()\n")
+    source = (
+        "import deepspeed\n\n\ndef f(model, mpu):\n    engine, *_ = deepspeed.initialize(model=model, mpu=mpu)\n"
+        "    return mpu.get_sequence_data_parallel_group()\n"
+    )
     m = migrate_code(source)
     assert m.todos["mpu call"] == 1
     (line,) = [line for line in m.code.splitlines() if "TODOV1" in line]
@@ -193,7 +208,8 @@ def test_a_blank_line_before_a_removed_local_import_stays():
     assert migrate_code(m.code).code == m.code
     # without a blank line before the import none is added; one after it stays
     joined = source.replace("interval = 0\n\n", "interval = 0\n").replace(
-        "PipeModelDataParallelTopology\n        topo", "PipeModelDataParallelTopology\n\n        topo")
+        "PipeModelDataParallelTopology\n        topo", "PipeModelDataParallelTopology\n\n        topo"
+    )
     assert "        interval = 0\n\n        topo = pipeline_topology(" in migrate_code(joined).code
 
 
@@ -211,7 +227,13 @@ def test_a_topology_handed_on_gets_its_own_arguments_in_the_comment():
 
 def test_a_local_import_replaced_in_place_keeps_one_blank_line_each_side_as_it_had():
     for between in ("", "\n"):
-        legacy = ('def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n' + between
-                  + "    return groups._get_data_parallel_world_size()\n")
-        assert migrate_code(legacy).code == ('def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n'
-                                             + between + '    return current_mesh().size("dp")\n')
+        legacy = (
+            'def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n'
+            + between
+            + "    return groups._get_data_parallel_world_size()\n"
+        )
+        assert migrate_code(legacy).code == (
+            'def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n'
+            + between
+            + '    return current_mesh().size("dp")\n'
+        )

@@ -8,6 +8,7 @@ way. A migrated program that installs the mesh runtime itself (the codemods add 
 where the engine's mesh is used) is compared with the legacy one under the shim: there the mesh
 runtime's documented answers hold (the Ulysses module's DP group is the mesh's, where plain DeepSpeed
 has none)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,12 @@ from codemod_scripts import run_fake
 from codemods import migrate_code
 
 # the legacy code these tests run (before migration) warns at each legacy call: that is its input
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 import torch.distributed as tdist
 import deepspeed
@@ -39,26 +43,28 @@ def make_mpu():
 config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6,
           "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}
 model = torch.nn.Linear(4, 4)
-'''
+"""
 HOW = {
     "keyword": "mpu = make_mpu()\nengine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu)\n",
     "kwargs": "kwargs = {'model': model, 'config': config}\nkwargs['mpu'] = make_mpu()\n"
-              "engine, *_ = deepspeed.initialize(**kwargs)\n",
+    "engine, *_ = deepspeed.initialize(**kwargs)\n",
     "positional": "engine, *_ = deepspeed.initialize(None, model, None, None, None, None, 29500, make_mpu(), config=config)\n",
     "elsewhere": "def build(m, c):\n    return deepspeed.initialize(model=m, config=c, mpu=make_mpu())\n\n\n"
-                 "engine, *_ = build(model, config)\n",
+    "engine, *_ = build(model, config)\n",
     "helper_module": "exec('from deepspeed.utils import groups as g\\ng.mpu = mpu', {'mpu': make_mpu()})\n"
-                     "engine, *_ = deepspeed.initialize(model=model, config=config)\n",
+    "engine, *_ = deepspeed.initialize(model=model, config=config)\n",
 }
-GETTERS = '''
+GETTERS = """
 print("OUT sp", groups._get_sequence_parallel_world_size(), ranks(groups._get_sequence_parallel_group()),
       groups._get_sequence_parallel_rank())
 print("OUT sdp", groups._get_sequence_data_parallel_world_size(), ranks(groups._get_sequence_data_parallel_group()),
       groups._get_sequence_data_parallel_rank())
 print("OUT dp", groups._get_data_parallel_world_size(), ranks(groups._get_data_parallel_group()))
-'''
-ENGINE = ("print('OUT engine', engine.dp_world_size, engine.seq_dp_world_size, engine.sequence_parallel_size, "
-          "ranks(engine.seq_data_parallel_group))\n")
+"""
+ENGINE = (
+    "print('OUT engine', engine.dp_world_size, engine.seq_dp_world_size, engine.sequence_parallel_size, "
+    "ranks(engine.seq_data_parallel_group))\n"
+)
 # a model module (no deepspeed.initialize of its own: current_mesh() after migration), run after the
 # training script in the same process
 MODEL = (
@@ -93,7 +99,6 @@ def test_getters_after_any_mpu_route_compute_the_legacy_groups(how, where, shim,
 @pytest.mark.parametrize("world,sp", [(4, 2), (8, 2), (8, 4), (8, 8)])
 def test_from_mpu_of_the_ulysses_module_has_its_groups(world, sp):
     import torch.distributed as tdist
-
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
     from fakepg import fake_world, probe_ranks

@@ -3,6 +3,7 @@ rewrite moved, added imports go where isort's default profile puts them, and eve
 comment stays within 100 characters with its indentation. Each: on call sites of the shapes found in
 Megatron-DeepSpeed / DeepSpeedExamples training scripts; a second run changes nothing; ``--check``
 agrees; the piecewise path of a big file gives the same bytes."""
+
 from __future__ import annotations
 
 import os
@@ -12,15 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_codemods_chunks import pieces, same, whole
 
+from codemods import migrate_code
 from codemods._engine import todo_links
 from codemods._engine.import_place import place_added_imports
-from codemods import migrate_code
 from codemods._engine.realign import realign_code
 from codemods._engine.runner import written_todos
 from codemods._engine.todo_wrap import CONTINUATION, numbered, unwrap, wrap
-
-from test_codemods_chunks import pieces, same, whole
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,11 +66,17 @@ PIPELINE_SCRIPT = (  # DeepSpeedExamples' pipeline training script shape
     "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipeDataParallelTopology\n"
     "\n\n"
     "def model(args, layers, world):\n"
-    + aligned("    net = PipelineModule(layers=layers,",
-              "topology=PipeModelDataParallelTopology(num_pp=args.pipeline_parallel_size,")[:-1]
-    + "\n" + aligned("                         topology=PipeModelDataParallelTopology(num_pp=args.pipeline_parallel_size,",
-                     "num_mp=1,", "num_dp=world // args.pipeline_parallel_size),").split("\n", 1)[1]
-    + "                         partition_method=\"parameters\")\n"
+    + aligned(
+        "    net = PipelineModule(layers=layers,",
+        "topology=PipeModelDataParallelTopology(num_pp=args.pipeline_parallel_size,",
+    )[:-1]
+    + "\n"
+    + aligned(
+        "                         topology=PipeModelDataParallelTopology(num_pp=args.pipeline_parallel_size,",
+        "num_mp=1,",
+        "num_dp=world // args.pipeline_parallel_size),",
+    ).split("\n", 1)[1]
+    + '                         partition_method="parameters")\n'
     + aligned("    topo = PipeDataParallelTopology(num_pp=args.pp,", "num_dp=world // args.pp)")
     + aligned("    return net, PipelineModule(layers=layers, topology=topo,", "loss_fn=None)")
 )
@@ -78,8 +84,14 @@ PIPELINE_SCRIPT = (  # DeepSpeedExamples' pipeline training script shape
 
 def test_a_rewritten_topology_keeps_its_arguments_aligned_with_its_bracket(tmp_path):
     code = _once_and_twice(PIPELINE_SCRIPT)
-    assert aligned("                         topology=pipeline_topology(pp=args.pipeline_parallel_size,",
-                   "tp=1,", "dp=world // args.pipeline_parallel_size),") in code
+    assert (
+        aligned(
+            "                         topology=pipeline_topology(pp=args.pipeline_parallel_size,",
+            "tp=1,",
+            "dp=world // args.pipeline_parallel_size),",
+        )
+        in code
+    )
     assert aligned("    topo = pipeline_topology(pp=args.pp,", "dp=world // args.pp)") in code
     # the call around it did not change its head: its lines stay where they were
     assert "    net = PipelineModule(layers=layers,\n                         topology=pipeline_topology(" in code
@@ -97,14 +109,17 @@ def test_a_getter_before_a_bracket_on_its_line_moves_the_lines_aligned_with_that
         + "        pass\n"
         + aligned("    index = groups._get_data_parallel_rank() * step + torch.arange(step,", "device=tensor.device)")
         + aligned("    world = groups._get_data_parallel_world_size(); v = max(torch.ones(2,", "3),")
-        + " " * len("    world = groups._get_data_parallel_world_size(); v = max(") + "step)\n"
+        + " " * len("    world = groups._get_data_parallel_world_size(); v = max(")
+        + "step)\n"
         + "    return index, v\n"
     )
     code = _once_and_twice(source)
     assert aligned('    for rank in range(current_mesh().get_local_rank("dp"), world,', "step):") in code
     assert aligned('    if current_mesh().size("dp") > 1 and torch.any(tensor,', "dim=0):") in code
-    assert aligned('    index = current_mesh().get_local_rank("dp") * step + torch.arange(step,',
-                   "device=tensor.device)") in code
+    assert (
+        aligned('    index = current_mesh().get_local_rank("dp") * step + torch.arange(step,', "device=tensor.device)")
+        in code
+    )
     # nested: the inner bracket's line moves with the outer one, then its own line follows it
     line = '    world = current_mesh().size("dp"); v = max(torch.ones(2,'
     assert line + "\n" + " " * (line.rindex("(") + 1) + "3),\n" + " " * (line.index("max(") + 4) + "step)\n" in code
@@ -115,8 +130,10 @@ def test_grid_methods_rewritten_before_a_bracket_keep_a_dict_aligned():
         "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n\n\n"
         "def build(pp, dp):\n"
         "    grid = PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=pp, num_dp=dp))\n"
-        + aligned('    print("sizes", grid.get_data_parallel_world_size(), grid.get_pipe_parallel_world_size(), {"a": 1,',
-                  '"b": 2})')
+        + aligned(
+            '    print("sizes", grid.get_data_parallel_world_size(), grid.get_pipe_parallel_world_size(), {"a": 1,',
+            '"b": 2})',
+        )
         + "    return grid.get_data_parallel_group()\n"
     )
     code = _once_and_twice(source)
@@ -170,7 +187,8 @@ def test_an_added_import_joins_the_third_party_group_in_sorted_place(tmp_path):
     code = _once_and_twice(ISORTED)
     head = code.split("\n\n\ndef ")[0]
     assert head == ISORTED.split("\n\n\ndef ")[0].replace(
-        "from deepspeed.utils import groups\n", "from mesh_core import current_mesh\n")
+        "from deepspeed.utils import groups\n", "from mesh_core import current_mesh\n"
+    )
     assert _check(tmp_path, "pretrain.py", ISORTED) == (1, 0, code)
 
 
@@ -191,7 +209,8 @@ def test_straight_imports_go_before_from_imports_and_names_are_sorted():
     # before its first third-party from-import)
     assert code.startswith(
         "import os\nimport deepspeed\nimport torch.distributed\nfrom megatron import get_args\nimport mypkg\n"
-        "from mesh_core import DeepSpeedDeviceMesh, current_mesh, pipeline_topology\n\n\n")
+        "from mesh_core import DeepSpeedDeviceMesh, current_mesh, pipeline_topology\n\n\n"
+    )
 
 
 def test_runtime_lines_future_imports_and_guards_keep_their_places():
@@ -205,15 +224,20 @@ def test_runtime_lines_future_imports_and_guards_keep_their_places():
     code = _once_and_twice(script)
     assert code.index("import compat\ncompat.install()") < code.index("import deepspeed\n")
     assert code.index("from __future__") < code.index("import compat") and code.startswith('"""Doc."""\n')
-    guarded = "import os\ntry:\n    import deepspeed\n    from deepspeed.utils import groups\nexcept ImportError:\n" \
-              "    deepspeed = None\n\n\ndef main():\n    return groups._get_data_parallel_world_size()\n"
+    guarded = (
+        "import os\ntry:\n    import deepspeed\n    from deepspeed.utils import groups\nexcept ImportError:\n"
+        "    deepspeed = None\n\n\ndef main():\n    return groups._get_data_parallel_world_size()\n"
+    )
     assert _once_and_twice(guarded).startswith(
-        "import os\ntry:\n    import deepspeed\n    from mesh_core import current_mesh\nexcept ImportError:\n")
+        "import os\ntry:\n    import deepspeed\n    from mesh_core import current_mesh\nexcept ImportError:\n"
+    )
 
 
 def test_without_a_deepspeed_or_torch_group_the_import_stays_after_the_last_one():
-    source = "import os\n\nfrom deepspeed.utils import groups\nimport mypkg\n\n\ndef f():\n" \
-             "    return groups._get_data_parallel_world_size()\n"
+    source = (
+        "import os\n\nfrom deepspeed.utils import groups\nimport mypkg\n\n\ndef f():\n"
+        "    return groups._get_data_parallel_world_size()\n"
+    )
     code = _once_and_twice(source)
     assert code.startswith("import os\nimport mypkg\nfrom mesh_core import current_mesh\n\n\ndef f():")
 
@@ -250,15 +274,19 @@ def setup_model(model, args):
 def test_megatron_training_shape_the_import_goes_into_the_deepspeed_group_after_the_start_time():
     code = _once_and_twice(MEGATRON_TRAINING)
     assert "import compat\ncompat.install()  # the mesh runtime" in code
-    assert ("import deepspeed\nfrom deepspeed.accelerator import get_accelerator\n"
-            "from megatron.model.transformer import ParallelTransformerLayer\n"
-            "from mesh_core import DeepSpeedDeviceMesh, mesh_of\n\nfrom deepspeed import comm as dist\n") in code
+    assert (
+        "import deepspeed\nfrom deepspeed.accelerator import get_accelerator\n"
+        "from megatron.model.transformer import ParallelTransformerLayer\n"
+        "from mesh_core import DeepSpeedDeviceMesh, mesh_of\n\nfrom deepspeed import comm as dist\n"
+    ) in code
     assert code.index("_TRAIN_START_TIME = time.time()") < code.index("import compat") < code.index("from mesh_core")
 
 
 def test_an_added_import_never_moves_below_a_statement_that_uses_it():
-    source = "import os\nfrom deepspeed.utils import groups\nWORLD = groups._get_data_parallel_world_size()\n" \
-             "import torch\nimport deepspeed\n\n\ndef f():\n    return WORLD\n"
+    source = (
+        "import os\nfrom deepspeed.utils import groups\nWORLD = groups._get_data_parallel_world_size()\n"
+        "import torch\nimport deepspeed\n\n\ndef f():\n    return WORLD\n"
+    )
     code = _once_and_twice(source)
     assert code.index("from mesh_core import current_mesh") < code.index("WORLD = current_mesh()")
 
@@ -267,16 +295,20 @@ def test_the_users_imports_never_move():
     import libcst as cst
 
     source = cst.parse_module("import torch\nimport deepspeed\nfrom torch import nn\n\nx = 1\n")
-    tree = cst.parse_module("import torch\nimport deepspeed\nfrom torch import nn\nfrom mesh_core import b, A\n\nx = 1\n")
+    tree = cst.parse_module(
+        "import torch\nimport deepspeed\nfrom torch import nn\nfrom mesh_core import b, A\n\nx = 1\n"
+    )
     placed = place_added_imports(source, tree).code
     assert placed == "import torch\nimport deepspeed\nfrom mesh_core import A, b\nfrom torch import nn\n\nx = 1\n"
     assert place_added_imports(source, source) is source
 
 
 def test_the_piecewise_path_places_imports_and_wraps_comments_as_the_whole_file(monkeypatch):
-    header = ("import os\n\nimport deepspeed\nimport torch\nfrom deepspeed.utils import groups\n"
-              "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n"
-              "from torch import nn\n")
+    header = (
+        "import os\n\nimport deepspeed\nimport torch\nfrom deepspeed.utils import groups\n"
+        "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n"
+        "from torch import nn\n"
+    )
     block = (
         "\n\nclass Block{i}(nn.Module):\n    def forward(self, x):\n        if x:\n            for y in x:\n"
         "                with y:\n"
@@ -287,8 +319,10 @@ def test_the_piecewise_path_places_imports_and_wraps_comments_as_the_whole_file(
     expected = whole(monkeypatch, source)
     fast = pieces(monkeypatch, source)
     assert fast is not None and same(fast, expected)
-    assert "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n" \
+    assert (
+        "from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid\n"
         "from mesh_core import current_mesh\nfrom torch import nn\n" in expected.code
+    )
     comments = [line for line in expected.code.splitlines() if line.lstrip().startswith("#")]
     assert len(comments) == 8 and all(len(line) <= todo_links.MAX_COMMENT for line in comments)
     assert sum(line.lstrip().startswith(CONTINUATION) for line in comments) == 4
@@ -303,7 +337,7 @@ def test_wrap_keeps_every_line_within_100_characters_never_cuts_a_word_and_keeps
     lines = wrap(LONG, indent)
     assert all(indent + len(line) <= todo_links.MAX_COMMENT for line in lines), lines
     assert lines[0].startswith("# TODOV1: ") and all(line.startswith(CONTINUATION) for line in lines[1:])
-    assert " ".join([lines[0], *(line[len(CONTINUATION):] for line in lines[1:])]) == LONG  # every word whole
+    assert " ".join([lines[0], *(line[len(CONTINUATION) :] for line in lines[1:])]) == LONG  # every word whole
     if indent + len(CONTINUATION + "ds-migrate --explain PipelineParallelGrid") <= 100:
         assert any(line.endswith("ds-migrate --explain PipelineParallelGrid") for line in lines)
     code = "".join(" " * indent + line + "\n" for line in lines) + " " * indent + "x = 1\n"
@@ -312,7 +346,7 @@ def test_wrap_keeps_every_line_within_100_characters_never_cuts_a_word_and_keeps
     assert wrap(LONG, 0) == [LONG]
 
 
-DEEP = '''from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+DEEP = """from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 
 
 class Trainer:
@@ -322,7 +356,7 @@ class Trainer:
                 with stage.lock:
                     self.grid = PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=2, num_dp=2))
         return self.grid
-'''
+"""
 
 
 def test_a_comment_above_a_deeply_indented_statement_wraps_within_100_characters(tmp_path):
@@ -350,23 +384,30 @@ def test_comments_in_deepspeeds_own_deeply_indented_code_stay_within_100_charact
     module = "deepspeed." + relative[: -len(".py")].replace("/", ".")
     source = deepspeed_file(relative).read_text(encoding="utf-8")
     m = migrate_code(source, module=module, package=module.rpartition(".")[0])
-    written = [line for line in set(m.code.splitlines()) - set(source.splitlines())
-               if "# TODOV1:" in line or line.lstrip().startswith(CONTINUATION)]
+    written = [
+        line
+        for line in set(m.code.splitlines()) - set(source.splitlines())
+        if "# TODOV1:" in line or line.lstrip().startswith(CONTINUATION)
+    ]
     assert any(line.lstrip().startswith(CONTINUATION) for line in written)  # these files need the wrapping
     assert all(len(line) <= todo_links.MAX_COMMENT for line in written)
     assert set(_todo_comments(m.code)) == set(m.advice)
 
 
 def _todo_comments(code: str) -> list[str]:
-    return [line[line.index("# TODOV1:"):] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
+    return [line[line.index("# TODOV1:") :] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
 
 
 def test_a_realigned_statement_keeps_its_own_comment_and_gets_its_todo_above():
-    source = ("import deepspeed\nfrom deepspeed.utils import groups\n\n\ndef f(engine):\n"
-              + aligned("    world = groups._get_data_parallel_world_size(); v = max(groups._get_model_parallel_world_size(),",
-                        "1)  # mine")
-              + "    return world, v\n")
+    source = (
+        "import deepspeed\nfrom deepspeed.utils import groups\n\n\ndef f(engine):\n"
+        + aligned(
+            "    world = groups._get_data_parallel_world_size(); v = max(groups._get_model_parallel_world_size(),",
+            "1)  # mine",
+        )
+        + "    return world, v\n"
+    )
     code = _once_and_twice(source)
     head = '    world = current_mesh().size("dp"); v = max(groups._get_model_parallel_world_size(),'
-    assert "    # TODOV1: use <mesh>.size((\"pp\", \"tp\"))" in code
+    assert '    # TODOV1: use <mesh>.size(("pp", "tp"))' in code
     assert aligned(head, "1)  # mine") in code

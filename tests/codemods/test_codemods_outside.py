@@ -2,6 +2,7 @@
 (tests/fixtures/codemods/outside): each legacy script run on the real deepspeed 0.19.8 and its
 migrated version run without and with ``compat.install()`` print the same, on several fake-backend
 ranks; what is flagged carries advice that, applied, computes the same."""
+
 from __future__ import annotations
 
 import re
@@ -14,7 +15,10 @@ from codemods import migrate_code
 from todo_lines import inline
 
 # the legacy code these tests run (before migration) warns at each legacy call: that is its input
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 OUTSIDE = Path(__file__).parent.parent / "fixtures" / "codemods" / "outside"
 
@@ -53,7 +57,7 @@ def test_a_grid_of_an_unproven_holder_is_flagged_with_the_rewrite_to_apply():
     assert 'write mesh_of(model.grid).get_local_rank("dp")' in advice
     assert "model.grid.stage_to_global(...) kept" in advice and "<engine>.mesh_device.stage_to_global" in advice
     # the advice, applied, computes the same (mesh_of answers from the grid itself)
-    advised = m.code.replace("model.grid.get_data_parallel_rank()", "mesh_of(model.grid).get_local_rank(\"dp\")")
+    advised = m.code.replace("model.grid.get_data_parallel_rank()", 'mesh_of(model.grid).get_local_rank("dp")')
     advised = "from mesh_core import mesh_of\n" + advised
     assert_same_everywhere(source("engine_grid_unknown.py"), advised, 4)
 
@@ -68,7 +72,9 @@ def test_a_topology_handed_on_through_super_init_becomes_pipeline_topology(world
 
 
 def test_super_init_of_a_class_whose_first_base_is_not_pipeline_module_keeps_the_topology():
-    legacy = source("pipeline_subclass.py").replace("class TinyPipe(PipelineModule):", "class TinyPipe(Mixin, PipelineModule):")
+    legacy = source("pipeline_subclass.py").replace(
+        "class TinyPipe(PipelineModule):", "class TinyPipe(Mixin, PipelineModule):"
+    )
     legacy = legacy.replace("class TinyPipe", "class Mixin:\n    pass\n\n\nclass TinyPipe", 1)
     m = migrate_code(legacy)
     assert "pipeline_topology(pp=" not in m.code.split("TODOV1")[0] and m.todos
@@ -84,8 +90,9 @@ def test_a_topology_a_megatron_mpu_reads_keeps_a_topology_and_the_advice_is_righ
     advised_call = re.search(r"hand it (mesh_core\.pipeline_topology\(.*?\)); the same axes", todo).group(1)
     assert advised_call == "mesh_core.pipeline_topology(pp=pp, tp=mp, dp=world // (pp * mp))"
     # apply the advice: the same program with the advised topology prints the same as legacy
-    advised = "import mesh_core\n" + re.sub(r"PipeModelDataParallelTopology\(num_pp=.*?\)\)  # TODOV1: .*",
-                                            advised_call, inline(m.code))
+    advised = "import mesh_core\n" + re.sub(
+        r"PipeModelDataParallelTopology\(num_pp=.*?\)\)  # TODOV1: .*", advised_call, inline(m.code)
+    )
     assert "PipeModelDataParallelTopology(" not in advised.split("import PipeModelDataParallelTopology")[1]
     assert_same_everywhere(legacy, advised, 8)
 
@@ -114,14 +121,14 @@ def test_getters_of_a_module_that_sets_groups_mpu_are_kept_and_the_advice_is_rig
     assert 'call mesh_of(grid).get_group("dp") (mesh_core.mesh_of)' in m.spelled_out()
     assert_same_everywhere(legacy, m.code, 8)  # kept: the same program
     advised = "from mesh_core import mesh_of\n" + m.code.replace(
-        "groups._get_data_parallel_group()", 'mesh_of(grid).get_group("dp")').replace(
-        "groups._get_data_parallel_world_size()", 'mesh_of(grid).size("dp")')
+        "groups._get_data_parallel_group()", 'mesh_of(grid).get_group("dp")'
+    ).replace("groups._get_data_parallel_world_size()", 'mesh_of(grid).size("dp")')
     assert_same_everywhere(legacy, advised, 8)
     # callers elsewhere get current_mesh(): without a default mesh it answers from the mpu DeepSpeed
     # recorded in groups.mpu (mesh_core.roles.legacy_state), i.e. the stage's groups as legacy does
     elsewhere = "from mesh_core import current_mesh\n" + m.code.replace(
-        "groups._get_data_parallel_group()", 'current_mesh().get_group("dp")').replace(
-        "groups._get_data_parallel_world_size()", 'current_mesh().size("dp")')
+        "groups._get_data_parallel_group()", 'current_mesh().get_group("dp")'
+    ).replace("groups._get_data_parallel_world_size()", 'current_mesh().size("dp")')
     assert run_fake_shim(elsewhere, 0, 8, shim=False) == run_fake(legacy, 0, 8, legacy=True)
 
 
@@ -193,7 +200,8 @@ def test_sequence_parallel_getters_of_a_megatron_mpu_become_mesh_of_queries(worl
     # the advice, applied, computes the same (the first rank of this rank's TP / SP group)
     advised_call = re.search(r'(mesh_of\(mpu\)\.get_group_ranks\("tp"\)\[0\]) once every mpu', advice).group(1)
     advised = m.code.replace("mpu.get_tensor_model_parallel_src_rank()", advised_call).replace(
-        "mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]')
+        "mpu.get_sequence_parallel_src_rank()", 'mesh_of(mpu).get_group_ranks("sp")[0]'
+    )
     assert "get_tensor_model_parallel_src_rank()," not in advised and "get_sequence_parallel_src_rank()" not in advised
     assert_same_everywhere(legacy, advised, world)
 
@@ -209,7 +217,9 @@ def test_ulysses_getters_after_initialize_under_a_suppress_guard_agree(world):
     legacy = source("ulysses_policy.py")
     m = migrate_code(legacy)
     assert m.sites == {"groups getter": 4, "initialize mpu": 2} and not m.todos
-    assert "import compat\ncompat.install()  # the mesh runtime" in m.code.split("with contextlib.suppress(Exception):")[0]
+    assert (
+        "import compat\ncompat.install()  # the mesh runtime" in m.code.split("with contextlib.suppress(Exception):")[0]
+    )
     assert "groups." not in m.code
     plain = run({"__main__": legacy}, 1, world, shim=False)
     assert plain == ["OUT split (1, 2, [0, 1])", "OUT consecutive True"], plain

@@ -3,22 +3,26 @@ run legacy (deepspeed 0.19.8) vs migrated, plain and under ``compat.install()``,
 4 and 8: getters inside ``try/except`` of the legacy exception (a sequence-parallel manager that
 retries until ``deepspeed.initialize`` made the groups), the bwc helpers on an mpu without pipeline
 getters, calls on a parameter named ``mpu``, pre-0.6 MoE names, a call-valued ``mpu=``."""
+
 from __future__ import annotations
 
 import pytest
 
 from codemod_scripts import run_fake, run_fake_shim
-from codemods.rules.groups_getters import PRE_06
 from codemods import migrate_code
+from codemods.rules.groups_getters import PRE_06
 from todo_lines import inline
 
 # the legacy code these tests run (before migration) warns at each legacy call: that is its input
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 WORLDS = [4, 8]
 
 # a Megatron-style mpu with tensor (2 consecutive ranks) and data groups only: no pipeline getters
-TENSOR_DATA_MPU = '''
+TENSOR_DATA_MPU = """
 import torch.distributed as dist
 
 
@@ -55,10 +59,10 @@ class TensorDataMPU:
 
     def get_tensor_model_parallel_rank(self):
         return dist.get_rank(self._tp)
-'''
+"""
 
 # sequence-parallel getters called before deepspeed.initialize: KeyError means "not yet, retry"
-SP_MANAGER = '''import torch.distributed as dist
+SP_MANAGER = """import torch.distributed as dist
 from deepspeed.utils import groups
 
 
@@ -78,9 +82,11 @@ class SequenceParallelManager:
 
 print("OUT", SequenceParallelManager().try_ready())
 print("OUT dp", groups._get_data_parallel_world_size())
-'''
+"""
 
-BWC_NO_PIPELINE = TENSOR_DATA_MPU + '''
+BWC_NO_PIPELINE = (
+    TENSOR_DATA_MPU
+    + """
 from deepspeed.utils.bwc import (
     bwc_pipeline_parallel_world_size,
     bwc_tensor_model_parallel_rank,
@@ -91,9 +97,13 @@ mpu = TensorDataMPU()
 print("OUT pp", bwc_pipeline_parallel_world_size(mpu), "tp", bwc_tensor_model_parallel_world_size(mpu),
       bwc_tensor_model_parallel_rank(mpu))
 print("OUT none", bwc_pipeline_parallel_world_size(None), bwc_tensor_model_parallel_rank(None))
-'''
+"""
+)
 
-MPU_PARAMETER = "import deepspeed\n" + TENSOR_DATA_MPU + '''
+MPU_PARAMETER = (
+    "import deepspeed\n"
+    + TENSOR_DATA_MPU
+    + """
 
 def shard_of(items, mpu):
     size = mpu.get_model_parallel_world_size()
@@ -102,7 +112,8 @@ def shard_of(items, mpu):
 
 
 print("OUT", shard_of(list(range(8)), TensorDataMPU()))
-'''
+"""
+)
 
 
 def assert_same(legacy: str, migrated: str, world: int) -> None:
@@ -191,8 +202,12 @@ def test_pre_0_6_moe_names_are_flagged_with_their_0_19_8_form():
     m = migrate_code(source)
     assert m.todos["groups getter"] == 4 and not m.sites
     advice = m.spelled_out()
-    for old in ("expert_parallel_is_initialized", "get_expert_parallel_group", "get_expert_data_parallel_group",
-                "get_max_expert_size"):
+    for old in (
+        "expert_parallel_is_initialized",
+        "get_expert_parallel_group",
+        "get_expert_data_parallel_group",
+        "get_max_expert_size",
+    ):
         assert f"groups.{old}() is a pre-0.6 name" in advice and PRE_06[old] in advice
 
 
@@ -205,8 +220,10 @@ def test_a_call_valued_mpu_gets_advice_that_says_what_to_write():
     assert m.todos["initialize mpu"] == 1
     advice = m.spelled_out()
     assert "bind it to a name first (mpu = self.sp_manager.get_mpu())" in advice and "from_mpu(mpu)" in advice
-    bound = source.replace("        return deepspeed.initialize(", "        mpu = self.sp_manager.get_mpu()\n"
-                           "        return deepspeed.initialize(").replace("mpu=self.sp_manager.get_mpu()", "mpu=mpu")
+    bound = source.replace(
+        "        return deepspeed.initialize(",
+        "        mpu = self.sp_manager.get_mpu()\n        return deepspeed.initialize(",
+    ).replace("mpu=self.sp_manager.get_mpu()", "mpu=mpu")
     again = migrate_code(bound)
     assert not again.todos and "DeepSpeedDeviceMesh.from_mpu(mpu)" in again.code
 
@@ -231,7 +248,7 @@ def test_an_added_import_keeps_its_place_inside_the_users_try():
 
 # a pipeline topology written across lines, stored on self and returned (its TODOV1 quoted the
 # call's line breaks: the codemod raised and the whole file was left unmigrated)
-MULTI_LINE_TOPOLOGY = '''import torch.distributed as dist
+MULTI_LINE_TOPOLOGY = """import torch.distributed as dist
 from deepspeed.utils import groups
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -256,7 +273,7 @@ def build(pp_size):
 model = PipelineModel(2, 2)
 print("OUT", model.stage, model._topo.get_dim("data"), build(2).get_axis_comm_lists("pipe"))
 print("OUT dp", groups._get_data_parallel_world_size())
-'''
+"""
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -264,12 +281,16 @@ def test_a_multi_line_topology_is_flagged_and_the_file_migrates(world):
     m = migrate_code(MULTI_LINE_TOPOLOGY)
     assert not m.failures and m.todos["grid construction"] == 2 and m.sites["groups getter"] == 1
     # a long line: the comment stands above the statement
-    assert "        # TODOV1: use pipeline_topology(pp=pp_size, dp=dp_size, tp=tp_size);\n" \
+    assert (
+        "        # TODOV1: use pipeline_topology(pp=pp_size, dp=dp_size, tp=tp_size);\n"
         "        #   ds-migrate --explain grid\n        self._topo = " in m.code
+    )
     # a statement across lines: the comment stands above it (not after its closing bracket), with the
     # call's own arguments (a long one elided: the listing has it whole)
-    assert "    # TODOV1: use pipeline_topology(pp=pp_size, tp=1, dp=...); ds-migrate --explain grid\n" \
+    assert (
+        "    # TODOV1: use pipeline_topology(pp=pp_size, tp=1, dp=...); ds-migrate --explain grid\n"
         "    return PipeModelDataParallelTopology(\n" in m.code
+    )
     assert "pp=P" not in m.code and ")  # TODOV1" not in m.code
     assert "topology kept: use mesh_core.pipeline_topology(" in m.spelled_out()
     assert all(len(line.lstrip()) <= 100 for line in m.code.splitlines() if "# TODOV1:" in line)

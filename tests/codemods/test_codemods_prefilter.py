@@ -2,13 +2,14 @@
 conservative — a file that reaches a legacy API through an alias, a star import, a relative import
 or a re-export is still migrated exactly as without the filter — and files that do not parse are
 still reported."""
+
 from __future__ import annotations
 
 import libcst as cst
 import pytest
 
-from codemods._engine import pipeline
 from codemods import migrate_code
+from codemods._engine import pipeline
 
 # (module the source lives in, source): each reaches a legacy API in a way that names it indirectly
 INDIRECT = {
@@ -19,12 +20,18 @@ INDIRECT = {
     "star": (None, "from deepspeed.utils.groups import *\nx = get_data_parallel_group()\n"),
     "star_then_name": (None, "from deepspeed.utils import *\nx = groups.get_data_parallel_world_size()\n"),
     "relative": ("deepspeed.runtime.x", "from ..utils import groups\nx = groups.get_data_parallel_group()\n"),
-    "relative_dotted": ("deepspeed.runtime.zero.x", "from ...utils.groups import get_data_parallel_rank as r\nx = r()\n"),
+    "relative_dotted": (
+        "deepspeed.runtime.zero.x",
+        "from ...utils.groups import get_data_parallel_rank as r\nx = r()\n",
+    ),
     "relative_package": ("deepspeed.moe.x", "from .. import utils\nx = utils.groups._get_data_parallel_group()\n"),
     "reexport_compat": (None, "from compat import groups\nx = groups.get_data_parallel_group()\n"),
     "grid_alias": (None, "from deepspeed.runtime.pipe import topology as T\ng = T.PipelineParallelGrid(topology=t)\n"),
     "initialize_alias": (None, "import deepspeed as d\ne, *_ = d.initialize(model=m, mpu=mpu, config=c)\n"),
-    "inside_function": (None, "def f():\n    from deepspeed.utils import groups\n    return groups.get_data_parallel_group()\n"),
+    "inside_function": (
+        None,
+        "def f():\n    from deepspeed.utils import groups\n    return groups.get_data_parallel_group()\n",
+    ),
     "comm_relative": ("deepspeed.runtime.x", "from .. import comm as dist\nr = dist.get_rank()\n"),
 }
 
@@ -54,9 +61,13 @@ def test_indirect_legacy_uses_migrate_as_without_the_filter(monkeypatch, name):
 def test_the_filter_really_skips_and_the_indirect_cases_are_handled():
     """The comparison above is not vacuous: most indirect uses are rewritten or flagged, and a
     file without a legacy name never reaches libcst."""
-    handled = [n for n, (m, s) in INDIRECT.items()
-               if (lambda r: r.code != s or r.todos)(migrate_code(s, module=m, package=package_of(m),
-                                                                   comm_to_torch=n.startswith("comm")))]
+    handled = [
+        n
+        for n, (m, s) in INDIRECT.items()
+        if (lambda r: r.code != s or r.todos)(
+            migrate_code(s, module=m, package=package_of(m), comm_to_torch=n.startswith("comm"))
+        )
+    ]
     assert len(handled) >= len(INDIRECT) // 2, handled
     assert migrate_code("import os\nprint(os.getcwd())\n").skipped == "no legacy import"
     assert migrate_code("import deepspeed\nprint(deepspeed.__version__)\n").skipped == "no codemod applies"

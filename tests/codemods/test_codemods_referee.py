@@ -12,6 +12,7 @@ found so far as explicit examples; a longer random run on demand:
 
 Any disagreement found becomes an explicit example here (FOUND).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,10 @@ from codemod_referee import Spec, build, describe, disagreements, migrate, strat
 from codemods import migrate_code
 
 # the legacy code these tests run (before migration) warns at each legacy call: that is its input
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 EXAMPLES = int(os.environ.get("CODEMODS_REFEREE_EXAMPLES", "4"))
 RANDOM = os.environ.get("CODEMODS_REFEREE_RANDOM") == "1"
@@ -50,8 +54,13 @@ def check(spec: Spec) -> None:
     assert migrate(migrated, migrate_code) == migrated, describe(spec, legacy, migrated)  # a fixed point
     ranks = sorted({0, spec.world - 1})
     found = disagreements(legacy, migrated, spec.world, ranks)
-    assert not found, describe(spec, legacy, migrated) + "\n" + "\n".join(
-        f"rank {d.rank}/{d.world} shim={d.shim}:\n  legacy   {d.legacy}\n  migrated {d.migrated}" for d in found)
+    assert not found, (
+        describe(spec, legacy, migrated)
+        + "\n"
+        + "\n".join(
+            f"rank {d.rank}/{d.world} shim={d.shim}:\n  legacy   {d.legacy}\n  migrated {d.migrated}" for d in found
+        )
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -64,16 +73,22 @@ def test_the_families_found_agree(spec):
     check(spec)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(spec=strategy())
 def test_generated_programs_agree(spec):
     check(spec)
 
 
 @pytest.mark.slow
-@settings(max_examples=max(EXAMPLES, 60), deadline=None, derandomize=not RANDOM, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=max(EXAMPLES, 60),
+    deadline=None,
+    derandomize=not RANDOM,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(spec=strategy())
 def test_generated_programs_agree_long(spec):
     check(spec)

@@ -4,6 +4,7 @@ that ran before it, under the same guard. Each shape is a fixture (tests/fixture
 run legacy on the real deepspeed 0.19.8 under the shim and migrated as written (its own
 ``compat.install()``) on fake-backend ranks: the same output (an install after the import raises on
 ``mesh=`` or loses the mesh)."""
+
 from __future__ import annotations
 
 import ast
@@ -20,6 +21,7 @@ def spelled(source: str) -> str:
     """The migrated code with each TODOV1 comment's full advice."""
     return migrate_code(source).spelled_out()
 
+
 RUNTIME = Path(__file__).parent.parent / "fixtures" / "codemods" / "runtime"
 FIXTURES = sorted(p.name for p in RUNTIME.glob("*.py"))
 
@@ -33,8 +35,11 @@ def install_line(code: str) -> int:
 
 
 def first_deepspeed_import(code: str) -> int:
-    return next(i for i, line in enumerate(code.splitlines())
-                if line.strip().startswith(("import deepspeed", "from deepspeed", "from mylib import *")))
+    return next(
+        i
+        for i, line in enumerate(code.splitlines())
+        if line.strip().startswith(("import deepspeed", "from deepspeed", "from mylib import *"))
+    )
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -87,7 +92,7 @@ def test_the_migrated_program_as_written_computes_what_legacy_did(name, monkeypa
 
 
 # --- comments decide nothing ------------------------------------------------------------------
-UNTOUCHED_ENGINE = '''import torch
+UNTOUCHED_ENGINE = """import torch
 import deepspeed
 from deepspeed.utils import groups
 
@@ -96,7 +101,7 @@ config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6,
 engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config)
 state = groups.mpu
 print("OUT", engine.dp_world_size, state)
-'''
+"""
 
 
 def test_a_todov1_naming_engine_mesh_device_does_not_bring_the_shim():
@@ -114,15 +119,18 @@ def test_an_untouched_engine_keeps_its_world_size(monkeypatch):
 
 
 def test_a_comment_naming_compat_install_does_not_suppress_it():
-    legacy = "import deepspeed\n\n\ndef f(model, config, mpu):\n    # compat.install() is called by the launcher\n" \
-             "    return deepspeed.initialize(model=model, config=config, mpu=mpu)\n"
+    legacy = (
+        "import deepspeed\n\n\ndef f(model, config, mpu):\n    # compat.install() is called by the launcher\n"
+        "    return deepspeed.initialize(model=model, config=config, mpu=mpu)\n"
+    )
     m = migrate_code(legacy)
     assert m.sites["initialize mpu"] == 1 and installs(ast.parse(m.code)), m.code
 
 
 def test_a_todov1_naming_compat_install_does_not_suppress_it():
     legacy = source("moved_mpu.py").replace(
-        'print("OUT"', "# TODOV1: call compat.install() before deepspeed is imported\nprint(\"OUT\"")
+        'print("OUT"', '# TODOV1: call compat.install() before deepspeed is imported\nprint("OUT"'
+    )
     m = migrate_code(legacy)
     assert "compat.install()" in m.code.split("TODOV1")[1]  # a comment mentions it
     assert installs(ast.parse(m.code))
@@ -134,8 +142,11 @@ def test_a_real_install_is_not_added_twice():
 
 
 def test_a_removed_function_local_import_leaves_its_blank_line():
-    legacy = ('def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n'
-              '    return groups._get_data_parallel_world_size()\n')
+    legacy = (
+        'def f():\n    """Doc."""\n\n    from deepspeed.utils import groups\n'
+        "    return groups._get_data_parallel_world_size()\n"
+    )
     code = migrate_code(legacy).code
-    assert code == ('def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n'
-                    '    return current_mesh().size("dp")\n'), code
+    assert code == (
+        'def f():\n    """Doc."""\n\n    from mesh_core import current_mesh\n    return current_mesh().size("dp")\n'
+    ), code

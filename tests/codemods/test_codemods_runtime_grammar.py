@@ -3,21 +3,22 @@ running interpreter's parser: a legacy getter inside an f-string next to
 ``deepspeed.initialize(mpu=mpu)`` gets the runtime on Python 3.10, 3.11 and 3.12+ alike (the
 rewrite's intermediate code puts quotes inside the f-string that only 3.12 reads). CI runs this
 file on the oldest supported Python too (.ci/run)."""
+
 from __future__ import annotations
 
 import pytest
 
-from codemods._engine import runtime
 from codemods import migrate_code
+from codemods._engine import runtime
 
-FSTRING = '''import deepspeed
+FSTRING = """import deepspeed
 
 
 def main(model, mpu, config):
     print(f"tp={mpu.get_model_parallel_world_size()} dp={mpu.get_data_parallel_world_size()}")
     engine, _, _, _ = deepspeed.initialize(model=model, mpu=mpu, config=config)
     return engine
-'''
+"""
 # the same with the getter's result bound first: no quotes inside an f-string (a control)
 PLAIN = FSTRING.replace(
     '    print(f"tp={mpu.get_model_parallel_world_size()} dp={mpu.get_data_parallel_world_size()}")\n',
@@ -52,7 +53,8 @@ def test_the_runtime_is_installed_whatever_the_interpreter_parses(source, monkey
 def test_needs_runtime_reads_libcst_trees_and_text():
     m = migrate_code(FSTRING)
     without = m.code.replace("import compat\n", "").replace(
-        'compat.install()  # the mesh runtime: deepspeed.initialize reads the config\'s "mesh" section\n', "")
+        'compat.install()  # the mesh runtime: deepspeed.initialize reads the config\'s "mesh" section\n', ""
+    )
     assert "compat" not in without
     assert runtime.needs_runtime(FSTRING, without, m.sites)
     assert not runtime.needs_runtime(FSTRING, m.code, m.sites)  # installs already

@@ -7,6 +7,7 @@ its migrated version run on the mesh runtime compute the same memberships, ranks
   surroundings, with and without AutoTP groups built first;
 - the migrated code parses as Python 3.10 (and with a Python 3.10 interpreter when one is installed).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codemod_scripts import SCRIPTS, run_fake
-from codemods.rules.groups_getters import SIMPLE
 from codemods import migrate_code
 from codemods._engine.portable import parse_error
+from codemods.rules.groups_getters import SIMPLE
 
 pytestmark = pytest.mark.deepspeed
 
@@ -70,10 +71,16 @@ def test_migrated_script_parses_on_python_3_10(name):
 
 def _python310():
     """A real Python 3.10 interpreter (pyenv shims that do not resolve are skipped)."""
-    candidates = [os.environ.get("PYTHON310", ""), "/root/.pyenv/versions/3.10.13/bin/python3.10", shutil.which("python3.10") or ""]
+    candidates = [
+        os.environ.get("PYTHON310", ""),
+        "/root/.pyenv/versions/3.10.13/bin/python3.10",
+        shutil.which("python3.10") or "",
+    ]
     for path in candidates:
         if path and os.path.exists(path):
-            done = subprocess.run([path, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+            done = subprocess.run(
+                [path, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+            )
             if done.returncode == 0 and done.stdout.strip() == "(3, 10)":
                 return path
     return None
@@ -111,7 +118,7 @@ SURROUNDINGS = {
     "module": "show({call})\n",
     "function": "def f():\n    return {call}\nshow(f())\n",
     "method": "class C:\n    def m(self):\n        return {call}\nshow(C().m())\n",
-    "fstring": "print(f\"OUT {{norm({call})}}\")\n",
+    "fstring": 'print(f"OUT {{norm({call})}}")\n',
     "lambda": "show((lambda: {call})())\n",
 }
 

@@ -5,6 +5,7 @@ Only layouts where the mesh semantics equal the legacy ones are compared: a (pp=
 grid (topology axes pipe, data, model = mesh order pp, dp, tp), lettered TP/DP groups of a
 (dp, tp=2) mesh, and expert groups without TP (legacy E+D ep=2 over the world = mesh ep=2 over dp).
 """
+
 from __future__ import annotations
 
 import ast

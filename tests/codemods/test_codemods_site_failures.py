@@ -1,6 +1,7 @@
 """A rule failing at one site never stops the file: that statement is left as it is and reported
 (``file:line``, why), the rest of the file migrates, and ``ds-migrate`` exits 3 (2 is for files
 that cannot be read, parsed or written)."""
+
 from __future__ import annotations
 
 import ast
@@ -8,16 +9,16 @@ import ast
 import libcst as cst
 import pytest
 
-from codemods._engine import metadata
 from codemods import migrate as cli
 from codemods import migrate_code
-from codemods.rules.topology import TopologyCommand
-from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods._engine import metadata
 from codemods._engine.todo_wrap import unwrap
+from codemods.rules.groups_getters import GroupsGettersCommand
+from codemods.rules.topology import TopologyCommand
 
 # the multi-line pipeline topology call stored on self / returned: its TODOV1 quoted the call's
 # line breaks (libcst refused the comment and the whole file was reported as unreadable)
-MULTI_LINE = '''from deepspeed.utils import groups
+MULTI_LINE = """from deepspeed.utils import groups
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 
@@ -35,7 +36,7 @@ def make(pp_size, dp_size):
     return PipeModelDataParallelTopology(
         num_pp=pp_size, num_mp=1,
         num_dp=dp_size)
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +75,7 @@ def test_a_rule_raising_at_one_site_leaves_that_statement_and_migrates_the_rest(
     m = migrate_code(MULTI_LINE)
     assert [line for line, _ in m.failures] == [16]
     assert "TopologyCommand" in m.failures[0][1] and "boom at this site" in m.failures[0][1]
-    assert m.code.endswith(MULTI_LINE[MULTI_LINE.index("def make"):])  # byte for byte, no comment
+    assert m.code.endswith(MULTI_LINE[MULTI_LINE.index("def make") :])  # byte for byte, no comment
     assert m.sites["groups getter"] == 1 and m.todos["grid construction"] == 1  # the rest migrated
 
 
@@ -110,7 +111,7 @@ def test_cli_reports_failed_sites_with_their_line_and_exits_3(tmp_path, monkeypa
     assert rc == cli.EXIT_CODEMOD_FAILED == 3
     assert f"{path}:7: not migrated (statement left as it is): TopologyCommand: ValueError: cannot do this one" in err
     assert f"{path}:16: not migrated" in err
-    assert "current_mesh().get_group(\"dp\")" in (tmp_path / "other.py").read_text()
+    assert 'current_mesh().get_group("dp")' in (tmp_path / "other.py").read_text()
     assert 'current_mesh().size("dp")' in path.read_text()  # the rest of the file migrated
     assert "not read/parsed/written: 0, codemod failures: 0 files, 2 sites" in err
 
@@ -142,9 +143,11 @@ def test_a_todo_comment_never_cuts_inside_a_quoted_call():
     call = "mesh_core.pipeline_topology(pp=pp_size, tp=1, dp=dp_size)"
     message = f"topology kept: {call} is the same topology (axes and answers, what PipelineModule needs)"
     written_across_lines = message.replace("(pp=pp_size, ", "(\n    pp=pp_size,  # stages\n    ")
-    for entries in ([("pipeline topology", message)],
-                    [("pipeline topology", written_across_lines)],
-                    [("pipeline topology", message), ("pipeline topology", "pp=1 (+1) " + message)]):
+    for entries in (
+        [("pipeline topology", message)],
+        [("pipeline topology", written_across_lines)],
+        [("pipeline topology", message), ("pipeline topology", "pp=1 (+1) " + message)],
+    ):
         text = todo_comment(entries)
         assert len(text) <= MAX_COMMENT and "\n" not in text and "…" not in text, text
         # the call is quoted whole or not at all, never cut inside its brackets

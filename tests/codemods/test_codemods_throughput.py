@@ -5,6 +5,7 @@ dispatch by table, statements without a codemod's identifiers not visited, no pr
 tree that no codemod changed, qualified names from scopes that leave out functions naming nothing
 the codemods look up, import aliases from the import statements, MpuInternalCommand's exact
 pre-filter, and AddImportsVisitor's top-import gathering over the leading statements only."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,16 +13,14 @@ import contextlib
 import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext
-
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider, ScopeProvider
+from test_codemods_metadata import FIXTURES, IDENTITY, SOURCES, deepspeed_file, value_of, walk
 
+from codemods import migrate_code
 from codemods._engine import metadata, pipeline
 from codemods._engine.base import find_all, import_aliases
 from codemods.rules.groups_getters import GroupsGettersCommand
 from codemods.rules.mpu_internal import MpuInternalCommand
-from codemods import migrate_code
-
-from test_codemods_metadata import FIXTURES, IDENTITY, SOURCES, deepspeed_file, value_of, walk
 
 
 class _Fake:
@@ -66,7 +65,7 @@ def test_deepspeed_files_identical_without_the_shortcuts(monkeypatch, relative):
     assert (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
 
 
-ALIASED = '''\
+ALIASED = """\
 from deepspeed.utils.groups import _get_data_parallel_group as dpg
 from deepspeed.utils import groups
 from deepspeed.runtime.utils import bwc_tensor_model_parallel_world_size as tpws
@@ -81,7 +80,7 @@ def f(engine, mpu):
 
 def untouched():
     return 1
-'''
+"""
 
 
 @pytest.mark.parametrize("module", [None, "deepspeed.runtime.x"])
@@ -122,7 +121,7 @@ def test_a_codemod_that_changes_nothing_returns_the_same_tree_and_shares_metadat
     assert len(made) == 2
 
 
-SCOPES = '''\
+SCOPES = """\
 import deepspeed.utils.groups as groups
 from deepspeed.utils.groups import get_data_parallel_group as dpg
 from deepspeed.utils import *
@@ -176,7 +175,7 @@ def decorated(x: "groups.Foo") -> groups.Bar:
     async def nested():
         return x
     return nested
-'''
+"""
 
 
 @pytest.mark.parametrize("name", ["scopes", *IDENTITY])
@@ -284,7 +283,11 @@ def test_import_passes_visit_only_statements_holding_imports(monkeypatch):
     assert ours.sites and (ours.code, ours.sites, ours.todos) == (theirs.code, theirs.sites, theirs.todos)
     module = cst.parse_module(NESTED_IMPORTS)
     found = metadata.statements(module)
-    assert {type(s).__name__ for s in module.body if s in found.imports} == {"SimpleStatementLine", "FunctionDef", "ClassDef"}
+    assert {type(s).__name__ for s in module.body if s in found.imports} == {
+        "SimpleStatementLine",
+        "FunctionDef",
+        "ClassDef",
+    }
 
 
 LEADING = {
@@ -309,7 +312,16 @@ def test_top_import_gatherer_reads_the_same_from_the_leading_statements(name):
     for tree in (module, metadata._leading_imports(module)):
         gatherer = _GatherTopImportsBeforeStatements(CodemodContext())
         tree.visit(gatherer)
-        results.append((gatherer.all_imports, gatherer.module_imports, gatherer.object_mapping,
-                        gatherer.module_aliases, gatherer.alias_mapping))
+        results.append(
+            (
+                gatherer.all_imports,
+                gatherer.module_imports,
+                gatherer.object_mapping,
+                gatherer.module_aliases,
+                gatherer.alias_mapping,
+            )
+        )
     assert results[0] == results[1]
-    assert all(a is b for a, b in zip(results[0][0], results[1][0]))  # the very import nodes (leave_ImportFrom checks `in`)
+    assert all(
+        a is b for a, b in zip(results[0][0], results[1][0])
+    )  # the very import nodes (leave_ImportFrom checks `in`)

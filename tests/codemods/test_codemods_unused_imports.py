@@ -1,6 +1,7 @@
 """RemoveImportsVisitor's unused imports found without scopes where a name nothing may read decides
 (codemods._engine.metadata.unused_requested_imports): the same output as libcst's gatherer, on shapes
 where the two could differ."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -21,9 +22,16 @@ HEADER = (
     "from star import *\n"
 )
 REMOVALS = [
-    ("a.b.c", None, None), ("d", None, "e"), ("f", None, None), ("deepspeed.utils", "groups", None),
-    ("deepspeed.utils", "topology", "topo"), ("deepspeed.utils", "groups", "g2"), ("pkg", "sibling", None),
-    ("pkg.pkg", "rel", None), ("__future__", "annotations", None), ("star", "x", None),
+    ("a.b.c", None, None),
+    ("d", None, "e"),
+    ("f", None, None),
+    ("deepspeed.utils", "groups", None),
+    ("deepspeed.utils", "topology", "topo"),
+    ("deepspeed.utils", "groups", "g2"),
+    ("pkg", "sibling", None),
+    ("pkg.pkg", "rel", None),
+    ("__future__", "annotations", None),
+    ("star", "x", None),
 ]
 BODIES = {
     "nothing": "x = 1\n",

@@ -9,6 +9,7 @@ vendored MoE layer that builds its expert groups when missing and reads them by 
 that builds expert groups and uses it; legacy (deepspeed 0.19.8) vs migrated, plain and under
 ``compat.install()``, on fake ranks of 4 and 8.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,10 @@ from codemods._engine.cache import content_hash
 from codemods._engine.runner import run
 from codemods._engine.vendored import vendored_copy
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")]
+pytestmark = [
+    pytest.mark.deepspeed,
+    pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning"),
+]
 
 VENDORED_LAYER = '''"""This tree's own MoE layer (a modified copy of DeepSpeed's)."""
 import torch.distributed as dist
@@ -57,7 +61,7 @@ class MoE:
                 groups._get_expert_data_parallel_world_size(self.expert_group_name))
 '''
 
-USER_CODE = '''from deepspeed.utils import groups
+USER_CODE = """from deepspeed.utils import groups
 from deepspeed.moe.layer import MoE
 
 groups._create_expert_and_data_parallel(2)  # the user's own expert groups, before the layers
@@ -67,7 +71,7 @@ for layer in layers:
     print("OUT", layer.expert_group_name, layer.describe())
 print("OUT names", sorted(groups._get_expert_parallel_group_dict()))
 print("OUT ep2", groups._get_expert_parallel_world_size("ep_size_2"), groups._get_expert_parallel_rank("ep_size_2"))
-'''
+"""
 
 
 def _tree(root: Path) -> Path:
@@ -149,7 +153,8 @@ def test_the_internal_rules_stay_for_deepspeed_itself_and_on_request(tmp_path):
 
 def test_the_cache_keeps_a_vendored_copy_apart(tmp_path):
     assert content_hash("x", "deepspeed.moe.layer", "deepspeed.moe", True) != content_hash(
-        "x", "deepspeed.moe.layer", "deepspeed.moe")
+        "x", "deepspeed.moe.layer", "deepspeed.moe"
+    )
 
 
 def test_a_second_run_changes_nothing(migrated):

@@ -1,6 +1,7 @@
 """Read-only traversal without copies (codemods/_engine/walk.py) and scope analysis on it
 (codemods._engine.metadata.resolve_scopes): the same visitor calls, in the same order, and the same scopes
 as libcst's own traversal and ``MetadataWrapper.resolve(ScopeProvider)``; the same migrations."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +12,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from codemods._engine import metadata, walk
 from codemods import migrate_code
+from codemods._engine import metadata, walk
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "codemods"
@@ -83,9 +84,17 @@ def _sources() -> list[tuple[str, str]]:
     spec = importlib.util.find_spec("deepspeed")
     if spec is not None and spec.submodule_search_locations:
         deepspeed = Path(spec.submodule_search_locations[0])
-        found += [(str(deepspeed / rel), (deepspeed / rel).read_text(encoding="utf-8")) for rel in (
-            "moe/layer.py", "moe/mappings.py", "sequence/layer.py", "runtime/pipe/module.py", "utils/groups.py",
-        ) if (deepspeed / rel).exists()]
+        found += [
+            (str(deepspeed / rel), (deepspeed / rel).read_text(encoding="utf-8"))
+            for rel in (
+                "moe/layer.py",
+                "moe/mappings.py",
+                "sequence/layer.py",
+                "runtime/pipe/module.py",
+                "utils/groups.py",
+            )
+            if (deepspeed / rel).exists()
+        ]
     return found
 
 
@@ -177,10 +186,18 @@ def test_a_node_types_own_visit_is_called_as_libcst_calls_it():
 
 
 def test_every_node_type_has_a_field_order_but_the_conditional_ones():
-    types = [t for t in vars(cst).values() if isinstance(t, type) and issubclass(t, cst.CSTNode) and not t.__abstractmethods__]
+    types = [
+        t
+        for t in vars(cst).values()
+        if isinstance(t, type) and issubclass(t, cst.CSTNode) and not t.__abstractmethods__
+    ]
     missing = {t.__name__ for t in types if walk.field_order(t) is None}
     assert missing <= {
-        "FormattedStringExpression", "TemplatedStringExpression", "ImportFrom", "LazyImportFrom", "TypeParam",
+        "FormattedStringExpression",
+        "TemplatedStringExpression",
+        "ImportFrom",
+        "LazyImportFrom",
+        "TypeParam",
     }, missing
 
 
@@ -216,16 +233,34 @@ def _scope_shape(module: cst.Module, scopes) -> list:
             return index[id(scope)]
         parent = None if scope.parent is scope else describe(scope.parent)
         assignments = sorted(
-            (a.name, type(a).__name__, repr(key(getattr(a, "node", None))), tuple(sorted(repr(key(r.node)) for r in a.references)))
+            (
+                a.name,
+                type(a).__name__,
+                repr(key(getattr(a, "node", None))),
+                tuple(sorted(repr(key(r.node)) for r in a.references)),
+            )
             for a in scope.assignments
         )
         accesses = sorted(
-            (repr(key(a.node)), a.is_annotation, a.is_type_hint, tuple(sorted(repr(key(getattr(r, "node", None))) for r in a.referents)))
+            (
+                repr(key(a.node)),
+                a.is_annotation,
+                a.is_type_hint,
+                tuple(sorted(repr(key(getattr(r, "node", None))) for r in a.referents)),
+            )
             for a in scope.accesses
         )
         index[id(scope)] = len(described)
-        described.append((type(scope).__name__, getattr(scope, "name", None), repr(key(getattr(scope, "node", None))), parent,
-                          assignments, accesses))
+        described.append(
+            (
+                type(scope).__name__,
+                getattr(scope, "name", None),
+                repr(key(getattr(scope, "node", None))),
+                parent,
+                assignments,
+                accesses,
+            )
+        )
         return index[id(scope)]
 
     shape = [(describe(scopes[n]) if scopes.get(n) is not None else None, n in scopes) for n in nodes]

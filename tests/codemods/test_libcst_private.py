@@ -7,6 +7,7 @@ private libcst method overridden (``def _handle_metadata_reference`` in a subcla
 class), or a private name spelled as a string. CI runs this file and the codemods tests on the
 lowest libcst pyproject allows too (``.ci/run``; by hand: docs/codemods_safety.md "libcst range").
 """
+
 from __future__ import annotations
 
 import ast
@@ -107,7 +108,9 @@ def test_the_metadata_reference_hook_is_what_transform_module_enters():
                 yield tree
 
         def transform_module_impl(self, tree):
-            self.lines = [self.get_metadata(PositionProvider, s).start.line for s in tree.body] if not self.replace else []
+            self.lines = (
+                [self.get_metadata(PositionProvider, s).start.line for s in tree.body] if not self.replace else []
+            )
             return tree.with_changes(body=tree.body[::-1])
 
     module = cst.parse_module("x = 1\ny = 2\n")
@@ -164,6 +167,7 @@ def test_remove_imports_takes_the_unused_imports_it_is_handed():
 
 # --- where private libcst names are used ---------------------------------------------------------
 
+
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -184,16 +188,30 @@ def _libcst_class_privates() -> dict[str, set[str]]:
             for node in cls.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_private(node.name):
                     names.add(node.name)
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if isinstance(node, ast.AnnAssign)
+                    else []
+                )
                 for target in targets:
                     if isinstance(target, ast.Name) and _is_private(target.id):
                         names.add(target.id)
                     if isinstance(target, ast.Name) and target.id == "__slots__":
-                        names |= {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)
-                                  and isinstance(e.value, str) and _is_private(e.value)}
+                        names |= {
+                            e.value
+                            for e in ast.walk(node.value)
+                            if isinstance(e, ast.Constant) and isinstance(e.value, str) and _is_private(e.value)
+                        }
             for node in ast.walk(cls):
-                if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
-                        and node.value.id == "self" and _is_private(node.attr)):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                    and _is_private(node.attr)
+                ):
                     names.add(node.attr)
     return found
 
@@ -222,34 +240,65 @@ def private_libcst_uses(source: str, namespace: dict, where: str) -> list[str]:
     """Every use of a private libcst name in ``source`` (a module whose objects are ``namespace``)."""
     tree = ast.parse(source)
     classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-    inherited = {name: _libcst_privates_of(namespace[name]) if isinstance(namespace.get(name), type) else set()
-                 for name in classes}
+    inherited = {
+        name: _libcst_privates_of(namespace[name]) if isinstance(namespace.get(name), type) else set()
+        for name in classes
+    }
     # the private names the module's own classes (none of them libcst's) define for themselves
-    own = {item.attr for name, node in classes.items() if not inherited[name] for item in ast.walk(node)
-           if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
-           and isinstance(item.value, ast.Name) and item.value.id == "self"}
-    own |= {item.name for name, node in classes.items() if not inherited[name] for item in node.body
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    own |= {target.id for name, node in classes.items() if not inherited[name] for item in node.body
-            if isinstance(item, (ast.Assign, ast.AnnAssign))
-            for target in (item.targets if isinstance(item, ast.Assign) else [item.target]) if isinstance(target, ast.Name)}
+    own = {
+        item.attr
+        for name, node in classes.items()
+        if not inherited[name]
+        for item in ast.walk(node)
+        if isinstance(item, ast.Attribute)
+        and isinstance(item.ctx, ast.Store)
+        and isinstance(item.value, ast.Name)
+        and item.value.id == "self"
+    }
+    own |= {
+        item.name
+        for name, node in classes.items()
+        if not inherited[name]
+        for item in node.body
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    own |= {
+        target.id
+        for name, node in classes.items()
+        if not inherited[name]
+        for item in node.body
+        if isinstance(item, (ast.Assign, ast.AnnAssign))
+        for target in (item.targets if isinstance(item, ast.Assign) else [item.target])
+        if isinstance(target, ast.Name)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "libcst":
             if any(_is_private(p) for p in node.module.split(".")) or any(_is_private(a.name) for a in node.names):
                 found.append(f"{where}:{node.lineno} import from {node.module}")
         elif isinstance(node, ast.Import):
-            found += [f"{where}:{node.lineno} import {a.name}" for a in node.names
-                      if a.name.split(".")[0] == "libcst" and any(_is_private(p) for p in a.name.split("."))]
+            found += [
+                f"{where}:{node.lineno} import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] == "libcst" and any(_is_private(p) for p in a.name.split("."))
+            ]
         elif isinstance(node, ast.ClassDef):
             for item in ast.walk(node):
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in inherited[node.name]:
                     found.append(f"{where}:{item.lineno} overrides {node.name}.{item.name}")
-                elif (isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id == "self"
-                      and item.attr in inherited[node.name]):
+                elif (
+                    isinstance(item, ast.Attribute)
+                    and isinstance(item.value, ast.Name)
+                    and item.value.id == "self"
+                    and item.attr in inherited[node.name]
+                ):
                     found.append(f"{where}:{item.lineno} self.{item.attr} in {node.name}")
-        elif isinstance(node, ast.Attribute) and node.attr in ALL_LIBCST_PRIVATES and node.attr not in own and not (
-                isinstance(node.value, ast.Name) and node.value.id == "self"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ALL_LIBCST_PRIVATES
+            and node.attr not in own
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+        ):
             found.append(f"{where}:{node.lineno} .{node.attr}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ALL_LIBCST_PRIVATES:
             found.append(f"{where}:{node.lineno} {node.value!r}")
@@ -277,8 +326,9 @@ def test_no_codemods_module_but_its_home_uses_a_private_libcst_name():
         if path == HOME:
             continue
         checked += 1
-        bad += private_libcst_uses(path.read_text(encoding="utf-8"), vars(importlib.import_module(name)),
-                                   str(path.relative_to(ROOT)))
+        bad += private_libcst_uses(
+            path.read_text(encoding="utf-8"), vars(importlib.import_module(name)), str(path.relative_to(ROOT))
+        )
     assert checked > 30
     assert not bad, f"private libcst names used outside {HOME.relative_to(ROOT)}: {bad}"
 
@@ -286,25 +336,44 @@ def test_no_codemods_module_but_its_home_uses_a_private_libcst_name():
 def test_the_home_uses_each_private_name_it_wraps():
     """The scan finds in the home what it would find anywhere else: each kind of use."""
     found = " ".join(private_libcst_uses(HOME.read_text(encoding="utf-8"), vars(libcst_private), "home"))
-    for use in ("import from libcst._typed_visitor", "._metadata", "._computed", "overrides MetadataReferenceHook._handle_metadata_reference",
-                "overrides TransformRunHook._instantiate_and_run", "._unused_imports", "'_visit_and_replace_children'"):
+    for use in (
+        "import from libcst._typed_visitor",
+        "._metadata",
+        "._computed",
+        "overrides MetadataReferenceHook._handle_metadata_reference",
+        "overrides TransformRunHook._instantiate_and_run",
+        "._unused_imports",
+        "'_visit_and_replace_children'",
+    ):
         assert use in found, (use, found)
 
 
-@pytest.mark.parametrize("source, use", [
-    ("from libcst.metadata.wrapper import _gen_batchable\n", "import from libcst.metadata.wrapper"),
-    ("import libcst._nodes.base\n", "import libcst._nodes.base"),
-    ("def f(wrapper):\n    return wrapper._metadata\n", "._metadata"),
-    ("from libcst.codemod import CodemodCommand\nclass K(CodemodCommand):\n    def _instantiate_and_run(self, t, m):\n        pass\n",
-     "overrides K._instantiate_and_run"),
-    ("import libcst as cst\nclass N(cst.Name):\n    def _visit_and_replace_children(self, v):\n        pass\n",
-     "overrides N._visit_and_replace_children"),
-    ("from libcst.codemod import Codemod\nclass C(Codemod):\n    def f(self, m):\n        return super()._handle_metadata_reference(m)\n",
-     "._handle_metadata_reference"),
-    ("def f(p):\n    return getattr(p, '_computed')\n", "'_computed'"),
-    ("from libcst.codemod import Codemod\nclass M:\n    def _handle_metadata_reference(self, m):\n        pass\n"
-     "class C(M, Codemod):\n    pass\n", "overrides M._handle_metadata_reference"),
-])
+@pytest.mark.parametrize(
+    "source, use",
+    [
+        ("from libcst.metadata.wrapper import _gen_batchable\n", "import from libcst.metadata.wrapper"),
+        ("import libcst._nodes.base\n", "import libcst._nodes.base"),
+        ("def f(wrapper):\n    return wrapper._metadata\n", "._metadata"),
+        (
+            "from libcst.codemod import CodemodCommand\nclass K(CodemodCommand):\n    def _instantiate_and_run(self, t, m):\n        pass\n",
+            "overrides K._instantiate_and_run",
+        ),
+        (
+            "import libcst as cst\nclass N(cst.Name):\n    def _visit_and_replace_children(self, v):\n        pass\n",
+            "overrides N._visit_and_replace_children",
+        ),
+        (
+            "from libcst.codemod import Codemod\nclass C(Codemod):\n    def f(self, m):\n        return super()._handle_metadata_reference(m)\n",
+            "._handle_metadata_reference",
+        ),
+        ("def f(p):\n    return getattr(p, '_computed')\n", "'_computed'"),
+        (
+            "from libcst.codemod import Codemod\nclass M:\n    def _handle_metadata_reference(self, m):\n        pass\n"
+            "class C(M, Codemod):\n    pass\n",
+            "overrides M._handle_metadata_reference",
+        ),
+    ],
+)
 def test_the_scan_finds_each_kind_of_use(source, use):
     namespace: dict = {}
     exec(compile(source, "sample", "exec"), namespace)  # noqa: S102 (the samples above)
@@ -312,8 +381,10 @@ def test_the_scan_finds_each_kind_of_use(source, use):
 
 
 def test_the_scan_leaves_a_codemods_own_private_names_alone():
-    source = ("import libcst as cst\nclass Place(cst.CSTTransformer):\n    def __init__(self):\n        self._stack = []\n"
-              "    def _pop(self):\n        return self._stack.pop()\nclass Own:\n    _value = 1\ndef f(o):\n    return o._value\n")
+    source = (
+        "import libcst as cst\nclass Place(cst.CSTTransformer):\n    def __init__(self):\n        self._stack = []\n"
+        "    def _pop(self):\n        return self._stack.pop()\nclass Own:\n    _value = 1\ndef f(o):\n    return o._value\n"
+    )
     namespace: dict = {}
     exec(compile(source, "sample", "exec"), namespace)  # noqa: S102
     assert private_libcst_uses(source, namespace, "sample") == []
@@ -324,4 +395,4 @@ def test_the_libcst_range_is_declared_with_both_ends():
 
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     match = re.search(r'"libcst>=([0-9.]+),<([0-9.]+)"', text)
-    assert match, "pyproject must bound libcst on both sides, e.g. \"libcst>=1.2,<1.10\""
+    assert match, 'pyproject must bound libcst on both sides, e.g. "libcst>=1.2,<1.10"'

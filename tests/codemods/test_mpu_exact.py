@@ -5,22 +5,23 @@ and ``groups._get_model_parallel_world_size()``. Legacy: the real deepspeed 0.19
 every mpu kind that reaches the site; migrated: the codemod's output on the same objects and on the
 mesh runtime's. Same values, the very groups the mpu hands out, no group created, no collective run.
 """
+
 from __future__ import annotations
 
+import importlib
 import types
 
-import importlib
-
 import pytest
+from test_mpu_mesh import build_mpus, outcome, same
 
 from codemods import migrate_code
 from compat import group_trace
-from fakepg import fake_world, plain, exec_source as _load
-from test_mpu_mesh import build_mpus, outcome, same
+from fakepg import exec_source as _load
+from fakepg import fake_world, plain
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.filterwarnings("ignore::Warning")]
 
-PIPE = '''
+PIPE = """
 import deepspeed.comm as dist
 
 
@@ -31,9 +32,9 @@ class PipelineEngine:
     def site(self):
         return [self.mpu.get_pipe_parallel_group(), self.mpu.get_pipe_parallel_world_size(),
                 self.mpu.get_pipe_parallel_rank()]
-'''
+"""
 
-SLICE = '''
+SLICE = """
 import deepspeed.comm as dist
 
 
@@ -50,9 +51,9 @@ class ZeROOptimizer:
 
 def site(mpu):
     return ZeROOptimizer(mpu).site()
-'''
+"""
 
-ENGINE = '''
+ENGINE = """
 from deepspeed.utils import groups
 
 
@@ -73,7 +74,7 @@ class DeepSpeedEngine:
         if self.mpu is not None:
             groups.mpu = self.mpu
         return groups._get_model_parallel_world_size()
-'''
+"""
 
 
 def _migrate(source: str, module: str) -> str:
@@ -88,20 +89,27 @@ def test_sites_are_rewritten_only_where_the_mpus_reaching_them_are_known():
     assert 'mesh_of(self.mpu).get_group("pp"), mesh_of(self.mpu).size("pp")' in pipe
     assert 'mesh_of(self.mpu).get_local_rank("pp")' in pipe
     assert 'mesh_of(self.mpu).size("tp") if hasattr(self.mpu, "get_slice_parallel_world_size")' in _migrate(
-        SLICE, "deepspeed.runtime.base_optimizer")
+        SLICE, "deepspeed.runtime.base_optimizer"
+    )
     engine = _migrate(ENGINE, "deepspeed.runtime.engine")
     assert "return autotp_groups().tensor_parallel_src_rank()" in engine
     assert "return model_parallel_world_size(self.mpu)" in engine
     # elsewhere the mpu is unknown: left with a TODOV1
-    for source, module in [(PIPE, "deepspeed.runtime.fake_site"), (SLICE.replace("if hasattr", "if callable"),
-                                                                    "deepspeed.runtime.base_optimizer")]:
+    for source, module in [
+        (PIPE, "deepspeed.runtime.fake_site"),
+        (SLICE.replace("if hasattr", "if callable"), "deepspeed.runtime.base_optimizer"),
+    ]:
         out = migrate_code(source, module=module, package="deepspeed.runtime")
         assert out.todos and "TODOV1" in out.code
     reassigned = ENGINE + "\n    def rebind(self, mpu):\n        self.mpu = mpu\n"
     out = migrate_code(reassigned, module="deepspeed.runtime.engine", package="deepspeed.runtime")
     assert "autotp_groups" not in out.code and "get_tensor_model_parallel_src_rank(): " in out.spelled_out()
-    late = ENGINE.replace("        self.mpu = groups\n", "").replace("self.hook = hook", "self.hook = hook\n        self.mpu = groups")
-    assert "autotp_groups" not in migrate_code(late, module="deepspeed.runtime.engine", package="deepspeed.runtime").code
+    late = ENGINE.replace("        self.mpu = groups\n", "").replace(
+        "self.hook = hook", "self.hook = hook\n        self.mpu = groups"
+    )
+    assert (
+        "autotp_groups" not in migrate_code(late, module="deepspeed.runtime.engine", package="deepspeed.runtime").code
+    )
 
 
 LAYOUTS = [(4, 2, 1), (4, 1, 2), (8, 2, 2), (8, 4, 1), (8, 1, 4), (16, 2, 4)]
@@ -118,8 +126,11 @@ def _grids(pp: int, tp: int, legacy: bool) -> dict:
     dp = world // (pp * tp)
     return {
         "pipe_model_data": topology.PipelineParallelGrid(
-            topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)),
-        "pipe_data": topology.PipelineParallelGrid(topology=topology.PipeDataParallelTopology(num_pp=pp, num_dp=world // pp)),
+            topology=topology.PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+        ),
+        "pipe_data": topology.PipelineParallelGrid(
+            topology=topology.PipeDataParallelTopology(num_pp=pp, num_dp=world // pp)
+        ),
         "default": topology.PipelineParallelGrid(),
     }
 
@@ -153,8 +164,9 @@ def test_slice_size_equals_legacy_on_every_mpu_kind(world, pp, tp):
             mpus.update({f"runtime_{k}": v for k, v in _grids(pp, tp, legacy=False).items()})
             mpus.update({f"legacy_{k}": v for k, v in _grids(pp, tp, legacy=True).items()})
             # DeepSpeed's own test mpu for checkpoint reshaping (unit/checkpoint/test_reshape_checkpoint.py)
-            mpus["slice_only"] = types.SimpleNamespace(get_pipe_parallel_world_size=lambda: pp,
-                                                       get_slice_parallel_world_size=lambda: tp)
+            mpus["slice_only"] = types.SimpleNamespace(
+                get_pipe_parallel_world_size=lambda: pp, get_slice_parallel_world_size=lambda: tp
+            )
             for kind, mpu in mpus.items():
                 want = outcome(legacy, mpu)
                 with group_trace.trace() as created:
@@ -166,7 +178,14 @@ def test_slice_size_equals_legacy_on_every_mpu_kind(world, pp, tp):
                 assert got == want, (kind, got, want)
             if "parallel_state_sp" in mpus:
                 mpus["parallel_state_sp"]._release_sequence_parallel_groups()
-    assert {"none", "grid", "megatron", "mesh_mpu", "slice_only", "runtime_pipe_model_data"} <= ran  # test_mpu: legacy raises
+    assert {
+        "none",
+        "grid",
+        "megatron",
+        "mesh_mpu",
+        "slice_only",
+        "runtime_pipe_model_data",
+    } <= ran  # test_mpu: legacy raises
 
 
 @pytest.mark.parametrize("world,pp,tp", LAYOUTS)

@@ -1,6 +1,7 @@
 """DeepSpeed 0.19.8's own modules, migrated by ``codemods.rules.mpu_internal``, behave as the installed
 ones: the same results and the same collectives over the same groups, for every kind of mpu
 (fake backend; the migrated module is loaded beside the real one, not in its place)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +12,11 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-
-from codemods.rules.mpu_internal import MpuInternalCommand
-from codemods import migrate_code
-from fakepg import fake_world
 from test_mpu_mesh import build_mpus
+
+from codemods import migrate_code
+from codemods.rules.mpu_internal import MpuInternalCommand
+from fakepg import fake_world
 
 pytestmark = pytest.mark.deepspeed
 
@@ -111,8 +112,9 @@ def test_runtime_utils_norms_and_overflow(world, rank, pp, tp, collectives):
             "get_flattened_grad_norm": lambda m, mpu: m.get_flattened_grad_norm(params(rank), mpu=mpu),
             "get_grad_zeros": lambda m, mpu: m.get_grad_zeros(params(rank), mpu=mpu),
             "get_weight_norm": lambda m, mpu: m.get_weight_norm(params(rank), mpu=mpu),
-            "get_global_norm_of_tensors": lambda m, mpu: float(m.get_global_norm_of_tensors(
-                [p.grad for p in params(rank)], mpu=mpu)),
+            "get_global_norm_of_tensors": lambda m, mpu: float(
+                m.get_global_norm_of_tensors([p.grad for p in params(rank)], mpu=mpu)
+            ),
             "CheckOverflow.check": lambda m, mpu: m.CheckOverflow([params(rank)], mpu=mpu).check(),
         }
         ran = 0

@@ -2,6 +2,7 @@
 ``ds-migrate --explain <code>`` that answers from the installed package; each one listed as
 ``file:line`` with its full advice, ``--json`` alone on stdout, ``--help`` naming the command the user
 typed."""
+
 from __future__ import annotations
 
 import ast
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import ds_mesh_advice
-from codemods._engine import todo_links
 from codemods import migrate_code
+from codemods._engine import todo_links
 from codemods._engine.todo_wrap import unwrap
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -41,13 +42,14 @@ def g(pp, mp, world):
 
 def _todo_comments(code: str) -> list[str]:
     """Each TODOV1 comment of ``code`` (one wrapped over lines joined)."""
-    return [line[line.index("# TODOV1:"):] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
+    return [line[line.index("# TODOV1:") :] for line in unwrap(code).splitlines() if "# TODOV1:" in line]
 
 
 def _written_comments() -> list[str]:
     """The TODOV1 comments the codemods write on this file's example and every fixture."""
-    sources = [LEGACY] + [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py"))
-                          if not p.name.endswith(".expected.py")]
+    sources = [LEGACY] + [
+        p.read_text(encoding="utf-8") for p in sorted(FIXTURES.rglob("*.py")) if not p.name.endswith(".expected.py")
+    ]
     comments = []
     for source in sources:
         try:
@@ -94,13 +96,15 @@ def test_the_full_advice_is_kept_for_each_comment():
 
 
 def test_the_comment_keeps_the_site_advice_or_a_whole_clause_of_it():
-    short = todo_links.todo_comment([("groups getter", "groups.f: use <mesh>.size(\"dp\")")])
+    short = todo_links.todo_comment([("groups getter", 'groups.f: use <mesh>.size("dp")')])
     assert short == '# TODOV1: groups.f: use <mesh>.size("dp"); ds-migrate --explain groups'
-    long = "topology kept: " + "x " * 40 + '; hand it mesh_core.pipeline_topology(pp=2, dp=2); more reasons'
+    long = "topology kept: " + "x " * 40 + "; hand it mesh_core.pipeline_topology(pp=2, dp=2); more reasons"
     assert todo_links.todo_comment([("pipeline topology", long)]) == (
-        "# TODOV1: hand it mesh_core.pipeline_topology(pp=2, dp=2); ds-migrate --explain topology")
+        "# TODOV1: hand it mesh_core.pipeline_topology(pp=2, dp=2); ds-migrate --explain topology"
+    )
     hpz = "groups._get_zero_param_intra_parallel_group: use " + ds_mesh_advice.plain(
-        "deepspeed.utils.groups._get_zero_param_intra_parallel_group")
+        "deepspeed.utils.groups._get_zero_param_intra_parallel_group"
+    )
     row = ds_mesh_advice.row("deepspeed.utils.groups._get_zero_param_intra_parallel_group")
     assert todo_links.todo_comment([("groups getter", hpz)]).startswith(f"# TODOV1: {row.next_step};")
     assert todo_links.clauses('a: b(c, d); "e; f", g') == ["a", "b(c, d)", '"e; f"', "g"]
@@ -120,8 +124,9 @@ def _run(args, cwd, argv0=None):
     code = "import sys; from codemods.migrate import main; sys.exit(main())"
     if argv0 is not None:  # as the console script: sys.argv[0] is its path
         code = f"import sys; sys.argv[0] = {argv0!r}; " + code
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_run_lists_each_todo_it_wrote_as_file_line(tmp_path):
@@ -151,8 +156,10 @@ def test_diff_json_puts_json_alone_on_stdout(tmp_path):
     assert (tmp_path / "train.py").read_text() == LEGACY  # --diff writes nothing
 
 
-@pytest.mark.parametrize("argv0, prog", [("/venv/bin/ds-migrate", "ds-migrate"),
-                                         (str(REPO / "codemods" / "migrate.py"), "python -m codemods.migrate")])
+@pytest.mark.parametrize(
+    "argv0, prog",
+    [("/venv/bin/ds-migrate", "ds-migrate"), (str(REPO / "codemods" / "migrate.py"), "python -m codemods.migrate")],
+)
 def test_help_names_the_command_typed_and_has_no_markup(tmp_path, argv0, prog):
     done = _run(["--help"], tmp_path, argv0=argv0)
     assert done.returncode == 0 and done.stdout.startswith(f"usage: {prog} "), done.stdout[:200]
@@ -163,8 +170,11 @@ def test_every_comm_todo_names_what_to_write():
     from codemods.rules.comm_to_torch import BACKEND, DIFFERENT, KILL_SWITCH
 
     names = sorted({**KILL_SWITCH, **BACKEND, **DIFFERENT})
-    source = ("import deepspeed.comm as dist\ndef f(t, g, a, b):\n" + "".join(f"    dist.{n}(a, b)\n" for n in names)
-              + "    dist.all_reduce(t, op=g)\n    dist.all_reduce(t, prof=True)\n    dist.all_reduce(*a)\n")
+    source = (
+        "import deepspeed.comm as dist\ndef f(t, g, a, b):\n"
+        + "".join(f"    dist.{n}(a, b)\n" for n in names)
+        + "    dist.all_reduce(t, op=g)\n    dist.all_reduce(t, prof=True)\n    dist.all_reduce(*a)\n"
+    )
     comments = _todo_comments(migrate_code(source, comm_to_torch=True).code)
     assert len(comments) == len(names) + 3 and len(set(comments)) == len(comments)  # one per site, each its own
     for comment in comments:
@@ -196,6 +206,8 @@ def test_todo_comments_keep_lines_within_100_characters_and_a_long_lines_comment
     assert lines[3].startswith("    # TODOV1: ") and lines[4].startswith("    #   ")
     assert lines[5] == "    value = mpu.get_data_parallel_rank(1)  # mine"
     assert all(len(line) <= todo_links.MAX_COMMENT for line in lines)
-    assert lines[4].endswith("; ds-migrate --explain mpu-internal") or lines[4].endswith("#   ds-migrate --explain mpu-internal")
+    assert lines[4].endswith("; ds-migrate --explain mpu-internal") or lines[4].endswith(
+        "#   ds-migrate --explain mpu-internal"
+    )
     assert _todo_comments(done.code) == list(done.advice) and len(list(done.advice)[0]) > 96  # one comment, joined
     assert migrate_code(done.code, module="deepspeed.runtime.x", package="deepspeed.runtime").code == done.code

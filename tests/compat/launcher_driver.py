@@ -7,6 +7,7 @@ Usage: ``python launcher_driver.py HOSTFILE [--install] LAUNCHER[@DIR] ...``: ea
 ``--install`` calls ``compat.install()`` first, as a wrapper around the launcher would. Prints
 ``SHIM <installed>`` (whether the shim is installed in this launcher process, as seen at the end).
 """
+
 import os
 import sys
 
@@ -24,8 +25,20 @@ def main() -> None:
     for item in rest:
         launcher, _, where = item.partition("@")
         os.chdir(where or home)
-        launch(["--hostfile", hostfile, "--no_ssh_check", "--master_addr", "127.0.0.1", "--launcher", launcher,
-                "train.py", "--epochs", "1"])
+        launch(
+            [
+                "--hostfile",
+                hostfile,
+                "--no_ssh_check",
+                "--master_addr",
+                "127.0.0.1",
+                "--launcher",
+                launcher,
+                "train.py",
+                "--epochs",
+                "1",
+            ]
+        )
     os.chdir(home)
     installer = sys.modules.get("compat.install") or sys.modules.get("_ds_mesh_compat.install")
     print("SHIM", bool(installer is not None and installer.is_installed()))

@@ -14,6 +14,7 @@ one ending in ``_seq`` trains a plain ``PipelineModule`` on a topology subclass 
 ``'sequence'`` axis (pp=2 x sequence=2), which no mesh dim expresses. Each rank saves losses,
 parameters and groups to ``OUT/<mode>.rank<r>.pt``.
 """
+
 import os
 import sys
 
@@ -95,12 +96,14 @@ def run(mode: str, rank: int) -> dict:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
     if sequence_axis:  # a plain PipelineModule on a topology with a 'sequence' axis (its grid is the base one)
+
         class SequenceTopology(topology_module.ProcessTopology):
             def __init__(self, num_pp, num_mp, num_dp, num_sp=1):
                 super().__init__(axes=["pipe", "data", "model", "sequence"], dims=[num_pp, num_dp, num_mp, num_sp])
 
-        model = PipelineModule(layers=layers, topology=SequenceTopology(2, 1, 1, 2), loss_fn=torch.nn.MSELoss(),
-                               partition_method="uniform")
+        model = PipelineModule(
+            layers=layers, topology=SequenceTopology(2, 1, 1, 2), loss_fn=torch.nn.MSELoss(), partition_method="uniform"
+        )
     else:
         topo = topology_module.PipeDataParallelTopology(num_pp=2, num_dp=2)
         model = SelfGridPipe(layers, topo, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
@@ -120,8 +123,14 @@ def run(mode: str, rank: int) -> dict:
                 self.batches_seen = getattr(self, "batches_seen", 0) + 1
                 return super().train_batch(data_iter=data_iter)
 
-        engine = TrainBatchEngine(args=None, model=model, model_parameters=model.parameters(), mpu=model.mpu(),
-                                  config=config, config_class=DeepSpeedConfig(config, model.mpu()))
+        engine = TrainBatchEngine(
+            args=None,
+            model=model,
+            model_parameters=model.parameters(),
+            mpu=model.mpu(),
+            config=config,
+            config_class=DeepSpeedConfig(config, model.mpu()),
+        )
     else:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     gen = torch.Generator().manual_seed(100 + rank % 2)  # the dp index picks the data
@@ -147,13 +156,20 @@ def run(mode: str, rank: int) -> dict:
         "params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
         "grid_type": type(grid).__name__,
         "grid": {
-            "stage_id": grid.stage_id, "data_parallel_id": grid.data_parallel_id, "p2p": grid.p2p_groups,
-            "dp": ranks(grid.get_data_parallel_group()), "pp": ranks(grid.get_pipe_parallel_group()),
-            "model": ranks(grid.get_model_parallel_group()), "slice": ranks(grid.get_slice_parallel_group()),
+            "stage_id": grid.stage_id,
+            "data_parallel_id": grid.data_parallel_id,
+            "p2p": grid.p2p_groups,
+            "dp": ranks(grid.get_data_parallel_group()),
+            "pp": ranks(grid.get_pipe_parallel_group()),
+            "model": ranks(grid.get_model_parallel_group()),
+            "slice": ranks(grid.get_slice_parallel_group()),
         },
-        "engine": {"dp": ranks(engine.data_parallel_group), "seq_dp": ranks(engine.seq_data_parallel_group),
-                   "groups_dp": ranks(groups._get_data_parallel_group()),
-                   "mp_world_size": groups._get_model_parallel_world_size()},
+        "engine": {
+            "dp": ranks(engine.data_parallel_group),
+            "seq_dp": ranks(engine.seq_data_parallel_group),
+            "groups_dp": ranks(groups._get_data_parallel_group()),
+            "mp_world_size": groups._get_model_parallel_world_size(),
+        },
         # legacy: the engine's data-parallel group is the very group the grid made
         "engine_dp_is_grids": engine.data_parallel_group is grid.get_data_parallel_group(),
         "shim": installer.is_installed(),

@@ -1,5 +1,6 @@
 """A script that builds an engine under the shim and never calls ``destroy_process_group()`` exits
 with its world destroyed (compat.clean_exit): a gloo rank finalising with live groups can abort."""
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,18 @@ SCRIPT = textwrap.dedent("""
 def _run(tmp_path: Path, shim: bool) -> str:
     script = tmp_path / "no_destroy.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(29000 + os.getpid() % 1000), "SHIM": "1" if shim else "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29000 + os.getpid() % 1000),
+        "SHIM": "1" if shim else "0",
+    }
     env.pop("DS_MESH", None)
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,6 +7,7 @@ every supported release (0.17.0 … 0.19.8); that handler is at WARNING from 0.1
 before (so plain 0.17.0 prints INFO by default; the shim's default stays WARNING);
 ``set_log_level_from_string`` (logger and handler) exists from 0.17.6 on.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from megatron_mpu import MegatronMPU
 
 pytestmark = pytest.mark.torch_releases

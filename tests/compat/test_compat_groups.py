@@ -625,9 +625,9 @@ def test_every_legacy_function_is_shimmed():
     assert len(names) > 50
     for name in names:
         ours = getattr(cgroups, name)
-        assert list(inspect.signature(ours).parameters) == list(
-            inspect.signature(getattr(legacy, name)).parameters
-        ), name
+        assert list(inspect.signature(ours).parameters) == list(inspect.signature(getattr(legacy, name)).parameters), (
+            name
+        )
         source = inspect.getsource(ours)
         assert "# TODOV1:" in source, name
     for attr in ("mpu", "mesh_device", "expert_tensor_parallel_world_size", "_DEVICE_MESH_SPLIT_UNSUPPORTED"):
@@ -701,8 +701,10 @@ def test_a_getter_prologue_warns_at_its_caller_and_names_itself_on_a_wrong_grid(
             assert len(caught) == 1 and caught[0].filename == __file__
             assert "get_tensor_model_parallel_world_size is deprecated" in str(caught[0].message)
             cgroups._set_wrong_grid(engine_scope.AmbiguousGrid(["a", "b"]))
-            with pytest.raises(engine_scope.WrongGridError,
-                               match=r"^deepspeed\.utils\.groups\.get_tensor_model_parallel_world_size\(\) was called"):
+            with pytest.raises(
+                engine_scope.WrongGridError,
+                match=r"^deepspeed\.utils\.groups\.get_tensor_model_parallel_world_size\(\) was called",
+            ):
                 cgroups.get_tensor_model_parallel_world_size()
         finally:
             cgroups._set_wrong_grid(None)

@@ -9,12 +9,12 @@ import pytest
 import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from megatron_mpu import MegatronMPU
 
 import compat.groups as cgroups
 from compat import topology as ctopology
 from compat.mpu import MeshMPU, mesh_from_mpu
 from fakepg import fake_world, record_new_groups
-from megatron_mpu import MegatronMPU
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
 pytestmark = [
@@ -155,8 +155,9 @@ def megatron_style_mpu(pp, dp, tp, *, tp_lists=None):
     """A user's mpu built from explicit rank lists (order pp, dp, tp, like Megatron-LM): its dp, tp
     and pp group getters."""
     layout = MeshLayout(MeshSpec.build(dist.get_world_size(), pp=pp, dp=dp, tp=tp))
-    return MegatronMPU.of_rank_lists({"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"),
-                                      "pp": layout.groups("pp")})
+    return MegatronMPU.of_rank_lists(
+        {"dp": layout.groups("dp"), "tp": tp_lists or layout.groups("tp"), "pp": layout.groups("pp")}
+    )
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -91,7 +91,6 @@ def test_process_topology_matches_deepspeed(axes_dims, data):
     assert _outcome(ours.filter_match, nope=0) == _outcome(legacy.filter_match, nope=0)
 
 
-
 # values legacy accepts because its lookups go by ==/hash (1.0 == True == np.int64(1) == 1)
 NON_INT_VALUES = [True, False, 1.0, 0.0, 1.5, np.int64(1), -1.0, "1", None]
 

@@ -1,5 +1,6 @@
 """The shim's one line per engine (compat.engine_banner): dims and sizes, HSDP, the ranks; on the
 engine's first rank only; quiet through the ``deepspeed`` logging tree's levels."""
+
 from __future__ import annotations
 
 import logging
@@ -12,15 +13,20 @@ from mesh_core import MeshSpec
 pytestmark = pytest.mark.torch_releases
 
 
-@pytest.mark.parametrize("spec,parts", [
-    (MeshSpec.build(4), ["the mesh dp=4", "all 4 ranks", "engine.mesh_device"]),
-    (MeshSpec.build(4, dp_replicate=2, dp_shard=2),
-     ["dp_replicate=2 x dp_shard=2", "HSDP: ZeRO partitions over dp_shard (2 ranks)", "across dp_replicate (2"]),
-    (MeshSpec.build(8, pp=2, tp=2, ep=2), ["pp=2 x dp=2 x tp=2", "ep=2"]),
-    (MeshSpec.build(8, ranks=[4, 5, 6, 7], tp=2), ["dp=2 x tp=2", "ranks 4..7 of 8 (a sub-world engine)"]),
-    (MeshSpec.build(1), ["the mesh dp=1", "; the world's one rank;"]),  # not "all 1 ranks"
-    (MeshSpec.build(8, ranks=[3], dp=1), ["; rank 3 of 8 (a sub-world engine)"]),
-])
+@pytest.mark.parametrize(
+    "spec,parts",
+    [
+        (MeshSpec.build(4), ["the mesh dp=4", "all 4 ranks", "engine.mesh_device"]),
+        (
+            MeshSpec.build(4, dp_replicate=2, dp_shard=2),
+            ["dp_replicate=2 x dp_shard=2", "HSDP: ZeRO partitions over dp_shard (2 ranks)", "across dp_replicate (2"],
+        ),
+        (MeshSpec.build(8, pp=2, tp=2, ep=2), ["pp=2 x dp=2 x tp=2", "ep=2"]),
+        (MeshSpec.build(8, ranks=[4, 5, 6, 7], tp=2), ["dp=2 x tp=2", "ranks 4..7 of 8 (a sub-world engine)"]),
+        (MeshSpec.build(1), ["the mesh dp=1", "; the world's one rank;"]),  # not "all 1 ranks"
+        (MeshSpec.build(8, ranks=[3], dp=1), ["; rank 3 of 8 (a sub-world engine)"]),
+    ],
+)
 def test_the_line_says_the_mesh(spec, parts):
     line = describe(spec)
     assert line.startswith("ds-mesh: this engine runs on the mesh")

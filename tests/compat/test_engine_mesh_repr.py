@@ -1,7 +1,9 @@
 """The engine's mesh says what it is when printed."""
+
 from __future__ import annotations
 
 import pytest
+
 from compat.engine_mesh import as_engine_mesh
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec

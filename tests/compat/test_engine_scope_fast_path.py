@@ -6,6 +6,7 @@ default one and over the whole world, no other engine in scope) marks the state,
 only check the mark and the default mesh. Every change of the groups state clears the mark, so an
 entry after any such change still runs with its engine's state, and the change stands again after it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -155,9 +156,14 @@ def test_an_engine_without_state_is_no_fast_path(restore_groups):
 def test_a_deepspeed_engine_takes_the_fast_path_from_its_second_step(world, shim):
     import deepspeed
 
-    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config={
-        "train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6,
-        "optimizer": {"type": "Adam", "params": {"torch_adam": True}}})[0]
+    engine = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4),
+        config={
+            "train_micro_batch_size_per_gpu": 1,
+            "steps_per_print": 10**6,
+            "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+        },
+    )[0]
     try:
         engine(torch.randn(1, 4))
         assert groups.STATE_MARK[0] is getattr(engine, ENGINE_STATE_ATTR)
@@ -186,8 +192,10 @@ class _Signatures:
 def test_an_entry_point_keeps_the_methods_parameters_and_passes_every_argument_on():
     import inspect
 
-    wrapped = {name: scoped_entry_point(vars(_Signatures)[name], f"_Signatures.{name}")
-               for name in ("defaults", "varargs", "kinds", "reserved")}
+    wrapped = {
+        name: scoped_entry_point(vars(_Signatures)[name], f"_Signatures.{name}")
+        for name in ("defaults", "varargs", "kinds", "reserved")
+    }
     engine = _Signatures()
     for name, entry in wrapped.items():
         original = getattr(engine, name)

@@ -1,9 +1,11 @@
 """Which default mesh the HSDP wrappers act on (fake backend, no DeepSpeed engine)."""
+
 from __future__ import annotations
 
 import pytest
-from fakepg import fake_world
+
 from compat import hsdp
+from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, use_mesh
 
 pytestmark = pytest.mark.torch_releases

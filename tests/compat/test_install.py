@@ -5,6 +5,7 @@ mesh_param= translation, conflicts, TODOV1 warnings) and two engines in one worl
 Engines are built with the real deepspeed under the fake process group (one process acting as one
 rank of a world of 4); the 4-process gloo training runs are in test_e2e_shim.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import wrapt
-
-from fakepg import FAKE_RANK, FAKE_WORLD, fake_world, group_count
 from megatron_mpu import ALL_GETTERS, MegatronMPU
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import compat.install as installer
 from compat.deprecation import LegacyAPIDeprecationWarning
+from fakepg import FAKE_RANK, FAKE_WORLD, fake_world, group_count
 from mesh_core import MeshSpecError
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
@@ -54,8 +54,12 @@ def differences(before: dict, after: dict) -> list[str]:
 
 
 def tiny_config(**extra) -> dict:
-    return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
-            "steps_per_print": 10**6, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+        "steps_per_print": 10**6,
+        **extra,
+    }
 
 
 def assert_migration_row_exists(message: str) -> None:
@@ -116,12 +120,16 @@ def test_install_routes_every_binding_and_uninstall_restores_every_name():
 
 
 def test_every_legacy_groups_function_is_routed():
-    import compat.groups
     from deepspeed.utils import groups
 
+    import compat.groups
+
     installer.uninstall()
-    legacy = [n for n, v in vars(groups).items()
-              if isinstance(v, types.FunctionType) and v.__module__ == "deepspeed.utils.groups"]
+    legacy = [
+        n
+        for n, v in vars(groups).items()
+        if isinstance(v, types.FunctionType) and v.__module__ == "deepspeed.utils.groups"
+    ]
     installer.install()
     try:
         assert len(legacy) > 50
@@ -182,19 +190,29 @@ print("RESULT" + json.dumps(out))
 
 
 def run_python(code: str, env: dict | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {})))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {})),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
 
 
 @pytest.mark.parametrize("before", [True, False], ids=["install-before-import", "install-after-import"])
 def test_install_before_and_after_import_deepspeed(before):
-    code = IMPORT_ORDER_SCRIPT.format(tests=os.path.dirname(os.path.dirname(__file__)), root=ROOT, before=before,
-                                      config=tiny_config(mesh={"dp": 4}))
+    code = IMPORT_ORDER_SCRIPT.format(
+        tests=os.path.dirname(os.path.dirname(__file__)), root=ROOT, before=before, config=tiny_config(mesh={"dp": 4})
+    )
     line = next(l for l in run_python(code).splitlines() if l.startswith("RESULT"))
-    assert json.loads(line[len("RESULT"):]) == {"utils_copy": True, "grid": True, "mesh": "EngineMesh",
-                                                "dp_is_mesh_dp": True}
+    assert json.loads(line[len("RESULT") :]) == {
+        "utils_copy": True,
+        "grid": True,
+        "mesh": "EngineMesh",
+        "dp_is_mesh_dp": True,
+    }
 
 
 UNCHANGED_SCRIPT = r"""
@@ -217,8 +235,10 @@ def test_ds_mesh_env_opt_in_runs_unchanged_script_on_the_mesh(tmp_path, value, e
     script = tmp_path / "train.py"
     script.write_text(UNCHANGED_SCRIPT.format(tests=os.path.dirname(os.path.dirname(__file__)), config=tiny_config()))
     # site.addsitedir processes the .pth exactly as interpreter start-up does for site-packages
-    code = f"import site, runpy, sys; sys.path.insert(0, {ROOT!r}); site.addsitedir({str(site_dir)!r}); " \
-           f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    code = (
+        f"import site, runpy, sys; sys.path.insert(0, {ROOT!r}); site.addsitedir({str(site_dir)!r}); "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    )
     out = run_python(code, env={"DS_MESH": value, "PYTHONPATH": ROOT})
     assert os.path.basename(pth) == "ds_mesh.pth"
     assert f"MESH {expected}" in out
@@ -226,7 +246,6 @@ def test_ds_mesh_env_opt_in_runs_unchanged_script_on_the_mesh(tmp_path, value, e
 
 def test_package_level_install_works_after_the_submodule_is_imported():
     import compat
-
     import compat.install  # noqa: F401  (binds the package attribute "install" to the submodule)
 
     try:
@@ -254,8 +273,9 @@ def test_mesh_param_is_translated_into_the_engine_mesh_and_warns_once(shim, worl
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):  # one call site, called twice: one warning
-            engines.append(deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(),
-                                                mesh_param=(2, 2))[0])
+            engines.append(
+                deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(), mesh_param=(2, 2))[0]
+            )
     ours = [w for w in caught if issubclass(w.category, LegacyAPIDeprecationWarning) and w.filename == __file__]
     assert len(ours) == 1 and str(ours[0].message).startswith("TODOV1: deepspeed.initialize(mesh_param=...)")
     assert_migration_row_exists(str(ours[0].message))
@@ -281,8 +301,9 @@ def test_config_mesh_section_gives_the_same_engine_as_mesh_param(shim, world):
     import deepspeed
 
     by_section = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"sp": 2}))[0]
-    by_keys = deepspeed.initialize(model=torch.nn.Linear(4, 4),
-                                   config=tiny_config(data_parallel_size=2, sequence_parallel_size=2))[0]
+    by_keys = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4), config=tiny_config(data_parallel_size=2, sequence_parallel_size=2)
+    )[0]
     for engine in (by_section, by_keys):
         assert engine.mesh_device.spec.shape == {"dp": 2, "sp": 2}
         assert ranks(engine.seq_parallel_group) == [0, 1] and ranks(engine.data_parallel_group) == [1, 3]
@@ -308,16 +329,26 @@ def test_config_file_from_args_with_mesh_section(shim, world, tmp_path):
     "kwargs,both",
     [
         ({"config": tiny_config(mesh={"dp": 4}), "mesh_param": (2, 2)}, ("config 'mesh' section", "mesh_param=(2, 2)")),
-        ({"config": tiny_config(mesh={"sp": 2}, sequence_parallel_size=4)},
-         ("config 'mesh' section", "sequence_parallel_size")),
-        ({"config": tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 4})},
-         ("config 'mesh' section", "tensor_parallel.autotp_size")),
+        (
+            {"config": tiny_config(mesh={"sp": 2}, sequence_parallel_size=4)},
+            ("config 'mesh' section", "sequence_parallel_size"),
+        ),
+        (
+            {"config": tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 4})},
+            ("config 'mesh' section", "tensor_parallel.autotp_size"),
+        ),
         ({"config": tiny_config(mesh={"pp": 2})}, ("pp=2", "not a PipelineModule")),
         ({"config": tiny_config(mesh={"dp": 3})}, ("dp=3", "world_size=4")),
         ({"config": tiny_config(mesh={"cp": 2})}, ("'cp'", "valid keys")),
     ],
-    ids=["section-vs-mesh_param", "section-vs-sp-key", "section-vs-autotp", "pp-without-pipeline", "bad-size",
-         "unknown-key"],
+    ids=[
+        "section-vs-mesh_param",
+        "section-vs-sp-key",
+        "section-vs-autotp",
+        "pp-without-pipeline",
+        "bad-size",
+        "unknown-key",
+    ],
 )
 def test_conflicting_or_bad_layouts_fail_naming_both_before_any_group(shim, world, kwargs, both):
     import deepspeed
@@ -335,14 +366,16 @@ def test_pipeline_module_and_config_mesh_must_agree(shim, world):
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
-    model = PipelineModule(layers=[torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)], num_stages=2,
-                           loss_fn=torch.nn.MSELoss())
+    model = PipelineModule(
+        layers=[torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)], num_stages=2, loss_fn=torch.nn.MSELoss()
+    )
     before = group_count()
     with pytest.raises(MeshSpecError, match=r"config 'mesh' section sets pp=4 but PipelineModule topology sets pp=2"):
         deepspeed.initialize(model=model, config=tiny_config(mesh={"pp": 4, "dp": 1}))
     assert group_count() == before
-    engine = deepspeed.initialize(model=model, config=tiny_config(mesh={"pp": 2}, train_micro_batch_size_per_gpu=2,
-                                                                  gradient_accumulation_steps=1))[0]
+    engine = deepspeed.initialize(
+        model=model, config=tiny_config(mesh={"pp": 2}, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1)
+    )[0]
     assert engine.mesh_device is model.mpu().mesh
     assert engine.mesh_device.get_group("pp") is engine.grid.get_pipe_parallel_group()
 
@@ -369,8 +402,9 @@ def test_two_models_get_their_own_meshes_and_share_identical_rank_sets(shim, wor
 
     from compat import groups as compat_groups
 
-    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4),
-                                 config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
+    actor = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1})
+    )[0]
     before = group_count()
     reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"dp": 2, "sp": 2}))[0]
     am, rm = actor.mesh_device, reference.mesh_device
@@ -469,8 +503,9 @@ def test_an_engines_own_groups_serve_its_rank_getters_and_checkpointing(shim, wo
 
     from compat import groups as compat_groups
 
-    actor = deepspeed.initialize(model=torch.nn.Linear(4, 4),
-                                 config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
+    actor = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1})
+    )[0]
     reference = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config())[0]
     assert actor.mesh_device.get_local_rank("dp") == 0 and reference.mesh_device.get_local_rank("dp") == RANK
     assert actor.get_data_parallel_rank() == 0 and reference.get_data_parallel_rank() == RANK
@@ -491,7 +526,9 @@ def test_the_engine_mesh_runs_on_the_default_groups_device(shim, world, monkeypa
     import compat.initialize as compat_initialize
 
     monkeypatch.setattr(compat_initialize, "default_device_type", lambda: "meta")
-    engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1}))[0]
+    engine = deepspeed.initialize(
+        model=torch.nn.Linear(4, 4), config=tiny_config(mesh={"tp": 2}, tensor_parallel={"autotp_size": 1})
+    )[0]
     assert engine.mesh_device.device_type == "meta"
     assert engine.mesh_device.device_mesh.device_type == "meta"
 
@@ -502,8 +539,12 @@ def _tensor_outer_mpu() -> MegatronMPU:
     return MegatronMPU.of_rank_lists(
         {"tp": ([0, 2], [1, 3]), "dp": ([0, 1], [2, 3])},
         names={"data_parallel": "dp", "tensor_model_parallel": "tp", "model_parallel": "tp"},
-        getters={"data_parallel": ALL_GETTERS, "tensor_model_parallel": ("group", "world_size", "rank"),
-                 "model_parallel": ("group", "world_size", "rank")})
+        getters={
+            "data_parallel": ALL_GETTERS,
+            "tensor_model_parallel": ("group", "world_size", "rank"),
+            "model_parallel": ("group", "world_size", "rank"),
+        },
+    )
 
 
 @pytest.mark.filterwarnings("ignore::compat.deprecation.LegacyAPIDeprecationWarning")

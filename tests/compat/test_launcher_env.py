@@ -4,6 +4,7 @@
 ``DS_MESH`` and ``DS_MESH_STRICT`` the way it exports ``PYTHONPATH``; without the shim none is added;
 ``compat.install()`` in a wrapper exports ``DS_MESH=1``; a ``.deepspeed_env`` line wins.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,12 @@ DRIVER = Path(__file__).with_name("launcher_driver.py")
 # every multi-node runner deepspeed 0.17.0 .. 0.19.8 ships (deepspeed/launcher/constants.py)
 LAUNCHERS = ("pdsh", "openmpi", "mpich", "impi", "mvapich", "slurm")
 FAKES = {  # executable -> what it prints (the launchers' backend_exists() look for these)
-    "pdsh": "", "mpirun": "", "srun": "", "ompi_info": "", "sinfo": "", "mpiname": "MVAPICH2-GDR 2.3.7",
+    "pdsh": "",
+    "mpirun": "",
+    "srun": "",
+    "ompi_info": "",
+    "sinfo": "",
+    "mpiname": "MVAPICH2-GDR 2.3.7",
 }
 FAKE = """#!{python}
 import json, os, sys
@@ -45,7 +51,7 @@ def exports(launcher: str, argv: list[str]) -> dict[str, str]:
     elif launcher == "slurm":  # srun ... --export=ALL,K=V,K2=V2
         for arg in argv:
             if arg.startswith("--export="):
-                out.update(item.split("=", 1) for item in arg[len("--export="):].split(",") if "=" in item)
+                out.update(item.split("=", 1) for item in arg[len("--export=") :].split(",") if "=" in item)
     else:
         flag = {"openmpi": "-x", "mpich": "-genv", "impi": "-genv", "mvapich": "-env"}[launcher]
         for i, arg in enumerate(argv[:-1]):
@@ -89,10 +95,15 @@ def launch(fakes, items: list[str], env_extra: dict[str, str], *, install: bool 
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher_env.FORWARDED_PREFIXES)}
     env.update(
-        PATH=f"{fakes['bin']}{os.pathsep}{env.get('PATH', '')}", HOME=str(home), FAKE_RECORD=str(record),
-        PYTHONPATH=os.pathsep.join([str(fakes["hook"]), str(ROOT)]), DS_ACCELERATOR="cpu",
+        PATH=f"{fakes['bin']}{os.pathsep}{env.get('PATH', '')}",
+        HOME=str(home),
+        FAKE_RECORD=str(record),
+        PYTHONPATH=os.pathsep.join([str(fakes["hook"]), str(ROOT)]),
+        DS_ACCELERATOR="cpu",
         # deepspeed 0.17.0's OpenMPIRunner reads these in the launching process
-        OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1",
+        OMPI_COMM_WORLD_LOCAL_RANK="0",
+        OMPI_COMM_WORLD_RANK="0",
+        OMPI_COMM_WORLD_SIZE="1",
     )
     env.update(env_extra)
     cmd = [sys.executable, str(DRIVER), str(fakes["hostfile"]), *(["--install"] if install else []), *items]

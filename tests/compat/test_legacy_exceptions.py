@@ -8,6 +8,7 @@ called plain, under ``compat.install()`` and in the form the codemods write
 legacy type where legacy raised. The bwc helpers and an mpu without pipeline getters are compared
 the same way (``codemods.rules.mpu_internal.BWC`` on ``mesh_of(mpu)``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -15,9 +16,9 @@ import types
 
 import pytest
 import torch.distributed as dist
+from megatron_mpu import MegatronMPU
 
 from fakepg import fake_world
-from megatron_mpu import MegatronMPU
 
 pytestmark = [
     pytest.mark.deepspeed,
@@ -31,10 +32,16 @@ WORLDS = [(1, 4), (7, 8)]
 # deepspeed.initialize); their migrated form answers the mesh's groups. Whether a site may depend on
 # that error is decided where the call is rewritten (the codemods), not by the mesh.
 LETTERED_ANSWERED_BY_THE_MESH = {
-    "get_data_parallel_group", "get_data_parallel_rank", "get_data_parallel_world_size",
-    "get_model_parallel_group", "get_model_parallel_rank", "get_model_parallel_world_size",
-    "get_tensor_model_parallel_group", "get_tensor_model_parallel_rank",
-    "get_tensor_model_parallel_src_rank", "get_tensor_model_parallel_world_size",
+    "get_data_parallel_group",
+    "get_data_parallel_rank",
+    "get_data_parallel_world_size",
+    "get_model_parallel_group",
+    "get_model_parallel_rank",
+    "get_model_parallel_world_size",
+    "get_tensor_model_parallel_group",
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_src_rank",
+    "get_tensor_model_parallel_world_size",
 }
 
 
@@ -96,8 +103,10 @@ def migrated(rank, world):
 
     set_default_mesh(None)
     with fake_world(rank, world, deepspeed_comm=True):
-        return {name: outcome(lambda t=template: eval(t.format(mesh="current_mesh()"), {"current_mesh": current_mesh}))
-                for name, template in SIMPLE.items()}
+        return {
+            name: outcome(lambda t=template: eval(t.format(mesh="current_mesh()"), {"current_mesh": current_mesh}))
+            for name, template in SIMPLE.items()
+        }
 
 
 @pytest.mark.parametrize("rank,world", WORLDS)
@@ -152,8 +161,10 @@ def tensor_data_mpu(world: int) -> MegatronMPU:
     creates its own two groups), tp also under get_model_parallel_*."""
     return MegatronMPU.of_rank_lists(
         {"dp": [list(range(t, world, 2)) for t in range(2)], "tp": [[b, b + 1] for b in range(0, world, 2)]},
-        member_only=True, names={"data_parallel": "dp", "tensor_model_parallel": "tp", "model_parallel": "tp"},
-        getters=("group", "world_size", "rank"))
+        member_only=True,
+        names={"data_parallel": "dp", "tensor_model_parallel": "tp", "model_parallel": "tp"},
+        getters=("group", "world_size", "rank"),
+    )
 
 
 @pytest.mark.parametrize("rank,world", WORLDS)
@@ -192,15 +203,19 @@ def _engine_mpu_pipeline_answers(rank, world, monkeypatch, *, shim_installed):
 
     for name, value in (("LOCAL_RANK", rank), ("RANK", rank), ("WORLD_SIZE", world)):
         monkeypatch.setenv(name, str(value))
-    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
-              "steps_per_print": 10**6}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+        "steps_per_print": 10**6,
+    }
     with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(io.StringIO()):
         mpu = tensor_data_mpu(world)
         engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config, mpu=mpu)
         assert (type(engine.mpu).__name__ == "MeshMPU") == shim_installed
         out = {
-            "has pipe getters": [hasattr(engine.mpu, n) for n in ("get_pipe_parallel_group",
-                                                                  "get_pipeline_model_parallel_world_size")],
+            "has pipe getters": [
+                hasattr(engine.mpu, n) for n in ("get_pipe_parallel_group", "get_pipeline_model_parallel_world_size")
+            ],
             "pp size": outcome(lambda: legacy_bwc.bwc_pipeline_parallel_world_size(engine.mpu)),
             "pp group": outcome(lambda: legacy_bwc.bwc_pipeline_parallel_group(engine.mpu)),
             "tp size": outcome(lambda: legacy_bwc.bwc_tensor_model_parallel_world_size(engine.mpu)),
@@ -258,9 +273,10 @@ def test_expert_getters_before_any_expert_group(rank, world):
         set_default_mesh(None)
         with fake_world(rank, world, deepspeed_comm=True):
             if mode == "migrated":
-                results[mode] = {n: outcome(lambda t=t: eval(t.format(mesh="current_mesh()", n=2),
-                                                             {"current_mesh": current_mesh}))
-                                 for n, t in EXPERT.items()}
+                results[mode] = {
+                    n: outcome(lambda t=t: eval(t.format(mesh="current_mesh()", n=2), {"current_mesh": current_mesh}))
+                    for n, t in EXPERT.items()
+                }
             else:
                 results[mode] = {n: outcome(lambda n=n: getattr(groups, n)("ep_size_2")) for n in EXPERT}
     installer.uninstall()

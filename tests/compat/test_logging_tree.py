@@ -1,6 +1,7 @@
 """DeepSpeed's logging under the shim: one ``deepspeed`` tree with per-module loggers and levels
 (compat/logging_tree.py). Engines run in a 1-process gloo world; records are collected by a
 handler on the tree's root."""
+
 from __future__ import annotations
 
 import contextlib
@@ -82,8 +83,9 @@ def train(monkeypatch, config, steps=2):
     torch.manual_seed(0)
     with gloo_world(monkeypatch), collected() as handler:
         model = torch.nn.Linear(4, 4)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                          config={**BASE, **config})
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config={**BASE, **config}
+        )
         for _ in range(steps):
             engine.backward(engine(torch.randn(2, 4)).sum())
             engine.step()
@@ -149,8 +151,14 @@ def test_op_builder_output_arrives_as_records(shim, capsys):
     assert builder.error_log == "custom op warning"
     messages = {(r.name, r.levelname, r.getMessage()) for r in handler.records}
     assert ("deepspeed.ops.op_builder.fused_adam", "WARNING", "custom op warning") in messages
-    assert any(name.startswith("deepspeed.ops.") and level == "WARNING" and "no-such-command-for-ds-mesh" in text
-               and "\x1b" not in text and "[WARNING]" not in text for name, level, text in messages), messages
+    assert any(
+        name.startswith("deepspeed.ops.")
+        and level == "WARNING"
+        and "no-such-command-for-ds-mesh" in text
+        and "\x1b" not in text
+        and "[WARNING]" not in text
+        for name, level, text in messages
+    ), messages
     assert "\x1b[93m" not in capsys.readouterr().out
 
 
@@ -173,22 +181,37 @@ def snapshot():
     ds_logger = ds_logging.logger
     root = logging.getLogger("deepspeed")
     return {
-        "logger": (id(ds_logger), type(ds_logger), list(ds_logger.handlers), ds_logger.level, ds_logger.propagate,
-                   [h.level for h in ds_logger.handlers]),
+        "logger": (
+            id(ds_logger),
+            type(ds_logger),
+            list(ds_logger.handlers),
+            ds_logger.level,
+            ds_logger.propagate,
+            [h.level for h in ds_logger.handlers],
+        ),
         "root": (root.level, root.propagate, list(root.handlers)),
-        "functions": (ds_logging.print_dist, ds_logging.set_log_level_from_string, utils.set_log_level_from_string,
-                      timer.print_dist, engine.set_log_level_from_string, builder.OpBuilder.__dict__["warning"],
-                      engine.DeepSpeedEngine.__dict__["_configure_with_arguments"]),
-        "print": [name for name, m in sys.modules.items() if name.startswith("deepspeed") and m is not None
-                  and "print" in vars(m)],
+        "functions": (
+            ds_logging.print_dist,
+            ds_logging.set_log_level_from_string,
+            utils.set_log_level_from_string,
+            timer.print_dist,
+            engine.set_log_level_from_string,
+            builder.OpBuilder.__dict__["warning"],
+            engine.DeepSpeedEngine.__dict__["_configure_with_arguments"],
+        ),
+        "print": [
+            name
+            for name, m in sys.modules.items()
+            if name.startswith("deepspeed") and m is not None and "print" in vars(m)
+        ],
         "levels": {name: logging.getLogger(name).level for name in ("deepspeed.timers", "deepspeed.runtime.engine")},
     }
 
 
 def test_uninstall_restores_loggers_handlers_and_functions(monkeypatch):
     import deepspeed
-    import deepspeed.utils.logging as ds_logging
     import deepspeed.ops.op_builder.fused_adam  # noqa: F401
+    import deepspeed.utils.logging as ds_logging
 
     before = snapshot()
     monkeypatch.setenv("DS_LOG_LEVELS", "deepspeed.runtime.engine=debug")
@@ -234,7 +257,9 @@ def test_bad_levels_name_the_value():
     with pytest.raises(ValueError, match="unknown keys \\['levels'\\]"):
         logging_tree.levels_from_config({"logging": {"levels": "info"}})
     assert logging_tree.parse_env("info, deepspeed.runtime.zero = DEBUG") == {
-        "deepspeed": logging.INFO, "deepspeed.runtime.zero": logging.DEBUG}
+        "deepspeed": logging.INFO,
+        "deepspeed.runtime.zero": logging.DEBUG,
+    }
     records = []
     handler = logging.Handler()
     handler.emit = records.append

@@ -8,6 +8,7 @@ tools/run_releases.py checks the same refusal on a real 0.16.9 and the supported
 Every test here holds on every supported release (marker ``releases``: CI runs them on 0.17.0 and
 0.19.7 too); the routes they break are the same modules in all of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,19 +17,29 @@ import sys
 import textwrap
 
 import pytest
+from test_install import differences, snapshot_deepspeed
 
 import compat.install as installer
 from compat import logging_tree, releases, startup
-
-from test_install import differences, snapshot_deepspeed
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.releases, pytest.mark.torch_releases]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("version,ok", [("0.16.9", False), ("0.17.0", True), ("0.18.4", True), ("0.19.6+edaa722", True),
-                                        ("0.19.8", True), ("0.19.9", False), ("0.20.0", False), ("1.0", False),
-                                        ("unknown", False)])
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("0.16.9", False),
+        ("0.17.0", True),
+        ("0.18.4", True),
+        ("0.19.6+edaa722", True),
+        ("0.19.8", True),
+        ("0.19.9", False),
+        ("0.20.0", False),
+        ("1.0", False),
+        ("unknown", False),
+    ],
+)
 def test_range(version, ok):
     assert releases.is_supported(version) is ok
 
@@ -38,7 +49,9 @@ def test_declared_range_is_the_same_everywhere():
         assert f'"deepspeed{releases.SUPPORTED}"' in fh.read()
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
         assert f"deepspeed {releases.SUPPORTED}" in fh.read()
-    assert releases.SUPPORTED == ">={},<={}".format(*(".".join(map(str, r)) for r in (releases.OLDEST, releases.NEWEST)))
+    assert releases.SUPPORTED == ">={},<={}".format(
+        *(".".join(map(str, r)) for r in (releases.OLDEST, releases.NEWEST))
+    )
 
 
 @pytest.mark.parametrize("version", ["0.16.9", "0.20.0"])
@@ -93,12 +106,14 @@ def test_a_route_failing_midway_undoes_everything():
 def run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "PYTHONPATH")}
     base.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=base, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=base, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_route_failing_inside_a_later_import_leaves_plain_deepspeed():
-    proc = run("""
+    proc = run(
+        """
         import compat.install as installer
         def broken(module):
             raise AttributeError("no such thing in this release")
@@ -109,22 +124,28 @@ def test_a_route_failing_inside_a_later_import_leaves_plain_deepspeed():
         from deepspeed.utils import groups
         print("STATE", installer.is_installed(), installer.patched_names(), groups.__class__.__name__,
               groups._get_data_parallel_group.__module__)
-    """, {})
+    """,
+        {},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STATE False [] module deepspeed.utils.groups" in proc.stdout
     warned = [line for line in (proc.stdout + proc.stderr).splitlines() if "ds-mesh:" in line]
     assert len(warned) == 1 and "no such thing in this release" in warned[0] and "without the mesh" in warned[0]
 
 
-@pytest.mark.parametrize("rank, local_rank, warns", [("", "", True), ("3", "3", False), ("4", "0", True)],
-                         ids=["outside-a-job", "rank-3", "rank-4-first-on-its-node"])
+@pytest.mark.parametrize(
+    "rank, local_rank, warns",
+    [("", "", True), ("3", "3", False), ("4", "0", True)],
+    ids=["outside-a-job", "rank-3", "rank-4-first-on-its-node"],
+)
 def test_ds_mesh_hook_on_an_unsupported_release_warns_once_and_runs_plain_deepspeed(tmp_path, rank, local_rank, warns):
     """One warning per node (its local rank 0: each node's install may differ), not one per rank; every
     rank runs plain DeepSpeed."""
     site = tmp_path / "site"
     site.mkdir()
     startup.write_pth(str(site))
-    proc = run(f"""
+    proc = run(
+        f"""
         import compat.releases as releases
         installed = releases.installed_version()
         major, minor, patch = releases.release(installed)
@@ -140,7 +161,9 @@ def test_ds_mesh_hook_on_an_unsupported_release_warns_once_and_runs_plain_deepsp
         except releases.UnsupportedDeepSpeedError as err:
             print("RAISED", err)
         print("AFTER", installer.is_installed())
-    """, {"DS_MESH": "1", "RANK": rank, "LOCAL_RANK": local_rank})
+    """,
+        {"DS_MESH": "1", "RANK": rank, "LOCAL_RANK": local_rank},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RANGE")]
     installed = line.split()[1]

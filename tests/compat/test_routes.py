@@ -8,6 +8,7 @@
 - ``engine.destroy()`` releases the mesh the shim built for the engine;
 - configs load through deepspeed's own loader; look-alike ``"mesh"`` values are clear errors.
 """
+
 from __future__ import annotations
 
 import base64
@@ -17,11 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fakepg import FAKE_RANK, FAKE_WORLD
-
 import compat.install as installer
 from compat import comm_routes, group_trace, use_engine
 from compat.config_loading import DeepSpeedConfigFileError, load_deepspeed_config
+from fakepg import FAKE_RANK, FAKE_WORLD
 from mesh_core import MeshSpecError, spec_from_config
 from mesh_core.runtime_hooks import registry_for_world
 
@@ -30,8 +30,12 @@ RANK, WORLD = FAKE_RANK, FAKE_WORLD  # the conftest `world` fixture
 
 
 def tiny_config(**extra) -> dict:
-    return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
-            "steps_per_print": 10**6, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+        "steps_per_print": 10**6,
+        **extra,
+    }
 
 
 def test_install_routes_deepspeed_comm_and_uninstall_restores():
@@ -83,7 +87,9 @@ def test_get_all_ranks_from_group_on_every_group_the_shim_hands_out(world, shim)
     handed = {
         "engine.data_parallel_group": engine.data_parallel_group,
         "engine.seq_data_parallel_group": engine.seq_data_parallel_group,
-        "mesh dp": mesh.get_group("dp"), "mesh sp": mesh.get_group("sp"), "mesh (dp, sp)": mesh.get_group(("dp", "sp")),
+        "mesh dp": mesh.get_group("dp"),
+        "mesh sp": mesh.get_group("sp"),
+        "mesh (dp, sp)": mesh.get_group(("dp", "sp")),
         "world clone": ds_dist.new_group(range(WORLD)),
     }
     # the engine in scope, as inside its step: engines other tests left alive may have other layouts
@@ -96,7 +102,7 @@ def test_get_all_ranks_from_group_on_every_group_the_shim_hands_out(world, shim)
                 value = getter()
             except Exception:  # noqa: BLE001 - getters that need arguments or a state this mesh lacks
                 continue
-            for key, group in (value.items() if isinstance(value, dict) else [("", value)]):
+            for key, group in value.items() if isinstance(value, dict) else [("", value)]:
                 if isinstance(group, dist.ProcessGroup):
                     handed[f"groups.{name}{key and f'[{key}]'}"] = group
     assert len(handed) > 10
@@ -114,7 +120,9 @@ def test_strict_mode_raises_outside_mesh_core(world, shim, monkeypatch):
     import deepspeed.comm as ds_dist
 
     monkeypatch.setenv(group_trace.STRICT_ENV, "1")
-    with pytest.raises(group_trace.GroupOutsideMeshError, match=r"ranks \[0, 1, 2\] created outside mesh_core at .*test_routes"):
+    with pytest.raises(
+        group_trace.GroupOutsideMeshError, match=r"ranks \[0, 1, 2\] created outside mesh_core at .*test_routes"
+    ):
         dist.new_group([0, 1, 2])
     assert ds_dist.new_group([0, 1, 2]) is not None  # the legacy site goes through the registry: allowed
     monkeypatch.delenv(group_trace.STRICT_ENV)

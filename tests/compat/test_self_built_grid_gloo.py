@@ -4,6 +4,7 @@
 with its engine from ``deepspeed.initialize`` or (as CoLLiE's own ``initialize``) a
 ``PipelineEngine`` subclass built directly; and a plain ``PipelineModule`` on a topology subclass
 with a ``'sequence'`` axis (a public tree's ``PipeModelDataSequenceParallelTopology`` shape)."""
+
 from __future__ import annotations
 
 import os
@@ -24,23 +25,41 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("self_built_grid")
-    env = dict(os.environ, DS_MESH="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-           os.path.join(HERE, "self_built_grid_train.py"), str(out), ",".join(MODES)]
+    env = dict(
+        os.environ,
+        DS_MESH="1",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={WORLD}",
+        os.path.join(HERE, "self_built_grid_train.py"),
+        str(out),
+        ",".join(MODES),
+    ]
     proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return [{m: torch.load(out / f"{m}.rank{r}.pt") for m in MODES} for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("mode,reference", [("ds_mesh", "legacy"), ("install", "legacy"),
-                                            ("ds_mesh_direct", "legacy_direct"), ("ds_mesh_seq", "legacy_seq")])
+@pytest.mark.parametrize(
+    "mode,reference",
+    [("ds_mesh", "legacy"), ("install", "legacy"), ("ds_mesh_direct", "legacy_direct"), ("ds_mesh_seq", "legacy_seq")],
+)
 def test_self_built_grid_trains_as_legacy(runs, mode, reference):
     for rank, by_mode in enumerate(runs):
         legacy, shimmed = by_mode[reference], by_mode[mode]
         assert shimmed["shim"] and not legacy["shim"]
-        assert shimmed["grid_type"] == legacy["grid_type"] == ("PipelineParallelGrid" if mode.endswith("_seq")
-                                                               else "SelfBuiltGrid")
+        assert (
+            shimmed["grid_type"]
+            == legacy["grid_type"]
+            == ("PipelineParallelGrid" if mode.endswith("_seq") else "SelfBuiltGrid")
+        )
         assert shimmed["grid_groups_unique"] == legacy["grid_groups_unique"]
         assert shimmed["losses"] == legacy["losses"], rank
         assert shimmed["params"].keys() == legacy["params"].keys()

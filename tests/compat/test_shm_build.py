@@ -3,6 +3,7 @@
 why), and on torch <= 2.13 (FileBaton) a stale lock is an error naming it (and the command that
 clears it) within seconds instead of a silent wait; on torch >= 2.14 (filelock) the lock every build
 leaves is no obstacle: a second run after a build runs."""
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,25 @@ print("INITIALIZED", flush=True)
 
 def _start(extensions: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "RANK")}
-    env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=extensions,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000), WORLD_SIZE="1", RANK="0",
-               LOCAL_RANK="0")
-    return subprocess.Popen([sys.executable, "-u", "-c", FIRST_RUN], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env.update(
+        PYTHONPATH=ROOT,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TORCH_EXTENSIONS_DIR=extensions,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(20000 + os.getpid() % 20000),
+        WORLD_SIZE="1",
+        RANK="0",
+        LOCAL_RANK="0",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-u", "-c", FIRST_RUN],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -135,8 +150,9 @@ def test_a_rebuild_is_announced_like_a_first_build(monkeypatch, tmp_path, caplog
     with caplog.at_level("WARNING", logger="deepspeed.mesh"):
         build()
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 2 and said[0].startswith(f"ds-mesh: rebuilding DeepSpeed's shared-memory op deepspeed_shm_comm "
-                                                 f"in {directory}"), said
+    assert len(said) == 2 and said[0].startswith(
+        f"ds-mesh: rebuilding DeepSpeed's shared-memory op deepspeed_shm_comm in {directory}"
+    ), said
     assert "built against the torch in /another/venv/lib/python3.11/site-packages" in said[0]
     assert said[1].startswith("ds-mesh: deepspeed_shm_comm ready after")
 
@@ -155,8 +171,9 @@ def test_a_rebuild_for_another_venv_is_said_before_it_ends(tmp_path):
                 break
     finally:
         _stop(proc)
-    assert "ds-mesh: rebuilding DeepSpeed's shared-memory op deepspeed_shm_comm" in (seen[-1] if seen else ""), \
-        "".join(seen)[-3000:]
+    assert "ds-mesh: rebuilding DeepSpeed's shared-memory op deepspeed_shm_comm" in (seen[-1] if seen else ""), "".join(
+        seen
+    )[-3000:]
 
 
 @pytest.mark.slow
@@ -180,6 +197,7 @@ def test_a_run_after_the_build_runs_and_the_doctor_is_ready(tmp_path):
     assert "ds-mesh: building" not in outputs[1] and "rebuilding" not in outputs[1], outputs[1][-3000:]
     env = {k: v for k, v in os.environ.items() if k != "DS_MESH"}
     env.update(PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(extensions))
-    doc = subprocess.run([sys.executable, "-m", "mesh_core", "doctor"], env=env, capture_output=True, text=True,
-                         timeout=120)
+    doc = subprocess.run(
+        [sys.executable, "-m", "mesh_core", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert "[OK  ] shm op: deepspeed_shm_comm built" in doc.stdout, doc.stdout + doc.stderr

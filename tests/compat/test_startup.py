@@ -1,5 +1,6 @@
 """The DS_MESH start-up hook: ``ds_mesh.pth`` written into a temporary site directory (never the
 shared venv) and processed with ``site.addsitedir`` in a subprocess, as interpreter start-up does."""
+
 from __future__ import annotations
 
 import os
@@ -16,14 +17,16 @@ pytestmark = pytest.mark.torch_releases
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def python(code: str, *, env_extra: dict[str, str], cwd: str, pythonpath: "str | None" = ROOT,
-           flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def python(
+    code: str, *, env_extra: dict[str, str], cwd: str, pythonpath: "str | None" = ROOT, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("DS_MESH", "PYTHONPATH")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     env.update(env_extra)
-    return subprocess.run([sys.executable, *flags, "-c", code], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -75,8 +78,9 @@ for _ in range(2):
 def test_ignored_mesh_section_warns_once_on_rank_0(site_dir, tmp_path, rank):
     """Shim off, hook present: a "mesh" section plain DeepSpeed ignores gets one warning naming DS_MESH=1
     (rank 0 only); deepspeed.initialize itself runs unchanged (here: it refuses the missing model)."""
-    proc = python(IGNORED_MESH.format(site=site_dir), env_extra={"DS_ACCELERATOR": "cpu", "RANK": rank},
-                  cwd=str(tmp_path))
+    proc = python(
+        IGNORED_MESH.format(site=site_dir), env_extra={"DS_ACCELERATOR": "cpu", "RANK": rank}, cwd=str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("RAISED") == 2
     lines = [line for line in proc.stderr.splitlines() if '"mesh" section' in line]
@@ -96,8 +100,9 @@ def test_unknown_value_warns_in_one_line(site_dir, tmp_path):
     proc = python(PROBE.format(site=site_dir), env_extra={"DS_MESH": "yes-please"}, cwd=str(tmp_path))
     assert proc.returncode == 0
     lines = proc.stderr.splitlines()
-    quiet = python(PROBE.format(site=site_dir), env_extra={"DS_MESH": "yes-please", "OMPI_COMM_WORLD_RANK": "2"},
-                   cwd=str(tmp_path))
+    quiet = python(
+        PROBE.format(site=site_dir), env_extra={"DS_MESH": "yes-please", "OMPI_COMM_WORLD_RANK": "2"}, cwd=str(tmp_path)
+    )
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr  # once per job: rank 0 says it
     assert len(lines) == 1, proc.stderr
     assert "DS_MESH='yes-please' is not understood" in lines[0] and "DS_MESH=1" in lines[0]
@@ -106,7 +111,9 @@ def test_unknown_value_warns_in_one_line(site_dir, tmp_path):
 
 def test_left_over_pth_is_silent_when_the_package_is_gone(site_dir, tmp_path):
     """After ``pip uninstall`` only the .pth remains: -S leaves the venv (and ds-mesh) off sys.path."""
-    code = PROBE.format(site=site_dir) + "import importlib.util; print('GONE', importlib.util.find_spec('compat') is None)"
+    code = (
+        PROBE.format(site=site_dir) + "import importlib.util; print('GONE', importlib.util.find_spec('compat') is None)"
+    )
     proc = python(code, env_extra={"DS_MESH": "1"}, cwd=str(tmp_path), pythonpath=None, flags=("-S",))
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "LOADED [] False" in proc.stdout and "GONE True" in proc.stdout
@@ -114,8 +121,13 @@ def test_left_over_pth_is_silent_when_the_package_is_gone(site_dir, tmp_path):
 
 def test_write_and_remove_pth_from_the_command_line(tmp_path):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "compat.install", *args], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "compat.install", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            timeout=300,
+        )
 
     directory = str(tmp_path)
     pth = os.path.join(directory, "ds_mesh.pth")
@@ -150,8 +162,9 @@ def test_users_own_compat_module_still_imports(site_dir, tmp_path, first):
     script.write_text(USER_SCRIPT.format(site=site_dir, first=first))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(DS_MESH="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=str(user), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=str(user), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "USER the user" in proc.stdout
     assert "SHIM True _ds_mesh_compat.groups" in proc.stdout
@@ -200,11 +213,16 @@ def test_the_shim_takes_the_place_of_the_hooks_watcher_and_uninstall_puts_it_bac
     assert module.initialize is watcher
 
 
-@pytest.mark.parametrize("environ, rank, local", [
-    ({}, 0, 0), ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1),
-    ({"RANK": " ", "SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),
-    ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 7, 0), ({"PMI_RANK": "x"}, 0, 0),
-])
+@pytest.mark.parametrize(
+    "environ, rank, local",
+    [
+        ({}, 0, 0),
+        ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1),
+        ({"RANK": " ", "SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),
+        ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 7, 0),
+        ({"PMI_RANK": "x"}, 0, 0),
+    ],
+)
 def test_the_hooks_warnings_know_the_rank_from_every_launchers_variables(environ, rank, local):
     import _ds_mesh_startup as hook
 

@@ -1,6 +1,7 @@
 """One shim per process whatever the install: with ``DS_MESH=1`` the start-up hook's ``compat`` is the
 module ``import compat`` gives the program (the README's editable install without ``PYTHONPATH``, and a
 zipapp), so the program's warning filters and ``compat`` names are the running shim's."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,13 @@ def _fresh_venv(venv) -> tuple[str, str]:
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    site_dir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    site_dir = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     with open(os.path.join(site_dir, "_shared_packages.pth"), "w", encoding="utf-8") as fh:
         fh.write(sysconfig.get_paths()["purelib"] + "\n")
     return python, site_dir
@@ -69,8 +75,9 @@ def _fresh_venv(venv) -> tuple[str, str]:
 
 def _pip(python: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "pip", "--python", python, *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def _hook_shipped(site_dir: str) -> None:
@@ -95,8 +102,9 @@ def editable_venv(tmp_path_factory) -> str:
 def test_editable_install_gives_one_shim(editable_venv, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(PROGRAM)
-    proc = subprocess.run([editable_venv, str(script)], env=_env(), cwd=str(tmp_path), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [editable_venv, str(script)], env=_env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
     _check(proc, os.path.join(ROOT, "compat", "__init__.py"))
 
 
@@ -111,8 +119,7 @@ def test_wheel_install_brings_the_hook_and_uninstall_removes_it(tmp_path):
     _hook_shipped(site_dir)
     script = work / "train.py"
     script.write_text(PROGRAM)
-    proc = subprocess.run([python, str(script)], env=_env(), cwd=str(work), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([python, str(script)], env=_env(), cwd=str(work), capture_output=True, text=True, timeout=300)
     _check(proc, os.path.join(site_dir, "compat", "__init__.py"))
     assert _pip(python, "uninstall", "-y", "-q", "ds-mesh").returncode == 0
     assert not os.path.exists(os.path.join(site_dir, startup.PTH_NAME))
@@ -129,8 +136,9 @@ def test_zipapp_gives_one_shim(tmp_path):
     # archive's hook runs from the .pth of the site directory the program adds, as where ds-mesh is not installed
     import site
 
-    main = (f"import site, sys\nsys.path.extend({site.getsitepackages()!r})\nsite.addsitedir({str(pth_dir)!r})\n"
-            + PROGRAM)
+    main = (
+        f"import site, sys\nsys.path.extend({site.getsitepackages()!r})\nsite.addsitedir({str(pth_dir)!r})\n" + PROGRAM
+    )
     with zipfile.ZipFile(app, "w") as zf:
         zf.writestr("__main__.py", main)
         for module in ("_ds_mesh_startup.py", "_ds_mesh_doctor.py"):  # the distribution's top-level modules
@@ -141,8 +149,9 @@ def test_zipapp_gives_one_shim(tmp_path):
                     if name.endswith((".py", ".json")):
                         path = os.path.join(folder, name)
                         zf.write(path, os.path.relpath(path, ROOT))
-    proc = subprocess.run([sys.executable, "-S", str(app)], env=_env(), cwd=str(tmp_path), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-S", str(app)], env=_env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
     _check(proc, os.path.join(str(app), "compat", "__init__.py"))
 
 
@@ -177,9 +186,14 @@ def _torchrun(python: str, tmp_path, extra: dict, section: "dict | None") -> sub
     if extra.get("DS_MESH") is None:
         env.pop("DS_MESH")
     config = json.dumps({} if section is None else {"mesh": section})
-    return subprocess.run([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           str(script), config], env=env, cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script), config],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.multiprocess

@@ -8,6 +8,7 @@ swapped (qlora-pipe's column-major topology) and a topology that sets ``axes`` /
 ``mapping`` itself. Built on the real deepspeed 0.19.8 classes and on the classes the shim puts in
 their place, on fake ranks of 4 and 8, every method and attribute answers the same.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,10 +18,10 @@ from itertools import product
 
 import pytest
 import torch.distributed as dist
-
-from fakepg import fake_world
 from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from test_compat_topology import GRID_ATTRS, GRID_GROUPS, GRID_METHODS, ranks_of
+
+from fakepg import fake_world
 
 pytestmark = [
     pytest.mark.deepspeed,
@@ -176,32 +177,57 @@ CASES = {
     # name -> (world, build(classes, module) -> grid or topology)
     "SelfBuiltGrid pp2 dp2": (4, lambda c, m: c["SelfBuiltGrid"](m.PipeDataParallelTopology(num_pp=2, num_dp=2))),
     "SelfBuiltGrid pp2 mp2 dp2": (
-        8, lambda c, m: c["SelfBuiltGrid"](m.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2))),
+        8,
+        lambda c, m: c["SelfBuiltGrid"](m.PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2)),
+    ),
     "SelfBuiltGrid pp4 dp2": (8, lambda c, m: c["SelfBuiltGrid"](m.PipeDataParallelTopology(num_pp=4, num_dp=2))),
     "ReversedRingGrid pp4": (4, lambda c, m: c["ReversedRingGrid"](topology=m.PipeDataParallelTopology(4, 1))),
     "ReversedRingGrid pp2 mp2 dp2": (
-        8, lambda c, m: c["ReversedRingGrid"](topology=m.PipeModelDataParallelTopology(2, 2, 2))),
+        8,
+        lambda c, m: c["ReversedRingGrid"](topology=m.PipeModelDataParallelTopology(2, 2, 2)),
+    ),
     "OwnGroupsGrid pp2 dp2": (4, lambda c, m: c["OwnGroupsGrid"](m.PipeDataParallelTopology(2, 2))),
     "OwnGroupsGrid pp2 dp4": (8, lambda c, m: c["OwnGroupsGrid"](m.PipeDataParallelTopology(2, 4))),
     "grid on ColumnMajorTopology pp2 dp2": (
-        4, lambda c, m: m.PipelineParallelGrid(topology=c["ColumnMajorTopology"](2, 2))),
+        4,
+        lambda c, m: m.PipelineParallelGrid(topology=c["ColumnMajorTopology"](2, 2)),
+    ),
     "grid on ColumnMajorTopology pp4 dp2": (
-        8, lambda c, m: m.PipelineParallelGrid(topology=c["ColumnMajorTopology"](4, 2))),
+        8,
+        lambda c, m: m.PipelineParallelGrid(topology=c["ColumnMajorTopology"](4, 2)),
+    ),
     "SelfBuiltGrid on SelfBuiltTopology pp2 dp2 model2": (
-        8, lambda c, m: c["SelfBuiltGrid"](c["SelfBuiltTopology"](["pipe", "data", "model"], [2, 2, 2]))),
-    "grid on SequenceTopology pp2 sp2": (4, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 1, 2))),
+        8,
+        lambda c, m: c["SelfBuiltGrid"](c["SelfBuiltTopology"](["pipe", "data", "model"], [2, 2, 2])),
+    ),
+    "grid on SequenceTopology pp2 sp2": (
+        4,
+        lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 1, 2)),
+    ),
     "grid on SequenceTopology pp2 dp2 sp2": (
-        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 2, 2))),
+        8,
+        lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 2, 2)),
+    ),
     "grid on SequenceTopology pp2 mp2 sp2": (
-        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 2, 1, 2))),
+        8,
+        lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 2, 1, 2)),
+    ),
     "grid on SequenceTopology pp2 dp4 sp1": (
-        8, lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 4))),
+        8,
+        lambda c, m: m.PipelineParallelGrid(topology=c["SequenceTopology"](2, 1, 4)),
+    ),
     "grid on ReversedTopology pp2 dp2": (
-        4, lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data"], [2, 2]))),
+        4,
+        lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data"], [2, 2])),
+    ),
     "grid on ReversedTopology pp2 dp2 model2": (
-        8, lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data", "model"], [2, 2, 2]))),
+        8,
+        lambda c, m: m.PipelineParallelGrid(topology=c["ReversedTopology"](["pipe", "data", "model"], [2, 2, 2])),
+    ),
     "grid on SelfBuiltTopology pp2 dp2": (
-        4, lambda c, m: m.PipelineParallelGrid(topology=c["SelfBuiltTopology"](["pipe", "data"], [2, 2]))),
+        4,
+        lambda c, m: m.PipelineParallelGrid(topology=c["SelfBuiltTopology"](["pipe", "data"], [2, 2])),
+    ),
 }
 
 
@@ -274,15 +300,19 @@ def test_the_engine_mesh_of_a_self_built_grid_uses_the_grids_own_groups(shim):
         # a grid the shim built keeps serving its own mesh, whatever a subclass calls `mesh`
         own = shapes(module)["OwnGroupsGrid"](module.PipeDataParallelTopology(2, 4))
         assert own.mesh == "the subclass's own attribute" and ct.grid_mesh(own) is not None
-        engine_mesh, _ = ci._engine_mesh(ct.mesh_spec_for(own.topology(), 8), grid=own, mpu=None, given=None,
-                                         pipeline=True)
+        engine_mesh, _ = ci._engine_mesh(
+            ct.mesh_spec_for(own.topology(), 8), grid=own, mpu=None, given=None, pipeline=True
+        )
         assert engine_mesh is ct.grid_mesh(own)
 
 
 # --- engine subclasses --------------------------------------------------------------------------
 def _tiny_config():
-    return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
-            "steps_per_print": 10**6}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+        "steps_per_print": 10**6,
+    }
 
 
 def _parity_mpu(world):
@@ -292,8 +322,9 @@ def _parity_mpu(world):
     dp_ranks = list(range(rank % 2, world, 2))
     tp_ranks = [rank - rank % 2, rank - rank % 2 + 1]
     groups = {"dp": _own_group(dp_ranks), "tp": _own_group(tp_ranks)}
-    return MegatronMPU(groups, {"dp": dp_ranks, "tp": tp_ranks}, names=DEEPSPEED_TEST,
-                       getters=("group", "world_size", "rank"))
+    return MegatronMPU(
+        groups, {"dp": dp_ranks, "tp": tp_ranks}, names=DEEPSPEED_TEST, getters=("group", "world_size", "rank")
+    )
 
 
 def engine_shapes(engine_module):
@@ -368,8 +399,14 @@ def _build_engines(rank, world, *, shim_installed, monkeypatch):
             torch.manual_seed(0)
             model = torch.nn.Linear(4, 4)
             the_mpu = _parity_mpu(world) if mpu else None
-            engine = classes[name](args=None, model=model, model_parameters=model.parameters(), mpu=the_mpu,
-                                   config=_tiny_config(), config_class=DeepSpeedConfig(_tiny_config(), the_mpu))
+            engine = classes[name](
+                args=None,
+                model=model,
+                model_parameters=model.parameters(),
+                mpu=the_mpu,
+                config=_tiny_config(),
+                config_class=DeepSpeedConfig(_tiny_config(), the_mpu),
+            )
             views[f"{name} mpu={mpu}"] = _engine_view(engine, groups)
         groups.mpu = None
     return views

@@ -2,6 +2,7 @@
 ``mpu=`` to ``deepspeed.initialize``) say so: package and version, "not your code", what the user can
 do; once per package, as :class:`~compat.deprecation.ThirdPartyLegacyWarning` (a filter silences it).
 The package here is a real installed distribution in a temporary ``site-packages`` directory."""
+
 from __future__ import annotations
 
 import sys
@@ -25,13 +26,15 @@ def vendor(tmp_path, monkeypatch):
     """``vendorpkg`` 2.3.4 installed in a site-packages directory; it calls old_api from two sites."""
     site = tmp_path / "lib" / "site-packages"
     (site / "vendorpkg").mkdir(parents=True)
-    (site / "vendorpkg" / "__init__.py").write_text(textwrap.dedent("""
+    (site / "vendorpkg" / "__init__.py").write_text(
+        textwrap.dedent("""
         from test_third_party_warnings import old_api
         def first():
             old_api()
         def second():
             old_api()
-    """))
+    """)
+    )
     info = site / "vendorpkg-2.3.4.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vendorpkg\nVersion: 2.3.4\n")

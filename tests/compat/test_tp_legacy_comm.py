@@ -6,6 +6,7 @@ with fakes (no process group at all) and expect DeepSpeed's call sequence and re
 shim calls such replacements the way DeepSpeed does; with deepspeed.comm untouched, the groups come
 from the mesh (no replacement in sight, nothing created outside mesh_core).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,9 +14,8 @@ import importlib
 import pytest
 import torch.distributed as dist
 
-from fakepg import FAKE_RANK, FAKE_WORLD
-
 from compat import group_trace
+from fakepg import FAKE_RANK, FAKE_WORLD
 from mesh_core.runtime_hooks import registry_for_world
 
 pytestmark = [
@@ -73,12 +73,21 @@ def _observe(groups, *, rank, detail, initialize_mesh_device, tp=2):
             return calls, ("raised", str(exc)), None
         # (the size / rank getters are not compared: DeepSpeed asks the fake get_world_size(group=...),
         # which answers 4 for every group; the shim answers the layout's sizes, checked below)
-        getters = (groups.get_data_parallel_group(), groups.get_tensor_model_parallel_group(),
-                   groups.get_model_parallel_group())
+        getters = (
+            groups.get_data_parallel_group(),
+            groups.get_tensor_model_parallel_group(),
+            groups.get_model_parallel_group(),
+        )
         if _shim_installed():
-            getters += ((groups.get_tensor_model_parallel_world_size(), groups.get_tensor_model_parallel_rank(),
-                         groups.get_data_parallel_world_size(), groups.get_data_parallel_rank(),
-                         groups.get_tensor_model_parallel_src_rank()),)
+            getters += (
+                (
+                    groups.get_tensor_model_parallel_world_size(),
+                    groups.get_tensor_model_parallel_rank(),
+                    groups.get_data_parallel_world_size(),
+                    groups.get_data_parallel_rank(),
+                    groups.get_tensor_model_parallel_src_rank(),
+                ),
+            )
         again = groups._init_tp_mesh_device(tensor_model_parallel_size=tp)  # groups exist: None, no calls
     return calls, (result, again), getters
 
@@ -134,8 +143,9 @@ def test_replaced_deepspeed_comm_is_called_like_legacy(detail, initialize_mesh_d
 
 # (shim before world: the world teardown then resets the shim's groups state, as DeepSpeed's does)
 def test_legacy_global_writes_reach_the_shim_state(shim, world):
-    import compat.groups as cgroups
     from deepspeed.utils import groups
+
+    import compat.groups as cgroups
 
     dp_group, tp_group = groups._init_tp_mesh_device(2)
     assert groups._TENSOR_MODEL_PARALLEL_GROUP is tp_group and groups._DATA_PARALLEL_GROUP is dp_group

@@ -1,6 +1,7 @@
 """The upstream runner's own logic (tests/upstream/runner.py), without running DeepSpeed's tests:
 reports, log parsing, the fp32 variants, the tree copy, the shim's start-up hook, the regression rule.
 The runs themselves: ``python tools/run_upstream.py --subset fast`` (CI) / ``--subset full``."""
+
 from __future__ import annotations
 
 import os
@@ -9,19 +10,20 @@ import sys
 import textwrap
 
 import pytest
-
 from upstream import runner
 
 
 def test_parse_junit_outcomes(tmp_path):
     xml = tmp_path / "r.xml"
-    xml.write_text(textwrap.dedent("""\
+    xml.write_text(
+        textwrap.dedent("""\
         <testsuites><testsuite>
           <testcase classname="unit.a.test_x.TestC" name="test_ok[1]" />
           <testcase classname="unit.a.test_x" name="test_fail"><failure message="boom"/></testcase>
           <testcase classname="unit.a.test_x" name="test_err"><error message="setup"/></testcase>
           <testcase classname="unit.a.test_x" name="test_skip"><skipped message="fp16"/></testcase>
-        </testsuite></testsuites>"""))
+        </testsuite></testsuites>""")
+    )
     assert runner.parse_junit(xml) == {
         "unit.a.test_x.TestC::test_ok[1]": "passed",
         "unit.a.test_x::test_fail": "failed",
@@ -112,13 +114,20 @@ def test_run_env_installs_the_shim_only_in_shim_mode(tmp_path):
 def test_site_hook_installs_the_shim_in_a_fresh_interpreter(tmp_path):
     """What every test process of a shim run executes at start-up (sitecustomize via DS_MESH=1)."""
     env = runner.run_env("shim", timeout=60, probe=tmp_path / "probe")
-    code = ("import compat.install as i, deepspeed.comm as c, compat.comm_routes as r;"
-            "print(i.is_installed(), c.new_group is r.new_group)")
+    code = (
+        "import compat.install as i, deepspeed.comm as c, compat.comm_routes as r;"
+        "print(i.is_installed(), c.new_group is r.new_group)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-2:] == ["True", "True"]
     assert (tmp_path / "probe").read_text().strip() != ""
-    plain = subprocess.run([sys.executable, "-c", code], env=runner.run_env("legacy", timeout=60),
-                           capture_output=True, text=True, check=True)
+    plain = subprocess.run(
+        [sys.executable, "-c", code],
+        env=runner.run_env("legacy", timeout=60),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert plain.stdout.split()[-2:] == ["False", "False"]
 
 
@@ -160,8 +169,9 @@ def test_a_session_that_never_exits_after_its_summary_is_killed(tmp_path):
         "time.sleep(600)\n"
     )
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         returncode = runner.wait_for_session(proc, log, grace=1)
     assert returncode != 0  # killed, not finished
     import time
@@ -191,10 +201,12 @@ def test_an_alternate_deepspeed_location_goes_first_and_is_checked(tmp_path):
     assert path.index(str(copy.parent)) < path.index(str(runner.REPO))
     assert env["TORCH_EXTENSIONS_DIR"].startswith(str(copy.parent))  # its own JIT builds
     assert int(env["DS_MESH_UPSTREAM_PORT_BASE"]) == runner.PORT_BASES["shim"] + 6000 + int(
-        os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0"))
+        os.environ.get("DS_MESH_UPSTREAM_PORT_OFFSET", "0")
+    )
     # the plugin's probe, as a pytest process of the run records it
-    code = ("import sys; sys.path.insert(0, %r); import ds_mesh_upstream as p; p._record_deepspeed()"
-            % str(runner.PLUGIN_DIR))
+    code = "import sys; sys.path.insert(0, %r); import ds_mesh_upstream as p; p._record_deepspeed()" % str(
+        runner.PLUGIN_DIR
+    )
     subprocess.run([sys.executable, "-c", code], env=dict(env, DS_MESH=""), check=True, cwd=tmp_path)
     found = runner.imported_deepspeed(probe)
     assert found == [str(copy / "__init__.py")]

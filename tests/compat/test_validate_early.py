@@ -7,6 +7,7 @@
   ``torch.distributed.is_initialized()`` is still False; a value that needs the world size raises
   right after ``init_distributed``, with no group but the world created.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -90,10 +91,15 @@ CASES = [
     (_mesh_section, None, "ok", None),
     (_mesh_section, {"dp": 2, "ranks": [0, 5]}, "ok", None),  # rank 5 needs the world size: checked later
     (_mesh_section, [2, 2], MeshSpecError("config 'mesh' section must be a dict, got list"), None),
-    (_mesh_section, {"DP": 2}, MeshSpecError("unknown key(s) ['DP'] in config 'mesh'; 'DP' (did you mean 'dp'?)"), None),
+    (
+        _mesh_section,
+        {"DP": 2},
+        MeshSpecError("unknown key(s) ['DP'] in config 'mesh'; 'DP' (did you mean 'dp'?)"),
+        None,
+    ),
     (_mesh_section, {"dp": "2"}, MeshSpecError("config 'mesh.dp'='2' is a string; write the number 2"), None),
     (_mesh_section, {"tp": True}, MeshSpecError("not a boolean"), None),
-    (_mesh_section, {"tp": 0}, MeshSpecError("write \"auto\" to infer this dim"), None),
+    (_mesh_section, {"tp": 0}, MeshSpecError('write "auto" to infer this dim'), None),
     (_mesh_section, {"data_before_expert": "false"}, MeshSpecError("write true or false"), None),
     (_mesh_section, {"ranks": "0,1"}, MeshSpecError("write a list of global ranks"), None),
     (_mesh_section, {"ranks": [0, -1]}, MeshSpecError("ranks [-1] are out of range"), None),
@@ -103,8 +109,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("parser, value, expected, warning", CASES,
-                         ids=[f"{getattr(c[0], '__name__', 'switch')}-{c[1]!r}" for c in CASES])
+@pytest.mark.parametrize(
+    "parser, value, expected, warning", CASES, ids=[f"{getattr(c[0], '__name__', 'switch')}-{c[1]!r}" for c in CASES]
+)
 def test_parsing_table(parser, value, expected, warning, caplog, monkeypatch):
     monkeypatch.setattr(_ds_mesh_startup, "_warned", set())
     logging_tree.parse_env.cache_clear()
@@ -160,13 +167,27 @@ def fresh():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", RANK="0", LOCAL_RANK="0",
-               WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     env.pop("DS_MESH", None)
-    proc = subprocess.run([sys.executable, "-c", FRESH, json.dumps({**BEFORE_WORLD, **AFTER_WORLD})], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, json.dumps({**BEFORE_WORLD, **AFTER_WORLD})],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT") :])
 
 
 @pytest.mark.deepspeed

@@ -1,5 +1,6 @@
 """A TODOV1 warning is shown once per call site per job (rank 0), not once per rank; a filter that
 asks every occurrence (``error``) still acts on every rank. Subprocesses: the ranks matter."""
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,14 @@ def _env(**extra: str) -> dict[str, str]:
 def test_three_call_sites_on_four_ranks_warn_three_times(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           str(script)], env=_env(GLOO="1"), cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(script)],
+        env=_env(GLOO="1"),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     warned = [line for line in proc.stderr.splitlines() if "LegacyAPIDeprecationWarning: TODOV1" in line]
     assert len(warned) == 3, proc.stderr[-3000:]
@@ -52,15 +58,26 @@ def test_three_call_sites_on_four_ranks_warn_three_times(tmp_path):
 def test_an_error_filter_raises_on_every_rank(tmp_path, rank):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", str(script)],
-                          env=_env(RANK=rank, LOCAL_RANK=rank), cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", str(script)],
+        env=_env(RANK=rank, LOCAL_RANK=rank),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1 and "LegacyAPIDeprecationWarning: TODOV1" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_other_ranks_stay_quiet(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], env=_env(RANK="5", LOCAL_RANK="1"), cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=_env(RANK="5", LOCAL_RANK="1"),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "TODOV1" not in proc.stderr, proc.stderr[-2000:]

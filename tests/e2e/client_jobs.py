@@ -10,12 +10,15 @@ stderr).
 On CPU, accelerate's distributed state does not see the gloo world deepspeed.comm made:
 :func:`tell_accelerate_about_gloo` sets it, and HF Trainer reuses it (``use_configured_state``).
 """
+
 import os
 import sys
 
 import torch
 
 import common
+
+# isort: split
 
 STEPS = 3
 SEQ = 8
@@ -38,9 +41,17 @@ def tiny_model():
     import transformers
 
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def samples(count: int, seed: int) -> list[dict]:
@@ -54,21 +65,40 @@ def local_params(module: torch.nn.Module) -> dict:
 
 
 def ds_config(stage: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": stage},
-            "zero_allow_untested_optimizer": True, "steps_per_print": 10**6}
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**6,
+    }
 
 
 def hf_trainer(out_dir: str, stage: int, log_level: str = "passive") -> dict:
     import transformers
 
     tell_accelerate_about_gloo()
-    config = {**ds_config(stage), "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-              "train_batch_size": "auto"}
+    config = {
+        **ds_config(stage),
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+    }
     args = transformers.TrainingArguments(
-        output_dir=os.path.join(out_dir, f"hf_z{stage}_{log_level}"), per_device_train_batch_size=2, max_steps=STEPS,
-        learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", deepspeed=config, seed=0,
-        disable_tqdm=True, log_level=log_level, dataloader_num_workers=0,
-        accelerator_config={"use_configured_state": True})
+        output_dir=os.path.join(out_dir, f"hf_z{stage}_{log_level}"),
+        per_device_train_batch_size=2,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        deepspeed=config,
+        seed=0,
+        disable_tqdm=True,
+        log_level=log_level,
+        dataloader_num_workers=0,
+        accelerator_config={"use_configured_state": True},
+    )
     trainer = transformers.Trainer(model=tiny_model(), args=args, train_dataset=samples(2 * 2 * STEPS, 7))
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -6,6 +6,7 @@ through ``mpu=`` / the model / the config ``"mesh"`` section. Every mode starts 
 and the same data, so shimmed and legacy runs must give bit-identical losses and parameters; each
 rank dumps what it saw to ``<out>/rank<r>.pt`` for the pytest side to compare.
 """
+
 from __future__ import annotations
 
 import gc
@@ -89,4 +90,3 @@ def train_steps(engine, gen: torch.Generator, steps: int, rows: int) -> list[flo
         engine.step()
         losses.append(loss.item())
     return losses
-

@@ -10,6 +10,7 @@ Cases:
 
 Usage: ``torchrun --nproc_per_node 4 config_cases.py OUT``.
 """
+
 import base64
 import json
 import os
@@ -21,6 +22,8 @@ import torch.distributed as dist
 
 import common
 
+# isort: split
+
 BATCH_COMBOS = {
     "tbs16_gas1": {"train_batch_size": 16, "gradient_accumulation_steps": 1},
     "tbs16": {"train_batch_size": 16},
@@ -31,8 +34,10 @@ BATCH_COMBOS = {
     "mbs4": {"train_micro_batch_size_per_gpu": 4},
     "tbs8_mbs4_gas1": {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1},
 }
-SPECS = [{"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
-         {"patterns": [r".*2\.weight$"], "partition_type": "row"}]
+SPECS = [
+    {"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
+    {"patterns": [r".*2\.weight$"], "partition_type": "row"},
+]
 STEPS = 2
 
 
@@ -48,8 +53,13 @@ def _reset_autotp() -> None:
     if not installer.is_installed():  # legacy's module-wide groups outlive an engine too
         from deepspeed.utils import groups
 
-        for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "mpu",
-                     "mesh_device"):
+        for name in (
+            "_TENSOR_MODEL_PARALLEL_GROUP",
+            "_MODEL_PARALLEL_GROUP",
+            "_DATA_PARALLEL_GROUP",
+            "mpu",
+            "mesh_device",
+        ):
             if hasattr(groups, name):
                 setattr(groups, name, None)
 
@@ -57,8 +67,13 @@ def _reset_autotp() -> None:
 def _error(exc: BaseException) -> dict:
     import traceback
 
-    return {"accepted": False, "type": type(exc).__name__, "message": str(exc)[:500], "tb": traceback.format_exc()[-1500:],
-            "is_value_error": isinstance(exc, ValueError)}
+    return {
+        "accepted": False,
+        "type": type(exc).__name__,
+        "message": str(exc)[:500],
+        "tb": traceback.format_exc()[-1500:],
+        "is_value_error": isinstance(exc, ValueError),
+    }
 
 
 def autotp_case(combo: dict, shim: bool, via_mesh: bool, rank: int) -> dict:
@@ -89,8 +104,14 @@ def autotp_case(combo: dict, shim: bool, via_mesh: bool, rank: int) -> dict:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    result = {"accepted": True, "micro": micro, "gas": gas, "train_batch_size": engine.train_batch_size(),
-              "losses": losses, "tp_world": engine.autotp_size()}
+    result = {
+        "accepted": True,
+        "micro": micro,
+        "gas": gas,
+        "train_batch_size": engine.train_batch_size(),
+        "losses": losses,
+        "tp_world": engine.autotp_size(),
+    }
     engine.destroy()
     dist.barrier()
     return result
@@ -100,8 +121,10 @@ def source_cases(tmp: str) -> dict:
     body = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10**6}
     hjson_path = os.path.join(tmp, "hjson.json")
     with open(hjson_path, "w") as fh:
-        fh.write("{\n  // micro batch\n  train_micro_batch_size_per_gpu: 2,\n  \"gradient_accumulation_steps\": 1,\n"
-                 "  \"steps_per_print\": 1000000,\n}\n")
+        fh.write(
+            '{\n  // micro batch\n  train_micro_batch_size_per_gpu: 2,\n  "gradient_accumulation_steps": 1,\n'
+            '  "steps_per_print": 1000000,\n}\n'
+        )
     dup_path = os.path.join(tmp, "dup.json")
     with open(dup_path, "w") as fh:
         fh.write('{"train_micro_batch_size_per_gpu": 2, "train_micro_batch_size_per_gpu": 4}')
@@ -133,8 +156,11 @@ def source_case(config, shim: bool) -> dict:
     except Exception as exc:  # noqa: BLE001
         dist.barrier()
         return _error(exc)
-    result = {"accepted": True, "micro": engine.train_micro_batch_size_per_gpu(),
-              "gas": engine.gradient_accumulation_steps()}
+    result = {
+        "accepted": True,
+        "micro": engine.train_micro_batch_size_per_gpu(),
+        "gas": engine.gradient_accumulation_steps(),
+    }
     engine.destroy()
     dist.barrier()
     return result

@@ -10,6 +10,7 @@ the dp_shard-outer order), and HSDP <-> dp-only through DeepSpeed's universal ch
 
 usage: hsdp.py OUT_DIR PARTS   (comma-separated: train, sp, gas, ckpt1, ckpt2, ckpt3)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from common import dump, init_world, ranks, set_mode, shutdown
+
+# isort: split
 
 import deepspeed  # noqa: E402
 
@@ -36,9 +39,12 @@ def config(stage: int, mesh: dict, universal: bool = False, gas: int = 1) -> dic
         "steps_per_print": 10**6,
         "gradient_clipping": 0.05,  # the gradient norm is taken after the cross-replica average
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                              "stage3_model_persistence_threshold": 0,
-                              "stage3_gather_16bit_weights_on_model_save": True},
+        "zero_optimization": {
+            "stage": stage,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_model_persistence_threshold": 0,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
         "mesh": mesh,
     }
     if universal:
@@ -48,8 +54,13 @@ def config(stage: int, mesh: dict, universal: bool = False, gas: int = 1) -> dic
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH),
-                               torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.Tanh(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.Tanh(),
+        torch.nn.Linear(WIDTH, 1),
+    )
 
 
 def build(cfg: dict):
@@ -100,14 +111,19 @@ def local_state(engine) -> dict:
     if engine.zero_optimization_stage() == 3:
         flat = list(opt.fp32_partitioned_groups_flat)
         real = lambda tensors: _real(engine, tensors)  # noqa: E731
-        out = {"param_partition": [t for p in params for t in _real_param(p)],
-               "param_numel": [p.ds_tensor.numel() for p in params],
-               "zero_groups": sorted({tuple(ranks(p.ds_process_group)) for p in params})}
+        out = {
+            "param_partition": [t for p in params for t in _real_param(p)],
+            "param_numel": [p.ds_tensor.numel() for p in params],
+            "zero_groups": sorted({tuple(ranks(p.ds_process_group)) for p in params}),
+        }
     else:
         flat = list(opt.single_partition_of_fp32_groups)
         real = lambda tensors: [t.detach().clone() for t in tensors]  # noqa: E731
-        out = {"param_partition": None, "param_numel": None,
-               "zero_groups": sorted({tuple(ranks(g)) for g in opt.real_dp_process_group})}
+        out = {
+            "param_partition": None,
+            "param_numel": None,
+            "zero_groups": sorted({tuple(ranks(g)) for g in opt.real_dp_process_group}),
+        }
     out["fp32"] = real(flat)
     out["optimizer_numel"] = sum(t.numel() for t in flat)
     out["moments"] = [m for k in ("exp_avg", "exp_avg_sq") for m in real([opt.optimizer.state[t][k] for t in flat])]
@@ -123,11 +139,15 @@ def _real_param(p) -> list[torch.Tensor]:
 
 def train(stage: int, mesh: dict, gas: int = 1) -> dict:
     engine = build(config(stage, mesh, gas=gas))
-    out = {"losses": run_steps(engine, STEPS * gas), "grad_norm": float(engine.get_global_grad_norm()),
-           **local_state(engine), "params": full_params(engine),
-           "save_zero_checkpoint": engine.save_zero_checkpoint,
-           # the per-step replica average sits on the HSDP optimizer instance, nowhere else
-           "hooked": sorted(name for name in ("step", "partition_grads") if name in vars(engine.optimizer))}
+    out = {
+        "losses": run_steps(engine, STEPS * gas),
+        "grad_norm": float(engine.get_global_grad_norm()),
+        **local_state(engine),
+        "params": full_params(engine),
+        "save_zero_checkpoint": engine.save_zero_checkpoint,
+        # the per-step replica average sits on the HSDP optimizer instance, nowhere else
+        "hooked": sorted(name for name in ("step", "partition_grads") if name in vars(engine.optimizer)),
+    }
     m = engine.mesh_device
     if "dp_shard" in m.spec.names:
         out["mesh_dp_shard"] = m.get_group_ranks(("dp_shard", "sp"))
@@ -142,9 +162,17 @@ def to_universal(src: str, dst: str) -> None:
         from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
         tag = open(os.path.join(src, "latest")).read().strip()
-        ds_to_universal(argparse.Namespace(input_folder=os.path.join(src, tag), output_folder=os.path.join(dst, tag),
-                                           num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
-                                           strict=True, inject_missing_state=True))  # a plain model states no TP layout
+        ds_to_universal(
+            argparse.Namespace(
+                input_folder=os.path.join(src, tag),
+                output_folder=os.path.join(dst, tag),
+                num_extract_workers=1,
+                num_merge_workers=1,
+                keep_temp_folder=False,
+                strict=True,
+                inject_missing_state=True,
+            )
+        )  # a plain model states no TP layout
         with open(os.path.join(dst, "latest_universal"), "w") as f:
             f.write(tag)
     dist.barrier()
@@ -152,8 +180,12 @@ def to_universal(src: str, dst: str) -> None:
 
 SAVES = {"hsdp": HSDP, "dp": DP, "outer": HSDP_SHARD_OUTER}
 # trip -> (the saved run, the mesh it loads into, through the universal checkpoint)
-TRIPS = {"hsdp_to_hsdp": ("hsdp", HSDP, False), "hsdp_to_dp": ("hsdp", DP, True),
-         "dp_to_hsdp": ("dp", HSDP, True), "outer_to_hsdp": ("outer", HSDP, False)}
+TRIPS = {
+    "hsdp_to_hsdp": ("hsdp", HSDP, False),
+    "hsdp_to_dp": ("hsdp", DP, True),
+    "dp_to_hsdp": ("dp", HSDP, True),
+    "outer_to_hsdp": ("outer", HSDP, False),
+}
 
 
 def checkpoints(out_dir: str, stage: int) -> dict:

@@ -7,6 +7,7 @@ Usage: ``python mixed_world.py autotp|pipe TIMEOUT_S MARK_FILE [DELAY_S]``; ``MA
 wall-clock time at which this rank's process group was up (the test's deadline counts from there);
 ``DELAY_S``: this rank starts its job that much later (a slow node).
 """
+
 import os
 import sys
 import time
@@ -22,12 +23,16 @@ def autotp() -> None:
     import deepspeed
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
-    specs = [{"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
-             {"patterns": [r".*2\.weight$"], "partition_type": "row"}]
-    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-              "tensor_parallel": {"autotp_size": 2, "partition_config": {"use_default_specs": False,
-                                                                         "layer_specs": specs}}}
+    specs = [
+        {"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
+        {"patterns": [r".*2\.weight$"], "partition_type": "row"},
+    ]
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "tensor_parallel": {"autotp_size": 2, "partition_config": {"use_default_specs": False, "layer_specs": specs}},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.randn(2, 8)
     engine.backward(torch.nn.functional.mse_loss(engine(x), x))
@@ -40,8 +45,12 @@ def pipe() -> None:
 
     layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
-    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
     def data():

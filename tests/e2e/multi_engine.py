@@ -10,6 +10,7 @@ whole-world engine; every engine trains and its replicas stay identical.
 
 usage: multi_engine.py OUT_DIR PART[,PART]
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,14 +18,19 @@ import torch.distributed as dist
 
 from common import ranks, run_parts
 
+# isort: split
+
 import compat  # noqa: E402
 
 compat.install()
 import deepspeed  # noqa: E402
 from deepspeed.utils import groups  # noqa: E402
 
-BASE = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
-        "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
+BASE = {
+    "train_micro_batch_size_per_gpu": 4,
+    "steps_per_print": 10**6,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+}
 
 
 class GlobalGridModel(torch.nn.Module):
@@ -92,8 +98,11 @@ def small_model(seed: int) -> torch.nn.Module:
 
 
 def zero_config(stage: int, ranks_: list[int] | None) -> dict:
-    cfg = {**BASE, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    cfg = {
+        **BASE,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+    }
     cfg["mesh"] = {"ranks": ranks_} if ranks_ is not None else {"dp": 4}
     return cfg
 
@@ -185,8 +194,12 @@ def part_moe(rank: int, out: dict) -> None:
     dense = torch.cat([p.detach().reshape(-1) for n, p in net.named_parameters() if "experts" not in n])
     gathered = [torch.empty_like(dense) for _ in half]
     dist.all_gather(gathered, dense, group=engine.mesh_device.get_group("dp"))
-    out.update(mesh=engine.mesh_device.spec.describe(), ep_group=engine.mesh_device.get_group_ranks("ep"),
-               losses=losses, dense_identical=all(torch.equal(g, dense) for g in gathered))
+    out.update(
+        mesh=engine.mesh_device.spec.describe(),
+        ep_group=engine.mesh_device.get_group_ranks("ep"),
+        losses=losses,
+        dense_identical=all(torch.equal(g, dense) for g in gathered),
+    )
     engine.destroy()
 
 

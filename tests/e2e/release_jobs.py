@@ -4,11 +4,14 @@ Runs on whichever deepspeed the interpreter has (tools/run_releases.py runs it i
 release). Each rank dumps ``{job: {mode: {"losses", "params", "installed"}}}`` and the deepspeed
 version. Usage: ``torchrun --nproc_per_node 2 release_jobs.py OUT``.
 """
+
 import sys
 
 import torch
 
 import common
+
+# isort: split
 
 STEPS = 3
 

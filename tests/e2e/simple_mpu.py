@@ -1,4 +1,5 @@
 """A minimal Megatron-style mpu (tp=1, every rank data parallel), as a user script would write it."""
+
 import torch.distributed as dist
 
 

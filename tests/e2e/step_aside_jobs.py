@@ -11,6 +11,7 @@ releasing and resuming the engine's communicators after every step but the last.
 
 usage: step_aside_jobs.py OUT_DIR PART[,PART]
 """
+
 from __future__ import annotations
 
 import gc
@@ -19,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from common import params_of, ranks, run_parts, set_mode
+
+# isort: split
 
 STEPS = 3
 DIMS = ["pp", "dp", ("pp", "dp"), "ep", "edp"]
@@ -88,7 +91,9 @@ def part_mesh(rank: int, out: dict) -> None:
         out["released_use_error"] = " | ".join(str(e) for e in chain if e is not None)
     out["rebound"] = resume_communicators(mesh)
     resume_communicators(other)
-    out["shared_after"] = other.get_group("tp") is mesh.get_group("dp") and other.get_group("dp") is mesh.get_group("pp")
+    out["shared_after"] = other.get_group("tp") is mesh.get_group("dp") and other.get_group("dp") is mesh.get_group(
+        "pp"
+    )
     out["held_after"] = _held(mesh)
     out["live_after"] = len(_live_groups())
     out["names_after"] = sorted(g.group_name for g in _live_groups())
@@ -132,7 +137,14 @@ def _train(stage: int, rank: int, step_aside: bool, hpz: bool = False) -> dict:
     half = [0, 1] if rank < 2 else [2, 3]
     engine = _engine(stage, half, hpz)
     gen = torch.Generator().manual_seed(100 + rank)
-    out: dict = {"losses": [], "alive_released": [], "live_released": [], "rebound": [], "held": [], "still_referenced": None}
+    out: dict = {
+        "losses": [],
+        "alive_released": [],
+        "live_released": [],
+        "rebound": [],
+        "held": [],
+        "still_referenced": None,
+    }
     for step in range(STEPS):
         x = torch.randn(4, 8, generator=gen)
         loss = engine(x).pow(2).mean()
@@ -163,8 +175,12 @@ def _pipeline(rank: int, step_aside: bool) -> dict:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
-    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    config = {
+        "train_batch_size": 16,
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     gen = torch.Generator().manual_seed(100 + rank % 2)
 
@@ -207,5 +223,12 @@ def part_zero(stage: int, hpz: bool = False):
 
 
 if __name__ == "__main__":
-    run_parts({"mesh": part_mesh, "zero1": part_zero(1), "zero3": part_zero(3), "pipe": part_pipe,
-              "zero3_hpz": part_zero(3, hpz=True)})
+    run_parts(
+        {
+            "mesh": part_mesh,
+            "zero1": part_zero(1),
+            "zero3": part_zero(3),
+            "pipe": part_pipe,
+            "zero3_hpz": part_zero(3, hpz=True),
+        }
+    )

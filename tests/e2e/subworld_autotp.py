@@ -11,6 +11,7 @@ the sub-world losses are compared with legacy deepspeed, and only the first step
 
 usage: subworld_autotp.py OUT_DIR [halves|legacy]
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,18 +21,27 @@ import torch.distributed as dist
 
 from common import dump, init_world, ranks, shutdown
 
+# isort: split
+
 import compat  # noqa: E402
 
 compat.install()
 import deepspeed  # noqa: E402
 
 STEPS, BATCH, WIDTH, HIDDEN = 3, 4, 8, 16
-CFG = {"train_micro_batch_size_per_gpu": BATCH, "steps_per_print": 10**6,
-       "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
+CFG = {
+    "train_micro_batch_size_per_gpu": BATCH,
+    "steps_per_print": 10**6,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+}
 # AutoTP's configurable partitioning (DeepSpeed's heuristic parser imports `transformers`)
-PARTITION = {"use_default_specs": False, "layer_specs": [
-    {"patterns": [r".*\.up_proj\.weight$"], "partition_type": "column"},
-    {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"}]}
+PARTITION = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.up_proj\.weight$"], "partition_type": "column"},
+        {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"},
+    ],
+}
 
 
 class MLP(torch.nn.Module):
@@ -115,8 +125,9 @@ def main(out_dir: str, mode: str) -> None:
         name = "A" if rank < 2 else "B"
         report = {name: train(name, {"ranks": half}), "reference": reference_losses(name)}
         c10d = dist.distributed_c10d
-        report["groups"] = sorted(sorted(m) for pg, m in c10d._world.pg_group_ranks.items()
-                                  if pg is not c10d.GroupMember.WORLD)
+        report["groups"] = sorted(
+            sorted(m) for pg, m in c10d._world.pg_group_ranks.items() if pg is not c10d.GroupMember.WORLD
+        )
     dump(out_dir, rank, {"autotp": report})
     shutdown()
 

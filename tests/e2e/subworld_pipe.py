@@ -9,6 +9,7 @@ last step. Reference: every rank also trains the same model unpipelined in plain
 
 usage: subworld_pipe.py OUT_DIR
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from common import dump, init_world, ranks, shutdown
+
+# isort: split
 
 import compat  # noqa: E402
 from mesh_core import MeshSpecError  # noqa: E402
@@ -27,17 +30,30 @@ from deepspeed.runtime import utils as ds_utils  # noqa: E402
 from deepspeed.runtime.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: E402
 
 STEPS, MICRO, GAS, WIDTH, SEED = 4, 2, 2, 8, 1234
-CFG = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "steps_per_print": 10**6,
-       "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
+CFG = {
+    "train_micro_batch_size_per_gpu": MICRO,
+    "gradient_accumulation_steps": GAS,
+    "steps_per_print": 10**6,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+}
 
 
 def specs(model: str) -> list:
     if model == "A":
-        return [LayerSpec(torch.nn.Linear, WIDTH, 16), LayerSpec(torch.nn.Tanh), LayerSpec(torch.nn.Linear, 16, 16),
-                LayerSpec(torch.nn.Tanh), LayerSpec(torch.nn.Linear, 16, WIDTH)]
-    return [TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh),
-            LayerSpec(torch.nn.Linear, WIDTH, WIDTH), LayerSpec(torch.nn.Tanh),
-            TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH)]
+        return [
+            LayerSpec(torch.nn.Linear, WIDTH, 16),
+            LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, 16, 16),
+            LayerSpec(torch.nn.Tanh),
+            LayerSpec(torch.nn.Linear, 16, WIDTH),
+        ]
+    return [
+        TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH),
+        LayerSpec(torch.nn.Tanh),
+        LayerSpec(torch.nn.Linear, WIDTH, WIDTH),
+        LayerSpec(torch.nn.Tanh),
+        TiedLayerSpec("tied", torch.nn.Linear, WIDTH, WIDTH),
+    ]
 
 
 def reference_layers(model: str) -> list:
@@ -58,8 +74,10 @@ def reference_layers(model: str) -> list:
 
 def batches(model: str) -> list:
     gen = torch.Generator().manual_seed(7 if model == "A" else 11)
-    return [[(torch.randn(MICRO, WIDTH, generator=gen), torch.randn(MICRO, WIDTH, generator=gen))
-             for _ in range(GAS)] for _ in range(STEPS)]
+    return [
+        [(torch.randn(MICRO, WIDTH, generator=gen), torch.randn(MICRO, WIDTH, generator=gen)) for _ in range(GAS)]
+        for _ in range(STEPS)
+    ]
 
 
 def reference_losses(model: str) -> list[float]:
@@ -102,8 +120,14 @@ def main(out_dir: str) -> None:
         report["non_member_error"] = str(err)
     report["groups_after_refusal"] = all_group_ranks() == before
 
-    module = PipelineModule(specs(model), topology=compat.mesh_topology({"ranks": half, "pp": 2}),
-                            loss_fn=torch.nn.MSELoss(), seed_layers=True, base_seed=SEED, partition_method="uniform")
+    module = PipelineModule(
+        specs(model),
+        topology=compat.mesh_topology({"ranks": half, "pp": 2}),
+        loss_fn=torch.nn.MSELoss(),
+        seed_layers=True,
+        base_seed=SEED,
+        partition_method="uniform",
+    )
     engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=CFG)
     grid = engine.grid
     report.update(
@@ -129,8 +153,12 @@ def main(out_dir: str) -> None:
     # a whole-world engine beside the two pipelines; its step and the pipeline's last one interleave
     torch.manual_seed(0)
     net = torch.nn.Linear(WIDTH, WIDTH)
-    world_cfg = {**CFG, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
-                 "zero_allow_untested_optimizer": True}
+    world_cfg = {
+        **CFG,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 1},
+        "zero_allow_untested_optimizer": True,
+    }
     world, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=world_cfg)
     x = torch.randn(MICRO, WIDTH, generator=torch.Generator().manual_seed(3))
     world_loss = world(x).pow(2).mean()

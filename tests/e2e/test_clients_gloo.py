@@ -7,6 +7,7 @@ The ZeRO-2 and ``log_level`` runs are in the default run (CI); the ZeRO-3 runs a
 ``clients_full`` (two more torchruns): ``python -m pytest tests/e2e/test_clients_gloo.py -m "clients_full or not clients_full"``
 runs all of it.
 """
+
 import os
 import sys
 
@@ -24,8 +25,10 @@ FULL = ("hf_z3", "acc_z3")
 def both_modes(tmp_path_factory, jobs) -> dict:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    return {mode: torchrun("client_jobs.py", str(tmp_path_factory.mktemp(mode)), mode, *jobs, world=2, timeout=900)
-            for mode in ("plain", "shim")}
+    return {
+        mode: torchrun("client_jobs.py", str(tmp_path_factory.mktemp(mode)), mode, *jobs, world=2, timeout=900)
+        for mode in ("plain", "shim")
+    }
 
 
 @pytest.fixture(scope="module")

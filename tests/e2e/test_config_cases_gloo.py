@@ -2,6 +2,7 @@
 AutoTP batch sizing for every train_batch_size / micro / gas combination (same sizes, same losses,
 same rejection), ``"mesh": {"tp": 2}`` = ``tensor_parallel.autotp_size: 2``, HJSON / base64 /
 duplicate-key / unparsable config sources, and the sp size AutoSP reads."""
+
 import os
 import sys
 
@@ -11,7 +12,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e
 from runner import WORLD, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-COMBOS = ("tbs16_gas1", "tbs16", "tbs16_mbs2", "tbs16_mbs4_gas1", "tbs16_mbs2_gas2", "mbs2_gas2", "mbs4", "tbs8_mbs4_gas1")
+COMBOS = (
+    "tbs16_gas1",
+    "tbs16",
+    "tbs16_mbs2",
+    "tbs16_mbs4_gas1",
+    "tbs16_mbs2_gas2",
+    "mbs2_gas2",
+    "mbs4",
+    "tbs8_mbs4_gas1",
+)
 
 
 def _outcome(result: dict) -> dict:

@@ -1,5 +1,6 @@
 """The examples not already covered by test_e2e_shim.py run on 4 gloo processes and self-check
 (replicas bit-identical where they must be; the reference model adds no communicator)."""
+
 import os
 import subprocess
 import sys
@@ -11,10 +12,22 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 
 
 def run_example(name: str, tmp_path) -> str:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-           os.path.join(EXAMPLES, name), "--steps", "2"]
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        os.path.join(EXAMPLES, name),
+        "--steps",
+        "2",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -45,6 +58,8 @@ def test_rl_three_layouts_transfer_weights_bit_for_bit(tmp_path):
     assert "[rank 3] actor None; rollout MeshSpec(dp=2; ranks 2..3 of world 4); reference MeshSpec(dp=4;" in out
     for step in range(2):
         for rank in (2, 3):
-            assert (f"[rank {rank}] step {step}: received 420 elements in 2 messages; weights changed; "
-                    "rollout weights identical to the actor's (bit for bit)") in out
+            assert (
+                f"[rank {rank}] step {step}: received 420 elements in 2 messages; weights changed; "
+                "rollout weights identical to the actor's (bit for bit)"
+            ) in out
         assert f"step {step}: actor trained on 16 rollouts" in out

@@ -3,6 +3,7 @@ bit-identical losses and parameters to legacy deepspeed, and the engine's groups
 
 One torchrun per model trains every mode in one world (see tests/e2e/common.py).
 """
+
 import os
 import sys
 
@@ -25,7 +26,9 @@ def moe_runs(tmp_path_factory):
     return torchrun("train_moe.py", str(tmp_path_factory.mktemp("moe")))
 
 
-@pytest.mark.parametrize("mode,reference", [("shim", "legacy"), ("shim_config", "legacy"), ("shim_zero1", "legacy_zero1")])
+@pytest.mark.parametrize(
+    "mode,reference", [("shim", "legacy"), ("shim_config", "legacy"), ("shim_zero1", "legacy_zero1")]
+)
 def test_pipeline_bit_identical(pipe_runs, mode, reference):
     for rank, runs in enumerate(pipe_runs):
         assert_bit_identical(runs[reference], runs[mode], f"pipe rank {rank} {mode}")

@@ -1,6 +1,7 @@
 """Every process group of real jobs comes from mesh_core under the shim (strict mode), with the
 same rank sets and losses as legacy: pipeline with tied layers, ALST Ulysses, ZeRO-3 + hpZ, MoE,
 AutoTP (tests/e2e/trace_jobs.py on 4 gloo ranks)."""
+
 import math
 import os
 import sys

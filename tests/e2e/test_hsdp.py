@@ -5,6 +5,7 @@ mesh's dp_shard group, gradients are averaged across dp_replicate; 4-process glo
 The checkpoint round trips (stages 1-3), sp beside HSDP and gradient accumulation are a second
 torchrun job, marked ``slow`` (1.5-4 minutes on 2 cores): ``pytest tests/e2e/test_hsdp.py -m slow``.
 """
+
 import math
 import os
 import sys
@@ -56,8 +57,11 @@ def test_nothing_to_shard_raises_naming_the_flat_layout():
 def test_hpz_on_hsdp_raises():
     from compat.hsdp import hsdp_zero_config
 
-    with pytest.raises(MeshSpecError, match=r"zero_hpz_partition_size=2 is not supported: HSDP already partitions "
-                                            r"over dp_shard x sp = 2 ranks"):
+    with pytest.raises(
+        MeshSpecError,
+        match=r"zero_hpz_partition_size=2 is not supported: HSDP already partitions "
+        r"over dp_shard x sp = 2 ranks",
+    ):
         hsdp_zero_config(_zero(3, zero_hpz_partition_size=2), MeshSpec.build(4, dp_replicate=2, dp_shard=2))
 
 
@@ -149,8 +153,11 @@ def test_replicas_are_bit_identical(runs, stage, mode):
 
 # --- checkpoints ---------------------------------------------------------------------------------
 def _check_checkpoints(runs, stage):
-    files = {"hsdp": 2 * S, "outer": 2 * S, "dp": 2 * S * R} if stage == 3 else {"hsdp": S + 1, "outer": S + 1,
-                                                                                  "dp": S * R + 1}
+    files = (
+        {"hsdp": 2 * S, "outer": 2 * S, "dp": 2 * S * R}
+        if stage == 3
+        else {"hsdp": S + 1, "outer": S + 1, "dp": S * R + 1}
+    )
     for res in runs:
         ckpt = res[f"ckpt_z{stage}"]
         for name, count in files.items():  # ZeRO-3: a model + an optim file per partition; 1/2: one model file
@@ -264,11 +271,14 @@ class _Engine:
         return self._stage
 
 
-@pytest.mark.parametrize("sizes,shard,replicate", [
-    ({"dp_replicate": 2, "dp_shard": 4}, [4, 5, 6, 7], [1, 5]),
-    ({"dp_replicate": 2, "dp_shard": 4, "order": ["dp_shard", "dp_replicate"]}, [1, 3, 5, 7], [4, 5]),
-    ({"dp_replicate": 2, "dp_shard": 2, "ranks": range(4, 8)}, [4, 5], [5, 7]),  # a sub-world engine
-])
+@pytest.mark.parametrize(
+    "sizes,shard,replicate",
+    [
+        ({"dp_replicate": 2, "dp_shard": 4}, [4, 5, 6, 7], [1, 5]),
+        ({"dp_replicate": 2, "dp_shard": 4, "order": ["dp_shard", "dp_replicate"]}, [1, 3, 5, 7], [4, 5]),
+        ({"dp_replicate": 2, "dp_shard": 2, "ranks": range(4, 8)}, [4, 5], [5, 7]),  # a sub-world engine
+    ],
+)
 def test_zero_groups_of_an_hsdp_engine_of_8_ranks(sizes, shard, replicate):
     import torch.distributed as dist
 

@@ -7,6 +7,7 @@ moment the last rank's process group was up (a hang guard: the test kills what i
 With a 10-minute process-group timeout and ``DS_MESH_AGREE_TIMEOUT=5``, one rank without ``DS_MESH``
 (rank 0, the store's, or another) is named by every shim rank after the shim's own bound.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, ...] = SHIM_RANKS,
-              wait_for: "tuple[int, ...] | None" = None, delays: "dict[int, float] | None" = None,
-              world: int = WORLD, agree_s: "float | None" = None, deadline_s: "float | None" = None) -> list[dict]:
+def run_mixed(
+    tmp_path: Path,
+    job: str,
+    timeout_s: int,
+    shim_ranks: tuple[int, ...] = SHIM_RANKS,
+    wait_for: "tuple[int, ...] | None" = None,
+    delays: "dict[int, float] | None" = None,
+    world: int = WORLD,
+    agree_s: "float | None" = None,
+    deadline_s: "float | None" = None,
+) -> list[dict]:
     """Run the job on ``world`` ranks with ``DS_MESH=1`` on ``shim_ranks`` (rank r starting its job
     ``delays[r]`` s late; ``DS_MESH_AGREE_TIMEOUT=agree_s`` where given); fail unless the ranks
     ``wait_for`` (default: all) have exited within ``deadline_s`` (default: the process-group timeout
@@ -52,9 +61,14 @@ def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, .
     startup.write_pth(str(site))
     (hook / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DS_MESH", "DS_LOG"))}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
-                DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-                TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions")))
+    base.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        WORLD_SIZE=str(world),
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions")),
+    )
     if agree_s is not None:
         base["DS_MESH_AGREE_TIMEOUT"] = str(agree_s)
     procs = []
@@ -64,8 +78,18 @@ def run_mixed(tmp_path: Path, job: str, timeout_s: int, shim_ranks: tuple[int, .
             env.update(DS_MESH="1", PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
         log = open(tmp_path / f"rank{rank}.log", "w")
         delay = str((delays or {}).get(rank, 0.0))
-        procs.append((subprocess.Popen([sys.executable, str(SCRIPT), job, str(timeout_s), str(tmp_path / f"up{rank}"), delay],
-                                       cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(SCRIPT), job, str(timeout_s), str(tmp_path / f"up{rank}"), delay],
+                    cwd=str(tmp_path),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
+        )
     marks = [tmp_path / f"up{rank}" for rank in range(world)]
     start_deadline = time.time() + START_S
     deadline = None
@@ -92,7 +116,9 @@ def _logs(tmp_path: Path, world: int = WORLD) -> str:
     return "\n".join(f"--- rank {r}\n" + (tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(world))
 
 
-def _check(results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS, missing: "dict[int, str] | None" = None) -> None:
+def _check(
+    results: list[dict], shim_ranks: tuple[int, ...] = SHIM_RANKS, missing: "dict[int, str] | None" = None
+) -> None:
     """Every shim rank names the plain ranks (``missing[r]``: what rank r saw missing, default the
     plain ranks) as never having run ds-mesh, and DS_MESH."""
     plain = sorted(set(range(WORLD)) - set(shim_ranks))
@@ -140,13 +166,17 @@ AGREE_S = 5  # the shim's own bound in these tests (60 s by default)
 LONG_TIMEOUT_S = 600  # the process-group timeout, far beyond it
 
 
-@pytest.mark.parametrize("world, shim_ranks", [
-    (2, (1,)),  # the store's rank (0) forgot DS_MESH
-    pytest.param(2, (0,), marks=pytest.mark.slow),
-    pytest.param(4, (1, 2, 3), marks=pytest.mark.slow),  # several shim ranks, each names rank 0
-])
+@pytest.mark.parametrize(
+    "world, shim_ranks",
+    [
+        (2, (1,)),  # the store's rank (0) forgot DS_MESH
+        pytest.param(2, (0,), marks=pytest.mark.slow),
+        pytest.param(4, (1, 2, 3), marks=pytest.mark.slow),  # several shim ranks, each names rank 0
+    ],
+)
 def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_process_group_timeout(
-        tmp_path, world, shim_ranks):
+    tmp_path, world, shim_ranks
+):
     """One rank without DS_MESH, a 10-minute process-group timeout: every shim rank names the plain one
     after DS_MESH_AGREE_TIMEOUT (5 s here), also when the plain rank is rank 0, whose process holds the
     store. The run fails unless the shim ranks have exited well before the process-group timeout (their
@@ -154,19 +184,31 @@ def test_a_rank_without_ds_mesh_is_named_within_the_shims_own_bound_not_the_proc
     ds-mesh code: the test ends it (docs/multinode.md says what bounds it)."""
     (plain,) = set(range(world)) - set(shim_ranks)
     arrived = f"rank {shim_ranks[0]}" if len(shim_ranks) == 1 else f"ranks {shim_ranks[0]}..{shim_ranks[-1]}"
-    results = run_mixed(tmp_path, "autotp", LONG_TIMEOUT_S, shim_ranks=shim_ranks, wait_for=shim_ranks, world=world,
-                        agree_s=AGREE_S, deadline_s=AGREE_S + 3 * GRACE_S)
+    results = run_mixed(
+        tmp_path,
+        "autotp",
+        LONG_TIMEOUT_S,
+        shim_ranks=shim_ranks,
+        wait_for=shim_ranks,
+        world=world,
+        agree_s=AGREE_S,
+        deadline_s=AGREE_S + 3 * GRACE_S,
+    )
     for rank in shim_ranks:
         log = results[rank]["log"]
         errors = re.findall(r"^(?:\[rank\d\]: )?(\S*AbsentRanksError): (.*)$", log, re.M)
         assert len(errors) == 1 and results[rank]["rc"] != 0, log[-4000:]
         message = errors[0][1]
-        assert (f"started checking it within 0:00:05 (arrived: {arrived}; missing: rank {plain}; rank {plain} "
-                "built no mesh at all in this world); the missing rank builds a different mesh (or none), or has "
-                "started no mesh within 0:00:05") in message, message
+        assert (
+            f"started checking it within 0:00:05 (arrived: {arrived}; missing: rank {plain}; rank {plain} "
+            "built no mesh at all in this world); the missing rank builds a different mesh (or none), or has "
+            "started no mesh within 0:00:05"
+        ) in message, message
         assert "up to the process-group timeout, 0:10:00" in message, message
-        assert (f"Likely cause: rank {plain} runs DeepSpeed without the ds-mesh shim (it has built no mesh in this "
-                "world, and did not say within 5 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets that wait: raise "
-                "it if it does run the shim but starts far later than the others): DS_MESH=1 is not set in its "
-                "environment, the start-up hook is not installed on its node, or the shim could not be installed "
-                "there") in message, message
+        assert (
+            f"Likely cause: rank {plain} runs DeepSpeed without the ds-mesh shim (it has built no mesh in this "
+            "world, and did not say within 5 s that it runs the shim; DS_MESH_AGREE_TIMEOUT sets that wait: raise "
+            "it if it does run the shim but starts far later than the others): DS_MESH=1 is not set in its "
+            "environment, the start-up hook is not installed on its node, or the shim could not be installed "
+            "there"
+        ) in message, message

@@ -6,6 +6,7 @@ bit-identical losses and parameters.
 Slow (the codemod resolves metadata in engine.py / stage3.py, then two torchrun jobs: minutes), so
 deselected by default: ``python -m pytest -m deepspeed_copy tests/e2e/test_mpu_copy_gloo.py``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,8 +35,8 @@ def has_sites(path: Path) -> bool:
 
 
 def migrate_one(args: tuple[str, str, str]) -> tuple[str, int, int]:
-    from codemods.rules.mpu_internal import MpuInternalCommand
     from codemods import migrate_code
+    from codemods.rules.mpu_internal import MpuInternalCommand
 
     path, module, package = args
     source = Path(path).read_text(encoding="utf-8")
@@ -67,9 +68,11 @@ def copy(tmp_path_factory) -> Path:
 
 def test_migrated_copy_imports(copy):
     env = dict(os.environ, PYTHONPATH=f"{copy}{os.pathsep}{REPO}")
-    code = ("import deepspeed, deepspeed.runtime.engine, deepspeed.runtime.zero.stage3, deepspeed.moe.layer, "
-            "deepspeed.runtime.pipe.engine, deepspeed.runtime.activation_checkpointing.checkpointing; "
-            "print(deepspeed.__file__)")
+    code = (
+        "import deepspeed, deepspeed.runtime.engine, deepspeed.runtime.zero.stage3, deepspeed.moe.layer, "
+        "deepspeed.runtime.pipe.engine, deepspeed.runtime.activation_checkpointing.checkpointing; "
+        "print(deepspeed.__file__)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(copy))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().startswith(str(copy))
@@ -77,12 +80,16 @@ def test_migrated_copy_imports(copy):
 
 def test_migrated_copy_trains_like_the_installed_package(copy, tmp_path):
     legacy = torchrun("train_mpu_copy.py", str(tmp_path / "legacy"), timeout=600)
-    migrated = torchrun("train_mpu_copy.py", str(tmp_path / "migrated"), timeout=600,
-                        env={"PYTHONPATH": f"{copy}{os.pathsep}{REPO}"})
+    migrated = torchrun(
+        "train_mpu_copy.py", str(tmp_path / "migrated"), timeout=600, env={"PYTHONPATH": f"{copy}{os.pathsep}{REPO}"}
+    )
     for rank, (want, got) in enumerate(zip(legacy, migrated)):
         assert not want["deepspeed"].startswith(str(copy)) and got["deepspeed"].startswith(str(copy))
         for mode in MODES:
             assert_bit_identical(want[mode], got[mode], f"rank {rank} {mode}")
             assert (got[mode]["dp"], got[mode]["mp"], got[mode]["optimizer"]) == (
-                want[mode]["dp"], want[mode]["mp"], want[mode]["optimizer"])
+                want[mode]["dp"],
+                want[mode]["mp"],
+                want[mode]["optimizer"],
+            )
             assert want[mode]["mpu_queries"] == 0 and got[mode]["mpu_queries"] > 0, mode  # the migrated sites ran

@@ -1,10 +1,10 @@
 """Every mpu plain DeepSpeed accepts trains the same under the shim: an mpu with only the data- and
 model-parallel getters, and one with pipe getters too, on a pp=2 x tp=2 x dp=2 world of 8 gloo
 ranks whose pipeline the script runs itself (train_mpu_shapes.py)."""
+
 from __future__ import annotations
 
 import pytest
-
 from runner import assert_bit_identical, torchrun
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]

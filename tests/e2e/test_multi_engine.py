@@ -1,5 +1,6 @@
 """Several engines in one 4-rank gloo world (one torchrun, tests/e2e/multi_engine.py):
 wrong-grid protection with interleaved steps, and sub-world engines on disjoint halves."""
+
 import os
 import sys
 
@@ -42,7 +43,8 @@ def test_getters_outside_steps_name_the_engines(runs):
             assert "MeshSpec(dp=2, tp=2;" in message and "MeshSpec(tp=2, dp=2;" in message
             assert "compat.use_engine(engine)" in message
         assert errors["get_tensor_model_parallel_group"].startswith(
-            "deepspeed.utils.groups.get_tensor_model_parallel_group()")
+            "deepspeed.utils.groups.get_tensor_model_parallel_group()"
+        )
         assert errors["mpu"].startswith("deepspeed.utils.groups.mpu.get_data_parallel_group")
 
 
@@ -55,8 +57,11 @@ def test_use_engine_chooses(runs):
 def test_sub_world_engines_on_disjoint_halves_train_with_every_zero_stage(runs):
     """Ranks 0-1 and 2-3 each initialize only their own engines ("mesh": {"ranks": [...]})."""
     expected = {0: ("half_zero1", "half_zero3"), 2: ("half_zero2", "half_zero1")}
-    optimizers = {"half_zero1": "DeepSpeedZeroOptimizer", "half_zero2": "DeepSpeedZeroOptimizer",
-                  "half_zero3": "DeepSpeedZeroOptimizer_Stage3"}
+    optimizers = {
+        "half_zero1": "DeepSpeedZeroOptimizer",
+        "half_zero2": "DeepSpeedZeroOptimizer",
+        "half_zero3": "DeepSpeedZeroOptimizer_Stage3",
+    }
     for rank, res in enumerate(runs):
         half = [0, 1] if rank < 2 else [2, 3]
         for name in expected[half[0]]:
@@ -87,21 +92,24 @@ def test_sub_world_moe_engines_on_disjoint_halves(runs):
 
 def test_a_non_member_entering_initialize_is_told_to_skip_it(monkeypatch):
     """Before any group is created (fake backend, rank 1 of 4; the engine's ranks are 2-3)."""
+    import deepspeed
     import torch
 
     import compat
     from fakepg import fake_world
     from mesh_core import MeshSpecError
 
-    import deepspeed
-
     monkeypatch.setenv("LOCAL_RANK", "1")
     with fake_world(1, 4, deepspeed_comm=True):
         compat.install()
         try:
-            with pytest.raises(MeshSpecError, match=r"rank 1 is not one of the ranks of this engine's mesh "
-                                                     r"MeshSpec\(dp=2; ranks 2..3 of world 4\); only those ranks"):
-                deepspeed.initialize(model=torch.nn.Linear(2, 2),
-                                     config={"train_micro_batch_size_per_gpu": 1, "mesh": {"ranks": [2, 3]}})
+            with pytest.raises(
+                MeshSpecError,
+                match=r"rank 1 is not one of the ranks of this engine's mesh "
+                r"MeshSpec\(dp=2; ranks 2..3 of world 4\); only those ranks",
+            ):
+                deepspeed.initialize(
+                    model=torch.nn.Linear(2, 2), config={"train_micro_batch_size_per_gpu": 1, "mesh": {"ranks": [2, 3]}}
+                )
         finally:
             compat.uninstall()

@@ -7,6 +7,7 @@ separately (gloo, CPU), joined only by the weight link's address.
   the timeout + 30 s and goes on training; a relaunched rollout job claims the next sync and gets
   the weights bit for bit.
 """
+
 import os
 import re
 import signal
@@ -30,19 +31,30 @@ def _port() -> int:
 
 
 def _env(tmp_path) -> dict:
-    return dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHON=sys.executable, DS_MESH_LINK_SECRET="e2e",
-                PYTHONPATH=ROOT, TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")))
+    return dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHON=sys.executable,
+        DS_MESH_LINK_SECRET="e2e",
+        PYTHONPATH=ROOT,
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")),
+    )
 
 
 def test_run_sh_three_syncs_bit_identical(tmp_path):
     env = dict(_env(tmp_path), LINK_PORT=str(_port()))
     del env["DS_MESH_LINK_SECRET"]  # run.sh draws one for its two jobs
-    proc = subprocess.run(["bash", os.path.join(EXAMPLE, "run.sh")], capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        ["bash", os.path.join(EXAMPLE, "run.sh")], capture_output=True, text=True, timeout=240, env=env
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     for n in range(3):
         for rank in (0, 1):
-            assert re.search(rf"\[rollout rank {rank}\] sync {n}: [0-9.]+ s, 1400 bytes, .* WEIGHTS EQUAL", out), out[-4000:]
+            assert re.search(rf"\[rollout rank {rank}\] sync {n}: [0-9.]+ s, 1400 bytes, .* WEIGHTS EQUAL", out), out[
+                -4000:
+            ]
         for rank in range(4):
             assert re.search(rf"\[trainer rank {rank}\] sync {n}: [0-9.]+ s, 1400 bytes", out)
     assert "WEIGHTS DIFFER" not in out and "FAILED" not in out
@@ -52,10 +64,18 @@ class _Job:
     """A torchrun job in its own process group, its output lines timestamped as they come."""
 
     def __init__(self, script: str, nproc: int, args: list, env: dict) -> None:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               os.path.join(EXAMPLE, script), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            os.path.join(EXAMPLE, script),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         self.lines: list = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -87,8 +107,9 @@ def test_a_killed_rollout_job_is_one_error_per_trainer_rank_and_a_relaunched_one
     env = _env(tmp_path)
     link, timeout = f"127.0.0.1:{_port()}", 20
     trainer = _Job("trainer.py", 4, ["--link", link, "--steps", "3", "--timeout", str(timeout)], env)
-    first = _Job("rollout.py", 2, ["--link", link, "--syncs", "3", "--timeout", str(timeout),
-                                   "--generate-seconds", "60"], env)  # killed while it generates
+    first = _Job(
+        "rollout.py", 2, ["--link", link, "--syncs", "3", "--timeout", str(timeout), "--generate-seconds", "60"], env
+    )  # killed while it generates
     try:
         first.wait_for(r"\[rollout rank \d\] sync 0: .* WEIGHTS EQUAL", 2, 200)
         first.kill()

@@ -4,6 +4,7 @@ groups, a use while released names the remedy) and resumes them (the same rank s
 the same collective results); ZeRO-1 and ZeRO-3 engines released and resumed between steps train
 bit-identically to engines never released, and so do a pipeline engine (pp=2, dp=2) and a ZeRO-3
 engine whose ZeRO++ hpZ groups lie outside its mesh (released with it)."""
+
 import os
 import sys
 
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3,pipe,zero3_hpz", timeout=240)
+    return torchrun(
+        "step_aside_jobs.py", str(tmp_path_factory.mktemp("step_aside")), "mesh,zero1,zero3,pipe,zero3_hpz", timeout=240
+    )
 
 
 def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(runs):
@@ -29,17 +32,24 @@ def test_a_released_mesh_holds_no_communicator_and_resumes_the_same_memberships(
         assert mesh["live_released"] == 0 and mesh["alive_released"] == 0
         assert mesh["old_objects_alive"] == 0 and mesh["still_referenced"] == []
         assert [state for *_, state in mesh["held_released"]] == ["released"] * 3
-        assert ("ranks=[" in mesh["released_use_error"] or "ranks [" in mesh["released_use_error"]) and "call resume_communicators() on every member" in mesh["released_use_error"]
+        assert (
+            "ranks=[" in mesh["released_use_error"] or "ranks [" in mesh["released_use_error"]
+        ) and "call resume_communicators() on every member" in mesh["released_use_error"]
         assert mesh["held_after"] == mesh["held_before"]
         assert mesh["shared_after"]  # a second mesh sharing its rank sets, released and resumed too
         assert all(state == "alive" for *_, state in mesh["held_after"])
         assert mesh["live_after"] == 3
         # same rank sets, the next generation of the same names
-        assert [n.rsplit(".", 1) for n in mesh["names_after"]] == [[n.rsplit(".", 1)[0], "1"] for n in mesh["names_before"]]
+        assert [n.rsplit(".", 1) for n in mesh["names_after"]] == [
+            [n.rsplit(".", 1)[0], "1"] for n in mesh["names_before"]
+        ]
         assert mesh["sums_after"] == mesh["sums_before"]
         assert mesh["device_mesh_dp"] == [rank - rank % 2, rank - rank % 2 + 1]
-    assert runs[0]["mesh"]["held_before"] == [[["pp", "p2p"], [0, 2], "alive"], [["dp", "ep(2)"], [0, 1], "alive"],
-                                              [["edp(2)"], [0], "alive"]]
+    assert runs[0]["mesh"]["held_before"] == [
+        [["pp", "p2p"], [0, 2], "alive"],
+        [["dp", "ep(2)"], [0, 1], "alive"],
+        [["edp(2)"], [0], "alive"],
+    ]
 
 
 @pytest.mark.parametrize("part", ["zero1", "zero3", "zero3_hpz"])

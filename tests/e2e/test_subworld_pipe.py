@@ -1,6 +1,7 @@
 """Sub-world pipeline engines (issue 11): two 2-stage pipelines on disjoint halves of a 4-rank gloo
 world, each half building only its own PipelineModule (topology=compat.mesh_topology(...)) and engine
 (one torchrun of tests/e2e/subworld_pipe.py)."""
+
 import os
 import sys
 
@@ -63,8 +64,7 @@ def test_a_rank_outside_the_mesh_is_refused_before_any_group(runs):
 @pytest.fixture(scope="module")
 def autotp(tmp_path_factory):
     halves = torchrun("subworld_autotp.py", str(tmp_path_factory.mktemp("swtp")), "halves", timeout=300)
-    legacy = torchrun("subworld_autotp.py", str(tmp_path_factory.mktemp("swtp_legacy")), "legacy", timeout=300,
-                      world=2)
+    legacy = torchrun("subworld_autotp.py", str(tmp_path_factory.mktemp("swtp_legacy")), "legacy", timeout=300, world=2)
     return [r["autotp"] for r in halves], [r["autotp"] for r in legacy]
 
 
@@ -95,10 +95,9 @@ def test_autotp_sub_world_losses_equal_legacy_deepspeed(autotp):
 def test_mesh_topology_answers_in_the_meshs_global_ranks():
     """A sub-world mesh in a non-identity rank order: the topology, and the compat grid built on it,
     agree with the mesh layout for every rank; a non-member is refused before any group."""
-    from fakepg import fake_world, record_new_groups
-
     from compat.subworld_pipe import MeshTopology, mesh_topology
     from compat.topology import PipelineParallelGrid
+    from fakepg import fake_world, record_new_groups
     from mesh_core import MeshSpec, MeshSpecError
 
     spec = MeshSpec.build(8, ranks=[7, 6, 5, 4], pp=2, dp=2)

@@ -1,5 +1,6 @@
 """mesh_core.transfer._engines: actor engine -> rollout engine in one call, bit for bit against the
 actor's weights gathered another way (tests/e2e/transfer_engines.py on 4 gloo ranks)."""
+
 import os
 import sys
 
@@ -9,13 +10,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e
 from runner import torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-NAMES = {f"block.{n}" for n in ("up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias",
-                                "norm.weight", "norm.bias")}
+NAMES = {
+    f"block.{n}"
+    for n in ("up_proj.weight", "up_proj.bias", "down_proj.weight", "down_proj.bias", "norm.weight", "norm.bias")
+}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return torchrun("transfer_engines.py", str(tmp_path_factory.mktemp("engines")), "zero3,autotp,zero2,zero3_dst,zero3_autotp", timeout=600)
+    return torchrun(
+        "transfer_engines.py",
+        str(tmp_path_factory.mktemp("engines")),
+        "zero3,autotp,zero2,zero3_dst,zero3_autotp",
+        timeout=600,
+    )
 
 
 def _bit_for_bit(runs, case, rollout_ranks):

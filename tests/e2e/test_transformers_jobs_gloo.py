@@ -15,6 +15,7 @@ sharded by ``UlyssesSPDataLoaderAdapter``, ZeRO-2 and ZeRO-3 (dp 2 x sp 2); its 
 Shim side in strict mode: no group outside mesh_core, legacy's rank sets held by the registry,
 identical losses (and eval loss / generated tokens).
 """
+
 import math
 import os
 import sys
@@ -85,8 +86,10 @@ def test_alst_same_losses_and_groups_from_the_mesh(traced, job):
         assert [c for c in shim["created"] if not c[1]] == []
         assert shim["served"] and all(shim["served"].values()), shim["served"]
         sites = {site.rsplit("site-packages/", 1)[-1] for _, _, site in legacy["created"]}
-        assert sites == {"deepspeed/runtime/sequence_parallel/parallel_state_sp.py:53",
-                         "deepspeed/runtime/sequence_parallel/parallel_state_sp.py:63"}
+        assert sites == {
+            "deepspeed/runtime/sequence_parallel/parallel_state_sp.py:53",
+            "deepspeed/runtime/sequence_parallel/parallel_state_sp.py:63",
+        }
 
 
 def test_alst_zero3_equals_zero2(traced):

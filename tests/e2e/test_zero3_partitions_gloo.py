@@ -3,6 +3,7 @@ tests/e2e/zero3_sharded.py): a clear error on every rank that initialises the en
 collective (every part ends with a world barrier: a stuck rank fails the run by its timeout), and
 a working sub-world engine once the model is built under the engine's group. Run with DS_MESH_STRICT=1: strict
 mode reports the same error (and the remedy creates no group outside mesh_core)."""
+
 import os
 import sys
 
@@ -17,8 +18,14 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     # "world" first: zero.Init numbers parameters per process, and "remedy" builds a model on rank 0 only
-    return torchrun("zero3_sharded.py", str(tmp_path_factory.mktemp("zero3")), "world,subworld,layout,remedy",
-                    timeout=300, world=2, env={"DS_MESH_STRICT": "1"})  # strict mode reports it too
+    return torchrun(
+        "zero3_sharded.py",
+        str(tmp_path_factory.mktemp("zero3")),
+        "world,subworld,layout,remedy",
+        timeout=300,
+        world=2,
+        env={"DS_MESH_STRICT": "1"},
+    )  # strict mode reports it too
 
 
 def test_sub_world_engine_on_a_world_sharded_model_is_refused_naming_both_rank_sets(runs):
@@ -37,7 +44,10 @@ def test_a_layout_whose_zero_group_is_not_zero_inits_is_refused_on_every_rank(ru
         error = res["layout"]["error"]
         assert error is not None
         assert "was partitioned by zero.Init over ranks [0, 1]" in error
-        assert f"MeshSpec(dp=1, tp=2; ranks 0..1 of world 2), partitions rank {rank}'s parameters over ranks [{rank}]" in error
+        assert (
+            f"MeshSpec(dp=1, tp=2; ranks 0..1 of world 2), partitions rank {rank}'s parameters over ranks [{rank}]"
+            in error
+        )
 
 
 def test_the_remedy_the_error_names_trains_a_sub_world_engine(runs):
@@ -54,16 +64,19 @@ def test_a_whole_world_engine_on_the_zero_init_model_still_trains(runs):
 
 
 # --- the check itself, on torch's fake backend (rank 1 of 4; parameters marked as zero.Init marks them) ---
-@pytest.mark.parametrize("param_ranks, mesh, refused", [
-    ([0, 1, 2, 3], {}, None),  # zero.Init over the world, a world engine
-    ([0, 1, 2, 3], {"ranks": [0, 1]}, "ranks [2, 3] hold parts of it and are not in the engine"),
-    ([0, 1, 2, 3], {"tp": 2}, "partitions rank 1's parameters over ranks [1, 3]"),
-    ([1, 3], {"tp": 2}, None),  # built under zero.Init(data_parallel_group=<the mesh's dp>)
-    ([1, 3], {"dp": 2, "sp": 2}, None),  # the mpu's dp group (what the engine hands zero.Init) is accepted too
-    ([0, 1], {"dp": 2, "sp": 2}, "over ranks [0, 1, 2, 3]"),
-    (None, {"ranks": [0, 1]}, None),  # not partitioned yet: the engine partitions it itself
-    ("autoep", {"ranks": [0, 1]}, None),  # a group of its own (AutoEP experts): DeepSpeed checks it
-])
+@pytest.mark.parametrize(
+    "param_ranks, mesh, refused",
+    [
+        ([0, 1, 2, 3], {}, None),  # zero.Init over the world, a world engine
+        ([0, 1, 2, 3], {"ranks": [0, 1]}, "ranks [2, 3] hold parts of it and are not in the engine"),
+        ([0, 1, 2, 3], {"tp": 2}, "partitions rank 1's parameters over ranks [1, 3]"),
+        ([1, 3], {"tp": 2}, None),  # built under zero.Init(data_parallel_group=<the mesh's dp>)
+        ([1, 3], {"dp": 2, "sp": 2}, None),  # the mpu's dp group (what the engine hands zero.Init) is accepted too
+        ([0, 1], {"dp": 2, "sp": 2}, "over ranks [0, 1, 2, 3]"),
+        (None, {"ranks": [0, 1]}, None),  # not partitioned yet: the engine partitions it itself
+        ("autoep", {"ranks": [0, 1]}, None),  # a group of its own (AutoEP experts): DeepSpeed checks it
+    ],
+)
 def test_partition_check_table(param_ranks, mesh, refused):
     import torch
     import torch.distributed as dist

@@ -11,6 +11,7 @@ traced. Per rank it dumps: the rank sets legacy created, the creations under the
 whether they came from mesh_core), which of legacy's rank sets (holding this rank) the shim's
 registry serves, and the losses. Usage: ``torchrun --nproc_per_node 4 trace_jobs.py OUT [JOBS]``.
 """
+
 import os
 import sys
 
@@ -18,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 import common
+
+# isort: split
 
 STEPS = 2
 
@@ -35,8 +38,12 @@ def _train(engine, seed: int, dim: int = 8) -> list[float]:
 
 
 def _config(**extra) -> dict:
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     cfg.update(extra)
     return cfg
 
@@ -46,8 +53,13 @@ def job_pipe_tied(rank: int):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
     torch.manual_seed(0)
-    layers = [TiedLayerSpec("emb", torch.nn.Linear, 8, 8), LayerSpec(torch.nn.ReLU), LayerSpec(torch.nn.Linear, 8, 8),
-              LayerSpec(torch.nn.ReLU), TiedLayerSpec("emb", torch.nn.Linear, 8, 8)]
+    layers = [
+        TiedLayerSpec("emb", torch.nn.Linear, 8, 8),
+        LayerSpec(torch.nn.ReLU),
+        LayerSpec(torch.nn.Linear, 8, 8),
+        LayerSpec(torch.nn.ReLU),
+        TiedLayerSpec("emb", torch.nn.Linear, 8, 8),
+    ]
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
     config = _config(train_batch_size=8, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -70,8 +82,9 @@ def job_ulysses(rank: int):
     sp_mpu.initialize_sequence_parallel(2)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=sp_mpu,
-                                      config=_config(zero_optimization={"stage": 1}))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), mpu=sp_mpu, config=_config(zero_optimization={"stage": 1})
+    )
     return engine, _train(engine, rank)
 
 
@@ -115,11 +128,14 @@ def job_autotp(rank: int):
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
-    specs = [{"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
-             {"patterns": [r".*2\.weight$"], "partition_type": "row"}]
-    config = _config(tensor_parallel={"autotp_size": 2, "partition_config": {"use_default_specs": False,
-                                                                             "layer_specs": specs}},
-                     zero_optimization={"stage": 1})
+    specs = [
+        {"patterns": [r".*0\.(weight|bias)$"], "partition_type": "column"},
+        {"patterns": [r".*2\.weight$"], "partition_type": "row"},
+    ]
+    config = _config(
+        tensor_parallel={"autotp_size": 2, "partition_config": {"use_default_specs": False, "layer_specs": specs}},
+        zero_optimization={"stage": 1},
+    )
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine, _train(engine, rank // 2)  # the tp group [2k, 2k+1] sees the same data
 
@@ -127,14 +143,25 @@ def job_autotp(rank: int):
 def _tiny_qwen2():
     import transformers
 
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32))
+    return transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def _hybrid_config(zero_stage: int, inference_tp_size: int) -> dict:
-    return _config(train_micro_batch_size_per_gpu=2, zero_optimization={"stage": zero_stage},
-                   hybrid_engine={"enabled": True, "inference_tp_size": inference_tp_size, "max_out_tokens": 32})
+    return _config(
+        train_micro_batch_size_per_gpu=2,
+        zero_optimization={"stage": zero_stage},
+        hybrid_engine={"enabled": True, "inference_tp_size": inference_tp_size, "max_out_tokens": 32},
+    )
 
 
 def _hybrid(rank: int, zero_stage: int, inference_tp_size: int = 2):
@@ -189,8 +216,9 @@ def job_hybrid_policy(rank: int):
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16,
-                                                                 n_layer=2, n_head=2))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    )
     try:
         deepspeed.initialize(model=model, model_parameters=model.parameters(), config=_hybrid_config(1, 2))
     except Exception as err:  # noqa: BLE001 - the error is the result
@@ -215,31 +243,46 @@ def _alst(rank: int, zero_stage: int):
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]  # register_with_transformers replaces it with its wrapper
     try:
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        config = transformers.LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
         config._attn_implementation = "sdpa"
         model = transformers.LlamaForCausalLM(config)
         mpu = UlyssesSPAttentionHF.register_with_transformers(
-            model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=sp_size,
-            micro_batch_size=1, seq_length_is_variable=True)
-        ds_config = _config(train_micro_batch_size_per_gpu=1, zero_optimization={"stage": zero_stage},
-                            sequence_parallel_size=sp_size)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config,
-                                          mpu=mpu)
+            model_name_or_path=model,
+            core_attn_implementation="sdpa",
+            sequence_parallel_size=sp_size,
+            micro_batch_size=1,
+            seq_length_is_variable=True,
+        )
+        ds_config = _config(
+            train_micro_batch_size_per_gpu=1, zero_optimization={"stage": zero_stage}, sequence_parallel_size=sp_size
+        )
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu)
         sp_group, sp_rank = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank()
         gen = torch.Generator().manual_seed(500 + rank)  # each rank's own samples: the adapter shares them
         samples = [torch.randint(0, 64, (16,), generator=gen) for _ in range(steps)]
-        data = [{"input_ids": s.unsqueeze(0), "position_ids": torch.arange(16).unsqueeze(0),
-                 "labels": s.unsqueeze(0)} for s in samples]
-        loader = UlyssesSPDataLoaderAdapter(data, sp_rank=sp_rank, sp_group=sp_group, sp_world_size=sp_size,
-                                            device=torch.device("cpu"))
+        data = [
+            {"input_ids": s.unsqueeze(0), "position_ids": torch.arange(16).unsqueeze(0), "labels": s.unsqueeze(0)}
+            for s in samples
+        ]
+        loader = UlyssesSPDataLoaderAdapter(
+            data, sp_rank=sp_rank, sp_group=sp_group, sp_world_size=sp_size, device=torch.device("cpu")
+        )
         losses = []
         for _, batch in zip(range(steps), loader):
             shift_labels = batch.pop("shift_labels")
             batch.pop("labels", None)
             logits = engine(**batch).logits
-            loss = engine.module.loss_function(logits=logits, labels=None, shift_labels=shift_labels,
-                                               vocab_size=config.vocab_size)
+            loss = engine.module.loss_function(
+                logits=logits, labels=None, shift_labels=shift_labels, vocab_size=config.vocab_size
+            )
             # the sample's loss: token-weighted over the shards (torch.distributed.nn's differentiable
             # all_gather, which DeepSpeed's test uses, fails in backward for an sp group without rank 0)
             good = (shift_labels != -100).sum().to(loss.dtype)
@@ -263,9 +306,18 @@ def job_alst_z3(rank: int):
     return _alst(rank, zero_stage=3)
 
 
-JOBS = {"pipe_tied": job_pipe_tied, "ulysses": job_ulysses, "zero3_hpz": job_zero3_hpz, "moe": job_moe,
-        "autotp": job_autotp, "hybrid": job_hybrid, "hybrid_z3": job_hybrid_z3, "hybrid_policy": job_hybrid_policy,
-        "alst": job_alst, "alst_z3": job_alst_z3}
+JOBS = {
+    "pipe_tied": job_pipe_tied,
+    "ulysses": job_ulysses,
+    "zero3_hpz": job_zero3_hpz,
+    "moe": job_moe,
+    "autotp": job_autotp,
+    "hybrid": job_hybrid,
+    "hybrid_z3": job_hybrid_z3,
+    "hybrid_policy": job_hybrid_policy,
+    "alst": job_alst,
+    "alst_z3": job_alst_z3,
+}
 
 
 def run(job: str, shim: bool, rank: int) -> dict:

@@ -3,12 +3,15 @@
 Modes: ``legacy``, ``legacy_mpu`` (a user mpu), ``shim``, ``shim_mpu``, ``shim_config`` (the config
 ``"mesh"`` section instead of an mpu), ``legacy_zero2`` / ``shim_zero2`` (ZeRO stage 2). Usage: ``torchrun --nproc_per_node 4 train_moe.py OUT [MODES]``.
 """
+
 import sys
 import warnings
 
 import torch
 
 import common
+
+# isort: split
 from simple_mpu import DataParallelMPU
 
 STEPS = 3
@@ -48,8 +51,12 @@ def run(mode: str, rank: int) -> dict:
     model = MoEModel()
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "p"})
     optimizer = torch.optim.Adam(groups, lr=1e-2)
-    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
-              "zero_optimization": {"stage": zero_stage}}
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**6,
+        "zero_optimization": {"stage": zero_stage},
+    }
     if mesh_section is not None:
         config["mesh"] = mesh_section
     before = common.group_count()

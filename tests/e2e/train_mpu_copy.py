@@ -6,11 +6,14 @@ get_data_parallel_*), ZeRO stage 1 with gradient clipping; ``megatron`` — a Me
 (tp=2, tensor/pipeline/data getters), no ZeRO, gradient clipping; ``pipe`` — PipelineModule pp=2 x
 dp=2 (the grid is the mpu), ZeRO stage 1. Usage: ``torchrun --nproc_per_node 4 train_mpu_copy.py OUT``.
 """
+
 import sys
 
 import torch
 
 import common
+
+# isort: split
 from simple_mpu import DSTestMPU
 
 STEPS = 3
@@ -86,8 +89,9 @@ def run(mode: str, rank: int) -> dict:
         mpu = DSTestMPU(2) if mode == "test_mpu" else MegatronMPU(2)
         model = torch.nn.Sequential(*layers())
         zero = 1 if mode == "test_mpu" else 0
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), mpu=mpu,
-                                          config=config(zero, 4, 1, 2))
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), mpu=mpu, config=config(zero, 4, 1, 2)
+        )
         data = batches(mpu.get_data_parallel_rank())
         losses = []
         for _ in range(STEPS):
@@ -97,8 +101,14 @@ def run(mode: str, rank: int) -> dict:
             engine.step()
             losses.append(loss.item())
     queries, QUERIES[0] = QUERIES[0], 0
-    return {"losses": losses, "params": common.params_of(engine.module), "dp": engine.dp_world_size,
-            "mp": engine.mp_world_size, "optimizer": type(engine.optimizer).__name__, "mpu_queries": queries}
+    return {
+        "losses": losses,
+        "params": common.params_of(engine.module),
+        "dp": engine.dp_world_size,
+        "mp": engine.mp_world_size,
+        "optimizer": type(engine.optimizer).__name__,
+        "mpu_queries": queries,
+    }
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ pipe getters. Each shape trains plain (shim uninstalled), under the shim with ``
 with ``mesh=DeepSpeedDeviceMesh.from_mpu(mpu)`` (what the codemods write), and under the shim with
 the layout also in the config's ``"mesh"`` section. Usage: ``torchrun --nproc_per_node 8 train_mpu_shapes.py OUT``.
 """
+
 import sys
 import warnings
 
@@ -14,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 import common
+
+# isort: split
 
 STEPS = 3
 PP, DP, TP = 2, 2, 2
@@ -103,16 +106,22 @@ def run(shape: str, way: str, rank: int) -> dict:
     kwargs = {"mesh": DeepSpeedDeviceMesh.from_mpu(mpu)} if way == "mesh" else {"mpu": mpu}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(way),
-                                          **kwargs)
+        engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=config(way), **kwargs
+        )
     pp_rank = rank // (DP * TP)
     gen = torch.Generator().manual_seed(100 + 10 * pp_rank + mpu.get_data_parallel_rank())
     losses = common.train_steps(engine, gen, STEPS, 4)
     mesh = getattr(engine, "mesh_device", None)
-    out = {"losses": losses, "params": common.params_of(engine.module), "dp": engine.dp_world_size,
-           "mp": engine.mp_world_size, "mp_rank": engine.mpu.get_model_parallel_rank(),
-           "mesh": None if way == "plain" else {d: mesh.size(d) for d in ("pp", "dp", "tp", "sp")},
-           "mesh_pp": None if way == "plain" else mesh.get_group_ranks("pp")}
+    out = {
+        "losses": losses,
+        "params": common.params_of(engine.module),
+        "dp": engine.dp_world_size,
+        "mp": engine.mp_world_size,
+        "mp_rank": engine.mpu.get_model_parallel_rank(),
+        "mesh": None if way == "plain" else {d: mesh.size(d) for d in ("pp", "dp", "tp", "sp")},
+        "mesh_pp": None if way == "plain" else mesh.get_group_ranks("pp"),
+    }
     engine.destroy()
     common.set_mode(False)
     return out

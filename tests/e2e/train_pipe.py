@@ -3,11 +3,14 @@
 Modes: ``legacy`` (no shim), ``shim`` (unchanged script, shim installed), ``shim_config`` (shim
 plus the config ``"mesh"`` section), and ``legacy_zero1`` / ``shim_zero1`` with ZeRO stage 1. Usage: ``torchrun --nproc_per_node 4 train_pipe.py OUT``.
 """
+
 import sys
 
 import torch
 
 import common
+
+# isort: split
 
 STEPS = 3
 # mode: (shim installed, config "mesh" section, ZeRO stage)
@@ -50,8 +53,12 @@ def run(mode: str, rank: int) -> dict:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     data = batches(rank)
     losses = [engine.train_batch(data_iter=data).item() for _ in range(STEPS)]
-    result = {"losses": losses, "params": common.params_of(engine.module), "new_groups": common.group_count() - before,
-              "optimizer": type(engine.optimizer).__name__}
+    result = {
+        "losses": losses,
+        "params": common.params_of(engine.module),
+        "new_groups": common.group_count() - before,
+        "optimizer": type(engine.optimizer).__name__,
+    }
     grid = engine.grid
     result["groups"] = {
         "dp": common.ranks(grid.get_data_parallel_group()),

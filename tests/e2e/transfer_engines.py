@@ -16,6 +16,7 @@ point-to-point, which compares bit for bit.
 
 usage: transfer_engines.py OUT_DIR [zero3,autotp,zero2,zero3_dst]
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from common import dump, init_world, shutdown
+
+# isort: split
 
 import compat  # noqa: E402
 
@@ -36,20 +39,46 @@ from mesh_core.transfer import transfer_weights  # noqa: E402
 WIDTH, HIDDEN, WORLD = 8, 16, 4
 BASE = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6}
 ADAM = {"optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}}}
-PARTITION = {"use_default_specs": False, "layer_specs": [
-    {"patterns": [r".*\.up_proj\.weight$", r".*\.up_proj\.bias$"], "partition_type": "column"},
-    {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"}]}
+PARTITION = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.up_proj\.weight$", r".*\.up_proj\.bias$"], "partition_type": "column"},
+        {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"},
+    ],
+}
 CASES = {
-    "zero3": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "zero_optimization": {
-        "stage": 3, "stage3_param_persistence_threshold": 0}}, {**BASE, "mesh": {"ranks": [2, 3]}}),
-    "autotp": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION}},
-               {**BASE, "mesh": {"ranks": [2, 3]}}),
+    "zero3": (
+        {
+            **BASE,
+            **ADAM,
+            "mesh": {"ranks": [0, 1]},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        },
+        {**BASE, "mesh": {"ranks": [2, 3]}},
+    ),
+    "autotp": (
+        {
+            **BASE,
+            **ADAM,
+            "mesh": {"ranks": [0, 1]},
+            "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION},
+        },
+        {**BASE, "mesh": {"ranks": [2, 3]}},
+    ),
     "zero2": ({**BASE, **ADAM, "zero_optimization": {"stage": 2}}, {**BASE, "mesh": {"ranks": [1, 2, 3]}}),
-    "zero3_dst": ({**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "zero_optimization": {"stage": 1}},
-                  {**BASE, "mesh": {"ranks": [2, 3]}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}),
-    "zero3_autotp": ({**BASE, **ADAM, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-                      "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION}},
-                     {**BASE, "mesh": {"ranks": [2, 3]}}),
+    "zero3_dst": (
+        {**BASE, **ADAM, "mesh": {"ranks": [0, 1]}, "zero_optimization": {"stage": 1}},
+        {**BASE, "mesh": {"ranks": [2, 3]}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+    ),
+    "zero3_autotp": (
+        {
+            **BASE,
+            **ADAM,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "tensor_parallel": {"autotp_size": 2, "partition_config": PARTITION},
+        },
+        {**BASE, "mesh": {"ranks": [2, 3]}},
+    ),
 }
 
 
@@ -81,7 +110,12 @@ def full_weights(case: str, actor) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in params.items():
         meta = getattr(p, "ds_autotp_universal_checkpoint_meta", None)
-        if case in ("autotp", "zero3_autotp") and meta and meta.get("partition_dim") is not None and not meta.get("replicated"):
+        if (
+            case in ("autotp", "zero3_autotp")
+            and meta
+            and meta.get("partition_dim") is not None
+            and not meta.get("replicated")
+        ):
             parts = [torch.empty_like(local[name]) for _ in range(2)]
             dist.all_gather(parts, local[name].contiguous(), group=actor.mesh_device.get_group("tp"))
             out[name] = torch.cat(parts, dim=meta["partition_dim"])
@@ -106,8 +140,9 @@ def run(case: str, rank: int) -> dict:
         torch.manual_seed(2)
         rollout, *_ = deepspeed.initialize(model=MLP(), config=rollout_cfg)
     # ZeRO-3: a bucket of 400 bytes makes the 1184-byte model travel in several gathered groups
-    stats = transfer_weights(actor_spec, rollout_spec, actor, rollout,
-                             **({"bucket_bytes": 400} if case in ("zero3", "zero3_autotp") else {}))
+    stats = transfer_weights(
+        actor_spec, rollout_spec, actor, rollout, **({"bucket_bytes": 400} if case in ("zero3", "zero3_autotp") else {})
+    )
     sender = min(actor_spec.ranks)
     expected = full_weights(case, actor) if actor is not None else None
     report = {"messages": stats.messages, "copied": stats.copied, "received": stats.received, "same": None}

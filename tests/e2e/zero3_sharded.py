@@ -12,11 +12,14 @@ parameters partitioned over [0, 1]), then an engine is initialised on it. Each p
 
 usage: zero3_sharded.py OUT_DIR PART[,PART]
 """
+
 from __future__ import annotations
 
 import torch
 
 from common import ranks, run_parts
+
+# isort: split
 
 import compat  # noqa: E402
 
@@ -25,8 +28,12 @@ import deepspeed  # noqa: E402
 
 from mesh_core import DeepSpeedDeviceMesh, MeshSpecError  # noqa: E402
 
-CONFIG = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
-          "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}}, "zero_optimization": {"stage": 3}}
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "steps_per_print": 10**6,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+    "zero_optimization": {"stage": 3},
+}
 
 
 def model(**init) -> torch.nn.Module:

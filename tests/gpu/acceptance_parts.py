@@ -29,6 +29,7 @@ small); ``env`` carries the backend and device of the run (NCCL on GPUs, gloo on
 - member_only_bound: every rank builds a mesh over itself alone, then ranks 0..world/2-1 a
   sub-world mesh, by their members only, on the (bound, on GPUs) world: all_reduces over them.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,10 @@ class Env:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) >= (8, 0):
             return None
-        return (f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16: the bf16 parts "
-                "need Ampere (8.0) or newer")
+        return (
+            f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16: the bf16 parts "
+            "need Ampere (8.0) or newer"
+        )
 
 
 def set_shim(on: bool) -> None:
@@ -72,8 +75,9 @@ def set_shim(on: bool) -> None:
 
 def _model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16),
-                               torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+    )
 
 
 def _train(stage: int, shim: bool, env: Env, steps: int) -> tuple[list[float], list[torch.Tensor]]:
@@ -81,9 +85,12 @@ def _train(stage: int, shim: bool, env: Env, steps: int) -> tuple[list[float], l
 
     set_shim(shim)
     net = _model(11)
-    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+    }
     if not env.dry:
         config["bf16"] = {"enabled": True}
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
@@ -114,8 +121,11 @@ def part_zero_bf16(rank: int, world: int, env: Env) -> dict:
             shim = _train(stage, True, env, steps)
             same_losses = plain[0] == shim[0]
             same_params = all(torch.equal(a, b) for a, b in zip(plain[1], shim[1]))
-            out[f"zero{stage}"] = {"identical_losses": same_losses, "identical_params": same_params,
-                                   "last_loss": shim[0][-1]}
+            out[f"zero{stage}"] = {
+                "identical_losses": same_losses,
+                "identical_params": same_params,
+                "last_loss": shim[0][-1],
+            }
             out["ok"] = out["ok"] and same_losses and same_params and math.isfinite(shim[0][-1])
     finally:
         set_shim(True)
@@ -124,10 +134,13 @@ def part_zero_bf16(rank: int, world: int, env: Env) -> dict:
 
 def part_hf_trainer(rank: int, world: int, env: Env) -> dict:
     try:
-        import transformers  # noqa: F401
         import accelerate  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError as err:
-        return {"ok": False, "error": f"{err}: bring the transformers and accelerate wheels (tools/gpu_check.sh --wheels)"}
+        return {
+            "ok": False,
+            "error": f"{err}: bring the transformers and accelerate wheels (tools/gpu_check.sh --wheels)",
+        }
     if env.no_bf16():
         return {"ok": True, "skipped": env.no_bf16()}
     import compat.install as installer
@@ -143,28 +156,59 @@ def part_hf_trainer(rank: int, world: int, env: Env) -> dict:
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                               num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    model = tf.LlamaForCausalLM(
+        tf.LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+        )
+    )
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 64, (4 * world, 8), generator=gen)
     data = [{"input_ids": row, "labels": row.clone()} for row in ids]
-    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
-              "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
     if not env.dry:
         config["bf16"] = {"enabled": "auto"}
-    args = tf.TrainingArguments(output_dir=os.path.join(os.environ.get("MESH_GPU_OUT", "/tmp"), "hf_trainer"),
-                                per_device_train_batch_size=2, max_steps=2, learning_rate=1e-3, logging_steps=1,
-                                report_to=[], save_strategy="no", deepspeed=config, seed=0, disable_tqdm=True,
-                                dataloader_num_workers=0, bf16=not env.dry, use_cpu=env.dry,
-                                accelerator_config={"use_configured_state": True} if env.dry else None)
+    args = tf.TrainingArguments(
+        output_dir=os.path.join(os.environ.get("MESH_GPU_OUT", "/tmp"), "hf_trainer"),
+        per_device_train_batch_size=2,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        deepspeed=config,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        bf16=not env.dry,
+        use_cpu=env.dry,
+        accelerator_config={"use_configured_state": True} if env.dry else None,
+    )
     trainer = tf.Trainer(model=model, args=args, train_dataset=data)
     result = trainer.train()
     engine = trainer.model_wrapped
     mesh = getattr(engine, "mesh_device", None)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     ok = bool(installed) and mesh is not None and bool(losses) and all(math.isfinite(v) for v in losses)
-    out = {"ok": ok, "shim_installed": bool(installed), "mesh": None if mesh is None else mesh.spec.describe(),
-           "losses": losses, "train_loss": result.training_loss}
+    out = {
+        "ok": ok,
+        "shim_installed": bool(installed),
+        "mesh": None if mesh is None else mesh.spec.describe(),
+        "losses": losses,
+        "train_loss": result.training_loss,
+    }
     if hasattr(engine, "destroy"):
         engine.destroy()
     del trainer, engine
@@ -180,11 +224,18 @@ def _pipe_losses(pp: int, world: int, shim: bool, env: Env) -> list[float]:
     set_shim(shim)
     deepspeed.init_distributed(dist_backend=env.backend)  # PipelineModule asks deepspeed.comm for ranks
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(8, 32), torch.nn.ReLU()] + [torch.nn.Linear(32, 32), torch.nn.ReLU()] * (pp - 1) + \
-             [torch.nn.Linear(32, 1)]
+    layers = (
+        [torch.nn.Linear(8, 32), torch.nn.ReLU()]
+        + [torch.nn.Linear(32, 32), torch.nn.ReLU()] * (pp - 1)
+        + [torch.nn.Linear(32, 1)]
+    )
     model = PipelineModule(layers=layers, num_stages=pp, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": pp, "steps_per_print": 10**9,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": pp,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     if shim:
         config["mesh"] = {"pp": pp, "dp": world // pp}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -214,8 +265,9 @@ def part_pipelines(rank: int, world: int, env: Env) -> dict:
                 out[f"pp{pp}"] = {"skipped": f"world {world} is not a multiple of {pp}"}
                 continue
             plain, shim = _pipe_losses(pp, world, False, env), _pipe_losses(pp, world, True, env)
-            mesh = DeepSpeedDeviceMesh.build(pp=pp, dp=world // pp, p2p_groups=True, backend=env.backend,
-                                             device_type=env.device)
+            mesh = DeepSpeedDeviceMesh.build(
+                pp=pp, dp=world // pp, p2p_groups=True, backend=env.backend, device_type=env.device
+            )
             sums = {}
             for pair in sorted({tuple(sorted(p)) for p in mesh.layout.p2p_pairs()}):  # one global order
                 if rank in pair:
@@ -243,17 +295,26 @@ def part_transfer(rank: int, world: int, env: Env) -> dict:
     actor = MeshSpec.build(world, tp=half, ranks=actor_ranks)
     rollout = MeshSpec.build(world, dp=half, ranks=rollout_ranks)
     shapes = {"up": (8 * half, 16), "down": (16, 8 * half), "bias": (16,)}
-    layouts = {"up": ParamLayout(shapes["up"], shard_dim=0), "down": ParamLayout(shapes["down"], shard_dim=1),
-               "bias": ParamLayout(shapes["bias"])}
+    layouts = {
+        "up": ParamLayout(shapes["up"], shard_dim=0),
+        "down": ParamLayout(shapes["down"], shard_dim=1),
+        "bias": ParamLayout(shapes["bias"]),
+    }
     gen = torch.Generator().manual_seed(5)
-    full = {n: torch.randn(s, generator=gen).to(torch.bfloat16 if not env.dry else torch.float32) for n, s in shapes.items()}
+    full = {
+        n: torch.randn(s, generator=gen).to(torch.bfloat16 if not env.dry else torch.float32) for n, s in shapes.items()
+    }
     device = env.tensor_device()
     src = None
     if rank in actor_ranks:
         i = actor_ranks.index(rank)
-        src = {"up": full["up"][8 * i: 8 * i + 8], "down": full["down"][:, 8 * i: 8 * i + 8], "bias": full["bias"]}
+        src = {"up": full["up"][8 * i : 8 * i + 8], "down": full["down"][:, 8 * i : 8 * i + 8], "bias": full["bias"]}
         src = {n: t.contiguous().to(device) for n, t in src.items()}
-    dst = {n: torch.zeros(s, dtype=full[n].dtype, device=device) for n, s in shapes.items()} if rank in rollout_ranks else None
+    dst = (
+        {n: torch.zeros(s, dtype=full[n].dtype, device=device) for n, s in shapes.items()}
+        if rank in rollout_ranks
+        else None
+    )
     dst_layouts = {n: ParamLayout(s) for n, s in shapes.items()}
     stats = transfer(actor, rollout, src, dst, layouts, dst_layouts)
     exact = dst is None or all(torch.equal(dst[n].cpu(), full[n]) for n in shapes)
@@ -282,8 +343,10 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
         address = f"127.0.0.1:{s.getsockname()[1]}"
     device, dtype = env.tensor_device(), torch.float32 if env.dry else torch.bfloat16
     gen = torch.Generator().manual_seed(11 + rank)
-    weights = {"up": torch.randn(1024, 512, generator=gen).to(dtype).to(device),  # 1 MiB in bf16: travels alone
-               "norm": torch.randn(512, generator=gen).to(dtype).to(device)}  # small: packed
+    weights = {
+        "up": torch.randn(1024, 512, generator=gen).to(dtype).to(device),  # 1 MiB in bf16: travels alone
+        "norm": torch.randn(512, generator=gen).to(dtype).to(device),
+    }  # small: packed
     shards = {n: torch.zeros_like(t) for n, t in weights.items()}
     links: dict = {}
     errors: list = []
@@ -292,8 +355,9 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
 
     def run(role: str) -> None:
         try:
-            link = links[role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
-                                            timeout=timedelta(seconds=60))
+            link = links[role] = WeightLink(
+                address, role, rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=60)
+            )
             for step in range(2):
                 if role == "sender":
                     for t in weights.values():
@@ -314,12 +378,18 @@ def part_weight_link(rank: int, world: int, env: Env) -> dict:
     exact = [all(torch.equal(got[n], want[n]) for n in weights) for got, want in zip(received, sent)]
     pools = {role: link._cache["pool"] for role, link in links.items() if link._cache is not None}
     staged = {role: pool.nbytes for role, pool in pools.items()}
-    pinned = None if env.dry else {role: bool(pool._free) and all(b.is_pinned() for b in pool._free)
-                                   for role, pool in pools.items()}
+    pinned = (
+        None
+        if env.dry
+        else {role: bool(pool._free) and all(b.is_pinned() for b in pool._free) for role, pool in pools.items()}
+    )
     ok = not errors and exact == [True, True] and len(pools) == 2
     if not env.dry:  # every region off the host went through a page-locked host buffer
-        ok = ok and all(staged[r] >= weights["up"].numel() * weights["up"].element_size() for r in staged) \
+        ok = (
+            ok
+            and all(staged[r] >= weights["up"].numel() * weights["up"].element_size() for r in staged)
             and all(pinned.values())
+        )
     return {"ok": ok, "exact": exact, "errors": errors, "host_buffer_bytes": staged, "pinned": pinned}
 
 
@@ -343,19 +413,25 @@ def part_link_reads(rank: int, world: int, env: Env) -> dict:
     import subprocess
     from datetime import timedelta
 
-    from mesh_core.transfer import _memory as transfer_memory
     from mesh_core.transfer import WeightLink
+    from mesh_core.transfer import _memory as transfer_memory
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sender = subprocess.Popen([sys.executable, "-c", _LINK_READS_SENDER, address, SECRET], cwd=root,
-                              env=dict(os.environ, PYTHONPATH=root), stderr=subprocess.PIPE, text=True)
+    sender = subprocess.Popen(
+        [sys.executable, "-c", _LINK_READS_SENDER, address, SECRET],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     errors, exact, read, received = [], [], [], []
     try:
-        link = WeightLink(address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=60),
-                          transport="reads")
+        link = WeightLink(
+            address, "receiver", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=60), transport="reads"
+        )
         shards = {"up": torch.zeros(1024, 512), "norm": torch.zeros(512)}
         for step in range(2):
             stats = link.receive(shards)
@@ -372,9 +448,15 @@ def part_link_reads(rank: int, world: int, env: Env) -> dict:
         _, err_text = sender.communicate()
     if sender.returncode:
         errors.append(f"sender exited {sender.returncode}: {err_text[-300:]}")
-    return {"ok": not errors and exact == [True, True], "exact": exact, "errors": errors,
-            "reads_used": bool(read) and read == received, "read_bytes": read,
-            "yama_ptrace_scope": transfer_memory._yama_scope(), "reads_available": transfer_memory.available()}
+    return {
+        "ok": not errors and exact == [True, True],
+        "exact": exact,
+        "errors": errors,
+        "reads_used": bool(read) and read == received,
+        "read_bytes": read,
+        "yama_ptrace_scope": transfer_memory._yama_scope(),
+        "reads_available": transfer_memory.available(),
+    }
 
 
 def part_member_only_bound(rank: int, world: int, env: Env) -> dict:

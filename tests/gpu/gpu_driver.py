@@ -14,6 +14,7 @@ GPU memory and communicators while the next parts run; the ranks are found by th
 usage: gpu_driver.py OUT_DIR WORLD [--dry] [PART ...]   (default: every part but the self-test)
 Prints one JSON line per part, then a summary table; exits 1 when a part failed.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,6 +62,7 @@ def kill_part(proc: subprocess.Popen, part_dir: str) -> list[int]:
     """SIGKILL torchrun's process group and each rank's own (their sessions), scanning again until a
     scan finds none alive (a rank torchrun was starting when it died appears after the first scan);
     the pids still alive after :data:`KILL_WAIT_S` (none when the kill worked)."""
+
     def kill(pid: int) -> None:
         for signal_to in (lambda p: os.killpg(os.getpgid(p), signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
             try:
@@ -101,13 +103,28 @@ def run_part(name: str, out_dir: str, world: int, dry: bool, python: str = sys.e
     spec = gpu_world.SPECS[name]
     why = gpu_world.nothing_to_run(spec, world, dry)
     if why:
-        return {"part": name, "bound_s": spec.bound_s, "seconds": 0.0, "world_kind": spec.world, "ok": True,
-                "skipped": why, "world": world}
+        return {
+            "part": name,
+            "bound_s": spec.bound_s,
+            "seconds": 0.0,
+            "world_kind": spec.world,
+            "ok": True,
+            "skipped": why,
+            "world": world,
+        }
     part_dir = os.path.join(out_dir, name)
     os.makedirs(part_dir, exist_ok=True)
     log_path = os.path.join(part_dir, "run.log")
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           os.path.join(HERE, "nccl_checks.py"), part_dir, name]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        os.path.join(HERE, "nccl_checks.py"),
+        part_dir,
+        name,
+    ]
     env = part_env(name, dry)
     start = time.monotonic()
     with open(log_path, "w") as log:
@@ -130,13 +147,21 @@ def run_part(name: str, out_dir: str, world: int, dry: bool, python: str = sys.e
     with open(log_path) as fh:
         tail = fh.read()[-LOG_TAIL:]
     if rc is None:
-        line.update(ok=False, hung=True, error=f"no result within its {spec.bound_s} s bound (killed): it hung or "
-                    "was too slow", unfinished_ranks=sorted(set(range(world)) - set(ranks)), left_alive=left_alive,
-                    log_tail=tail)
+        line.update(
+            ok=False,
+            hung=True,
+            error=f"no result within its {spec.bound_s} s bound (killed): it hung or was too slow",
+            unfinished_ranks=sorted(set(range(world)) - set(ranks)),
+            left_alive=left_alive,
+            log_tail=tail,
+        )
         return line
     if len(ranks) < world or rc != 0:
-        line.update(ok=False, error=f"torchrun exit {rc}; ranks without a result: {sorted(set(range(world)) - set(ranks))}",
-                    log_tail=tail)
+        line.update(
+            ok=False,
+            error=f"torchrun exit {rc}; ranks without a result: {sorted(set(range(world)) - set(ranks))}",
+            log_tail=tail,
+        )
         if ranks:
             line["ranks"] = {r: rec["result"] for r, rec in ranks.items()}
         return line

@@ -5,6 +5,7 @@ first (the line says what).
 
 usage: gpu_preflight.py [--cpu] [--world N]
 """
+
 from __future__ import annotations
 
 import importlib
@@ -46,8 +47,10 @@ def preflight(dry: bool, world: "int | None") -> dict:
 
         if not torch_compat.is_supported(torch_version):
             line["problems"].append(f"torch {torch_version} is outside the supported {torch_compat.SUPPORTED}")
-        line["deepspeed_binds"] = {"world_of_many": gpu_world.deepspeed_binds(torch_version, 2),
-                                   "world_of_one": gpu_world.deepspeed_binds(torch_version, 1)}
+        line["deepspeed_binds"] = {
+            "world_of_many": gpu_world.deepspeed_binds(torch_version, 2),
+            "world_of_one": gpu_world.deepspeed_binds(torch_version, 1),
+        }
         line.update(_devices(dry, world, torch_version))
     line["ok"] = not line["problems"]
     return line
@@ -61,16 +64,28 @@ def _devices(dry: bool, world: "int | None", torch_version: str) -> dict:
     if not torch.cuda.is_available():
         return {"devices": "no CUDA GPU visible (use --cpu for the gloo dry run)", "world": 0}
     count = torch.cuda.device_count()
-    gpus = [{"name": torch.cuda.get_device_name(i), "capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
-             "bf16": torch.cuda.get_device_capability(i) >= (8, 0)} for i in range(count)]
+    gpus = [
+        {
+            "name": torch.cuda.get_device_name(i),
+            "capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
+            "bf16": torch.cuda.get_device_capability(i) >= (8, 0),
+        }
+        for i in range(count)
+    ]
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception as err:  # noqa: BLE001
         nccl = f"unknown ({err})"
     chosen = world or next(n for n in (8, 4, 2, 1) if count >= n)
-    return {"cuda": torch.version.cuda, "nccl": nccl, "gpus": gpus, "world": chosen,
-            "binding": "bound where DeepSpeed binds" if gpu_world.version_allows_binding(torch_version)
-            else gpu_world.not_binding_reason(torch_version)}
+    return {
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "gpus": gpus,
+        "world": chosen,
+        "binding": "bound where DeepSpeed binds"
+        if gpu_world.version_allows_binding(torch_version)
+        else gpu_world.not_binding_reason(torch_version),
+    }
 
 
 def main() -> int:

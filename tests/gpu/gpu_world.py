@@ -9,6 +9,7 @@ module level: tools/gpu_check.sh's driver reads :data:`SPECS` before any world e
 - **unbound**: ``init_process_group`` without ``device_id`` and no ``set_device``: the world DeepSpeed
   leaves on torch 2.6.x+cuXXX / 2.7.0 and on a world of one, for a script that leaves the device to it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,6 @@ class PartSpec:
     selftest: bool = False  # only run when named (checks the script's own bounds)
     nccl_only: str = ""  # why the gloo dry run has nothing to run of it ("" when it has)
     min_world: int = 1  # the smallest world it has something to check in
-
-
 
 
 SPECS: dict[str, PartSpec] = {
@@ -92,5 +91,7 @@ def deepspeed_binds(version: str, world_size: int) -> bool:
 
 
 def not_binding_reason(version: str) -> str:
-    return (f"DeepSpeed does not bind the world on torch {version} (2.6.0 < torch < 2.7.1: torch#153960, NCCL hangs "
-            "with device_id), so neither does this run")
+    return (
+        f"DeepSpeed does not bind the world on torch {version} (2.6.0 < torch < 2.7.1: torch#153960, NCCL hangs "
+        "with device_id), so neither does this run"
+    )

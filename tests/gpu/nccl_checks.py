@@ -36,6 +36,7 @@ usage: nccl_checks.py OUT_DIR PART [PART ...]   (parts of one world kind; each r
 ``OUT_DIR/<part>.rank<r>.json``; MESH_GPU_DRY_RUN=1: the same parts on gloo/CPU, to check the script
 itself where there is no GPU; the NCCL-only parts then report "dry run")
 """
+
 from __future__ import annotations
 
 import json
@@ -112,10 +113,17 @@ def part_member_only(rank: int, world: int) -> dict:
     restored = dist.distributed_c10d._get_default_group().bound_device_id == bound  # cleared only for the creation
     mesh.destroy()
     return {
-        "ok": got == _expect(members) and name == group_name_for((BACKEND, tuple(members)))
-        and mesh.creation_path.name == "LOCAL" and mesh.device_type == DEVICE and restored,
-        "sum": got, "name": name, "path": mesh.creation_path.name, "members": members,
-        "device_type": mesh.device_type, "bound_device_restored": restored,
+        "ok": got == _expect(members)
+        and name == group_name_for((BACKEND, tuple(members)))
+        and mesh.creation_path.name == "LOCAL"
+        and mesh.device_type == DEVICE
+        and restored,
+        "sum": got,
+        "name": name,
+        "path": mesh.creation_path.name,
+        "members": members,
+        "device_type": mesh.device_type,
+        "bound_device_restored": restored,
     }
 
 
@@ -136,8 +144,13 @@ def part_split(rank: int, world: int) -> dict:
     wanted = {d: _expect(mesh.get_group_ranks(d)) for d in sums}
     created = mesh.registry.created
     mesh.destroy()
-    return {"ok": mesh.creation_path.name == "SPLIT" and sums == wanted, "sums": sums, "wanted": wanted,
-            "path": mesh.creation_path.name, "split_calls": created}
+    return {
+        "ok": mesh.creation_path.name == "SPLIT" and sums == wanted,
+        "sums": sums,
+        "wanted": wanted,
+        "path": mesh.creation_path.name,
+        "split_calls": created,
+    }
 
 
 def part_sharing(rank: int, world: int) -> dict:
@@ -155,8 +168,12 @@ def part_sharing(rank: int, world: int) -> dict:
     b.destroy()
     still = _sum_over(a.get_group("tp"), rank)  # a's communicator survives b's destroy
     a.destroy()
-    return {"ok": shared and calls == 0 and got == still == _expect(members),
-            "shared": shared, "creation_calls_for_b": calls, "sums": [got, still]}
+    return {
+        "ok": shared and calls == 0 and got == still == _expect(members),
+        "shared": shared,
+        "creation_calls_for_b": calls,
+        "sums": [got, still],
+    }
 
 
 def _net(seed: int) -> torch.nn.Module:
@@ -188,10 +205,15 @@ def _engine_step(config: dict, seed: int, x: torch.Tensor) -> list[torch.Tensor]
 
 
 def _config(stage: int, mesh: dict) -> dict:
-    return {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6,
-            "optimizer": {"type": "SGD", "params": {"lr": LR}}, "zero_allow_untested_optimizer": True,
-            "gradient_clipping": 0.0,
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}, "mesh": mesh}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "SGD", "params": {"lr": LR}},
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "mesh": mesh,
+    }
 
 
 def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -236,6 +258,7 @@ class SplitSources:
     def __enter__(self) -> "SplitSources":
         real, local = self._real, self._local
         if real is not None:
+
             def recording(*args, **kwargs):
                 found = real(*args, **kwargs)
                 if found is not None:
@@ -268,9 +291,12 @@ def part_not_split(rank: int, world: int) -> dict:
             everyone = dist.new_group(list(range(world)))
             control_found = sources.found() - member_found
             dist.destroy_process_group(everyone)
-        return {"ok": True, "skipped": "dry run (gloo has no communicator split count; an unbound world has no split "
-                "source)", "member_only": {"split_source_found": member_found},
-                "world_new_group_control": {"split_source_found": control_found}}
+        return {
+            "ok": True,
+            "skipped": "dry run (gloo has no communicator split count; an unbound world has no split source)",
+            "member_only": {"split_source_found": member_found},
+            "world_new_group_control": {"split_source_found": control_found},
+        }
     if not _world_is_bound():
         return {"ok": True, "skipped": gpu_world.not_binding_reason(torch.__version__)}
     device = torch.device("cuda", _local())
@@ -302,10 +328,14 @@ def part_not_split(rank: int, world: int) -> dict:
         if rank in members:  # world >= 2: a sub-world mesh as the mesh builds it (no backend given)
             mark, found = splits(), sources.found()
             sub = DeepSpeedDeviceMesh.build(ranks=members, tp=len(members))
-            out["sub_world"] = {"members": members, "path": sub.creation_path.name,
-                                "split_source_found": sources.found() - found, "world_splits_made": made(mark),
-                                "bound_device_id": str(getattr(sub.get_group("tp"), "bound_device_id", None)),
-                                "sum": _sum_over(sub.get_group("tp"), rank)}
+            out["sub_world"] = {
+                "members": members,
+                "path": sub.creation_path.name,
+                "split_source_found": sources.found() - found,
+                "world_splits_made": made(mark),
+                "bound_device_id": str(getattr(sub.get_group("tp"), "bound_device_id", None)),
+                "sum": _sum_over(sub.get_group("tp"), rank),
+            }
             sub.destroy()
         found = sources.found()
         everyone = dist.new_group(list(range(world)))  # every world rank joins: torch splits the bound world
@@ -320,12 +350,22 @@ def part_not_split(rank: int, world: int) -> dict:
     dist.destroy_process_group(control)
     sub = out.get("sub_world")
     counted = counter is not None
-    out["ok"] = (member["split_source_found"] == 0 and out["world_new_group_control"]["split_source_found"] >= 1
-                 and (not counted or (member["world_splits_made"] == 0
-                                      and out["split_control"]["world_splits_made"] == 1))
-                 and member["bound_device_id"] == str(device) and member["sum"] == float(rank + 1)
-                 and (sub is None or (sub["split_source_found"] == 0 and (not counted or sub["world_splits_made"] == 0)
-                                      and sub["bound_device_id"] == str(device) and sub["sum"] == _expect(members))))
+    out["ok"] = (
+        member["split_source_found"] == 0
+        and out["world_new_group_control"]["split_source_found"] >= 1
+        and (not counted or (member["world_splits_made"] == 0 and out["split_control"]["world_splits_made"] == 1))
+        and member["bound_device_id"] == str(device)
+        and member["sum"] == float(rank + 1)
+        and (
+            sub is None
+            or (
+                sub["split_source_found"] == 0
+                and (not counted or sub["world_splits_made"] == 0)
+                and sub["bound_device_id"] == str(device)
+                and sub["sum"] == _expect(members)
+            )
+        )
+    )
     return out
 
 
@@ -362,8 +402,11 @@ def _mpu_losses(shim: bool, world: int, mpu: _UserMPU, steps: int = 3) -> tuple[
 
     acceptance_parts.set_shim(shim)
     net = _net(9)
-    config = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**9,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config, mpu=mpu)
     gen = torch.Generator().manual_seed(4 + dist.get_rank())
     losses = []
@@ -394,8 +437,12 @@ def part_unbound_engine(rank: int, world: int) -> dict:
         acceptance_parts.set_shim(True)
     return {
         "ok": not bound and shim_device_before == own and shim == plain and shim_engine_device == str(own),
-        "world_bound": bound, "shim_collective_device": str(shim_device_before), "engine_device": shim_engine_device,
-        "identical_losses": shim == plain, "losses": shim, "plain_engine_device": plain_engine_device,
+        "world_bound": bound,
+        "shim_collective_device": str(shim_device_before),
+        "engine_device": shim_engine_device,
+        "identical_losses": shim == plain,
+        "losses": shim,
+        "plain_engine_device": plain_engine_device,
     }
 
 
@@ -429,11 +476,20 @@ def part_step_aside(rank: int, world: int) -> dict:
         pair.destroy()
     mesh.destroy()
     want = [float(r + 1) for r in range(world) for _ in range(2)]
-    return {"ok": before == after == _expect(range(world)) and gathered == want and resolves
-            and (connected is None or pair_sum == _expect(members)) and bool(record.mode),
-            "modes": sorted(set(record.mode.values())), "states_while_released": states,
-            "device_free_bytes": record.device_free_bytes, "sums": [before, after], "dtensor_gathered": gathered,
-            "old_device_mesh_resolves_new_group": resolves, "connected_at_connect_point": connected}
+    return {
+        "ok": before == after == _expect(range(world))
+        and gathered == want
+        and resolves
+        and (connected is None or pair_sum == _expect(members))
+        and bool(record.mode),
+        "modes": sorted(set(record.mode.values())),
+        "states_while_released": states,
+        "device_free_bytes": record.device_free_bytes,
+        "sums": [before, after],
+        "dtensor_gathered": gathered,
+        "old_device_mesh_resolves_new_group": resolves,
+        "connected_at_connect_point": connected,
+    }
 
 
 def part_hang_selftest(rank: int, world: int) -> dict:
@@ -442,9 +498,18 @@ def part_hang_selftest(rank: int, world: int) -> dict:
         time.sleep(1)
 
 
-PARTS = {"probe": part_probe, "member_only": part_member_only, "not_split": part_not_split, "split": part_split,
-         "sharing": part_sharing, "subworld_engine": part_subworld_engine, "zero3": part_zero3,
-         "unbound_engine": part_unbound_engine, "step_aside": part_step_aside, "hang_selftest": part_hang_selftest}
+PARTS = {
+    "probe": part_probe,
+    "member_only": part_member_only,
+    "not_split": part_not_split,
+    "split": part_split,
+    "sharing": part_sharing,
+    "subworld_engine": part_subworld_engine,
+    "zero3": part_zero3,
+    "unbound_engine": part_unbound_engine,
+    "step_aside": part_step_aside,
+    "hang_selftest": part_hang_selftest,
+}
 for _name, _part in acceptance_parts.PARTS.items():
     PARTS[_name] = functools.partial(_part, env=acceptance_parts.Env(DRY))
 assert set(PARTS) == set(gpu_world.SPECS), sorted(set(PARTS) ^ set(gpu_world.SPECS))
@@ -481,7 +546,9 @@ def main() -> None:
     chosen = sys.argv[2:]
     unknown = sorted(set(chosen) - set(PARTS))
     if not chosen or unknown:
-        raise SystemExit(f"usage: nccl_checks.py OUT_DIR PART [PART ...]; unknown {unknown}; the parts are {list(PARTS)}")
+        raise SystemExit(
+            f"usage: nccl_checks.py OUT_DIR PART [PART ...]; unknown {unknown}; the parts are {list(PARTS)}"
+        )
     kinds = {gpu_world.SPECS[name].world for name in chosen}
     if len(kinds) != 1:
         raise SystemExit(f"parts {chosen} need different worlds ({sorted(kinds)}): run them separately")
@@ -508,9 +575,16 @@ def main() -> None:
         print(f"rank {rank}: {name} ok={result['ok']} ({result['seconds']} s)", file=sys.stderr, flush=True)
         if not result["ok"]:
             print(f"rank {rank}: {name}: {json.dumps(result)[-2000:]}", file=sys.stderr, flush=True)
-        record = {"part": name, "rank": rank, "world": world, "torch": torch.__version__,
-                  "world_bound": _world_is_bound(), "startup_hook_installed_the_shim": hook,
-                  "gpu": "dry run" if DRY else torch.cuda.get_device_name(_local()), "result": result}
+        record = {
+            "part": name,
+            "rank": rank,
+            "world": world,
+            "torch": torch.__version__,
+            "world_bound": _world_is_bound(),
+            "startup_hook_installed_the_shim": hook,
+            "gpu": "dry run" if DRY else torch.cuda.get_device_name(_local()),
+            "result": result,
+        }
         with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as fh:
             json.dump(record, fh, indent=1)
         dist.barrier()  # the next part starts together (a failed part must not leave peers inside it)

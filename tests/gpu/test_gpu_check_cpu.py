@@ -1,6 +1,7 @@
 """``tools/gpu_check.sh --cpu``: the GPU acceptance run on gloo/CPU in a world of one, part by part (the
 script, its version preflight, one bounded torchrun per part and its JSON line, the summary; no GPU
 needed). tests/gpu/test_gpu_world.py checks a hung part's report."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_world  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deepspeed]
-RUN_PARTS = ["member_only", "sharing", "zero3", "zero_bf16", "hf_trainer", "weight_link", "link_reads", "member_only_bound",
-             "unbound_engine", "step_aside"]
+RUN_PARTS = [
+    "member_only",
+    "sharing",
+    "zero3",
+    "zero_bf16",
+    "hf_trainer",
+    "weight_link",
+    "link_reads",
+    "member_only_bound",
+    "unbound_engine",
+    "step_aside",
+]
 NEEDS_PEERS = ["subworld_engine", "pipelines", "transfer"]
 NCCL_ONLY = ["probe", "not_split", "split"]
 
@@ -26,8 +37,14 @@ NCCL_ONLY = ["probe", "not_split", "split"]
 def run(tmp_path_factory):
     pytest.importorskip("transformers")
     env = dict(os.environ, TMPDIR=str(tmp_path_factory.mktemp("gpu_check")))
-    proc = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--cpu", "--python", sys.executable],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--cpu", "--python", sys.executable],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"part"')]
     return proc.stdout, {line["part"]: line for line in lines}, [line["part"] for line in lines]
@@ -42,7 +59,10 @@ def test_the_preflight_checks_the_pinned_releases(run):
     _, lines, _ = run
     pre = lines["preflight"]
     assert pre["ok"] and pre["problems"] == [] and pre["packages"]["deepspeed"] == "0.19.8"
-    assert set(pre["deepspeed_binds"]) == {"world_of_many", "world_of_one"} and pre["deepspeed_binds"]["world_of_one"] is False
+    assert (
+        set(pre["deepspeed_binds"]) == {"world_of_many", "world_of_one"}
+        and pre["deepspeed_binds"]["world_of_one"] is False
+    )
 
 
 @pytest.mark.parametrize("part", RUN_PARTS)
@@ -58,7 +78,6 @@ def test_link_reads_read_the_other_process_where_this_kernel_lets_it(run):
     """The line says how the two processes' weights moved: read from the sender's memory where this
     kernel allows it (so on this machine), else on gloo, bit for bit either way."""
     from mesh_core.transfer import _memory as transfer_memory
-
     from spawn import reads_across_processes  # tests/ is on the path (conftest)
 
     _, lines, _ = run
@@ -97,6 +116,7 @@ def test_the_not_split_part_shows_its_split_source_signal(run):
 
 
 def test_wheels_lists_what_to_bring():
-    out = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--wheels"], capture_output=True,
-                         text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--wheels"], capture_output=True, text=True, timeout=30
+    ).stdout
     assert "pip download -d wheels" in out and "--no-index --find-links wheels" in out and "deepspeed==0.19.8" in out

@@ -2,6 +2,7 @@
 real ``deepspeed/comm/torch.py`` of the installed release, run with torch's version and the world size
 patched), every group's timeout inside its part's bound, NCCL pinned for the plain-vs-shim parts, and
 a part that hangs named by its own report while the next part runs."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ import gpu_driver  # noqa: E402
 import gpu_world  # noqa: E402
 
 
-@pytest.mark.parametrize("version", ["2.6.0", "2.6.0+cu124", "2.6.1", "2.7.0", "2.7.0+cu126", "2.7.1", "2.8.0+cu128",
-                                     "2.13.0", "2.14.1+cu130", "2.15.0+cu132"])
+@pytest.mark.parametrize(
+    "version",
+    [
+        "2.6.0",
+        "2.6.0+cu124",
+        "2.6.1",
+        "2.7.0",
+        "2.7.0+cu126",
+        "2.7.1",
+        "2.8.0+cu128",
+        "2.13.0",
+        "2.14.1+cu130",
+        "2.15.0+cu132",
+    ],
+)
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_the_run_binds_exactly_where_deepspeed_binds(monkeypatch, version, world_size):
     import deepspeed  # noqa: F401
@@ -66,8 +80,22 @@ def test_every_part_has_a_bound_and_its_groups_time_out_inside_it():
 @pytest.mark.deepspeed
 def test_a_hung_part_is_killed_at_its_bound_named_and_the_next_part_still_runs(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    proc = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--cpu", "--python", sys.executable,
-                           "hang_selftest", "member_only"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [
+            "bash",
+            os.path.join(ROOT, "tools", "gpu_check.sh"),
+            "--cpu",
+            "--python",
+            sys.executable,
+            "hang_selftest",
+            "member_only",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"part"')]
     by_part = {line["part"]: line for line in lines}
     assert list(by_part) == ["preflight", "hang_selftest", "member_only"], proc.stdout + proc.stderr[-3000:]
@@ -79,9 +107,14 @@ def test_a_hung_part_is_killed_at_its_bound_named_and_the_next_part_still_runs(t
     assert proc.returncode == 1 and "hang_selftest      HUNG" in proc.stdout
     # its ranks are gone too, not only torchrun (each rank runs in a session of its own)
     assert hung["left_alive"] == []
-    assert gpu_driver.part_processes(os.path.join(hung_dir(tmp_path), "hang_selftest")) == [], "a rank outlived the kill"
-    leftovers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                 if pid != os.getpid() and str(tmp_path).encode() in _cmdline(pid) and b"nccl_checks.py" in _cmdline(pid)]
+    assert gpu_driver.part_processes(os.path.join(hung_dir(tmp_path), "hang_selftest")) == [], (
+        "a rank outlived the kill"
+    )
+    leftovers = [
+        pid
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+        if pid != os.getpid() and str(tmp_path).encode() in _cmdline(pid) and b"nccl_checks.py" in _cmdline(pid)
+    ]
     assert leftovers == [], leftovers
 
 

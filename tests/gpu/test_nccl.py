@@ -4,6 +4,7 @@ torchrun of tests/gpu/nccl_checks.py under its own bound (tests/gpu/gpu_driver.p
 
 ``MESH_GPU_DRY_RUN=1`` runs the same parts on 2 gloo/CPU ranks instead (the script checked where
 there is no GPU; the NCCL-only parts report a dry run)."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ import gpu_driver  # noqa: E402
 DRY = os.environ.get("MESH_GPU_DRY_RUN") == "1"
 
 pytestmark = pytest.mark.skipif(
-    not DRY and not torch.cuda.is_available(), reason="needs CUDA (NCCL, one GPU per rank); MESH_GPU_DRY_RUN=1 for the gloo dry run"
+    not DRY and not torch.cuda.is_available(),
+    reason="needs CUDA (NCCL, one GPU per rank); MESH_GPU_DRY_RUN=1 for the gloo dry run",
 )
 
 

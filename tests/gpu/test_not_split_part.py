@@ -4,6 +4,7 @@ world backend's ``comm_split_count()`` counts the world collectives the fake wor
 signal, whether torch found a split source for the creation, decides alone. The part must tell a
 member-only group from a split-created one on a world of one (one GPU), and report whether the group
 came out bound."""
+
 from __future__ import annotations
 
 import contextlib

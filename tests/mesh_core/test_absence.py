@@ -1,6 +1,7 @@
 """Ranks that never joined a mesh (one process, torch's fake backend, a HashStore as the default
 store): the typed error, which missing ranks built no mesh at all, hints from a layer above, and a
 store that went away while a rank waited."""
+
 from __future__ import annotations
 
 import logging
@@ -131,9 +132,11 @@ def test_a_quiet_bound_gives_up_on_a_rank_that_announced_nothing_before_the_time
             consistency._check_over_store(spec, mesh_fields(spec), timedelta(minutes=10))
     err = caught.value
     assert (err.missing, err.quiet, err.timeout) == ([0], [0], bound)
-    assert ("started checking it within 0:00:00.200000 (arrived: rank 1; missing: rank 0; rank 0 built no mesh at "
-            "all in this world); the missing rank builds a different mesh (or none), or has started no mesh within "
-            "0:00:00.200000") in str(err)
+    assert (
+        "started checking it within 0:00:00.200000 (arrived: rank 1; missing: rank 0; rank 0 built no mesh at "
+        "all in this world); the missing rank builds a different mesh (or none), or has started no mesh within "
+        "0:00:00.200000"
+    ) in str(err)
     assert "up to the process-group timeout, 0:10:00" in str(err)
 
 

@@ -3,6 +3,7 @@ store up (bounded) until the other ranks have read the verdict, or they fail wit
 and never learn which ranks are missing. Modelled with threads, one per rank, each with its own store
 client of one real TCPStore; the holder's server is shut down the moment its error is raised, as
 when its process exits."""
+
 from __future__ import annotations
 
 import threading
@@ -48,8 +49,9 @@ def _run(monkeypatch, late_s: float, announce_late_rank_first: bool) -> dict:
 
     def rank(r: int) -> None:
         world.local.rank, world.local.world = r, _Group()
-        world.local.store = holder["store"] if r == 0 else dist.TCPStore("127.0.0.1", port, None, False,
-                                                                       timedelta(seconds=30))
+        world.local.store = (
+            holder["store"] if r == 0 else dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+        )
         try:
             if r == 1:
                 if announce_late_rank_first:  # what the shim does when deepspeed.initialize starts

@@ -238,8 +238,8 @@ def test_svg_and_png_pictures(tmp_path, capsys):
 
 
 def test_cell_positions_put_stages_in_columns_and_tp_in_rows():
-    from mesh_core.layout import MeshLayout
     from mesh_core.cli.render import cell_positions
+    from mesh_core.layout import MeshLayout
 
     pos = cell_positions(MeshLayout(MeshSpec.build(16, pp=2, tp=2)))
     assert pos[0] == (0, 0, 0) and pos[1] == (0, 1, 0) and pos[2] == (0, 0, 1)
@@ -270,7 +270,9 @@ def test_python_dash_m_entry_point():
 def test_a_reader_closing_the_pipe_early_is_no_traceback():
     proc = subprocess.Popen(
         [sys.executable, "-m", "mesh_core", "show", "-w", "4096", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
     )
     proc.stdout.read(200)  # like `mesh show ... | head`
     proc.stdout.close()
@@ -309,16 +311,23 @@ def saved_figures(monkeypatch):
 
 
 def rank_labels(fig) -> list[int]:
-    return [int(t.get_text().split()[0]) for ax in fig.axes for t in ax.texts if t.get_text().split()
-            and t.get_text().split()[0].isdigit()]
+    return [
+        int(t.get_text().split()[0])
+        for ax in fig.axes
+        for t in ax.texts
+        if t.get_text().split() and t.get_text().split()[0].isdigit()
+    ]
 
 
-@pytest.mark.parametrize("argv,kind,labels", [
-    (["-w", "16", "--pp", "2", "--tp", "2", "--ep", "2", "-g", "8"], "full", 16),
-    (["-w", "512", "--pp", "4", "--tp", "8", "-g", "8"], "aggregated", 64),
-    (["-w", "4096", "--pp", "8", "--tp", "8", "--ep", "4", "-g", "8", "--rank", "3000"], "aggregated", 64),
-    (["-w", "1024"], "aggregated", 64),  # dp only: 64 one-rank rows, 8 per line
-])
+@pytest.mark.parametrize(
+    "argv,kind,labels",
+    [
+        (["-w", "16", "--pp", "2", "--tp", "2", "--ep", "2", "-g", "8"], "full", 16),
+        (["-w", "512", "--pp", "4", "--tp", "8", "-g", "8"], "aggregated", 64),
+        (["-w", "4096", "--pp", "8", "--tp", "8", "--ep", "4", "-g", "8", "--rank", "3000"], "aggregated", 64),
+        (["-w", "1024"], "aggregated", 64),  # dp only: 64 one-rank rows, 8 per line
+    ],
+)
 def test_pictures_draw_every_rank_only_when_small(argv, kind, labels, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     saved = saved_figures(monkeypatch)
@@ -342,8 +351,9 @@ def test_pictures_draw_every_rank_only_when_small(argv, kind, labels, tmp_path, 
 def test_aggregated_picture_marks_nodes_with_crossing_tp_groups(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     saved = saved_figures(monkeypatch)
-    code, _, err = run(["show", "-w", "480", "--pp", "4", "--tp", "4", "-g", "6", "--png", str(tmp_path / "m.png")],
-                       capsys)
+    code, _, err = run(
+        ["show", "-w", "480", "--pp", "4", "--tp", "4", "-g", "6", "--png", str(tmp_path / "m.png")], capsys
+    )
     assert code == 0, err
     overview = saved[0].axes[1]
     (crosses,) = overview.collections
@@ -364,7 +374,9 @@ def test_gpus_per_node_not_dividing_the_world_is_reported(capsys):
     code, out, _ = run(["show", "-w", "100", "--tp", "4", "-g", "8"], capsys)
     assert code == 0
     assert "nodes: 12 x 8 GPUs + 1 node with 4 of 8 GPUs used" in out
-    assert "warning: --gpus-per-node 8 does not divide the world of 100 ranks: 12 full nodes and one with 4 ranks" in out
+    assert (
+        "warning: --gpus-per-node 8 does not divide the world of 100 ranks: 12 full nodes and one with 4 ranks" in out
+    )
     report = show_json(["-w", "4", "-g", "8"], capsys)
     assert report["nodes"] == 1 and "more than the 4 ranks" in report["warnings"][0]
 
@@ -379,7 +391,7 @@ def test_picture_name_must_match_its_format(flag, name, hint, tmp_path, capsys):
 
 def table_rows(lines: list[str], title: str) -> list[str]:
     rows = []
-    for line in lines[lines.index(title) + 1:]:
+    for line in lines[lines.index(title) + 1 :]:
         if not line.strip():
             break
         if not line.strip().startswith(("[", "...")):  # group listings and the elision row

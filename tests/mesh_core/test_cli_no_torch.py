@@ -1,4 +1,5 @@
 """``mesh --help`` and ``mesh show`` load no torch (``import mesh_core`` loads each name on first use)."""
+
 from __future__ import annotations
 
 import os
@@ -21,11 +22,14 @@ print("TORCH", "torch" in sys.modules, "CODE", code)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["show", "--help"], ["show"], ["show", "-w", "64", "--pp", "2", "--tp", "4"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["show", "--help"], ["show"], ["show", "-w", "64", "--pp", "2", "--tp", "4"]]
+)
 def test_mesh_command_line_imports_no_torch(args):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(args=args)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(args=args)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "TORCH False CODE 0" in done.stdout, done.stdout[-500:]
 

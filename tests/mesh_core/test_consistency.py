@@ -7,12 +7,12 @@ import os
 import warnings
 
 import pytest
-from spawn import run_ranks
 import torch.distributed as dist
 
 from fakepg import fake_world
 from mesh_core import AbsentRanksError, DeepSpeedDeviceMesh, MeshSpec, MeshSpecError
 from mesh_core.consistency import check_same_mesh, describe_disagreement, digest, mesh_fields
+from spawn import run_ranks
 
 pytestmark = pytest.mark.torch_releases
 
@@ -82,7 +82,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 def test_disagreeing_ranks_all_raise_instead_of_hanging(tmp_path):
     run_ranks(
-        _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+        _worker,
+        (str(tmp_path / "store"), str(tmp_path)),
+        world=WORLD,
+        timeout_s=TIMEOUT_S,
         hang="the mismatch hung instead of raising",
     )
     for rank in range(WORLD):
@@ -110,8 +113,11 @@ def test_sub_world_check_names_missing_members(monkeypatch):
     monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
     with fake_world(1, 8):
         spec = MeshSpec.build(8, ranks=[1, 2], tp=2)
-        with pytest.raises(MeshSpecError, match=r"only 1 of the 2 ranks .* \(arrived: rank 1; missing: rank 2; "
-                                                r"rank 2 built no mesh at all in this world\)") as caught:
+        with pytest.raises(
+            MeshSpecError,
+            match=r"only 1 of the 2 ranks .* \(arrived: rank 1; missing: rank 2; "
+            r"rank 2 built no mesh at all in this world\)",
+        ) as caught:
             consistency._check_over_store(spec, mesh_fields(spec), timedelta(seconds=0.2))
         assert isinstance(caught.value, AbsentRanksError)
         assert (caught.value.arrived, caught.value.missing, caught.value.quiet) == ([1], [2], [2])

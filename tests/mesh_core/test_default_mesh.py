@@ -1,4 +1,5 @@
 """The default mesh never outlives its world: a later process group never sees a mesh of an earlier one."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,11 @@ def test_a_default_mesh_of_a_destroyed_world_is_not_served_to_the_next_world():
         assert current_mesh() is old and default_mesh() is old
     try:
         with fake_world(3, 8):
-            with pytest.raises(MeshSpecError, match=r"default mesh MeshSpec\(dp=2, sp=2.* was built over a process "
-                                                     "group that has since been destroyed"):
+            with pytest.raises(
+                MeshSpecError,
+                match=r"default mesh MeshSpec\(dp=2, sp=2.* was built over a process "
+                "group that has since been destroyed",
+            ):
                 default_mesh()
             assert current_mesh().spec.describe().startswith("MeshSpec(dp=8")  # the world dp mesh, not the stale one
             with pytest.raises(MeshSpecError, match="no default mesh is set"):

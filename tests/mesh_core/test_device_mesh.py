@@ -1,5 +1,6 @@
 """DeepSpeedDeviceMesh on the fake process-group backend: groups equal the layout math, creation
 is collective-safe (same calls in the same order on every rank) and rank sets are shared."""
+
 from __future__ import annotations
 
 import random
@@ -8,11 +9,11 @@ import pytest
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_layout import dim_sets, specs
 
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 from mesh_core.runtime_hooks import registry_for_world
-from test_layout import dim_sets, specs
 
 pytestmark = pytest.mark.torch_releases
 

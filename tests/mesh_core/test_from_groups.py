@@ -1,12 +1,13 @@
 """``DeepSpeedDeviceMesh.from_mpu`` / ``from_groups`` and ``current_mesh`` on the fake backend."""
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 
 from fakepg import fake_world
-from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec, MeshSpecError, current_mesh, use_mesh
 
 pytestmark = pytest.mark.torch_releases
@@ -68,8 +69,12 @@ def test_current_mesh_is_the_default_else_the_world_data_parallel_mesh():
 def _model_parallel_only(mesh):
     """DeepSpeed's own test MPU (tests/unit/...): only the dp getters and get_model_parallel_* (group,
     world size)."""
-    return MegatronMPU.of_mesh(mesh, ("dp", "tp"), names=DEEPSPEED_TEST,
-                               getters={"data_parallel": ["group"], "model_parallel": ["group", "world_size"]})
+    return MegatronMPU.of_mesh(
+        mesh,
+        ("dp", "tp"),
+        names=DEEPSPEED_TEST,
+        getters={"data_parallel": ["group"], "model_parallel": ["group", "world_size"]},
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 2])

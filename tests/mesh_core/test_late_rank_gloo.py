@@ -2,6 +2,7 @@
 a rank late by less than the timeout is waited for; one that never builds the mesh gives every
 other rank an error naming the mesh, the ranks that arrived and the missing one (no raw gloo
 error); a rank that arrives after the others gave up raises too instead of waiting for groups."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,10 @@ import time
 from datetime import timedelta
 
 import pytest
-from spawn import finish_rank, read_ranks, run_ranks
 import torch
 import torch.distributed as dist
+
+from spawn import finish_rank, read_ranks, run_ranks
 
 WORLD = 4
 PG_TIMEOUT_S = 10
@@ -24,7 +26,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     from mesh_core import DeepSpeedDeviceMesh, MeshSpecError
 
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
         timeout=timedelta(seconds=PG_TIMEOUT_S),
     )
     store = dist.distributed_c10d._get_default_store()
@@ -64,7 +69,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 def test_late_rank_is_waited_for_and_an_absent_one_is_named(tmp_path):
     run_ranks(
-        _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+        _worker,
+        (str(tmp_path / "store"), str(tmp_path)),
+        world=WORLD,
+        timeout_s=TIMEOUT_S,
         hang="a late or absent rank hung the others",
     )
     outs = read_ranks(tmp_path, WORLD)

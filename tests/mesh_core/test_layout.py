@@ -1,4 +1,5 @@
 """Property tests of the pure layout math (no torch.distributed)."""
+
 from __future__ import annotations
 
 import itertools
@@ -41,9 +42,7 @@ def specs(draw, max_ranks: int = 4096, sub_world: bool = True):
     given_sizes = dict(sizes)
     if draw(st.booleans()):
         given_sizes[draw(st.sampled_from(names))] = "auto"
-    spec = MeshSpec.build(
-        world, order=order, ranks=ranks, ep=ep, data_before_expert=draw(st.booleans()), **given_sizes
-    )
+    spec = MeshSpec.build(world, order=order, ranks=ranks, ep=ep, data_before_expert=draw(st.booleans()), **given_sizes)
     return spec
 
 

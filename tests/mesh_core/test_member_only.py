@@ -1,6 +1,7 @@
 """Member-only group creation on the fake backend: a rank issues one creation call per distinct
 group it belongs to and nothing else; non-members of a sub-world mesh issue nothing; group names
 depend on the rank set alone; the creation path is a typed decision."""
+
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,7 @@ def big_layouts(draw):
         exps[d] -= 1
         total -= 1
     world = 2**world_exp
-    sizes = {d: 2 ** e for d, e in exps.items() if d != "dp"}
+    sizes = {d: 2**e for d, e in exps.items() if d != "dp"}
     order = draw(st.permutations(DIMS))
     spec = MeshSpec.build(world, order=order, **sizes)
     data = spec.data_size
@@ -192,12 +193,18 @@ BOUND = dict(bound_device=torch.device("cuda", 0), accelerator_available=True, s
         (CreationInputs(**BOUND, backend_requested=None, whole_world=True), CreationPath.SPLIT),
         (CreationInputs(**BOUND, backend_requested=None, whole_world=False), CreationPath.LOCAL),
         (CreationInputs(**BOUND, backend_requested="gloo", whole_world=True), CreationPath.LOCAL),
-        (CreationInputs(**{**BOUND, "supports_splitting": False}, backend_requested=None, whole_world=True),
-         CreationPath.LOCAL),
-        (CreationInputs(**{**BOUND, "accelerator_available": False}, backend_requested=None, whole_world=True),
-         CreationPath.LOCAL),
-        (CreationInputs(**{**BOUND, "bound_device": None}, backend_requested=None, whole_world=True),
-         CreationPath.LOCAL),
+        (
+            CreationInputs(**{**BOUND, "supports_splitting": False}, backend_requested=None, whole_world=True),
+            CreationPath.LOCAL,
+        ),
+        (
+            CreationInputs(**{**BOUND, "accelerator_available": False}, backend_requested=None, whole_world=True),
+            CreationPath.LOCAL,
+        ),
+        (
+            CreationInputs(**{**BOUND, "bound_device": None}, backend_requested=None, whole_world=True),
+            CreationPath.LOCAL,
+        ),
     ],
 )
 def test_creation_path_rule(inputs, path):

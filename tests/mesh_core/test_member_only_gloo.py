@@ -2,15 +2,17 @@
 sharing rank sets, a sub-world mesh its non-members never touch (built first, so members and
 non-members hold different numbers of groups when the shared ones are created), a world-collective
 counter-named group afterwards, and the sub-world consistency check among members only."""
+
 from __future__ import annotations
 
 import json
 import os
 
 import pytest
-from spawn import run_ranks
 import torch
 import torch.distributed as dist
+
+from spawn import run_ranks
 
 WORLD = 4
 TIMEOUT_S = 180
@@ -48,7 +50,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 group = mesh.get_group(dims)
             except MeshSpecError:
                 continue  # e.g. ep of a mesh without ep
-            out["checks"].append([repr(mesh), str(dims), _reduce(group, rank), sum(r + 1 for r in mesh.get_group_ranks(dims))])
+            out["checks"].append(
+                [repr(mesh), str(dims), _reduce(group, rank), sum(r + 1 for r in mesh.get_group_ranks(dims))]
+            )
     for peer in {a.layout.stage_peer(rank, 1), a.layout.stage_peer(rank, -1)}:
         out["checks"].append(["a", f"p2p {peer}", _reduce(a.p2p_group(peer), rank), rank + 1 + peer + 1])
     # a world-collective, counter-named group after member-only creation diverged the group counts
@@ -72,7 +76,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 def test_member_only_groups_work_end_to_end(tmp_path):
     run_ranks(
-        _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+        _worker,
+        (str(tmp_path / "store"), str(tmp_path)),
+        world=WORLD,
+        timeout_s=TIMEOUT_S,
         hang="member-only creation hung",
     )
     for rank in range(WORLD):

@@ -1,4 +1,5 @@
 """Real 4-process gloo run: all-reduce over every group of dp×pp×tp meshes and check the sums."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 ``codemods.rules.mpu_internal``, run legacy (real deepspeed 0.19.8 objects) and migrated
 (``mesh_core.mesh_of``) on the fake backend for many worlds, layouts and ranks, computes the same
 sizes, ranks and groups, and the migrated call creates no process group and runs no collective."""
+
 from __future__ import annotations
 
 import functools
@@ -9,23 +10,23 @@ import types
 
 import pytest
 import torch.distributed as dist
+from e2e.simple_mpu import DSTestMPU  # DeepSpeed's test MPU, shared with the e2e scripts
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from codemods.rules.mpu_internal import BWC, GETTERS, MANUAL
 from codemods import migrate_code
+from codemods.rules.mpu_internal import BWC, GETTERS, MANUAL
 from compat import group_trace
-from todo_lines import inline
-from e2e.simple_mpu import DSTestMPU  # DeepSpeed's test MPU, shared with the e2e scripts
 from fakepg import fake_world
 from mesh_core import DeepSpeedDeviceMesh, mesh_of
 from mesh_core.runtime_hooks import MpuMesh
+from todo_lines import inline
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
 
 MODULE = "deepspeed.runtime.fake_site"  # a module of the deepspeed package: the codemod applies
 
-GETTER_SOURCE = '''
+GETTER_SOURCE = """
 from deepspeed.utils import groups
 
 
@@ -52,9 +53,9 @@ def via_guard(mpu):
 
 def site(mpu):
     return [via_param(mpu), Holder(mpu).via_self(), via_groups(mpu), via_guard(mpu)]
-'''
+"""
 
-BWC_SOURCE = '''
+BWC_SOURCE = """
 from deepspeed.utils import groups
 from deepspeed.utils.bwc import {fn}
 {reexport}
@@ -96,7 +97,7 @@ def in_comparison(mpu):
 def site(mpu):
     return [positional(mpu), keyword(mpu), through_utils(mpu), Holder(mpu).via_self(), via_groups(mpu), in_or(mpu),
             in_comparison(mpu)]
-'''
+"""
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,9 +156,10 @@ class MegatronMPU:
 
 def build_mpus(pp: int, tp: int) -> dict:
     """Every kind of mpu DeepSpeed 0.19.8 code receives, on the current (fake) world."""
-    from compat.mpu import MeshMPU
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    from compat.mpu import MeshMPU
 
     world = dist.get_world_size()
     dp = world // (pp * tp)
@@ -175,8 +177,18 @@ def build_mpus(pp: int, tp: int) -> dict:
     return mpus
 
 
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "all_gather_into_tensor",
-                "reduce_scatter_tensor", "all_to_all_single", "monitored_barrier", "broadcast_object_list")
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "broadcast",
+    "barrier",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "monitored_barrier",
+    "broadcast_object_list",
+)
 
 
 @pytest.fixture
@@ -342,7 +354,9 @@ def test_getters_later_in_the_probe_order_keep_a_todo(getter):
     ],
 )
 def test_bwc_sites_that_cannot_be_kept_exactly_keep_a_todo(call, expected):
-    done = migrate(f"from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank, bwc_pipeline_parallel_group\n\ndef f(mpus, *args):\n    return {call}\n")
+    done = migrate(
+        f"from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank, bwc_pipeline_parallel_group\n\ndef f(mpus, *args):\n    return {call}\n"
+    )
     assert f"return {call}  # TODOV1: " in inline(done.code) and expected in done.spelled_out()
     assert not done.sites
 
@@ -405,8 +419,18 @@ def snippet(rule: tuple[str, str], receiver: str, surrounding: str, keyword: boo
 @settings(max_examples=2, deadline=None)
 @given(data=st.data())
 def test_hypothesis_surroundings_compute_what_legacy_computes(data):
-    cases = data.draw(st.lists(st.tuples(st.sampled_from(RULES), st.sampled_from(sorted(RECEIVERS)),
-                                         st.sampled_from(sorted(SURROUNDINGS)), st.booleans()), min_size=10, max_size=10))
+    cases = data.draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(RULES),
+                st.sampled_from(sorted(RECEIVERS)),
+                st.sampled_from(sorted(SURROUNDINGS)),
+                st.booleans(),
+            ),
+            min_size=10,
+            max_size=10,
+        )
+    )
     world, pp, tp = data.draw(LAYOUTS)
     rank = data.draw(st.integers(0, world - 1))
     compiled = []

@@ -2,6 +2,7 @@
 groups an mpu leaves unstated (no pipe getters: DeepSpeed reads pipeline size 1) are the script's
 own pipeline, inferred from the stated groups' strides; two unstated runs are an error saying what
 to write (torch's fake backend: one process acting as any rank)."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,9 +10,9 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 
 from fakepg import fake_world, record_new_groups
-from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 from mesh_core import DeepSpeedDeviceMesh, MeshLayout, MeshSpec, MeshSpecError
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.torch_releases]
@@ -25,13 +26,20 @@ def data_model_mpu(spec: MeshSpec, *, pipe: bool = False) -> MegatronMPU:
     getters = {family: ("group", "world_size", "rank") for family in DEEPSPEED_TEST}
     if pipe:
         getters["pipe_parallel"] = ("group", "world_size")
-    return MegatronMPU.of_rank_lists({dim: layout.groups(dim) for dim in ("dp", "tp", "pp")},
-                                     names=families, getters=getters)
+    return MegatronMPU.of_rank_lists(
+        {dim: layout.groups(dim) for dim in ("dp", "tp", "pp")}, names=families, getters=getters
+    )
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([2, 3, 4]), st.sampled_from([1, 2, 4]), st.sampled_from([2, 4]),
-       st.sampled_from(list(itertools.permutations(("pp", "dp", "tp")))), st.booleans(), st.data())
+@given(
+    st.sampled_from([2, 3, 4]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([2, 4]),
+    st.sampled_from(list(itertools.permutations(("pp", "dp", "tp")))),
+    st.booleans(),
+    st.data(),
+)
 def test_from_mpu_infers_the_pipeline_an_mpu_leaves_unstated(pp, dp, tp, order, pipe, data):
     world = pp * dp * tp
     rank = data.draw(st.integers(0, world - 1))

@@ -4,6 +4,7 @@ deepspeed 0.19.8 on fake worlds and devices-per-node counts; migrated: the codem
 runtime. Same names and rank sets (non-members get ``NON_GROUP_MEMBER``), the same legacy assertion, the
 very dict and groups compat's legacy getter hands out, nothing created when asked again, and a released
 group leaves the dict the engine holds, as in legacy."""
+
 from __future__ import annotations
 
 import importlib

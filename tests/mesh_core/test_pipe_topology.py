@@ -2,9 +2,11 @@
 ``PipelineModule``) answers exactly like DeepSpeed 0.19.8's ``PipeModelDataParallelTopology`` /
 ``PipeDataParallelTopology``, and a ``PipelineModule`` built on it is the same module, with and
 without the mesh runtime."""
+
 from __future__ import annotations
 
 import importlib
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,6 +21,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 
 def _answers(topo) -> dict:
     """Every query DeepSpeed's pipeline code (and a user) can make, with exceptions as values."""
+
     def attempt(fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -46,9 +49,12 @@ def _answers(topo) -> dict:
         "repr_sep": [topo.get_rank_repr(r, omit_axes=["pipe"], inner_sep=":", outer_sep="/") for r in ranks],
         "dim": {a: topo.get_dim(a) for a in ("pipe", "data", "model", "bogus")},
         "comm": {a: topo.get_axis_comm_lists(a) for a in ("pipe", "data", "model", "bogus")},
-        "axis_list": {(a, i): attempt(topo.get_axis_list, a, i) for a in ("pipe", "data", "model", "bogus") for i in range(3)},
+        "axis_list": {
+            (a, i): attempt(topo.get_axis_list, a, i) for a in ("pipe", "data", "model", "bogus") for i in range(3)
+        },
         "filter": [topo.filter_match(**{a: i}) for a in axes for i in range(3)]
-        + [topo.filter_match(pipe=p, data=d) for p in range(2) for d in range(2)] + [topo.filter_match()],
+        + [topo.filter_match(pipe=p, data=d) for p in range(2) for d in range(2)]
+        + [topo.filter_match()],
         "filter_unknown": attempt(topo.filter_match, bogus=0),
     }
     return out
@@ -60,8 +66,11 @@ def _answers(topo) -> dict:
 def test_pipeline_topology_answers_like_the_legacy_topology(pp, dp, tp):
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
 
-    legacy = PipeDataParallelTopology(num_pp=pp, num_dp=dp) if tp is None else \
-        PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    legacy = (
+        PipeDataParallelTopology(num_pp=pp, num_dp=dp)
+        if tp is None
+        else PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    )
     assert _answers(pipeline_topology(pp=pp, dp=dp, tp=tp)) == _answers(legacy)
 
 
@@ -78,12 +87,16 @@ def _module_facts(module) -> dict:
 
     grid = module._grid
     return {
-        "stages": module.num_stages, "stage": module.stage_id, "parts": list(module.parts),
-        "ckpt": module.ckpt_layer_path("dir", 1), "repr": module._topo.get_rank_repr(dist.get_rank()),
+        "stages": module.num_stages,
+        "stage": module.stage_id,
+        "parts": list(module.parts),
+        "ckpt": module.ckpt_layer_path("dir", 1),
+        "repr": module._topo.get_rank_repr(dist.get_rank()),
         "dp": sorted(dist.get_process_group_ranks(grid.get_data_parallel_group())),
         "pp": sorted(dist.get_process_group_ranks(grid.get_pipe_parallel_group())),
         "tp": sorted(dist.get_process_group_ranks(grid.get_slice_parallel_group())),
-        "stage_id": grid.get_stage_id(), "weights": [p.sum().item() for p in module.parameters()],
+        "stage_id": grid.get_stage_id(),
+        "weights": [p.sum().item() for p in module.parameters()],
     }
 
 
@@ -127,14 +140,22 @@ HEAD = "from deepspeed.pipe import PipelineModule\nfrom deepspeed.runtime.pipe.t
 @pytest.mark.parametrize(
     "line,expected",
     [
-        ("m = PipelineModule(layers, topology=PipeModelDataParallelTopology(num_pp=2, num_mp=a(), num_dp=b()))",
-         "m = PipelineModule(layers, topology=pipeline_topology(pp=2, tp=a(), dp=b()))"),
-        ("m = PipelineModule(layers, 2, PipeModelDataParallelTopology(2, 1, 2))",
-         "m = PipelineModule(layers, 2, pipeline_topology(pp=2, tp=1, dp=2))"),
-        ("m = PipelineModule(layers, topology=PipeModelDataParallelTopology(num_dp=d, num_pp=p, num_mp=t))",
-         "m = PipelineModule(layers, topology=pipeline_topology(dp=d, pp=p, tp=t))"),  # evaluation order kept
-        ("m = PipelineModule(layers, topology=PipeDataParallelTopology(num_pp=2, num_dp=n))",
-         "m = PipelineModule(layers, topology=pipeline_topology(pp=2, dp=n))"),
+        (
+            "m = PipelineModule(layers, topology=PipeModelDataParallelTopology(num_pp=2, num_mp=a(), num_dp=b()))",
+            "m = PipelineModule(layers, topology=pipeline_topology(pp=2, tp=a(), dp=b()))",
+        ),
+        (
+            "m = PipelineModule(layers, 2, PipeModelDataParallelTopology(2, 1, 2))",
+            "m = PipelineModule(layers, 2, pipeline_topology(pp=2, tp=1, dp=2))",
+        ),
+        (
+            "m = PipelineModule(layers, topology=PipeModelDataParallelTopology(num_dp=d, num_pp=p, num_mp=t))",
+            "m = PipelineModule(layers, topology=pipeline_topology(dp=d, pp=p, tp=t))",
+        ),  # evaluation order kept
+        (
+            "m = PipelineModule(layers, topology=PipeDataParallelTopology(num_pp=2, num_dp=n))",
+            "m = PipelineModule(layers, topology=pipeline_topology(pp=2, dp=n))",
+        ),
     ],
 )
 def test_a_topology_handed_to_a_pipeline_module_becomes_pipeline_topology(line, expected):
@@ -169,4 +190,7 @@ def test_a_topology_used_otherwise_is_flagged_or_kept_never_rewritten(body):
     out = migrate_code(HEAD.format(cls="PipeModelDataParallelTopology") + body)
     assert "pipeline_topology(pp=2" not in out.code and "import pipeline_topology" not in out.code
     assert "PipeModelDataParallelTopology(" in out.code
-    assert out.todos and "TODOV1: topology kept: hand PipelineModule(topology=mesh_core.pipeline_topology(" in out.spelled_out()
+    assert (
+        out.todos
+        and "TODOV1: topology kept: hand PipelineModule(topology=mesh_core.pipeline_topology(" in out.spelled_out()
+    )

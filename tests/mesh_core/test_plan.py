@@ -1,13 +1,14 @@
 """The creation plan (``mesh show``) equals what the real mesh does on the fake backend."""
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from test_member_only import big_layouts
 
 from fakepg import fake_world, record_new_groups
 from mesh_core import DeepSpeedDeviceMesh, MeshSpec
 from mesh_core.plan import creation_plan, format_plan
-from test_member_only import big_layouts
 
 pytestmark = pytest.mark.torch_releases
 

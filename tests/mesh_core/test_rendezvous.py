@@ -1,4 +1,5 @@
 """The store rendezvous every pre-flight check uses: counts, flags, timeouts that name ranks, clean-up."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -89,7 +90,9 @@ def test_transfer_agreement_keeps_the_store_bounded_over_many_rounds(monkeypatch
     record = {"meshes": ["a", "b"], "layouts": {}, "dtypes": {}, "problems": [], "flags": {}}
     with fake_world(0, 1):
         counts, merged = [], []
-        monkeypatch.setattr("mesh_core.transfer._agree.merge", lambda members, records: merged.append(records) or records)
+        monkeypatch.setattr(
+            "mesh_core.transfer._agree.merge", lambda members, records: merged.append(records) or records
+        )
         for i in range(12):
             changed = dict(record, meshes=["a", f"b{i // 4}"])  # a new record every 4 rounds: a slow round
             agreed, finish = agree([0], changed, key="k", timeout=timedelta(seconds=5))
@@ -102,13 +105,18 @@ def test_transfer_agreement_keeps_the_store_bounded_over_many_rounds(monkeypatch
 
 def test_differing_fields_and_rank_runs():
     rows = [{"dims": "tp=2", "ranks": "0..3"}, {"dims": "tp=2", "ranks": "0..3"}, {"dims": "dp=2"}]
-    assert differing_fields(rows, [0, 1, 5]) == ["dims: tp=2 on ranks 0..1; dp=2 on rank 5",
-                                                 "ranks: 0..3 on ranks 0..1; <missing> on rank 5"]
+    assert differing_fields(rows, [0, 1, 5]) == [
+        "dims: tp=2 on ranks 0..1; dp=2 on rank 5",
+        "ranks: 0..3 on ranks 0..1; <missing> on rank 5",
+    ]
     assert differing_fields(rows[:2], [0, 1]) == []
     assert differing_fields(rows, [0, 1, 5], show=repr, absent="<not given>")[1] == (
-        "ranks: '0..3' on ranks 0..1; '<not given>' on rank 5")
+        "ranks: '0..3' on ranks 0..1; '<not given>' on rank 5"
+    )
     assert ranks_text([0, 1, 2, 5, 7, 8], "rank") == "ranks 0..2,5,7..8"
-    assert ranks_text(range(4)) == "0..3" and ranks_text([3], "rank") == "rank 3" and ranks_text([], "rank") == "rank none"
+    assert (
+        ranks_text(range(4)) == "0..3" and ranks_text([3], "rank") == "rank 3" and ranks_text([], "rank") == "rank none"
+    )
 
 
 def test_with_the_store_timeout_a_waiter_reads_the_outcome_in_one_blocking_get_and_still_names_the_missing():
@@ -140,6 +148,12 @@ def test_give_up_cuts_the_wait_short_only_when_its_predicate_says_so():
             arrive(store, "a", [0, 1], timedelta(seconds=0.4), _absent, give_up=(timedelta(seconds=0.1), never))
         assert seen == [{1}] and store.get("a/state") == b"abandoned"
         with pytest.raises(MeshSpecError, match=r"arrived \[1\] missing \[0\]"):
-            arrive(store, "b", [0, 1], timedelta(minutes=10), _absent,
-                   give_up=(timedelta(seconds=0.1), lambda arrived: arrived == {1}))
+            arrive(
+                store,
+                "b",
+                [0, 1],
+                timedelta(minutes=10),
+                _absent,
+                give_up=(timedelta(seconds=0.1), lambda arrived: arrived == {1}),
+            )
         assert store.get("b/state") == b"abandoned"

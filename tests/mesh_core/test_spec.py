@@ -1,4 +1,5 @@
 """Validation of mesh specs and configs: clear errors, raised before any process group exists."""
+
 from __future__ import annotations
 
 import pytest
@@ -129,10 +130,26 @@ def test_config_infers_from_legacy_keys_and_model_declarations():
 @pytest.mark.parametrize(
     "cfg, kwargs, message",
     [
-        ({"mesh": {"tp": 4}, "tensor_parallel": {"autotp_size": 2}}, {}, r"config 'mesh' section sets tp=4 but config key 'tensor_parallel.autotp_size' sets tp=2; make them equal"),
-        ({"mesh": {"sp": 2}, "sequence_parallel_size": 4}, {}, r"config 'mesh' section sets sp=2 but config key 'sequence_parallel_size' sets sp=4"),
-        ({"mesh": {"pp": 4}}, {"num_stages": 2}, r"config 'mesh' section sets pp=4 but PipelineModule num_stages sets pp=2"),
-        ({"mesh": {"ep": 2}}, {"ep_size": 4}, r"config 'mesh' section sets ep=2 but the model's MoE layers use ep_size \[4\]"),
+        (
+            {"mesh": {"tp": 4}, "tensor_parallel": {"autotp_size": 2}},
+            {},
+            r"config 'mesh' section sets tp=4 but config key 'tensor_parallel.autotp_size' sets tp=2; make them equal",
+        ),
+        (
+            {"mesh": {"sp": 2}, "sequence_parallel_size": 4},
+            {},
+            r"config 'mesh' section sets sp=2 but config key 'sequence_parallel_size' sets sp=4",
+        ),
+        (
+            {"mesh": {"pp": 4}},
+            {"num_stages": 2},
+            r"config 'mesh' section sets pp=4 but PipelineModule num_stages sets pp=2",
+        ),
+        (
+            {"mesh": {"ep": 2}},
+            {"ep_size": 4},
+            r"config 'mesh' section sets ep=2 but the model's MoE layers use ep_size \[4\]",
+        ),
         ({"mesh": {"tp": 2, "zz": 1}}, {}, r"unknown key\(s\) \['zz'\] in config 'mesh'"),
         ({"mesh": [2, 2]}, {}, r"must be a dict"),
         ({"mesh": {"tp": 3}}, {}, r"tp=3 does not divide world_size=16"),
@@ -149,15 +166,18 @@ def test_config_errors_name_both_sources(cfg, kwargs, message):
         spec_from_config(cfg, 16, **kwargs)
 
 
-@pytest.mark.parametrize("key,hint", [
-    ("fsdp", "'fsdp' (did you mean 'dp_shard'? HSDP is {\"dp_replicate\": R, \"dp_shard\": S})"),
-    ("ddp", "'ddp' (did you mean 'dp_replicate'?"),
-    ("hsdp", "'hsdp' (HSDP is two dims: {\"dp_replicate\": R, \"dp_shard\": S}"),
-    ("tensor_parallel", "'tensor_parallel' (did you mean 'tp'?)"),
-    ("context_parallel", "'context_parallel' (did you mean 'sp'?)"),
-    ("moe", "'moe' (did you mean 'ep'?)"),
-    ("dp_shards", "'dp_shards' (did you mean 'dp_shard'?)"),  # a spelling: the closest key
-])
+@pytest.mark.parametrize(
+    "key,hint",
+    [
+        ("fsdp", "'fsdp' (did you mean 'dp_shard'? HSDP is {\"dp_replicate\": R, \"dp_shard\": S})"),
+        ("ddp", "'ddp' (did you mean 'dp_replicate'?"),
+        ("hsdp", '\'hsdp\' (HSDP is two dims: {"dp_replicate": R, "dp_shard": S}'),
+        ("tensor_parallel", "'tensor_parallel' (did you mean 'tp'?)"),
+        ("context_parallel", "'context_parallel' (did you mean 'sp'?)"),
+        ("moe", "'moe' (did you mean 'ep'?)"),
+        ("dp_shards", "'dp_shards' (did you mean 'dp_shard'?)"),  # a spelling: the closest key
+    ],
+)
 def test_unknown_dim_names_get_the_dim_they_mean(key, hint):
     """Other frameworks' names for a dim (FSDP/HSDP/DDP, Megatron's) point at the dim here, not at a
     look-alike spelling (``fsdp`` is not ``sp``)."""

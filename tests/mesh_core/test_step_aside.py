@@ -1,5 +1,6 @@
 """The reference walk that puts resumed groups where released ones were held, and the stand-in
 a released group leaves (no processes: plain objects stand for groups)."""
+
 from __future__ import annotations
 
 from collections import namedtuple
@@ -56,7 +57,9 @@ def test_every_container_and_attribute_kind_is_rebound():
     }
     root["module"].extra = [old]
     root["cycle"] = root
-    paths = rebind_references([root], {id(old): (old, new)}, descend=lambda o: type(o).__module__ != __name__ or isinstance(o, Frozen))
+    paths = rebind_references(
+        [root], {id(old): (old, new)}, descend=lambda o: type(o).__module__ != __name__ or isinstance(o, Frozen)
+    )
     assert root["list"] == [new, other]
     assert root["tuple"] == (1, (new,))
     assert root["named"] == Pair(new, other) and type(root["named"]) is Pair
@@ -85,7 +88,9 @@ def test_nothing_to_rebind_touches_nothing():
 
 def test_a_released_communicator_names_its_ranks_and_the_remedy():
     standin = ReleasedCommunicator((0, 1), "MeshSpec(dp=2)")
-    with pytest.raises(MeshSpecError, match=r"ranks \[0, 1\] of MeshSpec\(dp=2\) is released .*resume_communicators\(\)"):
+    with pytest.raises(
+        MeshSpecError, match=r"ranks \[0, 1\] of MeshSpec\(dp=2\) is released .*resume_communicators\(\)"
+    ):
         standin.size()
     assert "resume_communicators()" in repr(standin)  # torch's own error quotes the repr
     assert not hasattr(standin, "__deepcopy__")  # copy / pickle probes see a plain object
@@ -126,7 +131,9 @@ def test_destroyed_groups_come_back_with_the_same_ranks_where_they_were_held():
         before = holds(mesh)
         record = release_communicators(mesh, holders=[holder])
         assert {c.state for c in holds(mesh).communicators} == {"released"} and holds(mesh).alive == 0
-        assert all(isinstance(g, ReleasedCommunicator) for g in (holder.group[0], holder.group[1][0], mesh.get_group("tp")))
+        assert all(
+            isinstance(g, ReleasedCommunicator) for g in (holder.group[0], holder.group[1][0], mesh.get_group("tp"))
+        )
         assert sorted(record.still_referenced()) == [(0, 1), (1, 3)]  # this test's own tp, dp variables
         del tp, dp
         assert record.still_referenced() == []
@@ -134,10 +141,17 @@ def test_destroyed_groups_come_back_with_the_same_ranks_where_they_were_held():
             release_communicators(mesh)  # twice: refused
         resume_communicators(mesh, holders=[holder])
         after = holds(mesh)
-        assert [(c.uses, c.ranks, c.state) for c in after.communicators] == [(c.uses, c.ranks, c.state) for c in before.communicators]
+        assert [(c.uses, c.ranks, c.state) for c in after.communicators] == [
+            (c.uses, c.ranks, c.state) for c in before.communicators
+        ]
         assert [c.group_name[:-2] for c in after.communicators] == [c.group_name[:-2] for c in before.communicators]
-        assert holder.group[0] is mesh.get_group("tp") and _ranks(holder.group[0]) == mesh.get_group_ranks("tp") == [0, 1]
-        assert holder.group[1][0] is mesh.get_group("dp") and _ranks(mesh.get_group("dp")) == mesh.get_group_ranks("dp") == [1, 3]
+        assert holder.group[0] is mesh.get_group("tp") and _ranks(holder.group[0]) == mesh.get_group_ranks("tp") == [
+            0,
+            1,
+        ]
+        assert holder.group[1][0] is mesh.get_group("dp") and _ranks(mesh.get_group("dp")) == mesh.get_group_ranks(
+            "dp"
+        ) == [1, 3]
         assert mesh["tp"].get_group() is mesh.get_group("tp")  # the torch DeviceMesh is rebuilt
         assert resume_communicators(mesh) == []  # not released: nothing to do
         mesh.destroy()
@@ -145,8 +159,7 @@ def test_destroyed_groups_come_back_with_the_same_ranks_where_they_were_held():
 
 def test_a_backend_that_suspends_keeps_its_groups(monkeypatch):
     from fakepg import fake_world
-    from mesh_core import DeepSpeedDeviceMesh
-    from mesh_core import step_aside
+    from mesh_core import DeepSpeedDeviceMesh, step_aside
 
     calls = []
 

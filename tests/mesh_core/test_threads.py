@@ -1,4 +1,5 @@
 """Thread safety of group naming, registry bookkeeping and the consistency check (one process)."""
+
 from __future__ import annotations
 
 import threading

@@ -1,6 +1,7 @@
 """Meshes built and destroyed from several threads of every rank (4 gloo ranks, two mesh threads per
 rank plus one thread making plain counter-named ``dist.new_group`` calls at the same time): no
 stuck thread, every group reduces correctly, torch's group naming is intact afterwards."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,10 @@ import traceback
 from datetime import timedelta
 
 import pytest
-from spawn import finish_rank, run_ranks
 import torch
 import torch.distributed as dist
+
+from spawn import finish_rank, run_ranks
 
 WORLD = 4
 ROUNDS = 3
@@ -89,7 +91,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 def test_two_threads_per_rank_build_and_destroy_meshes(tmp_path):
     try:
         run_ranks(
-            _worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=TIMEOUT_S,
+            _worker,
+            (str(tmp_path / "store"), str(tmp_path)),
+            world=WORLD,
+            timeout_s=TIMEOUT_S,
             hang="mesh threads deadlocked",
         )
     finally:

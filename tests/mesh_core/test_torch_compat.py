@@ -1,5 +1,6 @@
 """mesh_core.torch_compat: the declared torch range (one clear error outside it, before any group),
 torch's naming across releases, split_group's non-member value and options, the mesh device."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,8 @@ from torch.distributed import distributed_c10d as c10d
 from fakenccl import NON_GROUP_MEMBER, nccl_world, run_ranks
 from fakepg import fake_world, group_count
 from mesh_core import DeepSpeedDeviceMesh, torch_compat
-from mesh_core.torch_compat import UnsupportedTorchError
 from mesh_core.registry import registry_for_world
+from mesh_core.torch_compat import UnsupportedTorchError
 
 pytestmark = pytest.mark.torch_releases
 
@@ -21,12 +22,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 # --- the supported range ------------------------------------------------------------------------
-@pytest.mark.parametrize("version,ok", [
-    ("2.5.1", False), ("2.6.0", True), ("2.6.0+cu124", True), ("2.8.0+cu128", True), ("2.13.0+cpu", True),
-    ("2.14.1", True), ("2.14.1+cu130", True), ("2.14.2", True), ("2.15.0", True), ("2.15.0+cu132", True),
-    ("2.15.0a0+git1234", True), ("2.15.1", False), ("2.16.0", False),
-    ("1.13.1", False), ("nightly", False),
-])
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("2.5.1", False),
+        ("2.6.0", True),
+        ("2.6.0+cu124", True),
+        ("2.8.0+cu128", True),
+        ("2.13.0+cpu", True),
+        ("2.14.1", True),
+        ("2.14.1+cu130", True),
+        ("2.14.2", True),
+        ("2.15.0", True),
+        ("2.15.0+cu132", True),
+        ("2.15.0a0+git1234", True),
+        ("2.15.1", False),
+        ("2.16.0", False),
+        ("1.13.1", False),
+        ("nightly", False),
+    ],
+)
 def test_range(version, ok):
     assert torch_compat.is_supported(version) is ok
 
@@ -40,7 +55,9 @@ def test_declared_range_is_the_same_everywhere():
         assert f'"torch{torch_compat.SUPPORTED}"' in fh.read()
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
         assert f"torch {torch_compat.SUPPORTED}" in fh.read()
-    assert torch_compat.SUPPORTED == ">={},<={}".format(*(".".join(map(str, r)) for r in (torch_compat.OLDEST, torch_compat.NEWEST)))
+    assert torch_compat.SUPPORTED == ">={},<={}".format(
+        *(".".join(map(str, r)) for r in (torch_compat.OLDEST, torch_compat.NEWEST))
+    )
 
 
 @pytest.mark.parametrize("version", ["2.5.1", "2.15.1"])
@@ -48,12 +65,16 @@ def test_build_refuses_an_unsupported_torch_before_any_group(monkeypatch, versio
     with fake_world(0, 4):
         before = group_count()
         monkeypatch.setattr(torch, "__version__", version)
-        for build in (lambda: DeepSpeedDeviceMesh.build(tp=2),
-                      lambda: DeepSpeedDeviceMesh.from_config({"mesh": {"tp": 2}})):
+        for build in (
+            lambda: DeepSpeedDeviceMesh.build(tp=2),
+            lambda: DeepSpeedDeviceMesh.from_config({"mesh": {"tp": 2}}),
+        ):
             with pytest.raises(UnsupportedTorchError) as err:
                 build()
-            assert str(err.value).startswith(f"ds-mesh supports torch {torch_compat.SUPPORTED} (2.6.0 through 2.15.0); "
-                                             f"the installed torch is {version}.")
+            assert str(err.value).startswith(
+                f"ds-mesh supports torch {torch_compat.SUPPORTED} (2.6.0 through 2.15.0); "
+                f"the installed torch is {version}."
+            )
         assert group_count() == before and registry_for_world().created == 0
 
 
@@ -62,7 +83,6 @@ def test_install_refuses_an_unsupported_torch_and_patches_nothing(monkeypatch):
     import importlib
 
     import deepspeed  # noqa: F401
-
     from test_install import differences, snapshot_deepspeed
 
     installer = importlib.import_module("compat.install")  # the module (compat.install is also the function)
@@ -89,6 +109,7 @@ def test_group_name_is_a_plain_str_where_torch_has_no_GroupName(monkeypatch):
 def test_a_rank_in_no_new_split_falls_back_to_a_member_only_group(non_member):
     """Partitions sharing some sets: rank 0's set was split before and released, the next split makes
     only other sets, so split_group hands rank 0 its non-member value (-100 on 2.14), never a group."""
+
     def scenario(rank):
         registry = registry_for_world()
         group, keys = registry.split([[0, 1], [2, 3]])
@@ -152,10 +173,19 @@ def test_device_on_an_unbound_nccl_world_is_the_ranks_own_not_the_current_cuda_0
         assert torch_compat.default_device() == torch.device("cuda", 0)
 
 
-@pytest.mark.parametrize("config,expected", [
-    ("cuda:nccl", "cuda"), ("cpu:gloo,cuda:nccl", "cuda"), ("cpu:gloo,cuda:gloo", "cpu"), ("gloo", "cpu"),
-    ("nccl", "cuda"), ("xccl", "xpu"), ("cpu:fake,cuda:fake", "cpu"), ("cpu:mpi,cuda:mpi", "cpu"),
-])
+@pytest.mark.parametrize(
+    "config,expected",
+    [
+        ("cuda:nccl", "cuda"),
+        ("cpu:gloo,cuda:nccl", "cuda"),
+        ("cpu:gloo,cuda:gloo", "cpu"),
+        ("gloo", "cpu"),
+        ("nccl", "cuda"),
+        ("xccl", "xpu"),
+        ("cpu:fake,cuda:fake", "cpu"),
+        ("cpu:mpi,cuda:mpi", "cpu"),
+    ],
+)
 def test_device_type_follows_the_backend_config(monkeypatch, config, expected):
     with fake_world(0, 2):
         monkeypatch.setattr(dist, "get_backend_config", lambda group=None: config)

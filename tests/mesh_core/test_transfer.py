@@ -1,5 +1,6 @@
 """mesh_core.transfer: the plan moves every element exactly where the destination layout needs it
 (simulated in one process, no torch.distributed); the gloo run is the RL example's test."""
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -57,8 +58,12 @@ def simulate(src, dst, full, src_layouts, dst_layouts):
 
 
 @settings(max_examples=60, deadline=None)
-@given(src=specs(), dst=specs(), shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1), (1, 0)]),
-       stages=st.tuples(st.none() | st.integers(0, 3), st.none() | st.integers(0, 3)))
+@given(
+    src=specs(),
+    dst=specs(),
+    shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1), (1, 0)]),
+    stages=st.tuples(st.none() | st.integers(0, 3), st.none() | st.integers(0, 3)),
+)
 def test_plan_delivers_every_element_bit_for_bit(src, dst, shard, stages):
     shape = (8, 4)
     src_layouts = {"w": layout_for(src, shape, shard[0], stages[0]), "b": layout_for(src, (8,), None, stages[0])}
@@ -82,10 +87,14 @@ def test_actor_tp2_to_rollout_dp2_plan():
     dst = {name: ParamLayout(layout.shape) for name, layout in src.items()}
     pieces = plan_transfer(actor, rollout, src, dst)
     assert {(p.name, p.src, p.dst, p.box) for p in pieces} == {
-        ("up", 0, 2, ((0, 4), (0, 4))), ("up", 1, 2, ((4, 8), (0, 4))),
-        ("up", 0, 3, ((0, 4), (0, 4))), ("up", 1, 3, ((4, 8), (0, 4))),
-        ("down", 0, 2, ((0, 4), (0, 4))), ("down", 1, 2, ((0, 4), (4, 8))),
-        ("down", 0, 3, ((0, 4), (0, 4))), ("down", 1, 3, ((0, 4), (4, 8))),
+        ("up", 0, 2, ((0, 4), (0, 4))),
+        ("up", 1, 2, ((4, 8), (0, 4))),
+        ("up", 0, 3, ((0, 4), (0, 4))),
+        ("up", 1, 3, ((4, 8), (0, 4))),
+        ("down", 0, 2, ((0, 4), (0, 4))),
+        ("down", 1, 2, ((0, 4), (4, 8))),
+        ("down", 0, 3, ((0, 4), (0, 4))),
+        ("down", 1, 3, ((0, 4), (4, 8))),
     }
 
 
@@ -111,9 +120,15 @@ def test_bad_layouts_raise_before_anything():
 
 # --- buckets and the dtype policy (pure) -------------------------------------------------------
 
+
 @settings(max_examples=25, deadline=None)
-@given(src=specs(), dst=specs(), shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1)]),
-       bucket=st.sampled_from([4, 24, 64, 200, 1 << 20]), itemsize=st.sampled_from([1, 2, 4, 8]))
+@given(
+    src=specs(),
+    dst=specs(),
+    shard=st.sampled_from([(None, None), (0, None), (1, None), (0, 1)]),
+    bucket=st.sampled_from([4, 24, 64, 200, 1 << 20]),
+    itemsize=st.sampled_from([1, 2, 4, 8]),
+)
 def test_buckets_cover_every_remote_element_once_within_the_bound(src, dst, shard, bucket, itemsize):
     from mesh_core.transfer._buckets import box_numel, schedule
 
@@ -147,7 +162,12 @@ def test_split_box_cuts_outer_dims_first():
     from mesh_core.transfer._buckets import split_box
 
     assert split_box(((0, 4), (0, 8)), 4, 64) == [((0, 2), (0, 8)), ((2, 4), (0, 8))]
-    assert split_box(((0, 2), (0, 8)), 4, 16) == [((0, 1), (0, 4)), ((0, 1), (4, 8)), ((1, 2), (0, 4)), ((1, 2), (4, 8))]
+    assert split_box(((0, 2), (0, 8)), 4, 16) == [
+        ((0, 1), (0, 4)),
+        ((0, 1), (4, 8)),
+        ((1, 2), (0, 4)),
+        ((1, 2), (4, 8)),
+    ]
     assert split_box(((0, 3),), 8, 4) == [((0, 1),), ((1, 2),), ((2, 3),)]  # an element larger than the bound
 
 
@@ -164,12 +184,22 @@ def test_large_boxes_travel_alone_small_ones_share():
     assert sorted(to_2) == [["a_small", "c_small"], ["b_big"]]
 
 
-@pytest.mark.parametrize("wire,target,ok", [
-    (torch.bfloat16, torch.float16, True), (torch.float32, torch.float64, True), (torch.float32, torch.float16, True),
-    (torch.float32, torch.float32, True), (torch.int64, torch.int64, True), (torch.complex64, torch.complex128, True),
-    (torch.float32, torch.int32, False), (torch.int32, torch.float32, False), (torch.int32, torch.int64, False),
-    (torch.bool, torch.uint8, False), (torch.complex64, torch.float32, False),
-])
+@pytest.mark.parametrize(
+    "wire,target,ok",
+    [
+        (torch.bfloat16, torch.float16, True),
+        (torch.float32, torch.float64, True),
+        (torch.float32, torch.float16, True),
+        (torch.float32, torch.float32, True),
+        (torch.int64, torch.int64, True),
+        (torch.complex64, torch.complex128, True),
+        (torch.float32, torch.int32, False),
+        (torch.int32, torch.float32, False),
+        (torch.int32, torch.int64, False),
+        (torch.bool, torch.uint8, False),
+        (torch.complex64, torch.float32, False),
+    ],
+)
 def test_dtype_policy_converts_float_to_float_only(wire, target, ok):
     from mesh_core.transfer._agree import conversion_refused
 
@@ -179,11 +209,25 @@ def test_dtype_policy_converts_float_to_float_only(wire, target, ok):
 def test_disagreeing_records_name_the_field_values_and_ranks():
     from mesh_core.transfer._agree import merge
 
-    base = {"meshes": ["A", "B"], "layouts": {"source": {"w": [[4], None, ["tp"], None, None]}, "destination": None},
-            "dtypes": {"source": {}, "destination": None}, "problems": [], "flags": {}}
-    other = {**base, "layouts": {"source": {"w": [[4], 0, ["tp"], None, None]}, "destination": {"w": [[4], None, ["tp"], None, None]}}}
-    with pytest.raises(MeshSpecError, match=r"source parameter 'w': shape \(4,\) on ranks 0..1; shape \(4,\) split on "
-                                            r"dim 0 over tp on rank 2"):
+    base = {
+        "meshes": ["A", "B"],
+        "layouts": {"source": {"w": [[4], None, ["tp"], None, None]}, "destination": None},
+        "dtypes": {"source": {}, "destination": None},
+        "problems": [],
+        "flags": {},
+    }
+    other = {
+        **base,
+        "layouts": {
+            "source": {"w": [[4], 0, ["tp"], None, None]},
+            "destination": {"w": [[4], None, ["tp"], None, None]},
+        },
+    }
+    with pytest.raises(
+        MeshSpecError,
+        match=r"source parameter 'w': shape \(4,\) on ranks 0..1; shape \(4,\) split on "
+        r"dim 0 over tp on rank 2",
+    ):
         merge([0, 1, 2], [base, base, other])
     with pytest.raises(MeshSpecError, match=r"rank 1: boom"):
         merge([0, 1], [base, {**base, "problems": ["boom"]}])

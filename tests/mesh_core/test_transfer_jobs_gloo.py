@@ -7,6 +7,7 @@ no message; the next sync works and reuses the cached agreement; the same tensor
 the timeout. Three ways, each on a link of its own in one launch of the two jobs: same-host reads
 where the kernel lets the receivers read the senders' memory (``transport="reads"``), every piece on
 gloo (``"gloo"``), and reads allowed but every probe refused (the pairs fall back to gloo)."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ def _full(version: int) -> dict:
 def _layouts():
     from mesh_core.transfer import ParamLayout
 
-    return {"up": ParamLayout(SHAPES["up"], shard_dim=0), "down": ParamLayout(SHAPES["down"], shard_dim=1),
-            "bias": ParamLayout(SHAPES["bias"])}
+    return {
+        "up": ParamLayout(SHAPES["up"], shard_dim=0),
+        "down": ParamLayout(SHAPES["down"], shard_dim=1),
+        "bias": ParamLayout(SHAPES["bias"]),
+    }
 
 
 TRANSPORTS = ("reads", "gloo", "refused")
@@ -72,10 +76,16 @@ def _cases(index: int, port: int, transport: str, counts: dict, absent: bool) ->
     sender = index < SENDERS
     rank = index if sender else index - SENDERS
     built, posted, reads = counts["built"], counts["posted"], counts["reads"]
-    link = transfer_jobs.WeightLink(f"127.0.0.1:{port}", "sender" if sender else "receiver", rank=rank,
-                                    world_size=SENDERS if sender else RECEIVERS, secret=SECRET,
-                                    timeout=timedelta(seconds=20), launch="job-1",
-                                    transport="gloo" if transport == "gloo" else "reads")
+    link = transfer_jobs.WeightLink(
+        f"127.0.0.1:{port}",
+        "sender" if sender else "receiver",
+        rank=rank,
+        world_size=SENDERS if sender else RECEIVERS,
+        secret=SECRET,
+        timeout=timedelta(seconds=20),
+        launch="job-1",
+        transport="gloo" if transport == "gloo" else "reads",
+    )
     counts["links"].append(link)
     spec = MeshSpec.build(RECEIVERS, tp=2)
     layouts = _layouts()
@@ -103,15 +113,25 @@ def _cases(index: int, port: int, transport: str, counts: dict, absent: bool) ->
         start = time.monotonic()
         try:
             stats = link.send(tensors) if sender else link.receive(tensors, layouts=layouts, spec=spec)
-            res = {"ok": True, "again": stats.agreed_again, "received": stats.received_bytes, "sent": stats.sent_bytes,
-                   "read": stats.read_bytes}
+            res = {
+                "ok": True,
+                "again": stats.agreed_again,
+                "received": stats.received_bytes,
+                "sent": stats.sent_bytes,
+                "read": stats.read_bytes,
+            }
             if not sender:
-                res["equal"] = all(torch.equal(tensors[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])])
-                                   for n in SHAPES)
+                res["equal"] = all(
+                    torch.equal(tensors[n], full[n][tuple(slice(lo, hi) for lo, hi in boxes[n])]) for n in SHAPES
+                )
         except MeshSpecError as err:
             res = {"ok": False, "error": str(err)}
-        res.update(seconds=time.monotonic() - start, built=len(built) - before[0], posted=len(posted) - before[1],
-                   reads=len(reads) - before[2])
+        res.update(
+            seconds=time.monotonic() - start,
+            built=len(built) - before[0],
+            posted=len(posted) - before[1],
+            reads=len(reads) - before[2],
+        )
         out[name] = res
 
     case("first", 1)
@@ -139,8 +159,13 @@ def _free_port() -> int:
 def all_outs(tmp_path_factory):
     """One launch of both jobs (4 processes) running the cases once per transport."""
     out_dir = str(tmp_path_factory.mktemp("jobs"))
-    run_ranks(_worker, (tuple(_free_port() for _ in TRANSPORTS), out_dir), world=SENDERS + RECEIVERS,
-              timeout_s=360, hang="weight link cases")
+    run_ranks(
+        _worker,
+        (tuple(_free_port() for _ in TRANSPORTS), out_dir),
+        world=SENDERS + RECEIVERS,
+        timeout_s=360,
+        hang="weight link cases",
+    )
     res = []
     for i in range(SENDERS + RECEIVERS):
         with open(os.path.join(out_dir, f"{i}.json")) as fh:
@@ -191,16 +216,24 @@ def test_the_agreement_and_plan_are_reused_until_something_changes(outs):
 
 def test_the_same_tensors_synced_again_are_not_read_again(outs):
     for case in ("same_memory_first", "same_memory_again"):
-        assert all(o[case]["ok"] and not o[case]["again"] and o[case]["built"] == 0 for o in outs), [o[case] for o in outs]
+        assert all(o[case]["ok"] and not o[case]["again"] and o[case]["built"] == 0 for o in outs), [
+            o[case] for o in outs
+        ]
         assert all(o[case]["equal"] for o in outs[SENDERS:])
     assert all(o["same_memory_first"]["reads"] == 1 and o["same_memory_again"]["reads"] == 0 for o in outs)
 
 
-@pytest.mark.parametrize("case, words", [
-    ("another_model", "the two jobs hold different models: parameters only the sender has: ['extra.weight']"),
-    ("another_dtype", "'up': sent as float32, received into int32"),
-    ("wrong_shard", "receiver rank 1: destination tensor 'up' has shape (33, 96); its layout (64, 96) needs (32, 96) here"),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("another_model", "the two jobs hold different models: parameters only the sender has: ['extra.weight']"),
+        ("another_dtype", "'up': sent as float32, received into int32"),
+        (
+            "wrong_shard",
+            "receiver rank 1: destination tensor 'up' has shape (33, 96); its layout (64, 96) needs (32, 96) here",
+        ),
+    ],
+)
 def test_a_disagreement_is_one_error_on_every_rank_of_both_jobs_before_any_message(outs, case, words):
     errors = {o[case].get("error") for o in outs}
     assert len(errors) == 1 and words in errors.pop(), [o[case] for o in outs]
@@ -225,8 +258,10 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
 
     out = {}
     if index == 0:
-        links = [WeightLink(f"127.0.0.1:{p}", "sender", rank=0, world_size=1, secret=SECRET,
-                            timeout=timedelta(seconds=20)) for p in ports[:2]]
+        links = [
+            WeightLink(f"127.0.0.1:{p}", "sender", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=20))
+            for p in ports[:2]
+        ]
         for i, link in enumerate(links):
             link.send({"w": torch.full((4,), float(i + 1))})
         time.sleep(1.0)  # the stores' server outlives the receivers' last reads
@@ -236,8 +271,9 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
         if rank == 1:
             time.sleep(1.0)
-        links = [WeightLink(f"127.0.0.1:{p}", "receiver", secret=SECRET, timeout=timedelta(seconds=20))
-                 for p in ports[:2]]
+        links = [
+            WeightLink(f"127.0.0.1:{p}", "receiver", secret=SECRET, timeout=timedelta(seconds=20)) for p in ports[:2]
+        ]
         got = []
         for link in links:
             w = torch.zeros(4)
@@ -253,8 +289,13 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
 def test_a_receiving_job_makes_two_links_one_after_the_other(tmp_path):
     """Each link's ranks share one launch id (drawn by rank 0 under a key of its own per link), so a
     late rank does not take the other link's id and leave its job's claim to another launch."""
-    run_ranks(_two_links_worker, ((_free_port(), _free_port(), _free_port()), str(tmp_path)), world=3,
-              timeout_s=120, hang="two links of one receiving job")
+    run_ranks(
+        _two_links_worker,
+        ((_free_port(), _free_port(), _free_port()), str(tmp_path)),
+        world=3,
+        timeout_s=120,
+        hang="two links of one receiving job",
+    )
     for index in (1, 2):
         with open(tmp_path / f"two{index}.json") as fh:
             assert json.load(fh)["got"] == [[1.0] * 4, [2.0] * 4]

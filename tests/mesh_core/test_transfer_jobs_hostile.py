@@ -3,6 +3,7 @@ process: the store listens only where told; a link needs the shared secret; a re
 rewritten without the secret, malformed, or naming boxes outside its tensors is one MeshSpecError
 on both jobs' ranks before any byte lands, the receiver's tensors (and the memory behind them)
 untouched, and the next honest round bit for bit; no ptrace grant unless asked for (Yama modelled)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,7 @@ import pytest
 import torch
 
 from mesh_core import MeshSpecError
-from mesh_core.transfer import WeightLink
-from mesh_core.transfer import _jobs
-from mesh_core.transfer import _memory
+from mesh_core.transfer import WeightLink, _jobs, _memory
 
 # not in the torch-release subset: tests/test_torch_releases_marker.py says why
 
@@ -35,8 +34,9 @@ def _link(address: str, role: str, **kwargs) -> WeightLink:
     return WeightLink(address, role, rank=0, world_size=1, timeout=timedelta(seconds=20), **kwargs)
 
 
-def _rounds(sender_tamper=None, receiver_secret: str = SECRET, syncs: int = 2, moved: bool = False,
-            tamper_round: int = 0):
+def _rounds(
+    sender_tamper=None, receiver_secret: str = SECRET, syncs: int = 2, moved: bool = False, tamper_round: int = 0
+):
     """One sender and one receiver thread, ``syncs`` rounds each (an error recorded, then the next
     round); the sender's store values of round ``tamper_round`` passed through ``sender_tamper(key, payload,
     sign) -> stored value``. The receiver's shard lives inside a larger buffer whose rest is a
@@ -88,12 +88,14 @@ def _rounds(sender_tamper=None, receiver_secret: str = SECRET, syncs: int = 2, m
 def _rewrite(field_edit, resign: bool, kind: str = "/record/0"):
     """A tamper that edits the sender's ``kind`` value (JSON) and stores it signed again (an insider
     holding the secret, or a bug) or with the honest signature (someone without the secret)."""
+
     def tamper(key, payload, sign):
         if not key.endswith(kind):
             return sign(key, payload)
         edited = field_edit(json.loads(payload))
         text = edited if isinstance(edited, str) else json.dumps(edited)
         return sign(key, text) if resign else sign(key, payload)[:64] + text
+
     return tamper
 
 
@@ -118,16 +120,19 @@ def _swap_endpoint(rec):
     return rec
 
 
-@pytest.mark.parametrize("edit, resign, words", [
-    (_redirect, False, "is not signed with this link's secret"),
-    (_swap_endpoint, False, "is not signed with this link's secret"),
-    (_widen, False, "is not signed with this link's secret"),
-    (_widen, True, "leaves the shape (16, 8) in dim 0"),
-    (_misshape, True, "is not 2 (start, stop) pairs"),
-    (_redirect, True, "an address is announced for 'w #7', which it does not hold"),
-    (lambda rec: '{"side": "sender", ', True, "the record of sender rank 0 is malformed"),
-    (lambda rec: ["a list"], True, "not a sender's record"),
-])
+@pytest.mark.parametrize(
+    "edit, resign, words",
+    [
+        (_redirect, False, "is not signed with this link's secret"),
+        (_swap_endpoint, False, "is not signed with this link's secret"),
+        (_widen, False, "is not signed with this link's secret"),
+        (_widen, True, "leaves the shape (16, 8) in dim 0"),
+        (_misshape, True, "is not 2 (start, stop) pairs"),
+        (_redirect, True, "an address is announced for 'w #7', which it does not hold"),
+        (lambda rec: '{"side": "sender", ', True, "the record of sender rank 0 is malformed"),
+        (lambda rec: ["a list"], True, "not a sender's record"),
+    ],
+)
 def test_a_bad_record_is_one_error_on_both_jobs_and_the_next_round_syncs(edit, resign, words):
     out = _rounds(_rewrite(edit, resign))
     assert isinstance(out["sender"][0], str) and words in out["sender"][0], out
@@ -145,8 +150,9 @@ def test_a_receiver_without_the_secret_gets_nothing_and_an_honest_one_syncs_next
 
 def test_a_link_needs_a_secret(monkeypatch):
     monkeypatch.delenv(_jobs.SECRET_ENV, raising=False)
-    with pytest.raises(MeshSpecError, match="a weight link needs a secret both jobs share: pass secret= or set "
-                                            "DS_MESH_LINK_SECRET"):
+    with pytest.raises(
+        MeshSpecError, match="a weight link needs a secret both jobs share: pass secret= or set DS_MESH_LINK_SECRET"
+    ):
         WeightLink(f"127.0.0.1:{_port()}", "receiver", rank=0, world_size=1, secret="")
     monkeypatch.setenv(_jobs.SECRET_ENV, SECRET)
     link = WeightLink(f"127.0.0.1:{_port()}", "sender", rank=0, world_size=1)
@@ -158,6 +164,7 @@ def test_a_redirected_moved_table_is_refused_and_the_next_round_syncs():
     def table(moved):
         rank, addresses = moved
         return [rank, dict(addresses, **{"w\x1f3": 4096})]  # a holding rank 0 never announced
+
     out = _rounds(_rewrite(table, True, kind="/moved"), syncs=3, moved=True, tamper_round=1)
     assert out["receiver"][0] is True and out["receiver"][2] is True, out  # round 2: agreed anew, read
     assert "names holding 3 of 'w' of rank 0, which that rank did not announce" in out["receiver"][1], out

@@ -1,5 +1,6 @@
 """mesh_core.transfer._jobs_plan (pure): ZeRO-3 partitions as contiguous boxes, the plan delivering
 every receiver element exactly once, replicas sharing the sending, and the verdict's refusals."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,7 @@ from hypothesis import strategies as st
 
 from mesh_core import MeshSpecError
 from mesh_core.transfer._buckets import is_contiguous_in, schedule
-from mesh_core.transfer._jobs_plan import (flat_boxes, name_of, plan_sync, receiver_param, record, sender_param,
-                                          verdict)
+from mesh_core.transfer._jobs_plan import flat_boxes, name_of, plan_sync, receiver_param, record, sender_param, verdict
 
 pytestmark = pytest.mark.torch_releases
 
@@ -80,20 +80,36 @@ def test_zero3_partitions_to_tp_shards_deliver_every_element_once():
 
 def test_replicas_each_send_a_part_of_a_big_piece():
     shapes = {"w": (256, 256)}
-    senders = [record("sender", 4, {"w": sender_param((256, 256), "float32", "cpu", [(((0, 256), (0, 256)), None)])},
-                      [], "gloo") for _ in range(4)]
+    senders = [
+        record(
+            "sender", 4, {"w": sender_param((256, 256), "float32", "cpu", [(((0, 256), (0, 256)), None)])}, [], "gloo"
+        )
+        for _ in range(4)
+    ]
     agreed = verdict(senders + _tp_records(shapes, 2, {"w": 0}), 4)
     pieces = plan_sync(agreed, {"w": 4})
     for dst in (4, 5):
         assert sorted(p.src for p in pieces if p.dst == dst) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda r, p: dict(p, extra=receiver_param((3,), "float32", "cpu", ((0, 3),))), "only the receiver has: ['extra']"),
-    (lambda r, p: dict(p, up=dict(p["up"], dtype="int64")), "'up': sent as float32, received into int64"),
-    (lambda r, p: dict(p, up=dict(p["up"], shape=[10, 18])), "'up': shape (18, 10) on the sender, (10, 18) on the receiver"),
-    (lambda r, p: dict(p, norm=dict(p["norm"], shape=[17])) if r == 1 else p, "the ranks of one job disagree: receiver job: parameter 'norm': shape (18,) float32 on rank 0; shape (17,) float32 on rank 1"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda r, p: dict(p, extra=receiver_param((3,), "float32", "cpu", ((0, 3),))),
+            "only the receiver has: ['extra']",
+        ),
+        (lambda r, p: dict(p, up=dict(p["up"], dtype="int64")), "'up': sent as float32, received into int64"),
+        (
+            lambda r, p: dict(p, up=dict(p["up"], shape=[10, 18])),
+            "'up': shape (18, 10) on the sender, (10, 18) on the receiver",
+        ),
+        (
+            lambda r, p: dict(p, norm=dict(p["norm"], shape=[17])) if r == 1 else p,
+            "the ranks of one job disagree: receiver job: parameter 'norm': shape (18,) float32 on rank 0; shape (17,) float32 on rank 1",
+        ),
+    ],
+)
 def test_the_verdict_refuses_what_would_be_wrong(edit, words):
     with pytest.raises(MeshSpecError, match="refused before any message was sent") as err:
         verdict(_zero3_records(SHAPES, 4) + _tp_records(SHAPES, 2, DIMS, edit=edit), 4)
@@ -133,12 +149,25 @@ def test_a_link_sends_a_box_contiguous_on_one_side_alone_and_packs_boxes_strided
         assert all(len(b.items) == 1 for b in buckets) and len(buckets) == 2 + 8
     # a box strided on both sides (a block of the middle dim inside a block of the last) is packed
     shapes = {"w": (4, 256, 256), "v": (4, 256, 256)}
-    senders = [record("sender", 2, {n: sender_param(s, "float32", "cpu", [(((0, 4), (0, 256), (r * 128, r * 128 + 128)), None)])
-                                     for n, s in shapes.items()}, [], "gloo") for r in range(2)]  # split on dim 2
+    senders = [
+        record(
+            "sender",
+            2,
+            {
+                n: sender_param(s, "float32", "cpu", [(((0, 4), (0, 256), (r * 128, r * 128 + 128)), None)])
+                for n, s in shapes.items()
+            },
+            [],
+            "gloo",
+        )
+        for r in range(2)
+    ]  # split on dim 2
     agreed = verdict(senders + _tp_records(shapes, 2, {"w": 1, "v": 1}), 2)  # received split on dim 1
     pieces = plan_sync(agreed, {n: 4 for n in shapes})
     strided = [p for p in pieces if p.src != p.dst]
-    assert strided and not any(is_contiguous_in(p.box, p.src_box) or is_contiguous_in(p.box, p.dst_box) for p in strided)
+    assert strided and not any(
+        is_contiguous_in(p.box, p.src_box) or is_contiguous_in(p.box, p.dst_box) for p in strided
+    )
     packed = schedule(pieces, lambda key, src: 4, 16 << 20, pack_strided=True)
     assert {len(b.items) for b in packed} == {2} and len(packed) == 4  # w and v together, one bucket per pair
     assert all(len(b.items) == 1 for b in schedule(pieces, lambda key, src: 4, 16 << 20))

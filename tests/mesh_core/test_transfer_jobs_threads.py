@@ -1,6 +1,7 @@
 """mesh_core.transfer._jobs with the sending job's engine-like modules (an AutoTP tp=2 layer read
 from DeepSpeed's per-parameter metadata, a whole replicated bias) and a 1-rank receiving job, each
 rank a thread of this process (gloo runs in threads): bit for bit; twice with the cached plan."""
+
 from __future__ import annotations
 
 import socket
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from mesh_core import MeshSpec
-from mesh_core.transfer._engines import AUTOTP_META
 from mesh_core.transfer import WeightLink
+from mesh_core.transfer._engines import AUTOTP_META
 
 # not in the torch-release subset: tests/test_torch_releases_marker.py says why
 
@@ -32,7 +33,7 @@ class _TensorParallel(torch.nn.Module):
 
     def __init__(self, tp: int, version: int) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(FULL_WEIGHT[4 * tp:4 * tp + 4] + version)
+        self.weight = torch.nn.Parameter(FULL_WEIGHT[4 * tp : 4 * tp + 4] + version)
         setattr(self.weight, AUTOTP_META, {"partition_dim": 0, "partition_sizes": [4, 4], "logical_shape": (8, 3)})
         self.bias = torch.nn.Parameter(FULL_BIAS + version)
 
@@ -62,8 +63,11 @@ def test_autotp_shards_and_replicas_reach_a_whole_receiver_bit_for_bit():
         except Exception as err:  # noqa: BLE001
             errors.append(err)
 
-    threads = [threading.Thread(target=sender, args=(0,)), threading.Thread(target=sender, args=(1,)),
-               threading.Thread(target=receiver)]
+    threads = [
+        threading.Thread(target=sender, args=(0,)),
+        threading.Thread(target=sender, args=(1,)),
+        threading.Thread(target=receiver),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -88,8 +92,9 @@ def _sync_in_threads(address: str, send_model, receive_model, syncs: int = 1) ->
     out: dict = {}
 
     def run(role: str) -> None:
-        link = links[role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
-                                        timeout=timedelta(seconds=30))
+        link = links[role] = WeightLink(
+            address, role, rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30)
+        )
         out[role] = []
         try:
             for step in range(syncs):
@@ -111,7 +116,9 @@ def _sync_in_threads(address: str, send_model, receive_model, syncs: int = 1) ->
 def _on_an_accelerator(monkeypatch, storages: set) -> None:
     """Tensors whose memory is in ``storages`` say they are on cuda:0 to every check and to the data
     phase's choice between sending a region itself and staging it (views of them included)."""
-    from mesh_core.transfer import _buckets as transfer_buckets, _in_job as transfer, _jobs as transfer_jobs
+    from mesh_core.transfer import _buckets as transfer_buckets
+    from mesh_core.transfer import _in_job as transfer
+    from mesh_core.transfer import _jobs as transfer_jobs
 
     real_device = transfer.tensor_device
 
@@ -146,8 +153,10 @@ def test_a_tensor_on_an_accelerator_travels_through_host_buffers_bit_for_bit(mon
     out, links = _sync_in_threads(f"127.0.0.1:{_port()}", send_model, receive_model, syncs=2)
     assert all(not isinstance(r, str) for r in out["sender"] + out["receiver"]), out
     seen.append(target.clone())
-    assert all(torch.equal(got, torch.arange(256 * 256, dtype=torch.float32).view(256, 256) + step)
-               for got, step in zip(seen, (0, 1)))
+    assert all(
+        torch.equal(got, torch.arange(256 * 256, dtype=torch.float32).view(256, 256) + step)
+        for got, step in zip(seen, (0, 1))
+    )
     assert out["receiver"][0].agreed_again and not out["receiver"][1].agreed_again
     staged = links[on_gpu]._cache["pool"]
     other = links["receiver" if on_gpu == "sender" else "sender"]._cache["pool"]
@@ -164,8 +173,9 @@ def test_a_meta_tensor_is_one_error_on_both_jobs_before_any_message(monkeypatch)
     real_execute = transfer_jobs.execute
     monkeypatch.setattr(transfer_jobs, "execute", lambda *a, **k: posted.append(1) or real_execute(*a, **k))
     target = torch.zeros(4, 3)
-    out, _ = _sync_in_threads(f"127.0.0.1:{_port()}", lambda step: {"w": torch.empty(4, 3, device="meta")},
-                              lambda step: {"w": target})
+    out, _ = _sync_in_threads(
+        f"127.0.0.1:{_port()}", lambda step: {"w": torch.empty(4, 3, device="meta")}, lambda step: {"w": target}
+    )
     assert out["sender"] == out["receiver"], out
     assert out["sender"][0].startswith("weight sync refused before any message was sent: ")
     assert "sender rank 0: source tensor 'w' is on meta (no data to send or receive)" in out["sender"][0]
@@ -180,16 +190,19 @@ def _pair(address: str, sender_steps, receiver_steps, timeout: float = 30) -> di
     out: dict = {"sender": [], "receiver": [], "links": {}}
 
     def run(role: str, steps) -> None:
-        link = out["links"][role] = WeightLink(address, role, rank=0, world_size=1, secret=SECRET,
-                                               timeout=timedelta(seconds=timeout))
+        link = out["links"][role] = WeightLink(
+            address, role, rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=timeout)
+        )
         for step in steps:
             try:
                 out[role].append(step(link))
             except MeshSpecError as err:
                 out[role].append(str(err))
 
-    threads = [threading.Thread(target=run, args=("sender", sender_steps)),
-               threading.Thread(target=run, args=("receiver", receiver_steps))]
+    threads = [
+        threading.Thread(target=run, args=("sender", sender_steps)),
+        threading.Thread(target=run, args=("receiver", receiver_steps)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -210,6 +223,7 @@ def test_the_trainers_version_travels_with_each_sync_and_finished_rounds_leave_t
             stats = link.send(weights, version=version)
             keys.append(link.store.num_keys())
             return stats
+
         return step
 
     def receive(link):
@@ -269,8 +283,9 @@ def test_every_rollout_engine_gets_every_sync_from_one_send():
 
     def sender() -> None:
         try:
-            link = WeightLink(address, "sender", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30),
-                              jobs=2)
+            link = WeightLink(
+                address, "sender", rank=0, world_size=1, secret=SECRET, timeout=timedelta(seconds=30), jobs=2
+            )
             weights = {"w": full.clone()}
             for v in versions:
                 weights["w"].copy_(full + v)
@@ -280,19 +295,31 @@ def test_every_rollout_engine_gets_every_sync_from_one_send():
 
     def receiver(job: str, rank: int, size: int) -> None:
         try:
-            link = WeightLink(address, "receiver", rank=rank, world_size=size, secret=SECRET,
-                              timeout=timedelta(seconds=30), launch=job)
+            link = WeightLink(
+                address,
+                "receiver",
+                rank=rank,
+                world_size=size,
+                secret=SECRET,
+                timeout=timedelta(seconds=30),
+                launch=job,
+            )
             for _ in versions:
                 shard = torch.zeros(8 // size, 6)
-                stats = link.receive({"w": shard}, layouts=layouts if size > 1 else None,
-                                     spec=spec if size > 1 else None)
+                stats = link.receive(
+                    {"w": shard}, layouts=layouts if size > 1 else None, spec=spec if size > 1 else None
+                )
                 rows = slice(rank * 8 // size, (rank + 1) * 8 // size)
                 got.setdefault((job, rank), []).append((stats.version, torch.equal(shard, full[rows] + stats.version)))
         except Exception as err:  # noqa: BLE001
             errors.append(err)
 
-    threads = [threading.Thread(target=sender), threading.Thread(target=receiver, args=("A", 0, 1)),
-               threading.Thread(target=receiver, args=("B", 0, 2)), threading.Thread(target=receiver, args=("B", 1, 2))]
+    threads = [
+        threading.Thread(target=sender),
+        threading.Thread(target=receiver, args=("A", 0, 1)),
+        threading.Thread(target=receiver, args=("B", 0, 2)),
+        threading.Thread(target=receiver, args=("B", 1, 2)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -355,8 +382,9 @@ def test_a_trainer_relaunched_with_another_world_size_is_one_error_then_agreed_a
 
     def sender(rank: int, size: int, spec, offset: float) -> None:
         try:
-            link = WeightLink(address, "sender", rank=rank, world_size=size, secret=SECRET,
-                              timeout=timedelta(seconds=30))
+            link = WeightLink(
+                address, "sender", rank=rank, world_size=size, secret=SECRET, timeout=timedelta(seconds=30)
+            )
             rows = slice(rank * 8 // size, (rank + 1) * 8 // size)
             link.send({"w": full[rows] + offset}, layouts=layouts, spec=spec)
             if size == 4:

@@ -1,6 +1,7 @@
 """mesh_core.transfer._memory: a box's runs in a row-major shard (property-checked against torch's
 own indexing), reads of this process's and another process's memory through them (strided on
 either side, more runs than one system call takes), the probe, and a process that ended."""
+
 from __future__ import annotations
 
 import ctypes
@@ -18,8 +19,10 @@ from mesh_core.transfer._memory import Endpoint, Read, Reads, Token, probe, runs
 
 pytestmark = pytest.mark.torch_releases
 
-needs_reads = pytest.mark.skipif(not transfer_memory.available(), reason="this kernel does not let a process read its own memory "
-                                                         "through process_vm_readv here")
+needs_reads = pytest.mark.skipif(
+    not transfer_memory.available(),
+    reason="this kernel does not let a process read its own memory through process_vm_readv here",
+)
 
 
 def _index(box, shard):
@@ -45,12 +48,14 @@ def _box_in_shard(draw):
 @given(_box_in_shard(), st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
 def test_runs_are_the_box_of_the_shard_in_row_major_order(case, dtype):
     shard, box = case
-    tensor = torch.arange(torch.Size([hi - lo for lo, hi in shard]).numel()).to(dtype).view([hi - lo for lo, hi in shard])
+    tensor = (
+        torch.arange(torch.Size([hi - lo for lo, hi in shard]).numel()).to(dtype).view([hi - lo for lo, hi in shard])
+    )
     itemsize = tensor.element_size()
     offsets, run = runs(box, shard, itemsize)
     assert run % itemsize == 0 and offsets.dtype == torch.int64
     raw = tensor.reshape(-1).view(torch.uint8)
-    gathered = torch.cat([raw[o:o + run] for o in offsets.tolist()])
+    gathered = torch.cat([raw[o : o + run] for o in offsets.tolist()])
     assert torch.equal(gathered, tensor[_index(box, shard)].contiguous().reshape(-1).view(torch.uint8))
     # as few runs as the layout allows: each run ends where the next one cannot continue it
     assert all(b - a > run for a, b in zip(offsets.tolist(), offsets.tolist()[1:]))
@@ -65,10 +70,12 @@ def test_reads_of_this_process_land_strided_boxes_bit_for_bit():
     left = torch.zeros(3000, 4)  # columns 0..3
     top = torch.zeros(1000, 8)  # rows 0..999
     whole = ((0, 3000), (0, 8))
-    reads = Reads([
-        Read(os.getpid(), "left", ((0, 3000), (0, 4)), whole, ((0, 3000), (0, 4)), source.data_ptr(), 4),
-        Read(os.getpid(), "top", ((0, 1000), (0, 8)), whole, ((0, 1000), (0, 8)), source.data_ptr(), 4),
-    ])
+    reads = Reads(
+        [
+            Read(os.getpid(), "left", ((0, 3000), (0, 4)), whole, ((0, 3000), (0, 4)), source.data_ptr(), 4),
+            Read(os.getpid(), "top", ((0, 1000), (0, 8)), whole, ((0, 1000), (0, 8)), source.data_ptr(), 4),
+        ]
+    )
     assert reads.nbytes == (3000 * 4 + 1000 * 8) * 4
     done = Reads.run(reads.bind({"left": left, "top": top}))
     assert done == reads.nbytes
@@ -106,10 +113,10 @@ def test_another_process_is_probed_read_and_an_ended_one_is_an_error():
     assert not probe(other)
 
 
-@pytest.mark.parametrize("scope, calls, allowed", [(None, 0, True), (0, 0, True), (1, 1, True), (2, 0, False),
-                                                   (3, 0, False)])
-def test_a_process_to_be_read_lets_its_user_in_only_where_yama_scope_1_keeps_it_out(monkeypatch, scope, calls,
-                                                                                    allowed):
+@pytest.mark.parametrize(
+    "scope, calls, allowed", [(None, 0, True), (0, 0, True), (1, 1, True), (2, 0, False), (3, 0, False)]
+)
+def test_a_process_to_be_read_lets_its_user_in_only_where_yama_scope_1_keeps_it_out(monkeypatch, scope, calls, allowed):
     """Yama's ptrace_scope 1 (Ubuntu's default) lets only ancestors read a process: the process to be
     read sets PR_SET_PTRACER_ANY then; 0 / no Yama needs nothing; 2 and 3 are not overridden."""
     if transfer_memory._READV is None:

@@ -1,14 +1,16 @@
 """Real 4-process gloo run: a group asked for by some of its members only is one error naming the
 missing member, on every rank that asked, within the registry's arrival bound (gloo connects its
 full mesh at creation, so the bounded arrival runs before that unbounded wait)."""
+
 from __future__ import annotations
 
 import os
 from datetime import timedelta
 
 import pytest
-from spawn import finish_rank, read_ranks, run_ranks
 import torch.distributed as dist
+
+from spawn import finish_rank, read_ranks, run_ranks
 
 WORLD = 4
 
@@ -36,8 +38,13 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow  # ~45 s on 2 busy cores (4 spawned ranks)
 def test_a_group_asked_for_by_some_members_only_names_them_on_every_asker(tmp_path):
-    run_ranks(_worker, (str(tmp_path / "store"), str(tmp_path)), world=WORLD, timeout_s=120,
-              hang="a group asked for by some members only hung")
+    run_ranks(
+        _worker,
+        (str(tmp_path / "store"), str(tmp_path)),
+        world=WORLD,
+        timeout_s=120,
+        hang="a group asked for by some members only hung",
+    )
     outs = read_ranks(tmp_path, WORLD)
     for rank in (0, 1):
         assert outs[rank]["missing"] == [2], outs[rank]

@@ -3,6 +3,7 @@ group is connected at a connect point (a whole-world build, ``mesh.registry.conn
 resume) or by its first collective, so no order of requests makes a cycle of waits
 and no init runs while this rank has NCCL work in flight. Played through the fake NCCL world,
 whose wait-for replay (``fakenccl.check_waits``) finds cycles across ranks."""
+
 from __future__ import annotations
 
 import pytest
@@ -64,9 +65,12 @@ def test_ring_ordered_pair_meshes_build_and_destroy_without_a_cycle(world):
     """Rank r builds a mesh with its next ring neighbour, then with its previous one, and destroys
     them in that order: each rank set is asked for in the same order by its members, yet with
     creations (or destroys) that wait for the members the ranks wait on each other in a ring."""
+
     def scenario(rank):
-        meshes = [_mesh(ranks=sorted({rank, (rank + 1) % world}), tp=2),
-                  _mesh(ranks=sorted({(rank - 1) % world, rank}), tp=2)]
+        meshes = [
+            _mesh(ranks=sorted({rank, (rank + 1) % world}), tp=2),
+            _mesh(ranks=sorted({(rank - 1) % world, rank}), tp=2),
+        ]
         groups = [m.get_group("tp") for m in meshes]
         bound = [g.bound_device_id for g in groups]
         for mesh in meshes:
@@ -85,8 +89,10 @@ def test_ring_ordered_pair_meshes_connected_together_then_used(world):
     from mesh_core.registry import registry_for_world
 
     def scenario(rank):
-        meshes = [_mesh(ranks=sorted({rank, (rank + 1) % world}), tp=2),
-                  _mesh(ranks=sorted({(rank - 1) % world, rank}), tp=2)]
+        meshes = [
+            _mesh(ranks=sorted({rank, (rank + 1) % world}), tp=2),
+            _mesh(ranks=sorted({(rank - 1) % world, rank}), tp=2),
+        ]
         connected = registry_for_world().connect()
         work = dist.all_reduce(_cuda(rank), async_op=True)
         work.wait()
@@ -106,6 +112,7 @@ def test_a_handle_fetched_while_an_async_collective_is_in_flight_connects_nothin
     """``work = all_reduce(async)``; ``mesh.get_group(("dp", "tp"))`` (a new combination, created
     now); ``work.wait()``; then the group's first collective. Fetching the handle makes no
     communicator (no ncclCommInitRank while the world's kernel waits on peers)."""
+
     def scenario(rank):
         mesh = _mesh(pp=2, dp=2, tp=2)
         work = dist.all_reduce(_cuda(rank), async_op=True)
@@ -122,6 +129,7 @@ def test_a_handle_fetched_while_an_async_collective_is_in_flight_connects_nothin
 def test_a_group_connected_at_the_registrys_connect_inits_nothing_at_its_first_collective():
     """A group asked for lazily and connected by ``mesh.registry.connect()`` before any work is issued: its
     later collectives, while another is in flight, make no communicator."""
+
     def scenario(rank):
         mesh = _mesh(ranks=[0, 1, 2, 3], pp=2, tp=2) if rank < 4 else None
         if mesh is None:

@@ -3,6 +3,7 @@
 refused on every path that creates a group, on every rank, before any group, with one error naming the
 setting and the way back; ``TORCH_DIST_USE_NCCL2=0`` on 2.15 is stock NCCL and keeps the contract;
 a gloo world is not concerned (docs/nccl.md, "Settings ds-mesh refuses")."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,8 +49,12 @@ def nccl2_setting(monkeypatch, request):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("release,nccl2_setting", [("2.15", None), ("2.15", "1"), ("2.14", "1")],
-                         indirect=["nccl2_setting"], ids=["2.15-default", "2.15-USE_NCCL2=1", "2.14-USE_NCCL2=1"])
+@pytest.mark.parametrize(
+    "release,nccl2_setting",
+    [("2.15", None), ("2.15", "1"), ("2.14", "1")],
+    indirect=["nccl2_setting"],
+    ids=["2.15-default", "2.15-USE_NCCL2=1", "2.14-USE_NCCL2=1"],
+)
 def test_nccl2_is_refused_on_every_path_and_rank_before_any_group(release, nccl2_setting, path):
     from mesh_core.torch_compat import UnsupportedSettingError
 
@@ -60,10 +65,14 @@ def test_nccl2_is_refused_on_every_path_and_rank_before_any_group(release, nccl2
                 PATHS[path]()
             assert group_count() == before and log.world == [] and log.members == [] and log.names == []
         text = str(err.value)
-        assert text.startswith("the world's NCCL backend is nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2="
-                               f"{nccl2_setting or '<unset>'}")
-        way_back = ("set TORCH_DIST_USE_NCCL2=0 before the job starts" if release == "2.15"
-                    else "unset TORCH_DIST_USE_NCCL2 (or set it to 0)")
+        assert text.startswith(
+            f"the world's NCCL backend is nccl2 (ProcessGroupNCCL2; TORCH_DIST_USE_NCCL2={nccl2_setting or '<unset>'}"
+        )
+        way_back = (
+            "set TORCH_DIST_USE_NCCL2=0 before the job starts"
+            if release == "2.15"
+            else "unset TORCH_DIST_USE_NCCL2 (or set it to 0)"
+        )
         assert way_back in text, text
 
 
@@ -75,8 +84,9 @@ def test_the_2_15_default_and_use_nccl2_1_are_the_same_engine(nccl2_setting):
         assert torch_compat.nccl_engine() == "nccl2"
 
 
-@pytest.mark.parametrize("release,nccl2_setting", [("2.15", "0"), ("2.14", None), ("2.14", "0"), ("2.13", "1")],
-                         indirect=["nccl2_setting"])
+@pytest.mark.parametrize(
+    "release,nccl2_setting", [("2.15", "0"), ("2.14", None), ("2.14", "0"), ("2.13", "1")], indirect=["nccl2_setting"]
+)
 def test_stock_nccl_is_not_nccl2(release, nccl2_setting):
     from mesh_core import torch_compat
 
@@ -124,10 +134,12 @@ def test_a_gloo_world_on_2_15_is_not_concerned(monkeypatch, nccl2_setting):
 def _plain_member_group(options, **kwargs):
     """torch's own member-only new_group, as a script would write it: ranks 0, 1 make [0, 1], ranks 2, 3
     make [2, 3] (so torch's group counter stays equal), then an all_reduce over it."""
+
     def scenario(rank):
         mine = [0, 1] if rank < 2 else [2, 3]
         group = dist.new_group(mine, use_local_synchronization=True, pg_options=options, **kwargs)
         dist.all_reduce(torch.zeros(1, device=torch.device("cuda", rank)), group=group)
+
     return scenario
 
 
@@ -141,8 +153,9 @@ def test_on_nccl2_a_member_only_new_group_without_lazy_init_splits_the_bound_wor
 def test_on_nccl2_lazy_init_makes_no_split_and_connects_at_the_first_collective():
     from fakenccl import NcclOptions
 
-    logs = run_ranks(_plain_member_group(NcclOptions(lazy_init=True)), WORLD, release="2.15", engine="nccl2",
-                     bound=False)
+    logs = run_ranks(
+        _plain_member_group(NcclOptions(lazy_init=True)), WORLD, release="2.15", engine="nccl2", bound=False
+    )
     assert all(log.world == [] for log in logs)
     assert [len(log.lazy_inits) for log in logs] == [1, 1, 1, 1]  # each member, at the all_reduce
 

@@ -2,6 +2,7 @@
 world, a bound default group, creations that need every world rank when the world is bound.
 
 Only public API is used here, so the same file runs against any revision of the project."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,6 +25,7 @@ def _mesh(**kwargs):
 # --- the harness itself can fail ----------------------------------------------------------------
 def test_a_member_only_new_group_on_a_bound_world_fails_the_contract():
     """torch's own member-only creation on a bound world: non-members skip the world split."""
+
     def scenario(rank):
         return dist.new_group([0, 1], use_local_synchronization=True)
 
@@ -50,6 +52,7 @@ def test_members_creating_in_different_orders_fail_on_an_unbound_world():
 # --- the project ---------------------------------------------------------------------------------
 def test_a_sub_world_mesh_on_a_bound_world_needs_no_non_member():
     """A sub-world mesh (sub-world engines, the RL actor/rollout split) is built by its members only."""
+
     def scenario(rank):
         if rank not in (0, 1):
             return None
@@ -68,7 +71,11 @@ def test_a_sub_world_mesh_on_a_bound_world_needs_no_non_member():
 def test_one_rank_groups_and_p2p_pairs_of_a_whole_world_pipeline_on_a_bound_world():
     def scenario(rank):
         mesh = _mesh(pp=4, p2p_groups=True)
-        out = (mesh.device_type, mesh.get_group_ranks("pp"), sorted(dist.get_process_group_ranks(mesh.p2p_group((rank + 1) % 4))))
+        out = (
+            mesh.device_type,
+            mesh.get_group_ranks("pp"),
+            sorted(dist.get_process_group_ranks(mesh.p2p_group((rank + 1) % 4))),
+        )
         mesh.destroy()
         return out
 
@@ -147,8 +154,13 @@ def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_worl
 
     import compat
 
-    config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6, "mesh": {"tp": 2},
-              "tensor_parallel": {"autotp_size": 1}, "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "steps_per_print": 10**6,
+        "mesh": {"tp": 2},
+        "tensor_parallel": {"autotp_size": 1},
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+    }
 
     def scenario(rank):
         monkeypatch.setenv("LOCAL_RANK", str(rank))
@@ -156,8 +168,11 @@ def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_worl
         compat.install()
         try:
             engine = deepspeed.initialize(model=torch.nn.Linear(4, 4), config=config)[0]
-            out = (engine.mesh_device.device_type, engine.mesh_device.device_mesh.device_type,
-                   engine.mesh_device.get_group_ranks("tp"))
+            out = (
+                engine.mesh_device.device_type,
+                engine.mesh_device.device_mesh.device_type,
+                engine.mesh_device.get_group_ranks("tp"),
+            )
             engine.destroy()
             return out
         finally:
@@ -165,8 +180,12 @@ def test_deepspeed_initialize_under_the_shim_resolves_its_device_on_an_nccl_worl
 
     monkeypatch.setenv("WORLD_SIZE", str(WORLD))
     logs = run_ranks(scenario, WORLD, deepspeed_comm=True)
-    assert [log.result for log in logs] == [("cuda", "cuda", [0, 1]), ("cuda", "cuda", [0, 1]),
-                                            ("cuda", "cuda", [2, 3]), ("cuda", "cuda", [2, 3])]
+    assert [log.result for log in logs] == [
+        ("cuda", "cuda", [0, 1]),
+        ("cuda", "cuda", [0, 1]),
+        ("cuda", "cuda", [2, 3]),
+        ("cuda", "cuda", [2, 3]),
+    ]
     assert logs[0].world == [("split_group", ((0, 2), (1, 3))), ("split_group", ((0, 1), (2, 3)))]
     assert all(log.collectives and not log.lazy_inits for log in logs)  # every group connected at creation
 
@@ -201,8 +220,10 @@ def test_threads_building_sub_world_meshes_on_a_bound_world_need_no_non_member()
     logs = run_ranks(scenario, WORLD, creation_s=0.02)
     for log in logs:
         got, bound = log.result
-        assert got == {"pair": [[log.rank - log.rank % 2, log.rank - log.rank % 2 + 1]] * 3,
-                       "column": [[log.rank % 2, log.rank % 2 + 2]] * 3}
+        assert got == {
+            "pair": [[log.rank - log.rank % 2, log.rank - log.rank % 2 + 1]] * 3,
+            "column": [[log.rank % 2, log.rank % 2 + 2]] * 3,
+        }
         assert bound == torch.device("cuda", log.rank)
         assert log.world == [] and not log.lazy_inits
 

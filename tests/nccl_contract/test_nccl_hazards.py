@@ -2,6 +2,7 @@
 (tests/fakenccl.py); the harness's own ability to catch each hazard is checked first.
 
 Only public API (and the harness) is used, so the file runs against any revision of the project."""
+
 from __future__ import annotations
 
 import threading
@@ -69,6 +70,7 @@ def test_destroy_is_a_collective_of_the_members():
 
 def test_the_2_6_counter_diverges_after_a_partial_split():
     """torch 2.6–2.9's split_group counter-names its members only."""
+
     def scenario(rank):
         dist.split_group(split_ranks=[[2], [3]])
 
@@ -107,6 +109,7 @@ def test_a_flattened_dim_asked_for_by_one_pipeline_stage_only():
 def test_a_foreign_new_group_from_another_thread_during_a_member_only_creation():
     """An RL framework's own dist.new_group from a thread while ds-mesh creates a member-only group:
     that thread keeps seeing the bound world, so it splits as the other ranks do."""
+
     def scenario(rank):
         def foreign():
             time.sleep(0.1)
@@ -126,6 +129,7 @@ def test_a_foreign_new_group_from_another_thread_during_a_member_only_creation()
 def test_member_only_creations_under_the_init_barrier_do_not_serialise():
     """TORCH_DIST_INIT_BARRIER=1: a member-only creation waits for its members; nothing process-wide
     may be held meanwhile (two threads' creations wait side by side)."""
+
     def scenario(rank):
         pair, column = [rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank % 2 + 2]
         errors = []
@@ -159,7 +163,9 @@ def test_hpz_qgz_p2p_and_sub_world_groups_are_connected_at_their_connect_points(
     def scenario(rank):
         groups = [create_hpz_group(None, 2)]
         nodes = local_all_to_all_groups(2)
-        groups += [g for g in nodes.values() if isinstance(g, dist.ProcessGroup) and rank in dist.get_process_group_ranks(g)]
+        groups += [
+            g for g in nodes.values() if isinstance(g, dist.ProcessGroup) and rank in dist.get_process_group_ranks(g)
+        ]
         pipe = _mesh(pp=4, p2p_groups=True)
         groups.append(pipe.p2p_group(pipe.layout.stage_peer(rank, 1)))
         sub = _mesh(ranks=[0, 1], tp=2) if rank < 2 else None
@@ -204,6 +210,7 @@ def test_names_and_the_group_counter_agree_after_every_path(release):
     members have made different numbers of groups before: torch 2.10–2.13 salt their hashed names
     with that number) and p2p pairs; then a plain counter-named world-collective new_group. Every
     rank set's groups must have the same names on all its members, and the counter must agree."""
+
     def scenario(rank):
         meshes = [_mesh(ranks=[0, 1], tp=2)] if rank < 2 else [_mesh(ranks=[3], tp=1)] if rank == 3 else []
         meshes += [_mesh(tp=2, dp=2), _mesh(pp=2, tp=2, p2p_groups=True)]
@@ -290,6 +297,8 @@ def test_the_bound_device_is_hidden_from_the_creating_thread_only():
             reader.start()
             reader.join(10)
         seen["after"] = world.bound_device_id
-    assert (bound, seen) == (torch.device("cuda", 2), {"mine": None, "other": torch.device("cuda", 2),
-                                                       "after": torch.device("cuda", 2)})
+    assert (bound, seen) == (
+        torch.device("cuda", 2),
+        {"mine": None, "other": torch.device("cuda", 2), "after": torch.device("cuda", 2)},
+    )
     assert vars(dist.ProcessGroup)["bound_device_id"] is original

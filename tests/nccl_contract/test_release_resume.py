@@ -1,6 +1,7 @@
 """release_communicators / resume_communicators on an NCCL world (the fake one): suspend is chosen
 from what the backend object can do, a backend that refuses leaves no half-released mesh, and what
 would break a release half-way is refused before anything is released."""
+
 from __future__ import annotations
 
 import pytest
@@ -89,9 +90,9 @@ def test_a_device_mesh_and_a_dtensor_built_before_a_release_work_after_resume_on
     destroy path re-creates them under the next generation's name, and the old names resolve to them."""
     if torch.__version__ < "2.13":  # run on 2.13 and 2.15; on 2.6 the old DeviceMesh's get_group finds no group
         pytest.skip(f"a DeviceMesh held across a release is renewed from torch 2.13 on (torch {torch.__version__})")
-    from fakepg import fake_world
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
+    from fakepg import fake_world
     from mesh_core import DeepSpeedDeviceMesh
     from mesh_core.step_aside import release_communicators, resume_communicators
 

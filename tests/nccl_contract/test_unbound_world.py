@@ -4,6 +4,7 @@ would put every rank of a node on one GPU. A script that leaves ``set_device`` t
 under the shim as it runs plain: the shim's tensors land on the rank's own device (``LOCAL_RANK``, the
 device DeepSpeed's engine selects). Modelled on CPU by tests/fakenccl.py (the NCCL world) and
 tests/fakedevice.py (the process's current device)."""
+
 from __future__ import annotations
 
 import pytest
@@ -79,8 +80,11 @@ def test_deepspeed_initialize_with_an_mpu_under_the_shim_allocates_on_local_rank
 
     import compat
 
-    config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**6,
-              "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "steps_per_print": 10**6,
+        "optimizer": {"type": "Adam", "params": {"torch_adam": True}},
+    }
     selected = {}
 
     def scenario(rank):

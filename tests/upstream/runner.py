@@ -13,6 +13,7 @@ a separate virtualenv made by :func:`ensure_env`: a venv of the running interpre
 ``site-packages`` also reads the running environment's (torch, deepspeed, this project), with only
 the harness packages installed into it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,9 @@ def default_tree() -> Path:
         return Path(os.environ["DS_MESH_UPSTREAM_TREE"])
     candidates = [REPO.parent / "shared", REPO / "shared"]
     try:
-        common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        common = subprocess.run(
+            ["git", "rev-parse", "--git-common-dir"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
         candidates.append((REPO / common).resolve().parent.parent / "shared")
     except (OSError, subprocess.CalledProcessError):
         pass
@@ -54,6 +56,7 @@ def default_tree() -> Path:
         if (shared / "upstream" / "deepspeed-tests").is_dir():
             return shared / "upstream" / "deepspeed-tests"
     return candidates[0] / "upstream" / "deepspeed-tests"
+
 
 HARNESS_REQUIREMENTS = ("pytest>=8,<8.4", "pytest-forked>=1.6", "pytest-xdist>=3.5", "pytest-timeout>=2.2")
 EXTRA_REQUIREMENTS = ("transformers>=4.40",)  # test_ulysses / test_zeropp / hybrid engine import it
@@ -87,6 +90,7 @@ MODES = ("legacy", "shim")
 PASSED, FAILED, ERROR, SKIPPED, MISSING = "passed", "failed", "error", "skipped", "missing"
 FP32_SUFFIX = "_fp32"
 
+
 # --- the harness virtualenv -----------------------------------------------------------------------
 def _site_dirs() -> list[str]:
     paths = sysconfig.get_paths()
@@ -117,7 +121,9 @@ def ensure_env(env_dir: Path, *, extras: bool, log=print) -> Path:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
         own_site = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         # the running environment's site dirs come after the venv's own (its .pth files processed too)
         lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in _site_dirs())
@@ -208,8 +214,16 @@ def prebuild_ops(python: Path, *, log=print, deepspeed: Optional[Path] = None) -
         "        print(name, 'not built:', exc)\n"
     )
     start = time.monotonic()
-    proc = subprocess.run([str(python), "-c", code], env=run_env("legacy", timeout=60, deepspeed=deepspeed), capture_output=True, text=True)
-    log(f"CPU ops ready in {time.monotonic() - start:.0f}s" + (f" ({proc.stdout.strip()})" if proc.stdout.strip() else ""))
+    proc = subprocess.run(
+        [str(python), "-c", code],
+        env=run_env("legacy", timeout=60, deepspeed=deepspeed),
+        capture_output=True,
+        text=True,
+    )
+    log(
+        f"CPU ops ready in {time.monotonic() - start:.0f}s"
+        + (f" ({proc.stdout.strip()})" if proc.stdout.strip() else "")
+    )
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -226,14 +240,21 @@ def deepspeed_package(path: Path) -> Path:
     """``path`` checked to be a ``deepspeed`` package directory (e.g. a migrated copy); resolved."""
     path = Path(path).resolve()
     if path.name != "deepspeed" or not (path / "__init__.py").is_file():
-        raise ValueError(f"--deepspeed {str(path)!r} is not a deepspeed package directory; pass the directory "
-                         "named 'deepspeed' that holds __init__.py (e.g. <copy>/deepspeed)")
+        raise ValueError(
+            f"--deepspeed {str(path)!r} is not a deepspeed package directory; pass the directory "
+            "named 'deepspeed' that holds __init__.py (e.g. <copy>/deepspeed)"
+        )
     return path
 
 
 def run_env(
-    mode: str, *, timeout: int, probe: Optional[Path] = None, deepspeed: Optional[Path] = None,
-    deepspeed_probe: Optional[Path] = None, port_offset: int = 0,
+    mode: str,
+    *,
+    timeout: int,
+    probe: Optional[Path] = None,
+    deepspeed: Optional[Path] = None,
+    deepspeed_probe: Optional[Path] = None,
+    port_offset: int = 0,
 ) -> dict[str, str]:
     """The environment of one pytest run. ``deepspeed``: a deepspeed package directory to test
     instead of the installed one (its parent goes first on ``PYTHONPATH``; its JIT-built ops get
@@ -251,7 +272,9 @@ def run_env(
         PYTHONDONTWRITEBYTECODE="1",
         TRANSFORMERS_OFFLINE="1",
         HF_HUB_OFFLINE="1",
-        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ds_mesh_torch_ext")),
+        TORCH_EXTENSIONS_DIR=os.environ.get(
+            "TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ds_mesh_torch_ext")
+        ),
     )
     path = [str(REPO), str(PLUGIN_DIR)]
     if deepspeed is not None:
@@ -277,12 +300,32 @@ def run_env(
 
 
 def run_mode(
-    python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    python: Path,
+    work: Path,
+    files: Sequence[str],
+    mode: str,
+    out_dir: Path,
+    *,
+    jobs: int,
+    timeout: int,
+    keyword: Optional[str] = None,
+    log=print,
+    deepspeed: Optional[Path] = None,
     port_offset: int = 0,
 ) -> RunResult:
-    return start_mode(python, work, files, mode, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
-                      deepspeed=deepspeed, port_offset=port_offset)()
+    return start_mode(
+        python,
+        work,
+        files,
+        mode,
+        out_dir,
+        jobs=jobs,
+        timeout=timeout,
+        keyword=keyword,
+        log=log,
+        deepspeed=deepspeed,
+        port_offset=port_offset,
+    )()
 
 
 def imported_deepspeed(probe: Path) -> list[str]:
@@ -335,8 +378,17 @@ HUNG = "hung"
 
 
 def start_mode(
-    python: Path, work: Path, files: Sequence[str], mode: str, out_dir: Path, *,
-    jobs: int, timeout: int, keyword: Optional[str] = None, log=print, deepspeed: Optional[Path] = None,
+    python: Path,
+    work: Path,
+    files: Sequence[str],
+    mode: str,
+    out_dir: Path,
+    *,
+    jobs: int,
+    timeout: int,
+    keyword: Optional[str] = None,
+    log=print,
+    deepspeed: Optional[Path] = None,
     port_offset: int = 0,
 ):
     """Start one mode's run; returns a callable that waits for it and gives its RunResult.
@@ -355,8 +407,22 @@ def start_mode(
     for stale in [*out_dir.glob(f"{mode}.xml"), *out_dir.glob(f"{mode}.log"), *out_dir.glob(f"{mode}.r*.*")]:
         stale.unlink()
     base = [
-        str(python), "-m", "pytest", *files, "--forked", "-p", "no:cacheprovider", "-p", "ds_mesh_upstream", "-m", MARKERS,
-        f"--timeout={timeout}", "-q", "-rN", "--durations=0", "--color=no",
+        str(python),
+        "-m",
+        "pytest",
+        *files,
+        "--forked",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "ds_mesh_upstream",
+        "-m",
+        MARKERS,
+        f"--timeout={timeout}",
+        "-q",
+        "-rN",
+        "--durations=0",
+        "--color=no",
     ]
     if jobs > 1:
         base += ["-n", str(jobs)]
@@ -364,8 +430,9 @@ def start_mode(
         base += ["-k", keyword]
     log(f"[{mode}] {' '.join(base[1:])}")
     start = time.monotonic()
-    env = run_env(mode, timeout=timeout, probe=probe, deepspeed=deepspeed, deepspeed_probe=ds_probe,
-                  port_offset=port_offset)
+    env = run_env(
+        mode, timeout=timeout, probe=probe, deepspeed=deepspeed, deepspeed_probe=ds_probe, port_offset=port_offset
+    )
     result: dict[str, RunResult] = {}
 
     def rounds() -> None:
@@ -377,8 +444,9 @@ def start_mode(
             xml, log_path = out_dir / f"{mode}{suffix}.xml", out_dir / f"{mode}{suffix}.log"
             cmd = [*base, f"--junitxml={xml}", *(f"--deselect={nodeid}" for nodeid in skip)]
             with open(log_path, "w", encoding="utf-8") as fh:
-                proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+                )
                 returncode = wait_for_session(proc, log_path)
             outcomes.update(parse_junit(xml) if xml.exists() else parse_log(log_path))
             finished, hung = finished_and_hung(log_path)
@@ -410,8 +478,14 @@ def start_mode(
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LOG_LINE = re.compile(r"^(\S+\.py::\S+?)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-_LOG_OUTCOME = {"PASSED": PASSED, "XPASS": PASSED, "FAILED": FAILED, "ERROR": ERROR, "SKIPPED": SKIPPED,
-                "XFAIL": SKIPPED}
+_LOG_OUTCOME = {
+    "PASSED": PASSED,
+    "XPASS": PASSED,
+    "FAILED": FAILED,
+    "ERROR": ERROR,
+    "SKIPPED": SKIPPED,
+    "XFAIL": SKIPPED,
+}
 
 
 def nodeid_to_junit(nodeid: str) -> str:
@@ -541,11 +615,16 @@ def per_file_table(rows: Sequence[Row]) -> str:
     files: dict[str, list[Row]] = {}
     for row in rows:
         files.setdefault(row.test.split("::")[0].rsplit(".Test", 1)[0], []).append(row)
-    lines = ["| file | tests | pass both | not passing both | regressions | fixed by the shim |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| file | tests | pass both | not passing both | regressions | fixed by the shim |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, group in sorted(files.items()):
         both = sum(r.legacy == PASSED and r.shim == PASSED for r in group)
-        lines.append(f"| `{name}` | {len(group)} | {both} | {sum(r.legacy != PASSED and r.shim != PASSED for r in group)} "
-                     f"| {sum(r.regression for r in group)} | {sum(r.fixed for r in group)} |")
+        lines.append(
+            f"| `{name}` | {len(group)} | {both} | {sum(r.legacy != PASSED and r.shim != PASSED for r in group)} "
+            f"| {sum(r.regression for r in group)} | {sum(r.fixed for r in group)} |"
+        )
     return "\n".join(lines)
 
 
@@ -561,11 +640,19 @@ def summary_line(s: Summary) -> str:
 
 
 def write_json(path: Path, rows: Sequence[Row], summary: Summary, files: Sequence[str]) -> None:
-    path.write_text(json.dumps({
-        "files": list(files),
-        "summary": dataclasses.asdict(summary),
-        "tests": [{"test": r.test, "legacy": r.legacy, "shim": r.shim, "regression": r.regression} for r in rows],
-    }, indent=1), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "files": list(files),
+                "summary": dataclasses.asdict(summary),
+                "tests": [
+                    {"test": r.test, "legacy": r.legacy, "shim": r.shim, "regression": r.regression} for r in rows
+                ],
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
 
 
 def mode_outcomes(out_dir: Path, mode: str) -> dict[str, str]:
@@ -595,9 +682,22 @@ def from_logs(out_dir: Path) -> tuple[list[Row], Summary]:
 
 
 def main_run(
-    files: Iterable[str], *, tree: Path, env_dir: Path, out_dir: Path, jobs: int, timeout: int, fp32: bool,
-    extras: bool, modes: Sequence[str] = MODES, keyword: Optional[str] = None, parallel: bool = False,
-    prebuild: bool = False, fp32_only: bool = False, log=print, deepspeed: Optional[Path] = None,
+    files: Iterable[str],
+    *,
+    tree: Path,
+    env_dir: Path,
+    out_dir: Path,
+    jobs: int,
+    timeout: int,
+    fp32: bool,
+    extras: bool,
+    modes: Sequence[str] = MODES,
+    keyword: Optional[str] = None,
+    parallel: bool = False,
+    prebuild: bool = False,
+    fp32_only: bool = False,
+    log=print,
+    deepspeed: Optional[Path] = None,
     port_offset: int = 0,
 ) -> tuple[list[Row], Summary]:
     """Run ``files`` in ``modes``; ``deepspeed``: against that deepspeed package directory instead of
@@ -609,14 +709,40 @@ def main_run(
     if prebuild:
         prebuild_ops(python, log=log, deepspeed=deepspeed)
     if parallel:  # both modes side by side (each its own port range); timings then include the other's load
-        waits = {m: start_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
-                               deepspeed=deepspeed, port_offset=port_offset)
-                 for m in modes}
+        waits = {
+            m: start_mode(
+                python,
+                work,
+                selected,
+                m,
+                out_dir,
+                jobs=jobs,
+                timeout=timeout,
+                keyword=keyword,
+                log=log,
+                deepspeed=deepspeed,
+                port_offset=port_offset,
+            )
+            for m in modes
+        }
         results = {m: wait() for m, wait in waits.items()}
     else:
-        results = {m: run_mode(python, work, selected, m, out_dir, jobs=jobs, timeout=timeout, keyword=keyword, log=log,
-                               deepspeed=deepspeed, port_offset=port_offset)
-                   for m in modes}
+        results = {
+            m: run_mode(
+                python,
+                work,
+                selected,
+                m,
+                out_dir,
+                jobs=jobs,
+                timeout=timeout,
+                keyword=keyword,
+                log=log,
+                deepspeed=deepspeed,
+                port_offset=port_offset,
+            )
+            for m in modes
+        }
     legacy = results.get("legacy")
     shim = results.get("shim")
     rows = compare(legacy.outcomes if legacy else {}, shim.outcomes if shim else {})

@@ -8,6 +8,7 @@ same ports; ``DS_MESH_UPSTREAM_PORT_BASE`` moves this stream's base.
 ``deepspeed.__file__`` its collected tests imported to (the runner checks a run of an alternate
 deepspeed location really tested that copy).
 """
+
 import os
 import sys
 

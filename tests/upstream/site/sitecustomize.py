@@ -5,6 +5,7 @@ forkserver / spawn workers) installs the shim through the project's own ``DS_MES
 before any test module imports ``deepspeed``. ``DS_MESH_UPSTREAM_PROBE`` names a file each
 installing process appends its pid to, so the runner can prove the shim was active in workers.
 """
+
 import os
 
 if os.environ.get("DS_MESH", "").strip().lower() in ("1", "true", "yes", "on"):
