@@ -69,6 +69,10 @@ def run_fake_shim(source: str, rank: int, world: int, *, shim: bool) -> list[str
         with fake_world(rank, world, deepspeed_comm=True), contextlib.redirect_stdout(out):
             if shim:
                 installer.install()
+                # no layout left bound by an earlier test in this process (an engine's, a mesh's)
+                from compat import engine_scope
+
+                engine_scope.activate(engine_scope.GroupsState(None, None, None))
             try:
                 exec(compile(source if shim else without_runtime(source), "<script>", "exec"), {"__name__": "__main__"})
             except Exception as err:  # noqa: BLE001 (what the script raised is part of its output)

@@ -23,6 +23,18 @@ def run_ranks(worker: Callable[..., Any], args: tuple, *, world: int, timeout_s:
             pytest.fail(f"ranks still running after {timeout_s} s: {hang}")
 
 
+def wait_for_files(paths: list, *, timeout_s: float = 60.0) -> None:
+    """Return once every path exists (what another rank writes when it is done), or raise after
+    ``timeout_s``: a rank that serves others (a store's server) waits for them this way before it exits."""
+    deadline = time.monotonic() + timeout_s
+    missing = [str(p) for p in paths if not os.path.exists(p)]
+    while missing:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still missing after {timeout_s} s: {', '.join(missing)}")
+        time.sleep(0.05)  # polling the file system for another process's result
+        missing = [p for p in missing if not os.path.exists(p)]
+
+
 def finish_rank(out_dir: str, rank: int, out: dict) -> None:
     """Write ``out`` to ``<out_dir>/rank<rank>.json``, then wait for every rank and tear gloo down
     (a rank exiting while a peer still talks to it can abort)."""

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from spawn import run_ranks
+from spawn import run_ranks, wait_for_files
 
 pytestmark = pytest.mark.multiprocess
 SECRET = "test-secret"  # the links' shared secret
@@ -65,7 +65,8 @@ def _worker(index: int, ports: tuple, out_dir: str) -> None:
         out[transport] = _cases(index, port, transport, counts, absent=transport == TRANSPORTS[-1])
     with open(os.path.join(out_dir, f"{index}.json"), "w") as fh:
         json.dump(out, fh)
-    time.sleep(0.5 if sender else 0)  # the store's server (sender 0) outlives the others' last reads
+    if index == 0:  # the stores' server outlives the others' last reads: each writes its file after them
+        wait_for_files([os.path.join(out_dir, f"{i}.json") for i in range(SENDERS + RECEIVERS)])
 
 
 def _cases(index: int, port: int, transport: str, counts: dict, absent: bool) -> dict:
@@ -264,16 +265,20 @@ def _two_links_worker(index: int, ports: tuple, out_dir: str) -> None:
         ]
         for i, link in enumerate(links):
             link.send({"w": torch.full((4,), float(i + 1))})
-        time.sleep(1.0)  # the stores' server outlives the receivers' last reads
+        # the stores' server outlives the receivers' last reads (each writes its file after them)
+        wait_for_files([os.path.join(out_dir, f"two{i}.json") for i in (1, 2)])
     else:
         rank = index - 1
         store = dist.TCPStore("127.0.0.1", ports[2], 2, rank == 0, timeout=timedelta(seconds=30))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        made = os.path.join(out_dir, "rank0_made_both_links")
         if rank == 1:
-            time.sleep(1.0)
+            wait_for_files([made])  # comes late: after its rank 0 made both links
         links = [
             WeightLink(f"127.0.0.1:{p}", "receiver", secret=SECRET, timeout=timedelta(seconds=20)) for p in ports[:2]
         ]
+        if rank == 0:
+            open(made, "w").close()
         got = []
         for link in links:
             w = torch.zeros(4)
