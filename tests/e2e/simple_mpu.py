@@ -1,42 +1,29 @@
-"""A minimal Megatron-style mpu (tp=1, every rank data parallel), as a user script would write it."""
+"""The mpus of the e2e scripts: a data-parallel Megatron-style one (the tests' shared
+:class:`MegatronMPU`) and DeepSpeed's own test mpu, verbatim."""
+
+import os
+import sys
 
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: megatron_mpu
 
-class DataParallelMPU:
-    def __init__(self) -> None:
-        world = dist.get_world_size()
-        self._dp = dist.new_group(ranks=list(range(world)))
-        self._mp = None
-        for r in range(world):  # collective: every rank creates every singleton
-            group = dist.new_group(ranks=[r])
-            if r == dist.get_rank():
-                self._mp = group
+from megatron_mpu import ALL_GETTERS, MegatronMPU  # noqa: E402
 
-    def get_data_parallel_group(self):
-        return self._dp
+_DATA_PARALLEL_NAMES = {"data_parallel": "dp", "model_parallel": "tp", "tensor_model_parallel": "tp"}
 
-    def get_data_parallel_world_size(self):
-        return dist.get_world_size(self._dp)
 
-    def get_data_parallel_rank(self):
-        return dist.get_rank(self._dp)
-
-    def get_data_parallel_group_ranks(self):
-        return list(range(dist.get_world_size()))
-
-    def get_model_parallel_group(self):
-        return self._mp
-
-    def get_model_parallel_world_size(self):
-        return 1
-
-    def get_model_parallel_rank(self):
-        return 0
-
-    get_tensor_model_parallel_group = get_model_parallel_group
-    get_tensor_model_parallel_world_size = get_model_parallel_world_size
-    get_tensor_model_parallel_rank = get_model_parallel_rank
+def DataParallelMPU() -> MegatronMPU:
+    """tp=1, every rank data parallel, as a user script would write it: the world's ranks as one data
+    group, then a group of one per rank for the (tensor) model-parallel getters, made in that order
+    by every rank."""
+    world = dist.get_world_size()
+    tp_getters = ("group", "world_size", "rank")
+    return MegatronMPU.of_rank_lists(
+        {"dp": [range(world)], "tp": [[r] for r in range(world)]},
+        names=_DATA_PARALLEL_NAMES,
+        getters={"data_parallel": ALL_GETTERS, "model_parallel": tp_getters, "tensor_model_parallel": tp_getters},
+    )
 
 
 class DSTestMPU:
