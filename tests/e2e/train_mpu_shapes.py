@@ -17,63 +17,35 @@ import torch.distributed as dist
 import common
 
 # isort: split
+sys.path.insert(0, common.ROOT + "/tests")  # the tests' shared mpu
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU  # noqa: E402
 
 STEPS = 3
 PP, DP, TP = 2, 2, 2
 
 
-class DataModelMPU:
-    """An mpu with only the getters DeepSpeed reads: data parallel and model (= tensor) parallel."""
-
-    def __init__(self):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        assert world == PP * DP * TP
-        self.ranks = {}
-        self.groups = {}
-        lists = {
-            "tp": [list(range(s, s + TP)) for s in range(0, world, TP)],
-            "dp": [[p * DP * TP + d * TP + t for d in range(DP)] for p in range(PP) for t in range(TP)],
-            "pp": [[p * DP * TP + i for p in range(PP)] for i in range(DP * TP)],
-        }
-        for dim, rank_lists in lists.items():  # collective: every rank creates every group
-            for ranks in rank_lists:
-                group = dist.new_group(ranks=ranks)
-                if rank in ranks:
-                    self.groups[dim], self.ranks[dim] = group, ranks
-
-    def _rank(self, dim):
-        return self.ranks[dim].index(dist.get_rank())
-
-    def get_data_parallel_group(self):
-        return self.groups["dp"]
-
-    def get_data_parallel_world_size(self):
-        return len(self.ranks["dp"])
-
-    def get_data_parallel_rank(self):
-        return self._rank("dp")
-
-    def get_model_parallel_group(self):
-        return self.groups["tp"]
-
-    def get_model_parallel_world_size(self):
-        return len(self.ranks["tp"])
-
-    def get_model_parallel_rank(self):
-        return self._rank("tp")
+def _rank_lists(world):
+    """Megatron's layout: tp fastest, then dp, pp outermost."""
+    assert world == PP * DP * TP
+    return {
+        "tp": [list(range(s, s + TP)) for s in range(0, world, TP)],
+        "dp": [[p * DP * TP + d * TP + t for d in range(DP)] for p in range(PP) for t in range(TP)],
+        "pp": [[p * DP * TP + i for p in range(PP)] for i in range(DP * TP)],
+    }
 
 
-class PipeMPU(DataModelMPU):
+def DataModelMPU():
+    """An mpu with only the getters DeepSpeed reads: data parallel and model (= tensor) parallel
+    (every rank creates every group of tp, dp and pp, in that order)."""
+    lists = _rank_lists(dist.get_world_size())
+    return MegatronMPU.of_rank_lists(lists, names=DEEPSPEED_TEST, getters=("group", "world_size", "rank"))
+
+
+def PipeMPU():
     """The same, with the pipeline getters DeepSpeed's grid has."""
-
-    def get_pipe_parallel_group(self):
-        return self.groups["pp"]
-
-    def get_pipe_parallel_world_size(self):
-        return len(self.ranks["pp"])
-
-    def get_pipe_parallel_rank(self):
-        return self._rank("pp")
+    lists = _rank_lists(dist.get_world_size())
+    names = {**DEEPSPEED_TEST, "pipe_parallel": "pp"}
+    return MegatronMPU.of_rank_lists(lists, names=names, getters=("group", "world_size", "rank"))
 
 
 SHAPES = {"dp_mp": DataModelMPU, "pipe": PipeMPU}
