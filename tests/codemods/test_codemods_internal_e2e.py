@@ -82,7 +82,6 @@ def _run(directory: Path, script: str, *path: str) -> list[str]:
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([*path, str(REPO), os.environ.get("PYTHONPATH", "")]),
     )
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(directory / "ext"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={_port()}", script]
     done = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, timeout=900, env=env)
     out = done.stdout + done.stderr

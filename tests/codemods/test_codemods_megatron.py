@@ -39,7 +39,6 @@ def _free_port() -> int:
 
 def _run(directory: Path, script: str) -> list[str]:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(directory / "ext"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f"--master_port={_free_port()}", script]
     done = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, timeout=300, env=env)
     out = done.stdout + done.stderr

@@ -182,7 +182,7 @@ IGNORED = '"mesh" section'
 def _torchrun(python: str, tmp_path, extra: dict, section: "dict | None") -> subprocess.CompletedProcess:
     script = tmp_path / "zero2.py"
     script.write_text(ZERO2)
-    env = {**_env(), **extra, "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))}
+    env = {**_env(), **extra}
     if extra.get("DS_MESH") is None:
         env.pop("DS_MESH")
     config = json.dumps({} if section is None else {"mesh": section})

@@ -17,7 +17,6 @@ def torchrun(
 ) -> list[dict]:
     """Results of ``script`` per rank (index = rank); fails with the tail of the log on error."""
     run_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {}))
-    run_env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(out_dir, "torch_extensions"))
     cmd = [
         sys.executable,
         "-m",

@@ -1,14 +1,8 @@
 """The mpus of the e2e scripts: a data-parallel Megatron-style one (the tests' shared
 :class:`MegatronMPU`) and DeepSpeed's own test mpu, verbatim."""
 
-import os
-import sys
-
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: megatron_mpu
-
-from megatron_mpu import ALL_GETTERS, MegatronMPU  # noqa: E402
+from megatron_mpu import ALL_GETTERS, MegatronMPU  # tests/ is on the path (common.py, conftest.py)
 
 _DATA_PARALLEL_NAMES = {"data_parallel": "dp", "model_parallel": "tp", "tensor_model_parallel": "tp"}
 

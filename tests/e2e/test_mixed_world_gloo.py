@@ -67,7 +67,6 @@ def run_mixed(
         WORLD_SIZE=str(world),
         DS_ACCELERATOR="cpu",
         OMP_NUM_THREADS="1",
-        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions")),
     )
     if agree_s is not None:
         base["DS_MESH_AGREE_TIMEOUT"] = str(agree_s)

@@ -30,7 +30,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _env(tmp_path) -> dict:
+def _env() -> dict:
     return dict(
         os.environ,
         DS_ACCELERATOR="cpu",
@@ -38,12 +38,11 @@ def _env(tmp_path) -> dict:
         PYTHON=sys.executable,
         DS_MESH_LINK_SECRET="e2e",
         PYTHONPATH=ROOT,
-        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext")),
     )
 
 
-def test_run_sh_three_syncs_bit_identical(tmp_path):
-    env = dict(_env(tmp_path), LINK_PORT=str(_port()))
+def test_run_sh_three_syncs_bit_identical():
+    env = dict(_env(), LINK_PORT=str(_port()))
     del env["DS_MESH_LINK_SECRET"]  # run.sh draws one for its two jobs
     proc = subprocess.run(
         ["bash", os.path.join(EXAMPLE, "run.sh")], capture_output=True, text=True, timeout=240, env=env
@@ -103,8 +102,8 @@ class _Job:
         self.proc.wait()
 
 
-def test_a_killed_rollout_job_is_one_error_per_trainer_rank_and_a_relaunched_one_gets_the_next_sync(tmp_path):
-    env = _env(tmp_path)
+def test_a_killed_rollout_job_is_one_error_per_trainer_rank_and_a_relaunched_one_gets_the_next_sync():
+    env = _env()
     link, timeout = f"127.0.0.1:{_port()}", 20
     trainer = _Job("trainer.py", 4, ["--link", link, "--steps", "3", "--timeout", str(timeout)], env)
     first = _Job(

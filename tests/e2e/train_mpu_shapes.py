@@ -17,38 +17,32 @@ import torch.distributed as dist
 import common
 
 # isort: split
-sys.path.insert(0, common.ROOT + "/tests")  # the tests' shared mpu
-from megatron_mpu import DEEPSPEED_TEST, MegatronMPU  # noqa: E402
+from megatron_mpu import DEEPSPEED_TEST, MegatronMPU
 
 STEPS = 3
 PP, DP, TP = 2, 2, 2
 
 
-def _rank_lists(world):
-    """Megatron's layout: tp fastest, then dp, pp outermost."""
+# shape -> the getter families of its mpu (each answers group, world_size and rank)
+SHAPES = {
+    "dp_mp": DEEPSPEED_TEST,  # only the getters DeepSpeed reads: data parallel and model (= tensor) parallel
+    "pipe": {**DEEPSPEED_TEST, "pipe_parallel": "pp"},  # plus the pipeline getters DeepSpeed's grid has
+}
+
+
+def make_mpu(shape: str) -> MegatronMPU:
+    """``shape``'s mpu over Megatron's layout (tp fastest, then dp, pp outermost): every rank
+    creates every group of tp, dp and pp, in that order."""
+    world = dist.get_world_size()
     assert world == PP * DP * TP
-    return {
+    lists = {
         "tp": [list(range(s, s + TP)) for s in range(0, world, TP)],
         "dp": [[p * DP * TP + d * TP + t for d in range(DP)] for p in range(PP) for t in range(TP)],
         "pp": [[p * DP * TP + i for p in range(PP)] for i in range(DP * TP)],
     }
+    return MegatronMPU.of_rank_lists(lists, names=SHAPES[shape], getters=("group", "world_size", "rank"))
 
 
-def DataModelMPU():
-    """An mpu with only the getters DeepSpeed reads: data parallel and model (= tensor) parallel
-    (every rank creates every group of tp, dp and pp, in that order)."""
-    lists = _rank_lists(dist.get_world_size())
-    return MegatronMPU.of_rank_lists(lists, names=DEEPSPEED_TEST, getters=("group", "world_size", "rank"))
-
-
-def PipeMPU():
-    """The same, with the pipeline getters DeepSpeed's grid has."""
-    lists = _rank_lists(dist.get_world_size())
-    names = {**DEEPSPEED_TEST, "pipe_parallel": "pp"}
-    return MegatronMPU.of_rank_lists(lists, names=names, getters=("group", "world_size", "rank"))
-
-
-SHAPES = {"dp_mp": DataModelMPU, "pipe": PipeMPU}
 WAYS = ("plain", "mpu", "mesh", "config")
 
 
@@ -72,7 +66,7 @@ def run(shape: str, way: str, rank: int) -> dict:
     from mesh_core import DeepSpeedDeviceMesh
 
     common.set_mode(way != "plain")
-    mpu = SHAPES[shape]()
+    mpu = make_mpu(shape)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     kwargs = {"mesh": DeepSpeedDeviceMesh.from_mpu(mpu)} if way == "mesh" else {"mpu": mpu}
